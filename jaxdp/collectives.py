@@ -1,0 +1,105 @@
+"""Collectives written out with `jax.lax.ppermute`, for use inside `shard_map` over one axis.
+
+The ring collectives cut a flat vector into N chunks (padded with zeros to a multiple of N) and pass
+chunks to the right-hand neighbour, device i -> i+1 (mod N), one chunk per round:
+- `ring_reduce_scatter`: N-1 rounds; device i ends with chunk i summed over all devices.
+  Each device sends (N-1)/N of the vector's bytes.
+- `ring_all_gather`: N-1 rounds; every device ends with every device's chunk.
+  Each device sends (N-1)/N of the gathered vector's bytes.
+- `ring_all_reduce`: reduce-scatter then all-gather, 2(N-1) rounds, 2(N-1)/N of the bytes: the
+  amount that does not grow with N, which is why the ring scales.
+
+The parameter-server collectives move everything through device 0, with a binomial tree:
+- `reduce_to_root`: ceil(log2 N) rounds; only device 0's result is the full sum.
+- `broadcast_from_root`: ceil(log2 N) rounds; every device ends with device 0's value.
+
+Each function takes the axis name and reads N from it; with N = 1 they return their input.
+A value arriving by ppermute is "varying" per device: use these under `shard_map(check_vma=False)`
+or cast their results as needed.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+def _ring(n: int) -> list[tuple[int, int]]:
+    return [(i, (i + 1) % n) for i in range(n)]
+
+
+def pad_to_multiple(x: jax.Array, n: int) -> jax.Array:
+    """Flatten `x` and zero-pad it to a multiple of n elements."""
+    flat = x.reshape(-1)
+    return jnp.pad(flat, (0, -flat.size % n))
+
+
+def ring_reduce_scatter(x: jax.Array, axis_name: str) -> jax.Array:
+    """Sum flat `x` over the axis; device i returns chunk i (size ceil(x.size / N)).
+
+    Round s (0..N-2): device i sends its partial sum of chunk (i-s-1) mod N to device i+1, which
+    adds its own copy of that chunk. After N-1 rounds device i holds chunk i, fully summed.
+    Matches `lax.psum_scatter(pad_to_multiple(x, N), axis_name, tiled=True)`.
+    """
+    n = lax.axis_size(axis_name)
+    chunks = pad_to_multiple(x, n).reshape(n, -1)
+    if n == 1:
+        return chunks[0]
+    me = lax.axis_index(axis_name)
+    acc = chunks[(me - 1) % n]
+    for s in range(n - 1):
+        received = lax.ppermute(acc, axis_name, _ring(n))
+        acc = received + chunks[(me - s - 2) % n]
+    return acc
+
+
+def ring_all_gather(chunk: jax.Array, axis_name: str) -> jax.Array:
+    """Concatenate every device's `chunk` in device order (flat, N * chunk.size elements).
+
+    Round s (0..N-2): device i forwards the chunk it received last (its own in round 0) to i+1, and
+    stores the one it receives, which came from device (i-s-1) mod N.
+    Matches `lax.all_gather(chunk, axis_name, tiled=True)` for 1-D chunks.
+    """
+    n = lax.axis_size(axis_name)
+    chunk = chunk.reshape(-1)
+    if n == 1:
+        return chunk
+    me = lax.axis_index(axis_name)
+    out = jnp.zeros((n, chunk.size), chunk.dtype).at[me].set(chunk)
+    for s in range(n - 1):
+        chunk = lax.ppermute(chunk, axis_name, _ring(n))
+        out = out.at[(me - s - 1) % n].set(chunk)
+    return out.reshape(-1)
+
+
+def ring_all_reduce(x: jax.Array, axis_name: str) -> jax.Array:
+    """Sum `x` (any shape) over the axis: ring reduce-scatter, then ring all-gather. Matches psum."""
+    summed = ring_all_gather(ring_reduce_scatter(x, axis_name), axis_name)
+    return summed[:x.size].reshape(x.shape)
+
+
+def reduce_to_root(x: jax.Array, axis_name: str) -> jax.Array:
+    """Sum `x` onto device 0 by a binomial tree: in the round with stride k, device i (i = k mod 2k)
+    sends its partial sum to device i-k. Devices other than 0 end with partial sums."""
+    n = lax.axis_size(axis_name)
+    stride = 1
+    while stride < n:
+        pairs = [(src, src - stride) for src in range(stride, n, 2 * stride)]
+        x = x + lax.ppermute(x, axis_name, pairs)  # a device that receives nothing gets zeros
+        stride *= 2
+    return x
+
+
+def broadcast_from_root(x: jax.Array, axis_name: str) -> jax.Array:
+    """Every device gets device 0's `x`: the reduce tree run backwards (stride k: i -> i+k)."""
+    n = lax.axis_size(axis_name)
+    me = lax.axis_index(axis_name)
+    stride = 1
+    while stride * 2 < n:
+        stride *= 2
+    while stride >= 1 and n > 1:
+        pairs = [(src, src + stride) for src in range(0, n - stride, 2 * stride)]
+        received = lax.ppermute(x, axis_name, pairs)
+        x = jnp.where(me % (2 * stride) == stride, received, x)
+        stride //= 2
+    return x

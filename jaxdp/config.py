@@ -1,0 +1,130 @@
+"""One run configuration, shared by `jaxdp train`, `python -m torch_ref train` and every report.
+
+`RunConfig` is the single definition of the flags: `add_arguments` builds the argparse flags from
+its fields and `from_args` reads them back, so the two frameworks can never drift apart.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+
+MODELS = ("mlp", "gpt")
+DATASETS = ("synthetic", "digits", "text")
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
+DTYPES = ("float64", "float32", "bfloat16")
+PLATFORMS = ("auto", "cpu", "gpu")
+STRATEGIES = ("single", "dp", "ddp", "ddp-pmap", "ddp-bucket", "ddp-ring")
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message says how to fix it."""
+
+
+def _flag(default, help, choices=None, type=None):
+    return field(default=default, metadata={"help": help, "choices": choices, "type": type})
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        widths = tuple(int(w) for w in text.split(",") if w.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    if not widths or min(widths) <= 0:
+        raise argparse.ArgumentTypeError(f"expected positive widths such as 64,64, got {text!r}")
+    return widths
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    model: str = _flag("mlp", "model architecture", MODELS)
+    data: str = _flag("synthetic", "dataset (gpt needs text)", DATASETS)
+    strategy: str = _flag("ddp", "data-parallel strategy", STRATEGIES)
+    devices: int = _flag(1, "number of devices (simulated CPU devices when no accelerator)")
+    platform: str = _flag("auto", "device platform; cpu simulates --devices CPU devices", PLATFORMS)
+    steps: int = _flag(20, "optimizer steps")
+    batch_size: int = _flag(64, "global batch of one optimizer step (all devices, all micro-batches)")
+    accum: int = _flag(1, "gradient-accumulation micro-batches per step (one sync per step)")
+    optimizer: str = _flag("adamw", "optimizer (torch.optim semantics)", OPTIMIZERS)
+    lr: float = _flag(1e-3, "learning rate")
+    weight_decay: float = _flag(0.0, "weight decay: coupled (L2 in the gradient) for sgd/momentum/adam, decoupled for adamw")
+    clip_norm: float = _flag(0.0, "clip the global gradient norm to this value as torch.nn.utils.clip_grad_norm_ (0: off)")
+    dtype: str = _flag("float32", "float64, float32, or bfloat16 (bf16 compute, fp32 master params, reduction and optimizer state)", DTYPES)
+    seed: int = _flag(0, "seed for parameters and data")
+    hidden: tuple = _flag((64, 64), "mlp hidden widths, comma separated", type=_int_list)
+    bucket_mb: float = _flag(25.0, "ddp-bucket: bucket capacity in MB (2**20 bytes)")
+    n_layer: int = _flag(2, "gpt: transformer blocks")
+    n_head: int = _flag(2, "gpt: attention heads")
+    d_model: int = _flag(32, "gpt: embedding width")
+    seq_len: int = _flag(32, "gpt: context length in characters")
+    nan_check: bool = _flag(True, "stop with the step number on a NaN or Inf loss")
+
+    # ---- validation -------------------------------------------------------------------------
+    def validate(self) -> "RunConfig":
+        for name, valid in (("model", MODELS), ("data", DATASETS), ("optimizer", OPTIMIZERS),
+                            ("dtype", DTYPES), ("platform", PLATFORMS)):
+            value = getattr(self, name)
+            if value not in valid:
+                raise ConfigError(f"unknown {name} {value!r}; valid: {', '.join(valid)}")
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"unknown strategy {self.strategy!r}; valid: {', '.join(STRATEGIES)}")
+        for name in ("devices", "steps", "batch_size", "accum"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.strategy == "single" and self.devices != 1:
+            raise ConfigError(f"strategy 'single' runs on one device; got --devices {self.devices} (use --devices 1)")
+        per = self.devices * self.accum
+        if self.batch_size % per:
+            lo = max(per, self.batch_size - self.batch_size % per)
+            raise ConfigError(
+                f"--batch-size {self.batch_size} does not divide by devices x accum = "
+                f"{self.devices} x {self.accum} = {per}; valid sizes near it: {lo}, {lo + per}")
+        if self.model == "gpt" and self.data != "text":
+            raise ConfigError("model 'gpt' trains on characters: use --data text")
+        if self.model == "mlp" and self.data == "text":
+            raise ConfigError("data 'text' is for --model gpt; use --data synthetic or digits for mlp")
+        if self.model == "gpt" and self.d_model % self.n_head:
+            raise ConfigError(f"--d-model {self.d_model} must divide by --n-head {self.n_head}")
+        if self.lr <= 0 or self.weight_decay < 0 or self.clip_norm < 0 or self.bucket_mb <= 0:
+            raise ConfigError("--lr and --bucket-mb must be positive; --weight-decay and --clip-norm non-negative")
+        return self
+
+    def replace(self, **changes) -> "RunConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["hidden"] = list(self.hidden)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        d = {k: v for k, v in d.items() if k in known}
+        if "hidden" in d:
+            d["hidden"] = tuple(d["hidden"])
+        return cls(**d)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one `--flag` per RunConfig field (the single definition of the CLI)."""
+    for f in dataclasses.fields(RunConfig):
+        flag = "--" + f.name.replace("_", "-")
+        meta = f.metadata
+        if f.type in ("bool", bool):
+            parser.add_argument(flag, dest=f.name, default=f.default, action=argparse.BooleanOptionalAction,
+                                help=meta["help"])
+            continue
+        kind = meta.get("type") or {"int": int, "float": float, "str": str}[f.type]
+        parser.add_argument(flag, dest=f.name, default=f.default, type=kind, choices=meta.get("choices"),
+                            help=meta["help"] + (" (default: %(default)s)"))
+
+
+def from_args(args: argparse.Namespace) -> RunConfig:
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig)}
+    return RunConfig(**values).validate()
+
+
+# Fields that define *what* is computed; two traces are comparable when these agree.
+COMPARABLE_FIELDS = ("model", "data", "steps", "batch_size", "accum", "optimizer", "lr", "weight_decay",
+                     "clip_norm", "dtype", "seed", "hidden", "n_layer", "n_head", "d_model", "seq_len")

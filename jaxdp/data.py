@@ -1,0 +1,75 @@
+"""Training data as NumPy: the single source of batches for both frameworks.
+
+Every batch is a pure function of (seed, step), so any process, any framework and any resumed run
+sees exactly the same global batch at step k. Inputs are float64 (cast by the trainer to the run's
+dtype); labels are int32.
+
+- `synthetic`: Gaussian inputs, labels from a fixed random linear teacher (learnable, 10 classes).
+- `digits`: the 8x8 handwritten digits that scikit-learn ships (1797 images, no download).
+- `text`: characters of a text file shipped with the package; x is a window, y the next characters.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+
+import numpy as np
+
+SYNTHETIC_FEATURES = 32
+SYNTHETIC_CLASSES = 10
+
+
+@dataclass(frozen=True)
+class Dataset:
+    name: str
+    seed: int
+    n_features: int       # mlp input width; for text: the context length
+    n_classes: int        # classes, or vocabulary size for text
+    _inputs: np.ndarray | None = None
+    _labels: np.ndarray | None = None
+    _tokens: np.ndarray | None = None
+    vocab: str = ""
+
+    def batch(self, step: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """The global batch of optimizer step `step` (1-based)."""
+        rng = np.random.default_rng([self.seed, step, 0xDA7A])
+        if self.name == "synthetic":
+            x = rng.standard_normal((batch_size, self.n_features))
+            y = np.argmax(x @ self._teacher(), axis=1).astype(np.int32)
+            return x, y
+        if self.name == "digits":
+            n = len(self._inputs)
+            idx = rng.choice(n, size=batch_size, replace=batch_size > n)
+            return self._inputs[idx], self._labels[idx]
+        seq_len = self.n_features
+        starts = rng.integers(0, len(self._tokens) - seq_len - 1, size=batch_size)
+        windows = np.stack([self._tokens[s:s + seq_len + 1] for s in starts])
+        return windows[:, :-1].astype(np.int32), windows[:, 1:].astype(np.int32)
+
+    def _teacher(self) -> np.ndarray:
+        return np.random.default_rng([self.seed, 0x7EAC]).standard_normal((self.n_features, self.n_classes))
+
+
+def text_corpus() -> str:
+    """The character-level corpus shipped in `jaxdp/assets/` (never downloaded)."""
+    return resources.files("jaxdp").joinpath("assets/data_parallel.txt").read_text(encoding="utf-8")
+
+
+def load(name: str, seed: int, seq_len: int = 32) -> Dataset:
+    if name == "synthetic":
+        return Dataset(name, seed, SYNTHETIC_FEATURES, SYNTHETIC_CLASSES)
+    if name == "digits":
+        from sklearn.datasets import load_digits  # ships with scikit-learn, read from disk
+
+        digits = load_digits()
+        x = digits.data.astype(np.float64) / 16.0
+        return Dataset(name, seed, x.shape[1], 10, x, digits.target.astype(np.int32))
+    if name == "text":
+        text = text_corpus()
+        vocab = "".join(sorted(set(text)))
+        lookup = {c: i for i, c in enumerate(vocab)}
+        tokens = np.array([lookup[c] for c in text], dtype=np.int32)
+        if len(tokens) <= seq_len + 1:
+            raise ValueError(f"--seq-len {seq_len} is longer than the text corpus ({len(tokens)} characters)")
+        return Dataset(name, seed, seq_len, len(vocab), _tokens=tokens, vocab=vocab)
+    raise ValueError(f"unknown data {name!r}; valid: synthetic, digits, text")

@@ -1,0 +1,68 @@
+"""Devices and the one-axis mesh every strategy runs on.
+
+`--devices N` means real accelerators when present, otherwise N simulated CPU devices. Simulated
+devices must be requested before JAX initialises its backends (`jax_num_cpu_devices`); once JAX is
+up, the count is fixed, and asking for more is an error that says how to fix it.
+"""
+from __future__ import annotations
+
+import numpy as np
+import jax
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+AXIS = "data"
+
+
+class DeviceError(RuntimeError):
+    """The requested devices cannot be had; the message names the fix."""
+
+
+def request_cpu_devices(n: int) -> bool:
+    """Ask for `n` simulated CPU devices; False when JAX was already initialised (count fixed)."""
+    try:
+        jax.config.update("jax_num_cpu_devices", n)
+        return True
+    except RuntimeError:
+        return False
+
+
+def setup(n: int, platform: str = "auto") -> list:
+    """The first `n` devices of `platform` ('auto': the default backend, GPU when present)."""
+    if platform not in ("auto", "cpu", "gpu"):
+        raise DeviceError(f"unknown platform {platform!r}; valid: auto, cpu, gpu")
+    if platform in ("auto", "cpu"):
+        request_cpu_devices(n)
+    if platform == "gpu":
+        try:
+            devices = jax.devices("gpu")
+        except RuntimeError:
+            raise DeviceError("--platform gpu: JAX sees no GPU on this machine; use --platform cpu "
+                              f"to run on {n} simulated CPU devices") from None
+    elif platform == "cpu":
+        devices = jax.devices("cpu")
+    else:
+        devices = jax.devices()
+    if len(devices) < n:
+        kind = devices[0].platform
+        if kind == "cpu":
+            raise DeviceError(
+                f"--devices {n}: JAX was already initialised with {len(devices)} CPU device(s). Request "
+                f"simulated devices before any JAX operation: jaxdp.devices.setup({n}) first in the process, "
+                f"or XLA_FLAGS=--xla_force_host_platform_device_count={n}")
+        raise DeviceError(f"--devices {n} asks for more {kind.upper()}s than the {len(devices)} present; "
+                          f"use --platform cpu to run on {n} simulated CPU devices")
+    return list(devices[:n])
+
+
+def mesh(devices) -> Mesh:
+    """A one-dimensional mesh whose only axis is named `data`."""
+    return Mesh(np.asarray(devices), (AXIS,), axis_types=(AxisType.Explicit,))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def batch_sharded(mesh: Mesh) -> NamedSharding:
+    """Leading (batch) axis split over `data`: device i holds rows [i*B/N, (i+1)*B/N)."""
+    return NamedSharding(mesh, P(AXIS))

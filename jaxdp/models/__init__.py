@@ -1,0 +1,80 @@
+"""Models in Flax NNX and the pure functions the strategies train.
+
+A strategy never sees an NNX object: it gets `params`, a nested dict of arrays (the NNX state as a
+pure dict), and `loss_fn(params, x, y)`, the mean softmax cross-entropy over the batch it is given.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from .gpt import GPT
+from .mlp import MLP
+
+MASTER_DTYPE = {"float64": jnp.float64, "float32": jnp.float32, "bfloat16": jnp.float32}
+COMPUTE_DTYPE = {"float64": jnp.float64, "float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def build(cfg, dataset) -> nnx.Module:
+    """The NNX model for `cfg`, initialised from `cfg.seed` (the source of both frameworks' init)."""
+    kw = dict(param_dtype=MASTER_DTYPE[cfg.dtype], dtype=COMPUTE_DTYPE[cfg.dtype], rngs=nnx.Rngs(cfg.seed))
+    if cfg.model == "mlp":
+        return MLP((dataset.n_features, *cfg.hidden, dataset.n_classes), **kw)
+    if cfg.model == "gpt":
+        return GPT(vocab=dataset.n_classes, seq_len=cfg.seq_len, n_layer=cfg.n_layer, n_head=cfg.n_head,
+                   d_model=cfg.d_model, **kw)
+    raise ValueError(f"unknown model {cfg.model!r}; valid: mlp, gpt")
+
+
+class Problem(NamedTuple):
+    """What a strategy trains: a pure loss, its parameters, and their names in definition order."""
+    loss_fn: Callable       # (params, x, y) -> mean cross-entropy over the rows of x
+    params: dict            # nested dict of arrays (the NNX state as a pure dict), Flax layout
+    order: tuple[str, ...]  # parameter names in the order the model defines them (forward order)
+
+
+def definition_order(node, prefix=()):
+    """Parameter names in the order the modules define them (torch's `parameters()` order), which
+    bucketed all-reduce reverses to follow backward. (NNX's own flattening sorts names instead.)"""
+    if isinstance(node, nnx.Param):
+        yield "/".join(map(str, prefix))
+    elif isinstance(node, (nnx.List, list, tuple)):
+        for i, child in enumerate(node):
+            yield from definition_order(child, prefix + (i,))
+    elif isinstance(node, nnx.Module):
+        for key, child in vars(node).items():
+            yield from definition_order(child, prefix + (key,))
+
+
+def init(cfg, dataset) -> Problem:
+    """The model of `cfg` as a pure loss over a nested dict of parameters, and those parameters."""
+    model = build(cfg, dataset)
+    order = tuple(definition_order(model))
+    graphdef, state = nnx.split(model)
+    params = state.to_pure_dict()
+
+    def loss_fn(params, x, y):
+        logits = nnx.merge(graphdef, nnx.State(params))(x)
+        loss_dtype = jnp.promote_types(logits.dtype, jnp.float32)  # bf16 logits: loss in fp32
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(loss_dtype), y)
+        return jnp.mean(ce)
+
+    assert sorted(order) == sorted(flat_names(params)), "definition_order missed a parameter"
+    return Problem(loss_fn, params, order)
+
+
+def flat_names(tree) -> dict[str, object]:
+    """{'layers/0/kernel': leaf, ...}: the Flax path joined with '/', as the trace names parameters."""
+    out = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        out["/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)] = leaf
+    return out
+
+
+def count(params) -> int:
+    return int(sum(np.prod(np.shape(p)) for p in jax.tree_util.tree_leaves(params)))

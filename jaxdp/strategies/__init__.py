@@ -1,0 +1,25 @@
+"""The strategies, one small module each, all with the same interface (`common.Strategy`)."""
+from __future__ import annotations
+
+from ..config import STRATEGIES, ConfigError
+from . import bucket, ddp, ddp_pmap, dp, ring, single
+from .common import Strategy, TrainState
+
+FACTORIES = {
+    "single": single.make,
+    "dp": dp.make,
+    "ddp": ddp.make,
+    "ddp-pmap": ddp_pmap.make,
+    "ddp-bucket": bucket.make,
+    "ddp-ring": ring.make,
+}
+assert tuple(FACTORIES) == STRATEGIES
+
+
+def make(name, problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
+    if name not in FACTORIES:
+        raise ConfigError(f"unknown strategy {name!r}; valid: {', '.join(FACTORIES)}")
+    return FACTORIES[name](problem, optimizer, mesh, cfg, return_grads=return_grads)
+
+
+__all__ = ["FACTORIES", "Strategy", "TrainState", "make"]

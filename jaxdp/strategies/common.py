@@ -1,0 +1,110 @@
+"""What every strategy shares: the train state, local gradients with accumulation, and the skeleton
+of a replicated data-parallel step (local gradients -> one gradient sync -> the same update on
+every device), into which ddp, ddp-bucket and ddp-ring each plug their own `sync`.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+from ..devices import AXIS, batch_sharded, replicated
+
+
+class TrainState(NamedTuple):
+    params: dict
+    opt_state: optax.OptState
+
+
+class Strategy(NamedTuple):
+    """A strategy is four pure-ish functions (no hidden objects):
+    - `init(params)`: the train state placed on the devices (replicated or sharded);
+    - `put_batch(x, y)`: the global NumPy batch placed as `step` expects it;
+    - `step(state, x, y)`: one optimizer step, jitted; returns (state, metrics) where metrics holds
+      `loss` (mean over the global batch) and, when built with return_grads, `grads` (the full
+      averaged gradient the update used, before clipping);
+    - `full_params(state)`: the unsharded parameters (for the trace and checkpoints).
+    """
+    name: str
+    init: Callable
+    put_batch: Callable
+    step: Callable
+    full_params: Callable
+
+
+def to_numpy(tree):
+    return jax.tree_util.tree_map(lambda a: np.array(jax.device_get(a)), tree)
+
+
+def local_grads(loss_fn, params, x, y, accum: int):
+    """Mean loss and mean gradient over `accum` equal micro-batches of this device's batch.
+
+    No communication happens here: accumulation is local and the caller syncs once per step (the
+    `no_sync` idea). The mean of equal-sized micro-batch means is the mean over all the samples.
+    """
+    grad_fn = jax.value_and_grad(loss_fn)
+    xs = x.reshape(accum, x.shape[0] // accum, *x.shape[1:])
+    ys = y.reshape(accum, y.shape[0] // accum, *y.shape[1:])
+    loss, grads = grad_fn(params, xs[0], ys[0])
+    if accum > 1:
+        def micro_step(carry, batch):
+            loss_sum, grad_sum = carry
+            l, g = grad_fn(params, *batch)
+            return (loss_sum + l, jax.tree_util.tree_map(jnp.add, grad_sum, g)), None
+
+        (loss, grads), _ = lax.scan(micro_step, (loss, grads), (xs[1:], ys[1:]))
+        loss = loss / accum
+        grads = jax.tree_util.tree_map(lambda g: g / accum, grads)
+    return loss, grads
+
+
+def apply_update(optimizer, grads, opt_state, params):
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+
+def init_replicated(optimizer, mesh):
+    """`init` for strategies that keep a full copy of params and optimizer state on every device."""
+    def init(params):
+        params = jax.device_put(to_numpy(params), replicated(mesh))  # fresh buffers: step donates them
+        opt_state = jax.jit(optimizer.init, out_shardings=replicated(mesh))(params)
+        return TrainState(params, opt_state)
+    return init
+
+
+def put_sharded(mesh):
+    def put_batch(x, y):
+        return jax.device_put((x, y), batch_sharded(mesh))
+    return put_batch
+
+
+def replicated_data_parallel(name, problem, optimizer, mesh, accum, sync, *, check_vma: bool,
+                             return_grads: bool) -> Strategy:
+    """The DDP skeleton. `sync(grads)` must turn each device's local mean gradient into the global
+    mean (every device the same), communicating once.
+
+    The shard_map trap: with check_vma=True, replicated params used with per-device data are
+    implicitly cast to "varying", and the transpose of that cast is a psum, so jax.grad would return
+    gradients already summed over devices. We cast explicitly first (`lax.pcast(..., to='varying')`),
+    which makes the gradient local and leaves the one reduction to `sync`. With check_vma=False (used
+    where `sync` is built from ppermute, whose results JAX cannot prove identical) there is no
+    implicit cast and grad is local as it is.
+    """
+    def device_step(params, opt_state, x, y):
+        local = lax.pcast(params, AXIS, to="varying") if check_vma else params
+        loss, grads = local_grads(problem.loss_fn, local, x, y, accum)
+        grads = sync(grads)
+        loss = lax.pmean(loss, AXIS)  # one scalar all-reduce, for the log
+        params, opt_state = apply_update(optimizer, grads, opt_state, params)
+        metrics = {"loss": loss, "grads": grads} if return_grads else {"loss": loss}
+        return TrainState(params, opt_state), metrics
+
+    sharded_step = jax.shard_map(device_step, mesh=mesh, in_specs=(P(), P(), P(AXIS), P(AXIS)),
+                                 out_specs=P(), check_vma=check_vma)
+    step = jax.jit(lambda state, x, y: sharded_step(state.params, state.opt_state, x, y), donate_argnums=0)
+    return Strategy(name, init_replicated(optimizer, mesh), put_sharded(mesh), step, lambda s: s.params)

@@ -1,0 +1,45 @@
+"""`ddp-pmap`: `ddp` written with `jax.pmap`, the older SPMD API: state is stacked with a leading
+device axis (one copy per device), each device sees its slice without that axis, and `psum` over
+the named axis averages the gradients. Same update as `ddp`, divided by N before the psum.
+"""
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from ..devices import AXIS
+from .common import Strategy, TrainState, apply_update, local_grads, to_numpy
+from .ddp import all_reduce_mean
+
+
+def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
+    n = mesh.size
+    stacked = NamedSharding(mesh, P(AXIS))
+
+    def init(params):
+        copies = jax.tree_util.tree_map(lambda p: np.stack([p] * n), to_numpy(params))
+        params = jax.device_put(copies, stacked)
+        opt_state = jax.pmap(optimizer.init, axis_name=AXIS, devices=list(mesh.devices.flat))(params)
+        return TrainState(params, opt_state)
+
+    def device_step(state, x, y):
+        loss, grads = local_grads(problem.loss_fn, state.params, x, y, cfg.accum)
+        grads = all_reduce_mean(grads, n)
+        loss = jax.lax.pmean(loss, AXIS)
+        params, opt_state = apply_update(optimizer, grads, state.opt_state, state.params)
+        metrics = {"loss": loss, "grads": grads} if return_grads else {"loss": loss}
+        return TrainState(params, opt_state), metrics
+
+    pmapped = jax.pmap(device_step, axis_name=AXIS, devices=list(mesh.devices.flat), donate_argnums=0)
+
+    def step(state, x, y):
+        state, metrics = pmapped(state, x, y)
+        return state, jax.tree_util.tree_map(lambda a: a[0], metrics)
+
+    def put_batch(x, y):
+        split = lambda a: a.reshape(n, a.shape[0] // n, *a.shape[1:])
+        return jax.device_put((split(x), split(y)), stacked)
+
+    return Strategy("ddp-pmap", init, put_batch, step,
+                    lambda s: jax.tree_util.tree_map(lambda a: a[0], s.params))

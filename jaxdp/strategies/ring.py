@@ -1,0 +1,25 @@
+"""`ddp-ring`: DDP whose all-reduce is the explicit ring from `jaxdp.collectives`: all gradients
+flattened into one vector, ring reduce-scatter (N-1 rounds) then ring all-gather (N-1 rounds), each
+device sending 2(N-1)/N of the gradient bytes. Divided by N before the reduction, as in `ddp`.
+"""
+from __future__ import annotations
+
+import jax
+import jax.flatten_util
+
+from ..collectives import ring_all_reduce
+from ..devices import AXIS
+from .common import Strategy, replicated_data_parallel
+
+
+def ring_all_reduce_mean(grads, n: int):
+    flat, unravel = jax.flatten_util.ravel_pytree(grads)
+    return unravel(ring_all_reduce(flat / n, AXIS))
+
+
+def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
+    n = mesh.size
+    # check_vma=False: ppermute results are "varying" to JAX even though the ring makes them equal.
+    return replicated_data_parallel("ddp-ring", problem, optimizer, mesh, cfg.accum,
+                                    lambda grads: ring_all_reduce_mean(grads, n),
+                                    check_vma=False, return_grads=return_grads)

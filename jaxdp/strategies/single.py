@@ -1,0 +1,26 @@
+"""`single`: one device, the whole global batch. The oracle every other strategy must equal."""
+from __future__ import annotations
+
+import jax
+
+from .common import Strategy, TrainState, apply_update, local_grads, to_numpy
+
+
+def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
+    device = mesh.devices.flat[0]
+
+    def init(params):
+        params = jax.device_put(to_numpy(params), device)
+        return TrainState(params, jax.jit(optimizer.init)(params))
+
+    @jax.jit
+    def step(state, x, y):
+        loss, grads = local_grads(problem.loss_fn, state.params, x, y, cfg.accum)
+        params, opt_state = apply_update(optimizer, grads, state.opt_state, state.params)
+        metrics = {"loss": loss, "grads": grads} if return_grads else {"loss": loss}
+        return TrainState(params, opt_state), metrics
+
+    def put_batch(x, y):
+        return jax.device_put((x, y), device)
+
+    return Strategy("single", init, put_batch, step, lambda s: s.params)

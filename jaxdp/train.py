@@ -1,0 +1,132 @@
+"""The training loop, top to bottom: devices -> data -> model -> optimizer -> strategy -> steps -> trace."""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import devices as devices_mod
+from .config import RunConfig
+
+
+class NonFiniteLoss(FloatingPointError):
+    """The loss became NaN or Inf; the message names the step."""
+
+
+@dataclass
+class RunResult:
+    cfg: RunConfig
+    losses: list[float] = field(default_factory=list)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)  # the trace's arrays (when tracing)
+    meta: dict = field(default_factory=dict)
+    compile_s: float = 0.0  # first step (compilation + one step)
+    steps_per_s: float = 0.0  # over steps 2..N
+
+
+def versions() -> dict:
+    import flax
+    import jax
+    import jaxlib
+    import optax
+
+    return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
+            "optax": optax.__version__, "numpy": np.__version__}
+
+
+def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: bool | None = None) -> RunResult:
+    """Train `cfg`; record the trace when `record` (default: when `trace_path` is given)."""
+    cfg.validate()
+    devices = devices_mod.setup(cfg.devices, cfg.platform)  # before any JAX computation
+    import jax
+
+    if cfg.dtype == "float64":
+        jax.config.update("jax_enable_x64", True)
+    from . import data, models, optim, strategies
+    from .strategies.common import to_numpy
+
+    record = trace_path is not None if record is None else record
+    dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
+    with jax.default_device(jax.devices("cpu")[0]):  # the same initial bits on every platform
+        problem = models.init(cfg, dataset)
+    optimizer = optim.make(cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.clip_norm)
+    mesh = devices_mod.mesh(devices)
+    strategy = strategies.make(cfg.strategy, problem, optimizer, mesh, cfg, return_grads=record)
+    state = strategy.init(problem.params)
+
+    result = RunResult(cfg)
+    result.meta = {"framework": "jax", **cfg.to_dict(), "platform": devices[0].platform,
+                   "versions": versions()}
+    if record:
+        result.arrays.update({f"init/{k}": v for k, v in models.flat_names(to_numpy(problem.params)).items()})
+    input_dtype = np.dtype(models.MASTER_DTYPE[cfg.dtype])
+
+    bar = _progress_bar(cfg, progress)
+    t0 = t1 = time.perf_counter()
+    for k in range(1, cfg.steps + 1):
+        x, y = dataset.batch(k, cfg.batch_size)
+        if np.issubdtype(x.dtype, np.floating):
+            x = x.astype(input_dtype)
+        state, metrics = strategy.step(state, *strategy.put_batch(x, y))
+        loss = float(_read(metrics["loss"], devices[0]))
+        if cfg.nan_check and not math.isfinite(loss):
+            raise NonFiniteLoss(f"loss is {loss} at step {k} ({cfg.strategy}, lr {cfg.lr}); lower --lr, "
+                                f"set --clip-norm, or pass --no-nan-check to continue anyway")
+        result.losses.append(loss)
+        if record:
+            _record(result.arrays, k, loss, x, y, metrics, strategy.full_params(state), devices[0])
+        if k == 1:
+            t1 = time.perf_counter()
+            result.compile_s = t1 - t0
+        if bar is not None:
+            bar.set_postfix(loss=f"{loss:.4f}")
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    if cfg.steps > 1:
+        result.steps_per_s = (cfg.steps - 1) / max(time.perf_counter() - t1, 1e-9)
+    if trace_path is not None:
+        from . import trace
+
+        trace.save(trace_path, result.meta, result.arrays)
+    return result
+
+
+def summary(result: RunResult) -> str:
+    cfg = result.cfg
+    return (f"{cfg.strategy} on {cfg.devices} {result.meta.get('platform', '?')} device(s), {cfg.model}/{cfg.data}, "
+            f"{cfg.dtype}: {cfg.steps} steps, loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}, "
+            f"first step (compile) {result.compile_s:.2f}s, {result.steps_per_s:.1f} steps/s after")
+
+
+def _read(a, device):
+    """The value of `a` as device 0 of the mesh holds it (dp's metrics are true only there)."""
+    import jax
+
+    if getattr(a, "is_fully_replicated", False):
+        for shard in a.addressable_shards:
+            if shard.device == device:
+                return np.asarray(shard.data)
+    return np.asarray(jax.device_get(a))
+
+
+def _record(arrays, k, loss, x, y, metrics, params, device):
+    from .models import flat_names
+
+    arrays[f"step/{k}/loss"] = np.asarray(loss, dtype=np.float64)
+    arrays[f"step/{k}/x"] = np.asarray(x)
+    arrays[f"step/{k}/y"] = np.asarray(y)
+    for name, g in flat_names(metrics["grads"]).items():
+        arrays[f"step/{k}/grad/{name}"] = _read(g, device)
+    for name, p in flat_names(params).items():
+        arrays[f"step/{k}/param/{name}"] = _read(p, device)
+
+
+def _progress_bar(cfg, progress):
+    if progress is False or (progress is None and not sys.stderr.isatty()):
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=cfg.steps, desc=f"{cfg.strategy} x{cfg.devices}", unit="step", leave=False)

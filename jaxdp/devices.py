@@ -18,9 +18,10 @@ class DeviceError(RuntimeError):
 
 
 def request_cpu_devices(n: int) -> bool:
-    """Ask for `n` simulated CPU devices; False when JAX was already initialised (count fixed)."""
+    """Ask for at least `n` simulated CPU devices (never fewer than already asked for); False when
+    JAX was already initialised (the count is then fixed)."""
     try:
-        jax.config.update("jax_num_cpu_devices", n)
+        jax.config.update("jax_num_cpu_devices", max(n, jax.config.jax_num_cpu_devices))
         return True
     except RuntimeError:
         return False

@@ -56,10 +56,10 @@ def init(cfg, dataset) -> Problem:
     model = build(cfg, dataset)
     order = tuple(definition_order(model))
     graphdef, state = nnx.split(model)
-    params = state.to_pure_dict()
+    params = nnx.to_pure_dict(state)
 
     def loss_fn(params, x, y):
-        logits = nnx.merge(graphdef, nnx.State(params))(x)
+        logits = nnx.merge(graphdef, params)(x)
         loss_dtype = jnp.promote_types(logits.dtype, jnp.float32)  # bf16 logits: loss in fp32
         ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(loss_dtype), y)
         return jnp.mean(ce)

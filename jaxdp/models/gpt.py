@@ -3,7 +3,7 @@
 Written out by hand (no fused attention) so that the torch mirror can follow it operation by
 operation: token + position embeddings, `n_layer` blocks of LayerNorm -> causal self-attention ->
 residual, LayerNorm -> MLP(4x, exact GELU) -> residual, a final LayerNorm and an untied head.
-LayerNorm epsilon is 1e-5, as in torch.nn.LayerNorm.
+LayerNorm epsilon is 1e-5, as in torch.nn.LayerNorm. The qkv projection has no bias.
 """
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ LN_EPS = 1e-5
 class Attention(nnx.Module):
     def __init__(self, d_model, n_head, **kw):
         self.n_head = n_head
-        self.qkv = nnx.Linear(d_model, 3 * d_model, **kw)
+        # No bias on qkv: the key bias has an identically zero gradient (softmax is shift-invariant),
+        # so its "gradient" is pure roundoff, which Adam's g / (sqrt(v) + eps) amplifies ~1e8-fold.
+        self.qkv = nnx.Linear(d_model, 3 * d_model, use_bias=False, **kw)
         self.proj = nnx.Linear(d_model, d_model, **kw)
 
     def __call__(self, x):

@@ -16,12 +16,13 @@ from .ddp import all_reduce_mean
 def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
     n = mesh.size
     stacked = NamedSharding(mesh, P(AXIS))
+    pmap_devices = list(mesh.devices.flat)
 
     def init(params):
         copies = jax.tree_util.tree_map(lambda p: np.stack([p] * n), to_numpy(params))
-        params = jax.device_put(copies, stacked)
-        opt_state = jax.pmap(optimizer.init, axis_name=AXIS, devices=list(mesh.devices.flat))(params)
-        return TrainState(params, opt_state)
+        # Built by pmap itself so the state carries pmap's own sharding (no recompile at step 2).
+        return jax.pmap(lambda p: TrainState(p, optimizer.init(p)), axis_name=AXIS,
+                        devices=pmap_devices)(copies)
 
     def device_step(state, x, y):
         loss, grads = local_grads(problem.loss_fn, state.params, x, y, cfg.accum)
@@ -31,7 +32,7 @@ def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
         metrics = {"loss": loss, "grads": grads} if return_grads else {"loss": loss}
         return TrainState(params, opt_state), metrics
 
-    pmapped = jax.pmap(device_step, axis_name=AXIS, devices=list(mesh.devices.flat), donate_argnums=0)
+    pmapped = jax.pmap(device_step, axis_name=AXIS, devices=pmap_devices, donate_argnums=0)
 
     def step(state, x, y):
         state, metrics = pmapped(state, x, y)

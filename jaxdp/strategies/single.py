@@ -8,10 +8,11 @@ from .common import Strategy, TrainState, apply_update, local_grads, to_numpy
 
 def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
     device = mesh.devices.flat[0]
+    on_device = jax.sharding.SingleDeviceSharding(device)
 
     def init(params):
-        params = jax.device_put(to_numpy(params), device)
-        return TrainState(params, jax.jit(optimizer.init)(params))
+        params = jax.device_put(to_numpy(params), on_device)
+        return TrainState(params, jax.jit(optimizer.init, out_shardings=on_device)(params))
 
     @jax.jit
     def step(state, x, y):

@@ -1,0 +1,30 @@
+"""Shared set-up: 8 simulated CPU devices and float64 for the whole session (both must be set before
+JAX initialises), and a session cache of runs so each configuration trains once."""
+from __future__ import annotations
+
+import functools
+
+import jax
+
+jax.config.update("jax_num_cpu_devices", 8)
+jax.config.update("jax_enable_x64", True)
+
+import pytest  # noqa: E402
+
+from jaxdp import train  # noqa: E402
+from jaxdp.config import RunConfig  # noqa: E402
+
+# A small problem on which every strategy, N in {1,2,3,4,8} and accum in {1,3} divide the batch.
+BASE = RunConfig(model="mlp", data="synthetic", hidden=(16, 16), steps=4, batch_size=72, lr=0.05,
+                 weight_decay=0.01, dtype="float64", seed=3)
+
+
+@functools.lru_cache(maxsize=None)
+def run(cfg: RunConfig) -> train.RunResult:
+    """Train `cfg` once per session, recording the trace arrays."""
+    return train.run(cfg, record=True, progress=False)
+
+
+@pytest.fixture(scope="session")
+def base_config() -> RunConfig:
+    return BASE

@@ -14,7 +14,16 @@ DATASETS = ("synthetic", "digits", "text")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 DTYPES = ("float64", "float32", "bfloat16")
 PLATFORMS = ("auto", "cpu", "gpu")
-STRATEGIES = ("single", "dp", "ddp", "ddp-pmap", "ddp-bucket", "ddp-ring")
+COLLECTIVES = ("xla", "ring")
+# Strategy names per framework; a name means the same algorithm on both sides.
+FRAMEWORK_STRATEGIES = {
+    "jax": ("single", "dp", "ddp", "ddp-pmap", "ddp-bucket", "ddp-ring"),
+    "torch": ("single", "dp", "ddp", "ddp-naive", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3"),
+}
+STRATEGIES = FRAMEWORK_STRATEGIES["jax"]
+ALL_STRATEGIES = tuple(dict.fromkeys(FRAMEWORK_STRATEGIES["jax"] + FRAMEWORK_STRATEGIES["torch"]))
+ALIASES = {"fsdp": "zero3"}
+PACKAGE = {"jax": "jaxdp", "torch": "torch_ref"}
 
 
 class ConfigError(ValueError):
@@ -39,7 +48,7 @@ def _int_list(text: str) -> tuple[int, ...]:
 class RunConfig:
     model: str = _flag("mlp", "model architecture", MODELS)
     data: str = _flag("synthetic", "dataset (gpt needs text)", DATASETS)
-    strategy: str = _flag("ddp", "data-parallel strategy", STRATEGIES)
+    strategy: str = _flag("ddp", "data-parallel strategy (fsdp is an alias of zero3)", ALL_STRATEGIES + tuple(ALIASES))
     devices: int = _flag(1, "number of devices (simulated CPU devices when no accelerator)")
     platform: str = _flag("auto", "device platform; cpu simulates --devices CPU devices", PLATFORMS)
     steps: int = _flag(20, "optimizer steps")
@@ -57,17 +66,28 @@ class RunConfig:
     n_head: int = _flag(2, "gpt: attention heads")
     d_model: int = _flag(32, "gpt: embedding width")
     seq_len: int = _flag(32, "gpt: context length in characters")
+    collectives: str = _flag("xla", "zero1/2/3: XLA's built-in collectives or the explicit ring", COLLECTIVES)
     nan_check: bool = _flag(True, "stop with the step number on a NaN or Inf loss")
 
+    def __post_init__(self):
+        if self.strategy in ALIASES:
+            object.__setattr__(self, "strategy", ALIASES[self.strategy])
+
     # ---- validation -------------------------------------------------------------------------
-    def validate(self) -> "RunConfig":
+    def validate(self, framework: str = "jax") -> "RunConfig":
+        """Check the configuration for `framework` ('jax' or 'torch'); raise ConfigError naming the fix."""
         for name, valid in (("model", MODELS), ("data", DATASETS), ("optimizer", OPTIMIZERS),
-                            ("dtype", DTYPES), ("platform", PLATFORMS)):
+                            ("dtype", DTYPES), ("platform", PLATFORMS), ("collectives", COLLECTIVES)):
             value = getattr(self, name)
             if value not in valid:
                 raise ConfigError(f"unknown {name} {value!r}; valid: {', '.join(valid)}")
-        if self.strategy not in STRATEGIES:
-            raise ConfigError(f"unknown strategy {self.strategy!r}; valid: {', '.join(STRATEGIES)}")
+        here = FRAMEWORK_STRATEGIES[framework]
+        if self.strategy not in ALL_STRATEGIES:
+            raise ConfigError(f"unknown strategy {self.strategy!r}; valid: {', '.join(here)}")
+        if self.strategy not in here:
+            owners = " and ".join(PACKAGE[f] for f, names in FRAMEWORK_STRATEGIES.items() if self.strategy in names)
+            raise ConfigError(f"strategy {self.strategy!r} exists only in {owners}; "
+                              f"{PACKAGE[framework]} has: {', '.join(here)}")
         for name in ("devices", "steps", "batch_size", "accum"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
@@ -120,9 +140,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             help=meta["help"] + (" (default: %(default)s)"))
 
 
-def from_args(args: argparse.Namespace) -> RunConfig:
+def from_args(args: argparse.Namespace, framework: str = "jax") -> RunConfig:
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig)}
-    return RunConfig(**values).validate()
+    return RunConfig(**values).validate(framework)
 
 
 # Fields that define *what* is computed; two traces are comparable when these agree.

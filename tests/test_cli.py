@@ -31,6 +31,11 @@ def test_unknown_names_list_the_valid_ones(flag, value, valid, capsys):
     assert f"invalid choice: '{value}'" in err and valid in err
 
 
+def test_strategy_of_the_other_framework_says_which_side_lacks_it(capsys):
+    err = error_of(["train", "--strategy", "ddp-naive"], capsys)
+    assert "strategy 'ddp-naive' exists only in torch_ref; jaxdp has: single, dp" in err
+
+
 def test_batch_that_does_not_divide_names_valid_sizes(capsys):
     err = error_of(["train", "--devices", "4", "--accum", "3", "--batch-size", "50"], capsys)
     assert "--batch-size 50 does not divide by devices x accum = 4 x 3 = 12; valid sizes near it: 48, 60" in err

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 from jaxdp import trace
-from jaxdp.config import STRATEGIES
+from jaxdp.config import FRAMEWORK_STRATEGIES
 
 from .conftest import BASE, run
 from .pairwise import pairwise
 
 TOL = 1e-12
 DIMENSIONS = {
-    "strategy": [s for s in STRATEGIES if s != "single"],
+    "strategy": [s for s in FRAMEWORK_STRATEGIES["jax"] if s != "single"],
     "devices": [1, 2, 3, 4, 8],
     "optimizer": ["sgd", "momentum", "adam", "adamw"],
     "accum": [1, 3],

@@ -1,7 +1,7 @@
 """The strategies, one small module each, all with the same interface (`common.Strategy`)."""
 from __future__ import annotations
 
-from ..config import STRATEGIES, ConfigError
+from ..config import FRAMEWORK_STRATEGIES, ConfigError
 from . import bucket, ddp, ddp_pmap, dp, ring, single
 from .common import Strategy, TrainState
 
@@ -13,7 +13,7 @@ FACTORIES = {
     "ddp-bucket": bucket.make,
     "ddp-ring": ring.make,
 }
-assert tuple(FACTORIES) == STRATEGIES
+assert tuple(FACTORIES) == FRAMEWORK_STRATEGIES["jax"]
 
 
 def make(name, problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:

@@ -17,6 +17,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--progress", default=None, action=argparse.BooleanOptionalAction,
                        help="progress bar (default: when stderr is a terminal)")
 
+    memory = sub.add_parser("memory", help="per-device bytes of params, grads and optimizer state vs the ZeRO formula")
+    config.add_arguments(memory)
+    memory.add_argument("--strategies", default="ddp,zero1,zero2,zero3", help="comma-separated strategies")
+
     diff = sub.add_parser("diff", help="worst relative error per field of trace A against reference B")
     diff.add_argument("a")
     diff.add_argument("b")
@@ -33,6 +37,8 @@ def main(argv=None) -> int:
     try:
         if args.command == "train":
             return _train(args)
+        if args.command == "memory":
+            return _memory(args)
         return _diff(args)
     except (config.ConfigError, DeviceError, TraceError, NonFiniteLoss) as e:
         print(f"jaxdp: error: {e}", file=sys.stderr)
@@ -45,6 +51,17 @@ def _train(args) -> int:
     cfg = config.from_args(args)
     result = train.run(cfg, trace_path=args.trace, progress=args.progress)
     print(train.summary(result) + (f"; trace: {args.trace}" if args.trace else ""))
+    return 0
+
+
+def _memory(args) -> int:
+    from . import accounting
+
+    base = config.from_args(args)
+    rows = [accounting.memory(base.replace(strategy=name.strip()).validate()) for name in args.strategies.split(",")]
+    print(f"bytes per device, {base.model} (Psi = {rows[0]['psi']} parameters), {base.optimizer} "
+          f"(K = {rows[0]['k_bytes']} bytes/param), {base.dtype}, N = {base.devices}")
+    print(accounting.format_memory(rows))
     return 0
 
 

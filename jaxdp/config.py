@@ -17,7 +17,7 @@ PLATFORMS = ("auto", "cpu", "gpu")
 COLLECTIVES = ("xla", "ring")
 # Strategy names per framework; a name means the same algorithm on both sides.
 FRAMEWORK_STRATEGIES = {
-    "jax": ("single", "dp", "ddp", "ddp-pmap", "ddp-bucket", "ddp-ring"),
+    "jax": ("single", "dp", "ddp", "ddp-pmap", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3"),
     "torch": ("single", "dp", "ddp", "ddp-naive", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3"),
 }
 STRATEGIES = FRAMEWORK_STRATEGIES["jax"]

@@ -19,22 +19,24 @@ TORCH_CLIP_EPS = 1e-6
 MOMENTUM = 0.9
 
 
-def global_norm(grads, sum_of_squares=None) -> jax.Array:
-    """The L2 norm of the whole gradient. Sharded strategies pass `sum_of_squares`, the psum of
-    their shards' sums of squares, so the norm is the whole gradient's, never a shard's."""
-    if sum_of_squares is None:
-        sum_of_squares = sum(jnp.sum(jnp.square(g)) for g in jax.tree_util.tree_leaves(grads))
+def global_norm(grads, axis_name=None) -> jax.Array:
+    """The L2 norm of the whole gradient. When each device holds a disjoint shard (ZeRO), pass the
+    mesh axis: the shards' sums of squares are psum'd, so the norm is the whole gradient's, never a
+    shard's (zero padding adds nothing)."""
+    sum_of_squares = sum(jnp.sum(jnp.square(g)) for g in jax.tree_util.tree_leaves(grads))
+    if axis_name is not None:
+        sum_of_squares = jax.lax.psum(sum_of_squares, axis_name)
     return jnp.sqrt(sum_of_squares)
 
 
-def clip_grad_norm(max_norm: float, norm_fn=global_norm) -> optax.GradientTransformation:
+def clip_grad_norm(max_norm: float, axis_name=None) -> optax.GradientTransformation:
     """torch.nn.utils.clip_grad_norm_ as an optax transformation."""
 
     def init_fn(params):
         return optax.EmptyState()
 
     def update_fn(updates, state, params=None):
-        norm = norm_fn(updates)
+        norm = global_norm(updates, axis_name)
         coef = jnp.minimum(max_norm / (norm + TORCH_CLIP_EPS), 1.0)
         return jax.tree_util.tree_map(lambda g: g * coef.astype(g.dtype), updates), state
 
@@ -42,12 +44,13 @@ def clip_grad_norm(max_norm: float, norm_fn=global_norm) -> optax.GradientTransf
 
 
 def make(name: str, lr: float, weight_decay: float = 0.0, clip_norm: float = 0.0,
-         norm_fn=global_norm) -> optax.GradientTransformation:
-    """The optax chain for `--optimizer name`. `norm_fn` lets a sharded strategy supply the norm of
-    the whole gradient from its shard."""
+         axis_name=None) -> optax.GradientTransformation:
+    """The optax chain for `--optimizer name`. `axis_name`: the gradient it sees is sharded over
+    that mesh axis (ZeRO), so clipping must take the norm over all shards. Every other step of the
+    chain is element-wise, so it runs unchanged on a shard."""
     parts = []
     if clip_norm > 0:
-        parts.append(clip_grad_norm(clip_norm, norm_fn))
+        parts.append(clip_grad_norm(clip_norm, axis_name))
     if name == "adamw":
         parts.append(optax.adamw(lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=weight_decay))
         return optax.chain(*parts)
@@ -62,3 +65,14 @@ def make(name: str, lr: float, weight_decay: float = 0.0, clip_norm: float = 0.0
     else:
         raise ValueError(f"unknown optimizer {name!r}; valid: sgd, momentum, adam, adamw")
     return optax.chain(*parts)
+
+
+SHARDED_GRADIENT_STRATEGIES = ("zero1", "zero2", "zero3")
+
+
+def for_config(cfg) -> optax.GradientTransformation:
+    """The optimizer of a run: sharded over the `data` axis for the ZeRO strategies."""
+    from .devices import AXIS
+
+    axis = AXIS if cfg.strategy in SHARDED_GRADIENT_STRATEGIES else None
+    return make(cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.clip_norm, axis_name=axis)

@@ -51,7 +51,7 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
     dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
     with jax.default_device(jax.devices("cpu")[0]):  # the same initial bits on every platform
         problem = models.init(cfg, dataset)
-    optimizer = optim.make(cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.clip_norm)
+    optimizer = optim.for_config(cfg)
     mesh = devices_mod.mesh(devices)
     strategy = strategies.make(cfg.strategy, problem, optimizer, mesh, cfg, return_grads=record)
     state = strategy.init(problem.params)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..config import FRAMEWORK_STRATEGIES, ConfigError
-from . import bucket, ddp, ddp_pmap, dp, ring, single
+from . import bucket, ddp, ddp_pmap, dp, ring, single, zero
 from .common import Strategy, TrainState
 
 FACTORIES = {
@@ -12,6 +12,9 @@ FACTORIES = {
     "ddp-pmap": ddp_pmap.make,
     "ddp-bucket": bucket.make,
     "ddp-ring": ring.make,
+    "zero1": zero.make_stage(1),
+    "zero2": zero.make_stage(2),
+    "zero3": zero.make_stage(3),
 }
 assert tuple(FACTORIES) == FRAMEWORK_STRATEGIES["jax"]
 

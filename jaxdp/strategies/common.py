@@ -29,12 +29,18 @@ class Strategy(NamedTuple):
       `loss` (mean over the global batch) and, when built with return_grads, `grads` (the full
       averaged gradient the update used, before clipping);
     - `full_params(state)`: the unsharded parameters (for the trace and checkpoints).
+    `jit_step` is the jitted function behind `step` (to lower and inspect), when `step` wraps it.
     """
     name: str
     init: Callable
     put_batch: Callable
     step: Callable
     full_params: Callable
+    jit_step: Callable | None = None
+
+    @property
+    def compiled_step(self):
+        return self.jit_step or self.step
 
 
 def to_numpy(tree):

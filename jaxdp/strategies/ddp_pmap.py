@@ -43,4 +43,4 @@ def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
         return jax.device_put((split(x), split(y)), stacked)
 
     return Strategy("ddp-pmap", init, put_batch, step,
-                    lambda s: jax.tree_util.tree_map(lambda a: a[0], s.params))
+                    lambda s: jax.tree_util.tree_map(lambda a: a[0], s.params), pmapped)

@@ -1,0 +1,174 @@
+"""`zero1`, `zero2`, `zero3` (alias `fsdp`): ZeRO's three stages, sharding what DDP replicates.
+
+Layout: every parameter is flattened and zero-padded to a multiple of N; device i owns the i-th
+contiguous shard of S = ceil(size / N) elements of each parameter. The padding is zero in the
+parameters and in the gradients, so it stays zero through any element-wise optimizer and adds
+nothing to norms; it is cut off whenever a full array is rebuilt.
+
+- zero1: optimizer state sharded. Gradients all-reduced (every device gets the whole mean
+  gradient); each device updates only its shard with its shard of the state; the updated shards
+  are all-gathered into full parameters.
+- zero2: gradients sharded too: reduce-scattered, so each device only ever keeps its shard of the
+  mean gradient; then as zero1.
+- zero3: parameters sharded too. Each parameter is all-gathered just before the forward that uses
+  it and, because the gathered copy is not saved for backward (`jax.checkpoint` with a policy that
+  saves everything *except* the gathered parameters), all-gathered again just before backward,
+  and dropped after use. Gradients are reduce-scattered; no device ever holds full parameters
+  between steps.
+
+Accumulation syncs once: the micro-batches' local gradients are summed on each device (for zero3,
+as FSDP does under no_sync: the gradient of the gathered parameters, taken through a zero `delta`
+added to them, so it stays local and unsharded until the step's one reduce-scatter), then reduced.
+Gradients are divided by N before the reduction, as in `ddp`.
+
+`--collectives xla` uses lax.psum / psum_scatter / all_gather; `--collectives ring` uses the
+explicit ring from `jaxdp.collectives`; both give the same trace. All run under
+shard_map(check_vma=False): gradients of replicated inputs are then local, with no implicit psum.
+The optimizer must be built with `optim.make(..., axis_name='data')` (`optim.for_config` does it)
+so that global-norm clipping sums squares over all shards: the norm of the whole gradient.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.ad_checkpoint import checkpoint_name
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from .. import collectives as ring
+from ..devices import AXIS, replicated
+from .common import Strategy, TrainState, apply_update, local_grads, put_sharded, to_numpy
+
+GATHERED = "zero3_gathered_params"
+
+
+def shard_size(size: int, n: int) -> int:
+    return -(-size // n)
+
+
+class Collectives:
+    """The three collectives ZeRO needs, over the `data` axis, on flat 1-D arrays."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def all_reduce(self, x):
+        return ring.ring_all_reduce(x, AXIS) if self.kind == "ring" else lax.psum(x, AXIS)
+
+    def reduce_scatter(self, x):
+        """Pad to N x S, sum over devices, keep this device's S elements."""
+        if self.kind == "ring":
+            return ring.ring_reduce_scatter(x, AXIS)
+        return lax.psum_scatter(ring.pad_to_multiple(x, lax.axis_size(AXIS)), AXIS, tiled=True)
+
+    def all_gather(self, shard):
+        return ring.ring_all_gather(shard, AXIS) if self.kind == "ring" else lax.all_gather(shard, AXIS, tiled=True)
+
+
+def my_shard(full, n):
+    """This device's shard of a full (replicated) array: elements [i S, (i+1) S) of the padded flat."""
+    flat = ring.pad_to_multiple(full, n)
+    s = flat.size // n
+    return lax.dynamic_slice(flat, (lax.axis_index(AXIS) * s,), (s,))
+
+
+def unpad(flat, like):
+    """The first prod(shape) elements of a padded flat array, reshaped like `like`."""
+    return flat[:math.prod(like.shape)].reshape(like.shape)
+
+
+def host_shards(params, n):
+    """Full host arrays -> the padded flat arrays ([N x S]) whose device-order shards we place."""
+    return jax.tree_util.tree_map(lambda p: np.pad(p.reshape(-1), (0, -p.size % n)), to_numpy(params))
+
+
+def host_unshard(flat_tree, shapes):
+    """Global [N x S] sharded arrays -> full unpadded host arrays."""
+    return jax.tree_util.tree_map(lambda f, shape: unpad(np.asarray(jax.device_get(f)), shape), flat_tree, shapes)
+
+
+def make_stage(stage: int):
+    def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
+        n = mesh.size
+        comm = Collectives(cfg.collectives)
+        tree_map = jax.tree_util.tree_map
+        shapes = tree_map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), problem.params)  # leaves, not tuples
+        sharded = NamedSharding(mesh, P(AXIS))
+        shard_shapes = tree_map(lambda p: jax.ShapeDtypeStruct((shard_size(p.size, n),), p.dtype), problem.params)
+        # Optimizer-state leaves shaped like a shard are sharded; scalars (step counts) are replicated.
+        opt_specs = tree_map(lambda leaf: P(AXIS) if leaf.ndim else P(), jax.eval_shape(optimizer.init, shard_shapes))
+        param_spec = P(AXIS) if stage == 3 else P()
+
+        def init(params):
+            flat = jax.device_put(host_shards(params, n), sharded)
+            opt_init = jax.shard_map(optimizer.init, mesh=mesh, in_specs=P(AXIS), out_specs=opt_specs,
+                                     check_vma=False)
+            opt_state = jax.jit(opt_init)(flat)
+            if stage < 3:
+                return TrainState(jax.device_put(to_numpy(params), replicated(mesh)), opt_state)
+            return TrainState(flat, opt_state)
+
+        def zero12_grads(params, x, y):
+            loss, grads = local_grads(problem.loss_fn, params, x, y, cfg.accum)
+            grads = tree_map(lambda g: g / n, grads)
+            if stage == 1:
+                full = tree_map(comm.all_reduce, grads)  # every device: the whole mean gradient
+                return loss, tree_map(lambda g: my_shard(g, n), full), full
+            shards = tree_map(lambda g: comm.reduce_scatter(g.reshape(-1)), grads)  # only my shard
+            return loss, shards, shards
+
+        def zero3_grads(param_shards, x, y):
+            def gathered_loss(shards, delta, xb, yb):
+                # The barrier makes backward's re-gather a distinct computation that XLA cannot
+                # merge (CSE) with forward's, which would keep full parameters alive in between.
+                shards = lax.optimization_barrier(shards)
+                full = tree_map(lambda s, shape: checkpoint_name(unpad(comm.all_gather(s), shape), GATHERED),
+                                shards, shapes)
+                return problem.loss_fn(tree_map(jnp.add, full, delta), xb, yb)
+
+            # Save everything for backward except the gathered parameters: backward gathers again.
+            policy = jax.checkpoint_policies.dots_saveable
+            gathered_loss = jax.checkpoint(gathered_loss, policy=policy)
+            delta = tree_map(lambda like: jnp.zeros(like.shape, like.dtype), shapes)
+            loss, grads = local_grads(lambda d, xb, yb: gathered_loss(param_shards, d, xb, yb), delta, x, y,
+                                      cfg.accum)
+            shards = tree_map(lambda g: comm.reduce_scatter(g.reshape(-1) / n), grads)
+            return loss, shards, shards
+
+        def device_step(params, opt_state, x, y):
+            if stage < 3:
+                loss, grad_shards, grads_out = zero12_grads(params, x, y)
+                param_shards = tree_map(lambda p: my_shard(p, n), params)
+            else:
+                loss, grad_shards, grads_out = zero3_grads(params, x, y)
+                param_shards = params
+            param_shards, opt_state = apply_update(optimizer, grad_shards, opt_state, param_shards)
+            if stage < 3:  # rebuild full parameters from everyone's updated shard
+                params = tree_map(lambda s, shape: unpad(comm.all_gather(s), shape), param_shards, shapes)
+            else:
+                params = param_shards
+            loss = lax.psum(loss, AXIS) / n  # one scalar all-reduce, for the log
+            metrics = {"loss": loss, "grads": grads_out} if return_grads else {"loss": loss}
+            return TrainState(params, opt_state), metrics
+
+        grad_spec = P() if stage == 1 else P(AXIS)
+        metric_specs = {"loss": P(), "grads": grad_spec} if return_grads else {"loss": P()}
+        sharded_step = jax.shard_map(device_step, mesh=mesh, in_specs=(param_spec, opt_specs, P(AXIS), P(AXIS)),
+                                     out_specs=(TrainState(param_spec, opt_specs), metric_specs), check_vma=False)
+        jit_step = jax.jit(lambda state, x, y: sharded_step(state.params, state.opt_state, x, y), donate_argnums=0)
+
+        def step(state, x, y):
+            state, metrics = jit_step(state, x, y)
+            if return_grads and stage > 1:
+                metrics = {**metrics, "grads": host_unshard(metrics["grads"], shapes)}
+            return state, metrics
+
+        def full_params(state):
+            return state.params if stage < 3 else host_unshard(state.params, shapes)
+
+        return Strategy(f"zero{stage}", init, put_sharded(mesh), step, full_params, jit_step)
+
+    return make

@@ -15,6 +15,7 @@ multiple of N), and the optimizer's replicated scalars (Adam's step count) are a
 from __future__ import annotations
 
 import math
+import re
 
 import jax
 import numpy as np
@@ -84,3 +85,101 @@ def format_memory(rows: list[dict]) -> str:
         lines.append(f"{r['strategy']:<10} {r['devices']:>3} {m['params']:>10} {m['grads']:>10} {m['opt_state']:>10} "
                      f"{f['params']:>9}/{f['grads']}/{f['opt_state']:<9} {r['temp_bytes']:>9}")
     return "\n".join(lines)
+
+
+# ---- communication, read from the compiled program ----------------------------------------------
+
+DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
+               "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+KINDS = {"all-reduce": "all-reduce", "reduce-scatter": "reduce-scatter", "all-gather": "all-gather",
+         "collective-permute": "point-to-point"}
+_OP = re.compile(r"=\s*(?P<shape>.+?)\s+(?P<op>all-reduce|reduce-scatter|all-gather|collective-permute)"
+                 r"(?P<start>-start)?\(")
+_ARRAY = re.compile(r"\b(pred|[suf]\d+|bf16|c64|c128)\[([\d,]*)\]")
+
+
+def _nbytes(shape_text: str, last_only: bool = False) -> int:
+    arrays = [DTYPE_BYTES[d] * math.prod(int(x) for x in dims.split(",") if x) for d, dims in _ARRAY.findall(shape_text)]
+    return arrays[-1] if last_only else sum(arrays)
+
+
+def _group_size(line: str, n_devices: int) -> int:
+    m = re.search(r"replica_groups=\{\{([\d,]+)\}", line)
+    if m:
+        return len(m.group(1).split(","))
+    m = re.search(r"replica_groups=\[(\d+),(\d+)\]", line)  # iota form [groups, size]
+    return int(m.group(2)) if m else n_devices
+
+
+def collectives(hlo_text: str, n_devices: int) -> list[dict]:
+    """Every collective of a compiled (post-optimisation) HLO module: its kind, the bytes of its
+    result, its group size, and the bytes each device sends by the ring algorithm:
+      all-reduce of B bytes          2 (n-1)/n B      reduce-scatter to B bytes   (n-1) B
+      all-gather to B bytes          (n-1)/n B        collective-permute of B     B per sending pair / n
+    (for collective-permute: the mean over devices; `max_sent` is the busiest device's)."""
+    found = []
+    for line in hlo_text.splitlines():
+        m = _OP.search(line)
+        if not m or "-done" in line.split("=")[0]:
+            continue
+        op = m.group("op")
+        # async *-start ops return (operands..., result): the result is the last array.
+        nbytes = _nbytes(m.group("shape"), last_only=bool(m.group("start")) and op != "all-reduce")
+        n = _group_size(line, n_devices)
+        if op == "collective-permute":
+            pairs = re.findall(r"\{(\d+),(\d+)\}", line.split("source_target_pairs=")[1]) if "source_target_pairs=" in line else []
+            senders = [int(s) for s, _ in pairs]
+            sent = nbytes * len(pairs) / n_devices
+            max_sent = nbytes * max((senders.count(d) for d in set(senders)), default=0)
+        else:
+            sent = {"all-reduce": 2 * (n - 1) / n * nbytes, "reduce-scatter": (n - 1) * nbytes,
+                    "all-gather": (n - 1) / n * nbytes}[op]
+            max_sent = sent
+        found.append({"op": op, "kind": KINDS[op], "bytes": nbytes, "group": n, "sent": sent, "max_sent": max_sent})
+    return found
+
+
+def communication(hlo_text: str, n_devices: int) -> dict:
+    """Bytes sent per device per step, by kind of collective, and the number of ops of each kind."""
+    out = {kind: {"ops": 0, "sent": 0.0, "max_sent": 0.0} for kind in KINDS.values()}
+    for c in collectives(hlo_text, n_devices):
+        entry = out[c["kind"]]
+        entry["ops"] += 1
+        entry["sent"] += c["sent"]
+        entry["max_sent"] += c["max_sent"]
+    out["total"] = sum(v["sent"] for v in out.values())
+    return out
+
+
+def step_communication(strategy, state, batch, n_devices: int) -> dict:
+    """`communication` of a strategy's compiled step."""
+    return communication(strategy.compiled_step.lower(state, *batch).compile().as_text(), n_devices)
+
+
+def theory(strategy: str, sizes: list[int], n: int, itemsize: int, loss_itemsize: int | None = None) -> dict:
+    """Bytes each device sends per step by the textbook algorithms (ring collectives), by kind.
+    Psi = sum(sizes); Psi_N = sum(ceil(size / n)) (ZeRO pads each parameter to a multiple of n).
+    The loss is averaged for the log by one scalar all-reduce (not for `dp`, whose tree is counted
+    separately, nor for one device)."""
+    psi = sum(sizes)
+    psi_n = sum(math.ceil(s / n) for s in sizes)
+    loss = 2 * (n - 1) / n * (loss_itemsize or itemsize)
+    ring = 2 * (n - 1) / n
+    out = {"all-reduce": loss, "reduce-scatter": 0.0, "all-gather": 0.0, "point-to-point": 0.0}
+    if strategy in ("ddp", "ddp-pmap", "ddp-bucket"):
+        out["all-reduce"] += ring * psi * itemsize
+    elif strategy == "ddp-ring":
+        out["point-to-point"] = 2 * (n - 1) * math.ceil(psi / n) * itemsize
+    elif strategy == "zero1":
+        out["all-reduce"] += ring * psi * itemsize
+        out["all-gather"] = (n - 1) * psi_n * itemsize
+    elif strategy in ("zero2", "zero3"):
+        out["reduce-scatter"] = (n - 1) * psi_n * itemsize
+        # zero3 also gathers again for backward (x2) in theory; see docs/STRATEGIES.md for XLA:CPU.
+        out["all-gather"] = (n - 1) * psi_n * itemsize * (2 if strategy == "zero3" else 1)
+    else:
+        raise ValueError(f"no communication theory for {strategy!r}")
+    if n == 1:
+        out = {k: 0.0 for k in out}
+    out["total"] = sum(out.values())
+    return out

@@ -53,7 +53,7 @@ def memory(cfg) -> dict:
     if cfg.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
     dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
-    with jax.default_device(jax.devices("cpu")[0]):
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
         problem = models.init(cfg, dataset)
     optimizer = optim.for_config(cfg)
     strategy = strategies.make(cfg.strategy, problem, optimizer, devices.mesh(devs), cfg, return_grads=True)

@@ -2,18 +2,37 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from . import config
+
+
+def _strategy_list(text: str) -> list[str]:
+    names = [config.ALIASES.get(n.strip(), n.strip()) for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in config.ALL_STRATEGIES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {bad[0] if bad else text!r} (choose from {', '.join(config.ALL_STRATEGIES + tuple(config.ALIASES))})")
+    return names
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxdp", description="Data parallelism in JAX, checked against PyTorch.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    train = sub.add_parser("train", help="train one strategy and optionally write its trace")
+    train = sub.add_parser("train", help="train one strategy and optionally write its trace", conflict_handler="resolve")
     config.add_arguments(train)
+    train.add_argument("--strategy", dest="strategy", default="ddp", type=_strategy_list,
+                       help="strategy, or several comma-separated (run one after another; put {strategy} in --trace)")
     train.add_argument("--trace", default=None, help="write the trace (.npz) to this path")
+    multi = train.add_argument_group("multi-process (jax.distributed)")
+    multi.add_argument("--processes", type=int, default=1,
+                       help="start this many processes on this machine (coordinator on a free loopback port)")
+    multi.add_argument("--coordinator", default=None, help="HOST:PORT of process 0's coordinator (cluster runs)")
+    multi.add_argument("--num-processes", type=int, default=None, help="processes in all (cluster runs)")
+    multi.add_argument("--process-id", type=int, default=None, help="this process's index (cluster runs)")
+    multi.add_argument("--timeout", type=float, default=None, help="--processes: stop the run after this many seconds")
     train.add_argument("--progress", default=None, action=argparse.BooleanOptionalAction,
                        help="progress bar (default: when stderr is a terminal)")
 
@@ -46,12 +65,57 @@ def main(argv=None) -> int:
 
 
 def _train(args) -> int:
-    from . import train
+    from . import devices, train
 
-    cfg = config.from_args(args)
-    result = train.run(cfg, trace_path=args.trace, progress=args.progress)
-    print(train.summary(result) + (f"; trace: {args.trace}" if args.trace else ""))
+    strategies = args.strategy
+    if len(strategies) > 1 and args.trace and "{strategy}" not in args.trace:
+        raise config.ConfigError("several strategies write several traces: put {strategy} in --trace, e.g. runs/{strategy}.npz")
+    configs = [config.from_args(argparse.Namespace(**{**vars(args), "strategy": name})) for name in strategies]
+    if args.processes > 1:
+        if args.coordinator:
+            raise config.ConfigError("--processes starts local processes; on a cluster give --coordinator, "
+                                     "--num-processes and --process-id to each process instead")
+        from . import launch
+
+        return launch.launch(_argv_without_processes(), args.processes, args.timeout)
+    distributed = devices.Distributed.from_env()
+    if args.coordinator or args.num_processes or args.process_id is not None:
+        if not (args.coordinator and args.num_processes and args.process_id is not None):
+            raise config.ConfigError("a cluster run needs all three of --coordinator, --num-processes and --process-id")
+        distributed = devices.Distributed(args.coordinator, args.num_processes, args.process_id)
+    try:
+        for cfg in configs:
+            path = args.trace.format(strategy=cfg.strategy) if args.trace else None
+            result = train.run(cfg, trace_path=path, progress=args.progress, distributed=distributed)
+            if distributed is None or distributed.process_id == 0:
+                print(train.summary(result) + (f"; trace: {path}" if path else ""), flush=True)
+    except BaseException as e:
+        if distributed is None:
+            raise
+        # Exit now: jax.distributed's exit-time barrier would otherwise wait for the other
+        # processes, which wait for this one. The launcher (or cluster) sees the status at once.
+        import traceback
+
+        print(f"jaxdp: error: process {distributed.process_id}: {type(e).__name__}: {e}", file=sys.stderr)
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(2 if isinstance(e, config.ConfigError) else 1)
     return 0
+
+
+def _argv_without_processes() -> list[str]:
+    argv, skip = [], False
+    for a in sys.argv[1:]:
+        if skip:
+            skip = False
+            continue
+        if a in ("--processes", "--timeout"):
+            skip = True
+            continue
+        if a.startswith(("--processes=", "--timeout=")):
+            continue
+        argv.append(a)
+    return argv
 
 
 def _memory(args) -> int:

@@ -30,19 +30,20 @@ class Dataset:
     _tokens: np.ndarray | None = None
     vocab: str = ""
 
-    def batch(self, step: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-        """The global batch of optimizer step `step` (1-based)."""
+    def batch(self, step: int, batch_size: int, rows: slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
+        """The global batch of optimizer step `step` (1-based), or only its `rows` (a process of a
+        multi-process run reads only the rows of its own devices)."""
         rng = np.random.default_rng([self.seed, step, 0xDA7A])
-        if self.name == "synthetic":
-            x = rng.standard_normal((batch_size, self.n_features))
+        if self.name == "synthetic":  # generated, not loaded: draw the whole batch, keep the rows
+            x = rng.standard_normal((batch_size, self.n_features))[rows]
             y = np.argmax(x @ self._teacher(), axis=1).astype(np.int32)
             return x, y
         if self.name == "digits":
             n = len(self._inputs)
-            idx = rng.choice(n, size=batch_size, replace=batch_size > n)
+            idx = rng.choice(n, size=batch_size, replace=batch_size > n)[rows]
             return self._inputs[idx], self._labels[idx]
         seq_len = self.n_features
-        starts = rng.integers(0, len(self._tokens) - seq_len - 1, size=batch_size)
+        starts = rng.integers(0, len(self._tokens) - seq_len - 1, size=batch_size)[rows]
         windows = np.stack([self._tokens[s:s + seq_len + 1] for s in starts])
         return windows[:, :-1].astype(np.int32), windows[:, 1:].astype(np.int32)
 

@@ -6,6 +6,9 @@ up, the count is fixed, and asking for more is an error that says how to fix it.
 """
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+
 import numpy as np
 import jax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
@@ -27,11 +30,46 @@ def request_cpu_devices(n: int) -> bool:
         return False
 
 
-def setup(n: int, platform: str = "auto") -> list:
-    """The first `n` devices of `platform` ('auto': the default backend, GPU when present)."""
+@dataclass(frozen=True)
+class Distributed:
+    """One process of a multi-process run (`jax.distributed`): where the coordinator listens, how
+    many processes there are, and which one this is."""
+    coordinator: str
+    num_processes: int
+    process_id: int
+
+    @classmethod
+    def from_env(cls) -> "Distributed | None":
+        """JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID, when all are set."""
+        names = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+        if not all(os.environ.get(k) for k in names):
+            return None
+        return cls(os.environ[names[0]], int(os.environ[names[1]]), int(os.environ[names[2]]))
+
+
+HEARTBEAT_TIMEOUT_S = 15  # a dead peer is noticed within this (JAX's default is 100 s)
+
+
+def _initialize_distributed(n: int, platform: str, dist: Distributed) -> None:
+    if n % dist.num_processes:
+        raise DeviceError(f"--devices {n} does not divide over {dist.num_processes} processes")
+    if not 0 <= dist.process_id < dist.num_processes:
+        raise DeviceError(f"--process-id {dist.process_id} is not in [0, {dist.num_processes})")
+    if platform in ("auto", "cpu"):
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        request_cpu_devices(n // dist.num_processes)
+    jax.distributed.initialize(dist.coordinator, dist.num_processes, dist.process_id,
+                               initialization_timeout=120, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+
+
+def setup(n: int, platform: str = "auto", distributed: Distributed | None = None) -> list:
+    """The first `n` devices of `platform` ('auto': the default backend, GPU when present), over all
+    processes when `distributed` is given (each process then contributes n / P local devices)."""
     if platform not in ("auto", "cpu", "gpu"):
         raise DeviceError(f"unknown platform {platform!r}; valid: auto, cpu, gpu")
-    if platform in ("auto", "cpu"):
+    if distributed is not None and not jax.distributed.is_initialized():
+        _initialize_distributed(n, platform, distributed)
+    elif platform in ("auto", "cpu"):
         request_cpu_devices(n)
     if platform == "gpu":
         try:

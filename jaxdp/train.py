@@ -36,11 +36,18 @@ def versions() -> dict:
             "optax": optax.__version__, "numpy": np.__version__}
 
 
-def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: bool | None = None) -> RunResult:
-    """Train `cfg`; record the trace when `record` (default: when `trace_path` is given)."""
+def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: bool | None = None,
+        distributed: devices_mod.Distributed | None = None) -> RunResult:
+    """Train `cfg`; record the trace when `record` (default: when `trace_path` is given).
+
+    With `distributed`, this is one process of a multi-process run: it feeds only the rows of the
+    global batch that belong to its own devices, and only process 0 writes the trace."""
     cfg.validate()
-    devices = devices_mod.setup(cfg.devices, cfg.platform)  # before any JAX computation
+    devices = devices_mod.setup(cfg.devices, cfg.platform, distributed)  # before any JAX computation
     import jax
+
+    if jax.process_count() > 1 and cfg.strategy == "single":
+        raise devices_mod.DeviceError("strategy 'single' runs on one device of one process; drop --processes")
 
     if cfg.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
@@ -49,7 +56,7 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
 
     record = trace_path is not None if record is None else record
     dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
-    with jax.default_device(jax.devices("cpu")[0]):  # the same initial bits on every platform
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):  # the same initial bits on every platform
         problem = models.init(cfg, dataset)
     optimizer = optim.for_config(cfg)
     mesh = devices_mod.mesh(devices)
@@ -58,15 +65,19 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
 
     result = RunResult(cfg)
     result.meta = {"framework": "jax", **cfg.to_dict(), "platform": devices[0].platform,
-                   "versions": versions()}
+                   "processes": jax.process_count(), "versions": versions()}
     if record:
         result.arrays.update({f"init/{k}": v for k, v in models.flat_names(to_numpy(problem.params)).items()})
     input_dtype = np.dtype(models.MASTER_DTYPE[cfg.dtype])
 
-    bar = _progress_bar(cfg, progress)
+    # Devices are ordered by process, so process p owns rows [p B/P, (p+1) B/P) of every batch.
+    per_process = cfg.batch_size // jax.process_count()
+    rows = slice(jax.process_index() * per_process, (jax.process_index() + 1) * per_process)
+
+    bar = _progress_bar(cfg, progress) if jax.process_index() == 0 else None
     t0 = t1 = time.perf_counter()
     for k in range(1, cfg.steps + 1):
-        x, y = dataset.batch(k, cfg.batch_size)
+        x, y = dataset.batch(k, cfg.batch_size, rows)
         if np.issubdtype(x.dtype, np.floating):
             x = x.astype(input_dtype)
         state, metrics = strategy.step(state, *strategy.put_batch(x, y))
@@ -76,6 +87,9 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
                                 f"set --clip-norm, or pass --no-nan-check to continue anyway")
         result.losses.append(loss)
         if record:
+            if jax.process_count() > 1:  # the trace holds the whole global batch
+                x, y = dataset.batch(k, cfg.batch_size)
+                x = x.astype(input_dtype) if np.issubdtype(x.dtype, np.floating) else x
             _record(result.arrays, k, loss, x, y, metrics, strategy.full_params(state), devices[0])
         if k == 1:
             t1 = time.perf_counter()
@@ -87,7 +101,7 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
         bar.close()
     if cfg.steps > 1:
         result.steps_per_s = (cfg.steps - 1) / max(time.perf_counter() - t1, 1e-9)
-    if trace_path is not None:
+    if trace_path is not None and jax.process_index() == 0:
         from . import trace
 
         trace.save(trace_path, result.meta, result.arrays)
@@ -102,14 +116,14 @@ def summary(result: RunResult) -> str:
 
 
 def _read(a, device):
-    """The value of `a` as device 0 of the mesh holds it (dp's metrics are true only there)."""
-    import jax
+    """The value of `a` as device 0 of the mesh holds it (dp's gradients are true only there)."""
+    from .strategies.common import to_host
 
     if getattr(a, "is_fully_replicated", False):
         for shard in a.addressable_shards:
             if shard.device == device:
                 return np.asarray(shard.data)
-    return np.asarray(jax.device_get(a))
+    return to_host(a)
 
 
 def _record(arrays, k, loss, x, y, metrics, params, device):

@@ -44,7 +44,20 @@ class Strategy(NamedTuple):
 
 
 def to_numpy(tree):
-    return jax.tree_util.tree_map(lambda a: np.array(jax.device_get(a)), tree)
+    return jax.tree_util.tree_map(lambda a: np.array(to_host(a)), tree)
+
+
+def to_host(a) -> np.ndarray:
+    """The full value of a (possibly sharded, possibly multi-process) array on this host. Arrays
+    whose shards live partly in other processes are all-gathered: every process must call this
+    in the same order."""
+    if isinstance(a, jax.Array) and not a.is_fully_addressable and not a.is_fully_replicated:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(a, tiled=True))
+    if isinstance(a, jax.Array) and a.is_fully_replicated:
+        return np.asarray(a.addressable_shards[0].data)
+    return np.asarray(jax.device_get(a))
 
 
 def local_grads(loss_fn, params, x, y, accum: int):
@@ -84,8 +97,11 @@ def init_replicated(optimizer, mesh):
 
 
 def put_sharded(mesh):
+    """`put_batch` for a batch split over `data`: each process passes the rows of its own devices
+    (all rows in a single-process run) and gets the global arrays."""
     def put_batch(x, y):
-        return jax.device_put((x, y), batch_sharded(mesh))
+        sharding = batch_sharded(mesh)
+        return tuple(jax.make_array_from_process_local_data(sharding, a) for a in (x, y))
     return put_batch
 
 

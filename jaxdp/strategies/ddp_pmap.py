@@ -19,7 +19,8 @@ def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
     pmap_devices = list(mesh.devices.flat)
 
     def init(params):
-        copies = jax.tree_util.tree_map(lambda p: np.stack([p] * n), to_numpy(params))
+        # pmap takes this process's share: one copy per local device (all N in one process).
+        copies = jax.tree_util.tree_map(lambda p: np.stack([p] * len(mesh.local_devices)), to_numpy(params))
         # Built by pmap itself so the state carries pmap's own sharding (no recompile at step 2).
         return jax.pmap(lambda p: TrainState(p, optimizer.init(p)), axis_name=AXIS,
                         devices=pmap_devices)(copies)
@@ -38,9 +39,10 @@ def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
         state, metrics = pmapped(state, x, y)
         return state, jax.tree_util.tree_map(lambda a: a[0], metrics)
 
-    def put_batch(x, y):
-        split = lambda a: a.reshape(n, a.shape[0] // n, *a.shape[1:])
-        return jax.device_put((split(x), split(y)), stacked)
+    def put_batch(x, y):  # this process's rows -> [local devices, rows per device, ...]
+        local = len(mesh.local_devices)
+        split = lambda a: a.reshape(local, a.shape[0] // local, *a.shape[1:])
+        return tuple(jax.make_array_from_process_local_data(stacked, split(a)) for a in (x, y))
 
     return Strategy("ddp-pmap", init, put_batch, step,
                     lambda s: jax.tree_util.tree_map(lambda a: a[0], s.params), pmapped)

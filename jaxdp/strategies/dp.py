@@ -26,13 +26,13 @@ def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
     def device_step(params, opt_state, x, y):
         loss, grads = local_grads(problem.loss_fn, params, x, y, cfg.accum)
         grads = tree_map(lambda g: reduce_to_root(g, AXIS) / n, grads)  # the sum is valid on device 0 only
-        loss = reduce_to_root(loss, AXIS) / n
+        loss = broadcast_from_root(reduce_to_root(loss, AXIS) / n, AXIS)  # every process logs it
         on_server = lax.axis_index(AXIS) == 0
         params, opt_state = lax.cond(on_server,
                                      lambda: apply_update(optimizer, grads, opt_state, params),
                                      lambda: (params, opt_state))
         params = tree_map(lambda p: broadcast_from_root(p, AXIS), params)
-        # The metrics are read from device 0, where they are the true averages.
+        # The gradients are read from device 0, where they are the true averages.
         metrics = {"loss": loss, "grads": grads} if return_grads else {"loss": loss}
         return TrainState(params, opt_state), metrics
 

@@ -40,7 +40,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .. import collectives as ring
 from ..devices import AXIS, replicated
-from .common import Strategy, TrainState, apply_update, local_grads, put_sharded, to_numpy
+from .common import Strategy, TrainState, apply_update, local_grads, put_sharded, to_host, to_numpy
 
 GATHERED = "zero3_gathered_params"
 
@@ -87,7 +87,7 @@ def host_shards(params, n):
 
 def host_unshard(flat_tree, shapes):
     """Global [N x S] sharded arrays -> full unpadded host arrays."""
-    return jax.tree_util.tree_map(lambda f, shape: unpad(np.asarray(jax.device_get(f)), shape), flat_tree, shapes)
+    return jax.tree_util.tree_map(lambda f, shape: unpad(to_host(f), shape), flat_tree, shapes)
 
 
 def make_stage(stage: int):

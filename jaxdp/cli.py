@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    from .checkpoint import CheckpointError
     from .devices import DeviceError
     from .trace import TraceError
     from .train import NonFiniteLoss
@@ -59,7 +60,7 @@ def main(argv=None) -> int:
         if args.command == "memory":
             return _memory(args)
         return _diff(args)
-    except (config.ConfigError, DeviceError, TraceError, NonFiniteLoss) as e:
+    except (config.ConfigError, DeviceError, TraceError, NonFiniteLoss, CheckpointError) as e:
         print(f"jaxdp: error: {e}", file=sys.stderr)
         return 2
 

@@ -68,6 +68,9 @@ class RunConfig:
     seq_len: int = _flag(32, "gpt: context length in characters")
     collectives: str = _flag("xla", "zero1/2/3: XLA's built-in collectives or the explicit ring", COLLECTIVES)
     nan_check: bool = _flag(True, "stop with the step number on a NaN or Inf loss")
+    checkpoint_dir: str = _flag("", "directory for checkpoints (orbax in jaxdp, torch.distributed.checkpoint in torch_ref)")
+    checkpoint_every: int = _flag(0, "save a checkpoint every K steps (0: never)")
+    resume: bool = _flag(False, "resume from the latest complete checkpoint in --checkpoint-dir")
 
     def __post_init__(self):
         if self.strategy in ALIASES:
@@ -105,6 +108,10 @@ class RunConfig:
             raise ConfigError("data 'text' is for --model gpt; use --data synthetic or digits for mlp")
         if self.model == "gpt" and self.d_model % self.n_head:
             raise ConfigError(f"--d-model {self.d_model} must divide by --n-head {self.n_head}")
+        if (self.resume or self.checkpoint_every > 0) and not self.checkpoint_dir:
+            raise ConfigError("--resume and --checkpoint-every need --checkpoint-dir DIR")
+        if self.checkpoint_every < 0:
+            raise ConfigError(f"--checkpoint-every must be 0 (off) or positive, got {self.checkpoint_every}")
         if self.lr <= 0 or self.weight_decay < 0 or self.clip_norm < 0 or self.bucket_mb <= 0:
             raise ConfigError("--lr and --bucket-mb must be positive; --weight-decay and --clip-norm non-negative")
         return self

@@ -38,11 +38,16 @@ class Trace:
     def steps(self) -> int:
         return int(self.meta["steps"])
 
+    @property
+    def first_step(self) -> int:
+        """1, or the step after the checkpoint a resumed run started from."""
+        return int(self.meta.get("first_step", 1))
+
     def names(self) -> list[str]:
         return sorted(k[len("init/"):] for k in self.arrays if k.startswith("init/"))
 
     def losses(self) -> np.ndarray:
-        return np.array([float(self.arrays[f"step/{k}/loss"]) for k in range(1, self.steps + 1)])
+        return np.array([float(self.arrays[f"step/{k}/loss"]) for k in range(self.first_step, self.steps + 1)])
 
 
 def save(path, meta: dict, arrays: dict[str, np.ndarray]) -> None:
@@ -77,7 +82,7 @@ def load(path) -> Trace:
     except json.JSONDecodeError as e:
         raise TraceError(f"trace {path!r}: 'meta' is not valid JSON ({e})") from None
     trace = Trace(meta, arrays)
-    missing = [f"step/{k}/loss" for k in range(1, trace.steps + 1) if f"step/{k}/loss" not in arrays]
+    missing = [f"step/{k}/loss" for k in range(trace.first_step, trace.steps + 1) if f"step/{k}/loss" not in arrays]
     if missing:
         raise TraceError(f"trace {path!r} is incomplete: missing {missing[0]} (and {len(missing) - 1} more)")
     return trace

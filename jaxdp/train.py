@@ -52,7 +52,6 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
     if cfg.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
     from . import data, models, optim, strategies
-    from .strategies.common import to_numpy
 
     record = trace_path is not None if record is None else record
     dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
@@ -61,13 +60,24 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
     optimizer = optim.for_config(cfg)
     mesh = devices_mod.mesh(devices)
     strategy = strategies.make(cfg.strategy, problem, optimizer, mesh, cfg, return_grads=record)
-    state = strategy.init(problem.params)
+    state, start = strategy.init(problem.params), 0
+    if cfg.resume:
+        from . import checkpoint
+
+        state, start = checkpoint.restore(cfg.checkpoint_dir, cfg, strategy, problem, optimizer)
+    saver = None
+    if cfg.checkpoint_every > 0:
+        from . import checkpoint
+
+        saver = checkpoint.Checkpointer(cfg.checkpoint_dir, cfg.checkpoint_every)
 
     result = RunResult(cfg)
     result.meta = {"framework": "jax", **cfg.to_dict(), "platform": devices[0].platform,
                    "processes": jax.process_count(), "versions": versions()}
-    if record:
-        result.arrays.update({f"init/{k}": v for k, v in models.flat_names(to_numpy(problem.params)).items()})
+    result.meta["first_step"] = start + 1
+    if record:  # a resumed run's init/ is what it resumed from
+        initial = problem.params if start == 0 else strategy.full_params(state)
+        result.arrays.update({f"init/{k}": _read(v, devices[0]) for k, v in models.flat_names(initial).items()})
     input_dtype = np.dtype(models.MASTER_DTYPE[cfg.dtype])
 
     # Devices are ordered by process, so process p owns rows [p B/P, (p+1) B/P) of every batch.
@@ -76,7 +86,7 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
 
     bar = _progress_bar(cfg, progress) if jax.process_index() == 0 else None
     t0 = t1 = time.perf_counter()
-    for k in range(1, cfg.steps + 1):
+    for k in range(start + 1, cfg.steps + 1):
         x, y = dataset.batch(k, cfg.batch_size, rows)
         if np.issubdtype(x.dtype, np.floating):
             x = x.astype(input_dtype)
@@ -91,7 +101,9 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
                 x, y = dataset.batch(k, cfg.batch_size)
                 x = x.astype(input_dtype) if np.issubdtype(x.dtype, np.floating) else x
             _record(result.arrays, k, loss, x, y, metrics, strategy.full_params(state), devices[0])
-        if k == 1:
+        if saver is not None:
+            saver.maybe_save(k, state, cfg)
+        if k == start + 1:
             t1 = time.perf_counter()
             result.compile_s = t1 - t0
         if bar is not None:
@@ -99,8 +111,10 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
             bar.update(1)
     if bar is not None:
         bar.close()
-    if cfg.steps > 1:
-        result.steps_per_s = (cfg.steps - 1) / max(time.perf_counter() - t1, 1e-9)
+    if saver is not None:
+        saver.close()
+    if cfg.steps - start > 1:
+        result.steps_per_s = (cfg.steps - start - 1) / max(time.perf_counter() - t1, 1e-9)
     if trace_path is not None and jax.process_index() == 0:
         from . import trace
 

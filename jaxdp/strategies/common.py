@@ -23,7 +23,8 @@ class TrainState(NamedTuple):
 
 class Strategy(NamedTuple):
     """A strategy is four pure-ish functions (no hidden objects):
-    - `init(params)`: the train state placed on the devices (replicated or sharded);
+    - `init(params, opt_state=None)`: the train state placed on the devices (replicated or
+      sharded); a fresh optimizer state, or the given full one (resuming from a checkpoint);
     - `put_batch(x, y)`: the global NumPy batch placed as `step` expects it;
     - `step(state, x, y)`: one optimizer step, jitted; returns (state, metrics) where metrics holds
       `loss` (mean over the global batch) and, when built with return_grads, `grads` (the full
@@ -89,9 +90,12 @@ def apply_update(optimizer, grads, opt_state, params):
 
 def init_replicated(optimizer, mesh):
     """`init` for strategies that keep a full copy of params and optimizer state on every device."""
-    def init(params):
+    def init(params, opt_state=None):
         params = jax.device_put(to_numpy(params), replicated(mesh))  # fresh buffers: step donates them
-        opt_state = jax.jit(optimizer.init, out_shardings=replicated(mesh))(params)
+        if opt_state is None:
+            opt_state = jax.jit(optimizer.init, out_shardings=replicated(mesh))(params)
+        else:
+            opt_state = jax.device_put(to_numpy(opt_state), replicated(mesh))
         return TrainState(params, opt_state)
     return init
 

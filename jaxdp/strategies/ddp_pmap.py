@@ -18,12 +18,14 @@ def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
     stacked = NamedSharding(mesh, P(AXIS))
     pmap_devices = list(mesh.devices.flat)
 
-    def init(params):
+    def init(params, opt_state=None):
         # pmap takes this process's share: one copy per local device (all N in one process).
-        copies = jax.tree_util.tree_map(lambda p: np.stack([p] * len(mesh.local_devices)), to_numpy(params))
+        copies = lambda tree: jax.tree_util.tree_map(lambda a: np.stack([a] * len(mesh.local_devices)), to_numpy(tree))
         # Built by pmap itself so the state carries pmap's own sharding (no recompile at step 2).
+        if opt_state is not None:
+            return jax.pmap(TrainState, axis_name=AXIS, devices=pmap_devices)(copies(params), copies(opt_state))
         return jax.pmap(lambda p: TrainState(p, optimizer.init(p)), axis_name=AXIS,
-                        devices=pmap_devices)(copies)
+                        devices=pmap_devices)(copies(params))
 
     def device_step(state, x, y):
         loss, grads = local_grads(problem.loss_fn, state.params, x, y, cfg.accum)

@@ -10,8 +10,10 @@ def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
     device = mesh.devices.flat[0]
     on_device = jax.sharding.SingleDeviceSharding(device)
 
-    def init(params):
+    def init(params, opt_state=None):
         params = jax.device_put(to_numpy(params), on_device)
+        if opt_state is not None:
+            return TrainState(params, jax.device_put(to_numpy(opt_state), on_device))
         return TrainState(params, jax.jit(optimizer.init, out_shardings=on_device)(params))
 
     @jax.jit

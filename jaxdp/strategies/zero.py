@@ -80,9 +80,11 @@ def unpad(flat, like):
     return flat[:math.prod(like.shape)].reshape(like.shape)
 
 
-def host_shards(params, n):
-    """Full host arrays -> the padded flat arrays ([N x S]) whose device-order shards we place."""
-    return jax.tree_util.tree_map(lambda p: np.pad(p.reshape(-1), (0, -p.size % n)), to_numpy(params))
+def host_shards(tree, n):
+    """Full host arrays -> the padded flat arrays ([N x S]) whose device-order shards we place
+    (scalars, such as Adam's step count, stay as they are: replicated)."""
+    return jax.tree_util.tree_map(lambda p: np.pad(p.reshape(-1), (0, -p.size % n)) if p.ndim else p,
+                                  to_numpy(tree))
 
 
 def host_unshard(flat_tree, shapes):
@@ -102,11 +104,15 @@ def make_stage(stage: int):
         opt_specs = tree_map(lambda leaf: P(AXIS) if leaf.ndim else P(), jax.eval_shape(optimizer.init, shard_shapes))
         param_spec = P(AXIS) if stage == 3 else P()
 
-        def init(params):
+        def init(params, opt_state=None):
             flat = jax.device_put(host_shards(params, n), sharded)
-            opt_init = jax.shard_map(optimizer.init, mesh=mesh, in_specs=P(AXIS), out_specs=opt_specs,
-                                     check_vma=False)
-            opt_state = jax.jit(opt_init)(flat)
+            if opt_state is None:
+                opt_init = jax.shard_map(optimizer.init, mesh=mesh, in_specs=P(AXIS), out_specs=opt_specs,
+                                         check_vma=False)
+                opt_state = jax.jit(opt_init)(flat)
+            else:
+                opt_state = jax.device_put(host_shards(opt_state, n),
+                                           tree_map(lambda spec: NamedSharding(mesh, spec), opt_specs))
             if stage < 3:
                 return TrainState(jax.device_put(to_numpy(params), replicated(mesh)), opt_state)
             return TrainState(flat, opt_state)

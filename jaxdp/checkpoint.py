@@ -1,0 +1,133 @@
+"""Checkpoints with orbax: the train state saved as it lives on the devices (sharded arrays are
+written shard by shard), next to a JSON record of the run.
+
+- Atomic: orbax writes each step into a temporary directory and renames it when complete, and a
+  temporary (torn) directory is never listed as a step, so a run killed in the middle of a save
+  resumes from the last complete checkpoint.
+- Data position and randomness: batches are a pure function of (seed, step) and training draws no
+  other random numbers, so the step number and the seed (both in the record) are the whole of it.
+- Resharding: a checkpoint saved by one strategy on N devices resumes under another layout (zero3
+  on 4 devices -> zero3 on 2, ddp on 4 -> ddp on 1). When the layout differs, the saved arrays are
+  read whole, converted to full ("canonical") arrays (ZeRO's zero padding cut off, pmap's per-device
+  copies collapsed) and placed by the new strategy's `init(params, opt_state)`.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import jax
+import numpy as np
+
+from .config import COMPARABLE_FIELDS
+
+RECORD_FIELDS = tuple(f for f in COMPARABLE_FIELDS if f != "steps")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used; the message says why and what to do."""
+
+
+def _key(path) -> str:
+    return ".".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
+
+
+def flatten(tree) -> dict:
+    """{'params.layers.0.kernel': leaf, 'opt_state.1.0.mu.layers.0.kernel': leaf, ...}"""
+    return {_key(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _manager(directory, every: int = 1, read_only: bool = False):
+    import orbax.checkpoint as ocp
+
+    from absl import logging as absl_logging
+
+    absl_logging.set_verbosity(absl_logging.ERROR)  # orbax narrates every save at WARNING
+    options = ocp.CheckpointManagerOptions(max_to_keep=3, create=not read_only, enable_async_checkpointing=False,
+                                           read_only=read_only)
+    handlers = {"state": ocp.StandardCheckpointHandler(), "record": ocp.JsonCheckpointHandler()}
+    return ocp.CheckpointManager(os.path.abspath(directory), options=options, item_handlers=handlers)
+
+
+class Checkpointer:
+    """Saves the train state every `every` steps into `directory`."""
+
+    def __init__(self, directory, every: int):
+        self.every = every
+        self.manager = _manager(directory, every)
+
+    def maybe_save(self, step: int, state, cfg) -> bool:
+        if self.every <= 0 or step % self.every:
+            return False
+        import orbax.checkpoint as ocp
+
+        record = {"step": step, "config": cfg.to_dict(), "strategy": cfg.strategy, "devices": cfg.devices,
+                  "data_position": "batches are a pure function of (seed, step); the next step is step + 1"}
+        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(flatten(state)),
+                                                         record=ocp.args.JsonSave(record)))
+        self.manager.wait_until_finished()
+        return True
+
+    def close(self):
+        self.manager.close()
+
+
+def restore(directory, cfg, strategy, problem, optimizer):
+    """(state, step) from the latest complete checkpoint in `directory`, placed for `strategy`."""
+    import orbax.checkpoint as ocp
+
+    if not os.path.isdir(directory):
+        raise CheckpointError(f"--resume: no checkpoint directory {directory!r}; run once with --checkpoint-dir "
+                              f"{directory} --checkpoint-every K first")
+    manager = _manager(directory, read_only=True)
+    step = manager.latest_step()
+    if step is None:
+        raise CheckpointError(f"--resume: no complete checkpoint in {directory!r}")
+    try:
+        record = manager.restore(step, args=ocp.args.Composite(record=ocp.args.JsonRestore()))["record"]
+    except Exception as e:  # noqa: BLE001 - orbax raises many kinds; all mean "unreadable"
+        raise CheckpointError(f"checkpoint step {step} in {directory!r} is corrupt ({type(e).__name__}: {e})") from None
+    saved = record["config"]
+    ours = cfg.to_dict()
+    diffs = [f"{k}: checkpoint {saved.get(k)!r}, run {ours.get(k)!r}" for k in RECORD_FIELDS if saved.get(k) != ours.get(k)]
+    if diffs:
+        raise CheckpointError(f"checkpoint in {directory!r} is from another configuration: " + "; ".join(diffs))
+    if step >= cfg.steps:
+        raise CheckpointError(f"checkpoint in {directory!r} is at step {step}; --steps {cfg.steps} leaves nothing to run")
+
+    fresh = strategy.init(problem.params)  # the layout (shapes, shardings) this run wants
+    target = flatten(fresh)
+    treedef = jax.tree_util.tree_structure(fresh)
+    same_layout = record["strategy"] == cfg.strategy and record["devices"] == cfg.devices
+    try:
+        metadata = manager.item_metadata(step)["state"]
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"checkpoint step {step} in {directory!r} is corrupt ({type(e).__name__}: {e})") from None
+    if metadata is None or set(metadata) != set(target):
+        raise CheckpointError(f"checkpoint in {directory!r} holds different arrays than strategy {cfg.strategy!r} "
+                              f"with optimizer {cfg.optimizer!r} expects")
+    if same_layout:
+        abstract = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding) for k, v in target.items()}
+    else:  # read whole, on this process's first CPU device, then re-lay out
+        local = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0])
+        abstract = {k: jax.ShapeDtypeStruct(tuple(metadata[k].shape), metadata[k].dtype, sharding=local) for k in target}
+    try:
+        arrays = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"checkpoint step {step} in {directory!r} is corrupt ({type(e).__name__}: {e})") from None
+    manager.close()
+    if same_layout:
+        return jax.tree_util.tree_unflatten(treedef, [arrays[k] for k in target]), step
+
+    canonical = flatten(jax.eval_shape(lambda p: (p, optimizer.init(p)), problem.params))
+    full = {}
+    for (k, like), key in zip(canonical.items(), target):
+        a = np.asarray(arrays[key])
+        if record["strategy"] == "ddp-pmap":
+            a = a[0]  # one copy per device
+        if a.shape != like.shape:  # ZeRO's padded flat shard layout
+            a = a.reshape(-1)[:math.prod(like.shape)].reshape(like.shape)
+        full[key] = a
+    params, opt_state = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure((problem.params, fresh.opt_state)),
+                                                     [full[k] for k in target])
+    return strategy.init(params, opt_state), step

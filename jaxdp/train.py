@@ -24,6 +24,7 @@ class RunResult:
     meta: dict = field(default_factory=dict)
     compile_s: float = 0.0  # first step (compilation + one step)
     steps_per_s: float = 0.0  # over steps 2..N
+    step_times: list[float] = field(default_factory=list)  # wall seconds of each step (the first compiles)
 
 
 def versions() -> dict:
@@ -87,6 +88,7 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
     bar = _progress_bar(cfg, progress) if jax.process_index() == 0 else None
     t0 = t1 = time.perf_counter()
     for k in range(start + 1, cfg.steps + 1):
+        t_step = time.perf_counter()
         x, y = dataset.batch(k, cfg.batch_size, rows)
         if np.issubdtype(x.dtype, np.floating):
             x = x.astype(input_dtype)
@@ -96,6 +98,7 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
             raise NonFiniteLoss(f"loss is {loss} at step {k} ({cfg.strategy}, lr {cfg.lr}); lower --lr, "
                                 f"set --clip-norm, or pass --no-nan-check to continue anyway")
         result.losses.append(loss)
+        result.step_times.append(time.perf_counter() - t_step)  # float(loss) waited for the step
         if record:
             if jax.process_count() > 1:  # the trace holds the whole global batch
                 x, y = dataset.batch(k, cfg.batch_size)

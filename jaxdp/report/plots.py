@@ -1,0 +1,173 @@
+"""The compare report's six figures, drawn with matplotlib from `summary.json`'s contents."""
+from __future__ import annotations
+
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from . import projection as projection_mod  # noqa: E402
+
+FRAMEWORK_STYLE = {"jax": dict(color="#1f77b4", linestyle="-", marker="o"),
+                   "torch": dict(color="#d62728", linestyle="--", marker="x")}
+KINDS = ("all-reduce", "reduce-scatter", "all-gather", "point-to-point")
+KIND_COLORS = {"all-reduce": "#4c72b0", "reduce-scatter": "#dd8452", "all-gather": "#55a868", "point-to-point": "#8172b3"}
+PARTS = ("params", "grads", "opt_state")
+PART_COLORS = {"params": "#4c72b0", "grads": "#dd8452", "opt_state": "#55a868"}
+
+
+def _frameworks(entry):
+    return [f for f in ("jax", "torch") if f in entry["frameworks"] and "error" not in entry["frameworks"][f]]
+
+
+def _save(fig, path):
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def loss_curves(summary, path):
+    entries = summary["strategies"]
+    cols = min(4, len(entries))
+    rows = -(-len(entries) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.8 * rows), squeeze=False, sharey=True)
+    for ax, entry in zip(axes.flat, entries):
+        for fw in _frameworks(entry):
+            losses = entry["frameworks"][fw]["losses"]
+            ax.plot(range(1, len(losses) + 1), losses, label=fw, markersize=3, **FRAMEWORK_STYLE[fw])
+        ax.set_title(entry["name"])
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("loss (mean cross-entropy)")
+    for ax in list(axes.flat)[len(entries):]:
+        ax.axis("off")
+    axes.flat[0].legend()
+    fig.suptitle("1. Loss per step: JAX (solid) and PyTorch (dashed) overlaid")
+    return _save(fig, path)
+
+
+def parity(summary, path):
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
+    tol = summary["tolerance"]
+    for ax, field in zip(axes, ("grad", "param")):
+        for i, entry in enumerate(summary["strategies"]):
+            errs = entry.get("parity", {}).get(field)
+            if errs:
+                steps = np.arange(1, len(errs) + 1)
+                ax.semilogy(steps, np.maximum(errs, 1e-18), marker="o", markersize=3, label=entry["name"],
+                            color=plt.cm.tab10(i % 10))
+        ax.axhline(tol, color="black", linestyle=":", label=f"tolerance {tol:g}")
+        ax.set_title(f"{'gradients' if field == 'grad' else 'parameters'}: worst relative difference, JAX vs torch")
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3, which="both")
+    axes[0].set_ylabel("max |jax - torch| / max |torch|")
+    axes[1].legend(fontsize=8, loc="upper left")
+    fig.suptitle("2. Cross-framework difference per step (log scale; 1e-18 floors exact zeros)")
+    return _save(fig, path)
+
+
+def step_times(summary, path):
+    entries = summary["strategies"]
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(entries) + 2), 3.8))
+    width = 0.38
+    for j, fw in enumerate(("jax", "torch")):
+        xs, med, lo, hi = [], [], [], []
+        for i, entry in enumerate(entries):
+            if fw not in _frameworks(entry):
+                continue
+            r = entry["frameworks"][fw]
+            xs.append(i + (j - 0.5) * width)
+            med.append(1e3 * r["median_step_s"])
+            lo.append(1e3 * (r["median_step_s"] - r["p25_step_s"]))
+            hi.append(1e3 * (r["p75_step_s"] - r["median_step_s"]))
+        ax.bar(xs, med, width, yerr=[lo, hi], capsize=3, label=fw, color=FRAMEWORK_STYLE[fw]["color"], alpha=0.85)
+    ax.set_xticks(range(len(entries)), [e["name"] for e in entries])
+    ax.set_ylabel("step time (ms): median, bars = 25th-75th percentile")
+    ax.set_title("3. Step time per strategy and framework (compilation and warm-up excluded; "
+                 f"{summary['machine']['platform']}, {summary['devices']} devices)", fontsize=10)
+    ax.legend()
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def _stacked(ax, labels, values_by_part, parts, colors, formula=None):
+    bottom = np.zeros(len(labels))
+    for part in parts:
+        vals = np.array([v.get(part, 0.0) for v in values_by_part], dtype=float) / 1024
+        ax.bar(range(len(labels)), vals, bottom=bottom, color=colors[part], label=part)
+        bottom += vals
+    if formula is not None:
+        tot = np.array([f if f is not None else np.nan for f in formula], dtype=float) / 1024
+        ax.scatter(range(len(labels)), tot, marker="_", s=900, color="black", zorder=5, label="theory (total)")
+    ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
+
+
+def memory(summary, path):
+    labels, values, formula = [], [], []
+    for entry in summary["strategies"]:
+        for fw in _frameworks(entry):
+            mem = entry["frameworks"][fw].get("memory")
+            if mem:
+                labels.append(f"{entry['name']}\n{fw}")
+                values.append(mem)
+                theory = entry.get("theory", {}).get("memory")
+                formula.append(sum(theory.values()) if theory else None)
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(labels) + 2), 4))
+    _stacked(ax, labels, values, PARTS, PART_COLORS, formula)
+    ax.set_ylabel("KiB per device")
+    ax.set_title("4. Per-device memory: parameters, gradients, optimizer state (measured; bar = ZeRO formula)",
+                 fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def communication(summary, path):
+    labels, values, formula = [], [], []
+    for entry in summary["strategies"]:
+        for fw in _frameworks(entry):
+            comm = entry["frameworks"][fw].get("comm")
+            if comm is not None:
+                labels.append(f"{entry['name']}\n{fw}")
+                values.append(comm)
+                theory = entry.get("theory", {}).get("comm")
+                formula.append(theory["total"] if theory else None)
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(labels) + 2), 4))
+    _stacked(ax, labels, values, KINDS, KIND_COLORS, formula)
+    ax.set_ylabel("KiB sent per device per step")
+    ax.set_title("5. Communication per device per step, by collective (measured; bar = ring theory)", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def scaling(summary, path):
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
+    for i, (name, proj) in enumerate(summary["projection"].items()):
+        for ax, kind in zip(axes, ("weak", "strong")):
+            ns, eff = projection_mod.efficiencies(proj, kind)
+            ax.semilogx(ns, eff, marker="o", markersize=3, base=2, label=name, color=plt.cm.tab10(i % 10))
+    for ax, kind in zip(axes, ("weak", "strong")):
+        ax.axvline(projection_mod.NODE_GPUS, color="gray", linestyle=":")
+        ax.set_xlabel("GPUs (N); dotted: one 8-GPU NVLink node")
+        ax.set_title(f"{kind} scaling efficiency" + (" (per-GPU batch fixed)" if kind == "weak" else " (global batch fixed)"))
+        ax.grid(alpha=0.3, which="both")
+        ax.set_ylim(0, 1.05)
+    axes[0].set_ylabel("efficiency")
+    axes[1].legend(fontsize=8)
+    fig.suptitle("6. Projected scaling on H100 + NVLink + InfiniBand (alpha-beta model, measured FLOPs and bytes)",
+                 fontsize=10)
+    return _save(fig, path)
+
+
+FIGURES = (("loss.png", loss_curves), ("parity.png", parity), ("step_time.png", step_times),
+           ("memory.png", memory), ("communication.png", communication), ("scaling.png", scaling))
+
+
+def draw_all(summary, folder) -> list[str]:
+    return [fn(summary, os.path.join(folder, name)) for name, fn in FIGURES]

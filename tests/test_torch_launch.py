@@ -1,0 +1,84 @@
+"""Running torch_ref: the CLI end to end (same flags as jaxdp, a valid trace, the summary line),
+torchrun, and a failing rank that ends the run promptly with that rank's error."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jaxdp import trace
+
+from torch_ref import cli
+from torch_ref.launch import RankError
+from torch_ref.train import FAIL_ENV, InjectedFailure, run
+
+from .torch_helpers import BASE, as_trace, single
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FLAGS = ["--steps", "2", "--batch-size", "24", "--hidden", "16,16", "--dtype", "float64", "--seed", "3",
+         "--lr", "0.05", "--weight-decay", "0.01", "--optimizer", "momentum", "--clip-norm", "0.5"]
+CFG = BASE.replace(steps=2, batch_size=24, optimizer="momentum", clip_norm=0.5)
+
+
+def _env(**extra):
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", FAIL_ENV):  # a clean launch, not a torchrun rank
+        env.pop(name, None)
+    return env
+
+
+def test_cli_trains_two_ranks_and_writes_a_trace(tmp_path):
+    path = tmp_path / "zero2.npz"
+    out = subprocess.run([sys.executable, "-m", "torch_ref", "train", "--strategy", "zero2", "--devices", "2",
+                          *FLAGS, "--trace", str(path)], capture_output=True, text=True, timeout=180,
+                         cwd=REPO, env=_env())
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("zero2 on 2 cpu rank(s) (torch), mlp/synthetic, float64: 2 steps, loss ")
+    got = trace.load(path)
+    assert got.meta["framework"] == "torch" and got.meta["devices"] == 2
+    assert max(trace.diff(got, as_trace(single(CFG)))["worst"].values()) < 1e-12
+
+
+def test_torchrun_runs_the_same_entry_point(tmp_path):
+    path = tmp_path / "fsdp.npz"
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          "-m", "torch_ref", "train", "--strategy", "fsdp", *FLAGS, "--trace", str(path)],
+                         capture_output=True, text=True, timeout=240, cwd=REPO, env=_env(OMP_NUM_THREADS="1"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.count("zero3 on 2 cpu rank(s)") == 1  # rank 0 alone prints and writes
+    assert max(trace.diff(trace.load(path), as_trace(single(CFG)))["worst"].values()) < 1e-12
+
+
+def test_a_failing_rank_fails_the_run_fast_with_its_error(monkeypatch):
+    monkeypatch.setenv(FAIL_ENV, "1:2")  # rank 1 raises at step 2; rank 0 is then stuck in a collective
+    t0 = time.monotonic()
+    with pytest.raises(RankError) as info:
+        run(BASE.replace(strategy="ddp", devices=2), timeout_s=120, pg_timeout_s=60)
+    assert info.value.rank == 1 and isinstance(info.value.cause, InjectedFailure)
+    assert "injected failure on rank 1 at step 2" in str(info.value)
+    assert time.monotonic() - t0 < 30  # the launcher stops the others; no waiting on the 60 s timeout
+
+
+def test_cli_reports_a_failing_rank_and_exits_non_zero(monkeypatch, capsys):
+    monkeypatch.setenv(FAIL_ENV, "0:1")
+    assert cli.main(["train", "--strategy", "ddp-ring", "--devices", "2", *FLAGS]) == 1
+    err = capsys.readouterr().err
+    assert "rank 0 failed: InjectedFailure: injected failure on rank 0 at step 1" in err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--strategy", "ddp-pmap"], "strategy 'ddp-pmap' exists only in jaxdp; torch_ref has: single, dp, ddp, ddp-naive"),
+    (["--devices", "4", "--accum", "3", "--batch-size", "50"], "valid sizes near it: 48, 60"),
+])
+def test_config_errors_are_one_line(argv, message, capsys):
+    assert cli.main(["train", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_fsdp_is_an_alias_of_zero3():
+    from jaxdp.config import RunConfig
+
+    assert RunConfig(strategy="fsdp").validate("torch").strategy == "zero3"

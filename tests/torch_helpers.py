@@ -1,0 +1,154 @@
+"""Shared machinery of the torch_ref tests: one spawned torch world per world size (1, 2, 3, 4)
+runs every job that needs that size, once per session; `single` references run in the pytest
+process. Nothing here asserts: the test modules do.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from jaxdp import data, trace
+from jaxdp.config import FRAMEWORK_STRATEGIES, RunConfig
+
+from .pairwise import pairwise
+
+# The JAX suite's problem (tests/conftest.py BASE) with a bucket small enough for several buckets.
+BASE = RunConfig(model="mlp", data="synthetic", hidden=(16, 16), steps=4, batch_size=72, lr=0.05,
+                 weight_decay=0.01, dtype="float64", seed=3, bucket_mb=0.002)
+DISTRIBUTED = [s for s in FRAMEWORK_STRATEGIES["torch"] if s != "single"]
+DIMENSIONS = {
+    "strategy": DISTRIBUTED,
+    "devices": [1, 2, 3, 4],
+    "optimizer": ["sgd", "momentum", "adam", "adamw"],
+    "accum": [1, 3],
+    "clip_norm": [0.0, 0.5],
+}
+CASES = [BASE.replace(**case) for case in pairwise(DIMENSIONS)]
+GPT = BASE.replace(model="gpt", data="text", devices=2, steps=2, batch_size=8, accum=2, n_layer=1, d_model=16,
+                   n_head=2, seq_len=8, optimizer="adamw", lr=1e-2, clip_norm=1.0, bucket_mb=0.005)
+GPT_CASES = [GPT.replace(strategy=s) for s in DISTRIBUTED]
+FLOAT32 = BASE.replace(strategy="ddp-ring", devices=4, dtype="float32", optimizer="adam", lr=1e-3)
+BF16 = [BASE.replace(strategy=s, devices=2, dtype=d, optimizer="adam", lr=1e-3)
+        for s in ("ddp", "zero3") for d in ("bfloat16", "float32")]
+TRAIN = CASES + GPT_CASES + [FLOAT32] + BF16
+RING_SIZES = [1, 2, 3, 5, 7, 12, 13, 100]
+
+
+# ---- in the pytest process ----------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def init_for(cfg: RunConfig) -> dict:
+    """The JAX initial parameters (depend only on the model, the data and the seed)."""
+    from torch_ref import models
+
+    return models.jax_init(cfg, data.load(cfg.data, cfg.seed, cfg.seq_len))
+
+
+def init_key(cfg: RunConfig) -> RunConfig:
+    return RunConfig(model=cfg.model, data=cfg.data, dtype=cfg.dtype, seed=cfg.seed, hidden=cfg.hidden,
+                     n_layer=cfg.n_layer, n_head=cfg.n_head, d_model=cfg.d_model, seq_len=cfg.seq_len)
+
+
+@functools.lru_cache(maxsize=None)
+def single(cfg: RunConfig):
+    """torch `single` on `cfg`'s problem, in this process."""
+    from torch_ref.train import train_rank
+
+    cfg = cfg.replace(strategy="single", devices=1)
+    return train_rank(0, 1, cfg, init_for(init_key(cfg)), record=True, device=torch.device("cpu"))
+
+
+@functools.lru_cache(maxsize=None)
+def world(n: int) -> dict:
+    """Spawn a world of n ranks once; it runs every job of size n. Returns {job key: result}."""
+    from torch_ref.launch import launch
+
+    jobs = [("train", cfg, init_for(init_key(cfg))) for cfg in TRAIN if cfg.devices == n]
+    jobs.append(("ring", RING_SIZES))
+    if n == 2:
+        jobs.append(("comm", BASE.replace(devices=2), init_for(init_key(BASE))))
+        jobs.append(("buckets", BASE.replace(strategy="ddp-bucket", devices=2, accum=3), init_for(init_key(BASE))))
+    per_rank = launch(run_jobs, n, jobs, timeout_s=600, pg_timeout_s=120)
+    out = {}
+    for i, job in enumerate(jobs):
+        key = job[1] if job[0] == "train" else job[0]
+        out[key] = per_rank[0][i] if job[0] == "train" else [r[i] for r in per_rank]
+    return out
+
+
+def result(cfg: RunConfig):
+    return world(cfg.devices)[cfg]
+
+
+def as_trace(res) -> trace.Trace:
+    return trace.Trace(res.meta, res.arrays)
+
+
+# ---- in the spawned ranks -----------------------------------------------------------------------
+def run_jobs(rank: int, n: int, jobs: list) -> list:
+    from torch_ref.train import train_rank
+
+    out = []
+    for job in jobs:
+        if job[0] == "train":
+            out.append(train_rank(rank, n, job[1], job[2], record=True))
+        elif job[0] == "ring":
+            out.append(ring_errors(rank, n, job[1]))
+        elif job[0] == "comm":
+            out.append({s: {accum: collectives_per_step(rank, n, job[1].replace(strategy=s, accum=accum), job[2])
+                            for accum in (1, 3)} for s in DISTRIBUTED})
+        elif job[0] == "buckets":
+            out.append(bucket_launches(rank, n, job[1], job[2]))
+    return out
+
+
+def ring_errors(rank: int, n: int, sizes) -> dict:
+    """Worst |ring - built-in| relative to the built-in's scale, per collective and size."""
+    from torch_ref import collectives
+    from torch_ref.strategies.zero2 import all_gather, reduce_scatter  # the built-ins, as zero2 calls them
+
+    rel = lambda a, b: float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
+    errors = {}
+    for size in sizes:
+        x = torch.from_numpy(np.random.default_rng([rank, size]).standard_normal(size))
+        ref = x.clone()
+        dist.all_reduce(ref)
+        errors[("all_reduce", size)] = rel(collectives.ring_all_reduce(x), ref)
+        shard = reduce_scatter(collectives.pad_to_multiple(x, n))
+        errors[("reduce_scatter", size)] = rel(collectives.ring_reduce_scatter(x), shard)
+        errors[("all_gather", size)] = rel(collectives.ring_all_gather(x), all_gather(x))
+        errors[("shapes", size)] = (tuple(collectives.ring_all_reduce(x.reshape(1, -1)).shape) == (1, size))
+    return errors
+
+
+def _strategy_and_batch(rank, n, cfg, init):
+    from torch_ref import models, strategies
+
+    dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
+    model = models.load_flax(models.build(cfg, dataset), init)
+    strategy = strategies.make(cfg.strategy, model, cfg, record=False)
+    x, y = dataset.batch(1, cfg.batch_size)
+    rows = slice(rank * cfg.batch_size // n, (rank + 1) * cfg.batch_size // n)
+    return strategy, torch.from_numpy(x[rows]), torch.from_numpy(y[rows].astype(np.int64))
+
+
+def collectives_per_step(rank, n, cfg, init) -> dict:
+    """The c10d collectives one optimizer step issues, by profiler event name (second step)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    strategy, x, y = _strategy_and_batch(rank, n, cfg, init)
+    strategy.step(x, y)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        strategy.step(x, y)
+    return dict(collections.Counter(e.name for e in prof.events() if e.name.startswith(("c10d::", "gloo:"))))
+
+
+def bucket_launches(rank, n, cfg, init) -> dict:
+    strategy, x, y = _strategy_and_batch(rank, n, cfg, init)
+    for _ in range(2):
+        strategy.step(x, y)
+    buckets = strategy.wrapped.buckets
+    return {"launches": [b.launches for b in buckets], "sizes": [len(b.params) for b in buckets]}

@@ -1,0 +1,153 @@
+"""Start N ranks on this machine with torch.distributed, or join a world that torchrun started.
+
+`launch(fn, n, *args)` spawns N processes (torch.multiprocessing, start method 'spawn'), gives them
+a free port on 127.0.0.1, initialises the process group in each (gloo on CPU, nccl on GPU, with a
+timeout on every collective), runs `fn(rank, n, *args)` and returns every rank's return value.
+A rank that raises is reported to the parent, which waits a moment for the other ranks' errors,
+terminates every rank still running and raises `RankError` carrying the *first* error in time
+(the originating one: the others are usually their peers' broken connections). The parent also
+gives up after `timeout` seconds. So a failure ends the run promptly, never a hang.
+
+Under torchrun, `from_env()` reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import queue as queue_mod
+import socket
+import sys
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+GRACE_S = 2.0  # after the first error: how long to collect the others' before terminating them
+
+
+class RankError(RuntimeError):
+    """A rank failed; `rank` says which, `cause` is its exception (when it could be pickled)."""
+
+    def __init__(self, rank: int, message: str, tb: str = "", cause: BaseException | None = None):
+        super().__init__(f"rank {rank} failed: {message}")
+        self.rank, self.traceback, self.cause = rank, tb, cause
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def backend_for(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def rank_device(platform: str, local_rank: int) -> torch.device:
+    """cuda:<local rank> when a GPU is asked for or (platform 'auto') present; else the CPU."""
+    if platform == "gpu" and not torch.cuda.is_available():
+        raise RuntimeError("--platform gpu: torch sees no GPU on this machine; use --platform cpu")
+    if platform != "cpu" and torch.cuda.is_available():
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def init_process_group(device: torch.device, rank: int, world: int, timeout_s: float, store=None) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend_for(device), rank=rank, world_size=world, store=store,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def from_env() -> tuple[int, int, int] | None:
+    """(rank, world size, local rank) when started by torchrun (or any env:// launcher), else None."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    return rank, world, int(os.environ.get("LOCAL_RANK", rank))
+
+
+def _entry(rank, world, port, platform, pg_timeout_s, results, fn, args):
+    """Runs in each spawned process."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    try:
+        device = rank_device(platform, rank)
+        init_process_group(device, rank, world, pg_timeout_s)
+        value = fn(rank, world, *args)
+        results.put(("ok", rank, value, time.time()))
+        dist.destroy_process_group()
+    except BaseException as e:  # report, then exit without waiting on peers that may be gone
+        try:
+            cause = pickle.loads(pickle.dumps(e))  # only what the parent can rebuild
+        except Exception:
+            cause = None
+        results.put(("error", rank, (f"{type(e).__name__}: {e}", traceback.format_exc(), cause), time.time()))
+        results.close()
+        results.join_thread()
+        os._exit(1)
+
+
+def launch(fn, nprocs: int, *args, platform: str = "auto", timeout_s: float = 3600.0,
+           pg_timeout_s: float = 300.0) -> list:
+    """Run `fn(rank, nprocs, *args)` on `nprocs` new processes; return [rank 0's value, ...]."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(r, nprocs, port, platform, pg_timeout_s, results, fn, args),
+                         daemon=True, name=f"torch_ref-rank{r}") for r in range(nprocs)]
+    for p in procs:
+        p.start()
+    values, errors = {}, []
+    deadline = time.monotonic() + timeout_s
+    first_error_at = dead_since = None
+    ok = False
+    try:
+        while len(values) < nprocs:
+            now = time.monotonic()
+            if errors and now - first_error_at > GRACE_S:
+                break
+            if now > deadline:
+                raise TimeoutError(f"torch_ref: the {nprocs} ranks did not finish within {timeout_s:.0f}s "
+                                   f"(finished: {sorted(values)})")
+            try:
+                kind, rank, payload, t = results.get(timeout=0.1)
+            except queue_mod.Empty:
+                silent = [p for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in values]
+                if silent and not errors:  # died without a word (killed, segfault): allow the pipe to drain
+                    dead_since = dead_since or now
+                    if now - dead_since > GRACE_S:
+                        r = procs.index(silent[0])
+                        raise RankError(r, f"process exited with code {silent[0].exitcode} and no Python error")
+                continue
+            if kind == "ok":
+                values[rank] = payload
+            else:
+                errors.append((t, rank, payload))
+                first_error_at = first_error_at or time.monotonic()
+        if errors:
+            _, rank, (message, tb, cause) = min(errors, key=lambda e: e[0])
+            raise RankError(rank, message, tb, cause)
+        ok = True
+        return [values[r] for r in range(nprocs)]
+    finally:
+        _stop(procs, wait_s=5.0 if ok else 0.0)
+
+
+def _stop(procs, wait_s: float = 5.0) -> None:
+    """Join finished ranks; terminate, then kill, those still running."""
+    end = time.monotonic() + wait_s
+    for p in procs:
+        p.join(timeout=max(0.0, end - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(timeout=2.0)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=1.0)

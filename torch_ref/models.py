@@ -1,0 +1,190 @@
+"""The torch mirrors of `jaxdp.models` (`mlp`, `gpt`), and the bridge to the Flax parameters.
+
+The modules are registered in the Flax models' definition order, so `parameters()` follows
+`jaxdp.models.definition_order` (bucketed all-reduce relies on that order). They are initialised
+from the JAX side's parameters (`load_flax`), never from torch's own init, so both frameworks start
+bit-identical; `to_flax` converts back to trace names and layouts (a Linear weight [out, in] is the
+Flax kernel [in, out]).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+LN_EPS = 1e-5  # as jaxdp/models/gpt.py and torch.nn.LayerNorm
+MASTER_DTYPE = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.float32}
+COMPUTE_DTYPE = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def numpy_master_dtype(dtype: str) -> np.dtype:
+    """The NumPy dtype of the master parameters (and of the float inputs) for `--dtype`."""
+    return np.dtype(str(MASTER_DTYPE[dtype]).removeprefix("torch."))
+
+
+class MLP(nn.Module):
+    """Linear layers with tanh between them and none after the last (jaxdp/models/mlp.py)."""
+
+    def __init__(self, sizes):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:])])
+
+    def forward(self, x):
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i < len(self.layers) - 1:
+                x = torch.tanh(x)
+        return x
+
+
+class Attention(nn.Module):
+    """Causal self-attention written out as jaxdp's: qkv (no bias) split q | k | v, heads contiguous."""
+
+    def __init__(self, d_model, n_head):
+        super().__init__()
+        self.n_head = n_head
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        h = self.n_head
+        q, k, v = self.qkv(x).split(d, dim=-1)
+        q, k, v = (a.reshape(b, t, h, d // h) for a in (q, k, v))
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d // h)
+        if scores.dtype == torch.bfloat16:  # softmax in fp32, as the JAX side
+            scores = scores.float()
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        scores = scores.masked_fill(~causal, float("-inf"))
+        weights = torch.softmax(scores, dim=-1).to(v.dtype)
+        out = torch.einsum("bhqk,bkhd->bqhd", weights, v).reshape(b, t, d)
+        return self.proj(out)
+
+
+class MLPBlock(nn.Module):
+    def __init__(self, d_model):
+        super().__init__()
+        self.fc = nn.Linear(d_model, 4 * d_model)
+        self.proj = nn.Linear(4 * d_model, d_model)
+
+    def forward(self, x):
+        return self.proj(F.gelu(self.fc(x)))  # exact (erf) GELU
+
+
+class Block(nn.Module):
+    def __init__(self, d_model, n_head):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model, eps=LN_EPS)
+        self.attn = Attention(d_model, n_head)
+        self.ln2 = nn.LayerNorm(d_model, eps=LN_EPS)
+        self.mlp = MLPBlock(d_model)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """Decoder-only transformer, as jaxdp/models/gpt.py: embeddings, pre-norm blocks, final LN, head."""
+
+    def __init__(self, *, vocab, seq_len, n_layer, n_head, d_model):
+        super().__init__()
+        self.tok_embed = nn.Embedding(vocab, d_model)
+        self.pos_embed = nn.Embedding(seq_len, d_model)
+        self.blocks = nn.ModuleList([Block(d_model, n_head) for _ in range(n_layer)])
+        self.ln_f = nn.LayerNorm(d_model, eps=LN_EPS)
+        self.head = nn.Linear(d_model, vocab)
+
+    def forward(self, tokens):
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.tok_embed(tokens) + self.pos_embed(positions)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def build(cfg, dataset) -> nn.Module:
+    """The torch model of `cfg` in its master dtype (parameters still torch's: call `load_flax`)."""
+    if cfg.model == "mlp":
+        model = MLP((dataset.n_features, *cfg.hidden, dataset.n_classes))
+    elif cfg.model == "gpt":
+        model = GPT(vocab=dataset.n_classes, seq_len=cfg.seq_len, n_layer=cfg.n_layer, n_head=cfg.n_head,
+                    d_model=cfg.d_model)
+    else:
+        raise ValueError(f"unknown model {cfg.model!r}; valid: mlp, gpt")
+    return model.to(MASTER_DTYPE[cfg.dtype])
+
+
+def loss_fn(model, x, y, dtype: str):
+    """Mean softmax cross-entropy over every row (and position) of `x`. bfloat16 runs compute under
+    CPU/CUDA autocast with fp32 master parameters; the loss is taken in fp32 from bf16 logits."""
+    autocast = (torch.autocast(x.device.type, dtype=torch.bfloat16) if dtype == "bfloat16"
+                else contextlib.nullcontext())
+    with autocast:
+        logits = model(x)
+    logits = logits.float() if logits.dtype == torch.bfloat16 else logits
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+# ---- Flax names and layouts ---------------------------------------------------------------------
+_FLAX_LEAF = {nn.Linear: {"weight": "kernel", "bias": "bias"},
+              nn.Embedding: {"weight": "embedding"},
+              nn.LayerNorm: {"weight": "scale", "bias": "bias"}}
+
+
+def flax_names(model: nn.Module) -> dict[str, tuple[str, bool]]:
+    """{torch name: (Flax name, transpose?)} in `parameters()` order, e.g.
+    'layers.0.weight' -> ('layers/0/kernel', True). Call it on the unwrapped model."""
+    out = {}
+    for mod_name, module in model.named_modules():
+        leaves = next((v for k, v in _FLAX_LEAF.items() if isinstance(module, k)), None)
+        if leaves is None:
+            continue
+        for leaf, _ in module.named_parameters(recurse=False):
+            path = (mod_name.replace(".", "/") + "/" if mod_name else "") + leaves[leaf]
+            out[f"{mod_name}.{leaf}" if mod_name else leaf] = (path, isinstance(module, nn.Linear) and leaf == "weight")
+    order = [name for name, _ in model.named_parameters()]
+    assert sorted(order) == sorted(out), f"parameters without a Flax name: {set(order) ^ set(out)}"
+    return {name: out[name] for name in order}
+
+
+def to_flax(tensors: dict[str, torch.Tensor], names: dict[str, tuple[str, bool]]) -> dict[str, np.ndarray]:
+    """Torch-named full tensors -> Flax-named NumPy arrays in Flax layout (Linear weights transposed)."""
+    out = {}
+    for name, t in tensors.items():
+        flax, transpose = names[name]
+        t = t.detach().cpu()
+        out[flax] = (t.T if transpose else t).numpy().copy()  # a copy: never a view of a live parameter
+    return out
+
+
+@torch.no_grad()
+def load_flax(model: nn.Module, flat: dict[str, np.ndarray]) -> nn.Module:
+    """Copy Flax-named NumPy parameters (from `jaxdp.models.init`) into `model`, bit for bit."""
+    names = flax_names(model)
+    for name, p in model.named_parameters():
+        flax, transpose = names[name]
+        src = torch.from_numpy(np.ascontiguousarray(flat[flax]))
+        src = src.T if transpose else src
+        if src.shape != p.shape or src.dtype != p.dtype:
+            raise ValueError(f"{flax}: JAX {tuple(src.shape)} {src.dtype} vs torch {tuple(p.shape)} {p.dtype}")
+        p.copy_(src)
+    return model
+
+
+def jax_init(cfg, dataset) -> dict[str, np.ndarray]:
+    """The JAX side's initial parameters for `cfg` as Flax-named NumPy arrays (the one source of the
+    initial bits for both frameworks), created on JAX's CPU device as `jaxdp.train` does."""
+    import jax
+
+    if cfg.dtype == "float64":
+        jax.config.update("jax_enable_x64", True)
+    from jaxdp import models as jax_models
+
+    with jax.default_device(jax.devices("cpu")[0]):
+        problem = jax_models.init(cfg, dataset)
+    return {k: np.array(v) for k, v in jax_models.flat_names(problem.params).items()}

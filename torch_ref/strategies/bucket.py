@@ -1,0 +1,129 @@
+"""`ddp-bucket`: hand-written bucketed DDP (Picotron's DataParallelBucket idea).
+
+Parameters are grouped, in reverse `parameters()` order (the order backward produces gradients),
+into buckets of at most `--bucket-mb` MB (a larger parameter gets a bucket of its own; the same
+plan as `jaxdp.strategies.bucket.plan_buckets`). Each bucket owns one flat gradient buffer and each
+parameter's `main_grad` is a view into it. A post-accumulate-grad hook adds `.grad` into
+`main_grad` and frees `.grad`; in the step's last backward it also marks the parameter ready, and
+the moment a bucket's last parameter is ready the bucket is divided by N (pre-divide) and its
+all-reduce starts asynchronously, overlapping the rest of backward. `finish_gradient_synchronization`
+waits on every bucket before the optimizer step and points `.grad` at `main_grad`.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .. import optim
+from .common import Strategy, grads_of, local_grads, mean_over_ranks, metrics, params_of
+
+MB = 2 ** 20
+
+
+def plan_buckets(params, capacity_bytes: float) -> list[list[nn.Parameter]]:
+    """Walk `params` backwards; start a new bucket when the next gradient would overflow this one."""
+    buckets, current, size = [], [], 0
+    for p in reversed(list(params)):
+        nbytes = p.numel() * p.element_size()
+        if current and size + nbytes > capacity_bytes:
+            buckets.append(current)
+            current, size = [], 0
+        current.append(p)
+        size += nbytes
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+class Bucket:
+    """One flat gradient buffer shared by a few parameters, all-reduced as one message."""
+
+    def __init__(self, params, world_size: int):
+        self.params = params
+        self.world_size = world_size
+        self.grad_data = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype,
+                                     device=params[0].device)
+        offset = 0
+        for p in params:
+            p.main_grad = self.grad_data[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+        self.ready: set[int] = set()
+        self.handle = None
+        self.launches = 0  # all-reduces started, for the tests
+
+    def mark_ready(self, p) -> None:
+        self.ready.add(id(p))
+        if len(self.ready) == len(self.params):
+            self.grad_data /= self.world_size
+            self.handle = dist.all_reduce(self.grad_data, async_op=True)
+            self.launches += 1
+
+    def wait(self) -> None:
+        assert self.handle is not None, "a bucket was never all-reduced: did backward reach every parameter?"
+        self.handle.wait()
+
+    def reset(self) -> None:
+        self.grad_data.zero_()
+        self.ready.clear()
+        self.handle = None
+
+
+class DataParallelBucket(nn.Module):
+    def __init__(self, module: nn.Module, bucket_mb: float):
+        super().__init__()
+        self.module = module
+        self.require_backward_grad_sync = True
+        world_size = dist.get_world_size()
+        self.buckets = [Bucket(ps, world_size) for ps in plan_buckets(module.parameters(), bucket_mb * MB)]
+        self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        for p in module.parameters():
+            p.register_post_accumulate_grad_hook(self._accumulate)
+
+    def forward(self, *inputs, **kwargs):
+        return self.module(*inputs, **kwargs)
+
+    def _accumulate(self, p):
+        p.main_grad.add_(p.grad)
+        p.grad = None
+        if self.require_backward_grad_sync:
+            self._bucket_of[id(p)].mark_ready(p)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = True
+
+    def finish_gradient_synchronization(self) -> None:
+        for bucket in self.buckets:
+            bucket.wait()
+        for p in self.module.parameters():
+            p.grad = p.main_grad
+
+    def zero_grad(self) -> None:
+        for p in self.module.parameters():
+            p.grad = None
+        for bucket in self.buckets:
+            bucket.reset()
+
+
+def make(model, cfg, record: bool) -> Strategy:
+    dp_model = DataParallelBucket(model, cfg.bucket_mb)
+    optimizer = optim.make(cfg, model.parameters())
+
+    def step(x, y):
+        loss = local_grads(dp_model, x, y, cfg, no_sync=dp_model.no_sync)  # buckets launch in the last backward
+        dp_model.finish_gradient_synchronization()
+        loss = mean_over_ranks(loss)
+        grads = grads_of(model) if record else None
+        optim.clip_(model.parameters(), cfg.clip_norm)
+        optimizer.step()
+        dp_model.zero_grad()
+        return metrics(loss, grads)
+
+    return Strategy("ddp-bucket", step, lambda: params_of(model), wrapped=dp_model)

@@ -1,0 +1,62 @@
+"""`ddp-naive`: Picotron's naive data parallelism, hand-written: one hook per parameter that
+all-reduces its gradient and then divides by N (post-divide). Not used in practice (one message
+per parameter, nothing bucketed), but the clearest starting point.
+
+Picotron hooks the gradient *before* it is accumulated into `.grad`, which under `no_sync` would
+all-reduce only the last micro-batch's contribution; here the hook is a post-accumulate-grad hook,
+so it sees (and all-reduces) the gradient accumulated over all micro-batches of the step.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch.distributed as dist
+from torch import nn
+
+from .. import optim
+from .common import Strategy, grads_of, local_grads, mean_over_ranks, metrics, params_of
+
+
+class DataParallelNaive(nn.Module):
+    """Wraps a module; after backward every `.grad` is the mean over the ranks."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+        self.require_backward_grad_sync = True  # False inside no_sync()
+        self.world_size = dist.get_world_size()
+        for p in module.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._all_reduce_grad)
+
+    def forward(self, *inputs, **kwargs):
+        return self.module(*inputs, **kwargs)
+
+    def _all_reduce_grad(self, p):
+        if self.require_backward_grad_sync:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+            p.grad /= self.world_size
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = True
+
+
+def make(model, cfg, record: bool) -> Strategy:
+    dp_model = DataParallelNaive(model)
+    optimizer = optim.make(cfg, model.parameters())
+
+    def step(x, y):
+        loss = local_grads(dp_model, x, y, cfg, no_sync=dp_model.no_sync)
+        loss = mean_over_ranks(loss)
+        grads = grads_of(model) if record else None
+        optim.clip_(model.parameters(), cfg.clip_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return metrics(loss, grads)
+
+    return Strategy("ddp-naive", step, lambda: params_of(model))

@@ -1,0 +1,35 @@
+"""`ddp-ring`: DDP whose all-reduce is the hand-written ring of `torch_ref.collectives`: after the
+last backward all gradients are flattened into one vector, divided by N (pre-divide), and summed by
+ring reduce-scatter (N-1 rounds of isend/irecv) then ring all-gather (N-1 rounds); each rank sends
+2(N-1)/N of the gradient bytes. Accumulation needs no `no_sync`: nothing communicates until the
+explicit all-reduce.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .. import optim
+from ..collectives import ring_all_reduce
+from .common import Strategy, flatten, grads_of, local_grads, mean_over_ranks, metrics, params_of, unflatten_into
+
+
+def ring_all_reduce_mean(grads: list[torch.Tensor]) -> None:
+    flat = flatten(grads) / dist.get_world_size()
+    unflatten_into(ring_all_reduce(flat), grads)
+
+
+def make(model, cfg, record: bool) -> Strategy:
+    optimizer = optim.make(cfg, model.parameters())
+
+    def step(x, y):
+        loss = local_grads(model, x, y, cfg)
+        ring_all_reduce_mean([p.grad for p in model.parameters()])
+        loss = mean_over_ranks(loss)
+        grads = grads_of(model) if record else None
+        optim.clip_(model.parameters(), cfg.clip_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return metrics(loss, grads)
+
+    return Strategy("ddp-ring", step, lambda: params_of(model))

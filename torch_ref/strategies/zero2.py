@@ -1,0 +1,87 @@
+"""`zero2`: ZeRO stage 2, hand-written: sharded gradients and optimizer state, replicated parameters.
+
+All parameters are viewed as one flat vector, zero-padded to a multiple of N and cut into N equal
+shards; rank i owns shard i. Each rank keeps a master copy of its shard (`main_param`) and a torch
+optimizer over that shard alone, so its optimizer state is 1/N of the whole. A step:
+1. local gradients, accumulated without communication;
+2. `reduce_scatter` of the flat gradient, divided by N first (pre-divide): each rank keeps only its
+   shard of the mean gradient (`main_param.grad`) and frees the full one;
+3. clipping by the norm of the *whole* gradient (the all-reduced sum of the shards' squares), applied
+   with torch.nn.utils.clip_grads_with_norm_, the sharded form of clip_grad_norm_;
+4. the optimizer step on the shard;
+5. `all_gather` of the updated shards into every rank's full parameters.
+On gloo a reduce-scatter is an all-reduce plus a local chunk (twice the bytes of a true one).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .. import optim
+from .common import Strategy, flatten, local_grads, mean_over_ranks, metrics, params_of, unflatten_into
+
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def reduce_scatter(flat: torch.Tensor) -> torch.Tensor:
+    """Sum `flat` (length a multiple of N) over the ranks; return this rank's shard."""
+    shard = flat.new_empty(flat.numel() // dist.get_world_size())
+    _reduce_scatter(shard, flat)
+    return shard
+
+
+def all_gather(shard: torch.Tensor) -> torch.Tensor:
+    """Every rank's shard, concatenated in rank order."""
+    flat = shard.new_empty(shard.numel() * dist.get_world_size())
+    _all_gather(flat, shard)
+    return flat
+
+
+def padded_flat(tensors, n: int) -> torch.Tensor:
+    flat = flatten(tensors)
+    return torch.nn.functional.pad(flat, (0, -flat.numel() % n))
+
+
+def make(model, cfg, record: bool) -> Strategy:
+    n, rank = dist.get_world_size(), dist.get_rank()
+    names, params = zip(*model.named_parameters())
+    numel = sum(p.numel() for p in params)
+    with torch.no_grad():
+        flat = padded_flat(params, n)
+    shard_size = flat.numel() // n
+    main_param = nn.Parameter(flat[rank * shard_size:(rank + 1) * shard_size].clone())  # this rank's master shard
+    optimizer = optim.make(cfg, [main_param])
+
+    def clip_shard_(max_norm: float) -> None:
+        if max_norm > 0:
+            sum_sq = main_param.grad.square().sum()
+            dist.all_reduce(sum_sq)  # the whole gradient's norm, never the shard's
+            torch.nn.utils.clip_grads_with_norm_([main_param], max_norm, sum_sq.sqrt())
+
+    def step(x, y):
+        loss = local_grads(model, x, y, cfg)
+        main_param.grad = reduce_scatter(padded_flat([p.grad for p in params], n) / n)
+        model.zero_grad(set_to_none=True)  # only the shard of the gradient stays
+        loss = mean_over_ranks(loss)
+        grads = None
+        if record:  # the trace wants the full gradient: gather it (extra traffic, only when tracing)
+            full = all_gather(main_param.grad)[:numel]
+            grads = {name: g for name, g in zip(names, _split(full, params))}
+        clip_shard_(cfg.clip_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            unflatten_into(all_gather(main_param.detach())[:numel], params)
+        return metrics(loss, grads)
+
+    return Strategy("zero2", step, lambda: params_of(model), wrapped=optimizer)
+
+
+def _split(flat, like):
+    out, offset = [], 0
+    for p in like:
+        out.append(flat[offset:offset + p.numel()].view_as(p).clone())
+        offset += p.numel()
+    return out

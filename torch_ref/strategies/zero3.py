@@ -1,0 +1,63 @@
+"""`zero3` (alias `fsdp`): FSDP2, `torch.distributed.fsdp.fully_shard`, on each layer and the root.
+
+Every parameter becomes a DTensor sharded along dim 0 over a 1-D device mesh (a CPU mesh with
+gloo, a CUDA mesh with NCCL); parameters, gradients and optimizer state are all 1/N per rank. Each
+layer's parameters are all-gathered just before its forward (and again before its backward) and
+freed after; its gradients are reduce-scattered as soon as backward has produced them. FSDP2 scales
+the gradients by 1/N itself. Accumulation turns gradient sync off (`set_requires_gradient_sync`)
+for every micro-batch but the last: unsharded gradients accumulate locally and are reduce-scattered
+once per step. torch.nn.utils.clip_grad_norm_ on DTensor gradients computes the whole norm.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from .. import optim
+from .common import Strategy, local_grads, mean_over_ranks, metrics
+
+
+def layers_of(model):
+    """The units FSDP shards one by one: the MLP's Linear layers, the GPT's blocks."""
+    return list(getattr(model, "blocks", None) or model.layers)
+
+
+def apply_fsdp(model):
+    device_type = next(model.parameters()).device.type
+    mesh = init_device_mesh(device_type, (dist.get_world_size(),))
+    for layer in layers_of(model):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+@contextlib.contextmanager
+def no_sync(model):
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
+def make(model, cfg, record: bool) -> Strategy:
+    model = apply_fsdp(model)
+    optimizer = optim.make(cfg, model.parameters())  # over the local shards: 1/N of the state
+
+    def step(x, y):
+        loss = local_grads(model, x, y, cfg, no_sync=lambda: no_sync(model))
+        loss = mean_over_ranks(loss)
+        grads = ({name: p.grad.full_tensor() for name, p in model.named_parameters()}  # all-gather, tracing only
+                 if record else None)
+        optim.clip_(model.parameters(), cfg.clip_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return metrics(loss, grads)
+
+    def full_params():  # a collective: every rank calls it
+        return {name: p.full_tensor().detach() for name, p in model.named_parameters()}
+
+    return Strategy("zero3", step, full_params, wrapped=model)

@@ -40,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_arguments(memory)
     memory.add_argument("--strategies", default="ddp,zero1,zero2,zero3", help="comma-separated strategies")
 
+    parity = sub.add_parser("parity", help="train each strategy in jaxdp and torch_ref and compare them step by step")
+    config.add_arguments(parity)
+    parity.add_argument("--strategies", default="single,dp,ddp,ddp-bucket,ddp-ring,zero1,zero2,zero3,ddp-pmap,ddp-naive",
+                        help="comma-separated; a name both sides have, ddp-pmap / ddp-naive (against ddp), or JAX~TORCH")
+
     diff = sub.add_parser("diff", help="worst relative error per field of trace A against reference B")
     diff.add_argument("a")
     diff.add_argument("b")
@@ -59,6 +64,8 @@ def main(argv=None) -> int:
             return _train(args)
         if args.command == "memory":
             return _memory(args)
+        if args.command == "parity":
+            return _parity(args)
         return _diff(args)
     except (config.ConfigError, DeviceError, TraceError, NonFiniteLoss, CheckpointError) as e:
         print(f"jaxdp: error: {e}", file=sys.stderr)
@@ -128,6 +135,22 @@ def _memory(args) -> int:
           f"(K = {rows[0]['k_bytes']} bytes/param), {base.dtype}, N = {base.devices}")
     print(accounting.format_memory(rows))
     return 0
+
+
+def _parity(args) -> int:
+    from . import devices, parity
+
+    base = config.RunConfig(**{**{k: getattr(args, k) for k in config.RunConfig.__dataclass_fields__}, "strategy": "ddp"})
+    pairs = parity.pairs_for(n.strip() for n in args.strategies.split(",") if n.strip())
+    for _, j, t in pairs:
+        base.replace(strategy=j, devices=1 if j == "single" else base.devices).validate("jax")
+        base.replace(strategy=t, devices=1 if t == "single" else base.devices).validate("torch")
+    devices.setup(base.devices, base.platform)
+    rows = parity.check(base, pairs)
+    print(f"jaxdp vs torch_ref: {base.model}/{base.data}, {base.optimizer}, {base.dtype}, {base.steps} steps, "
+          f"batch {base.batch_size}, accum {base.accum}, clip {base.clip_norm}, {base.devices} devices")
+    print(parity.format_table(rows))
+    return 0 if all(r.ok for r in rows) else 1
 
 
 def _diff(args) -> int:

@@ -1,0 +1,38 @@
+"""The parity suite's shared set-up: 8 simulated JAX CPU devices and float64 (set before JAX starts),
+and session caches so that each configuration trains once per framework: JAX in this process,
+torch in one spawned world per device count running all of the suite's torch configurations."""
+from __future__ import annotations
+
+import functools
+
+import jax
+
+jax.config.update("jax_num_cpu_devices", 8)
+jax.config.update("jax_enable_x64", True)
+
+import pytest  # noqa: E402
+
+from jaxdp import parity, trace  # noqa: E402
+
+from .cases import ALL, sides  # noqa: E402
+
+
+@functools.lru_cache(maxsize=None)
+def jax_run(cfg):
+    return parity.run_jax(cfg)
+
+
+@functools.lru_cache(maxsize=None)
+def torch_runs() -> dict:
+    return parity.run_torch(list(dict.fromkeys(sides(label, cfg)[1] for label, cfg in ALL)))
+
+
+def compare(label, cfg) -> parity.Row:
+    jcfg, tcfg = sides(label, cfg)
+    j, t = jax_run(jcfg), torch_runs()[tcfg]
+    return parity.compare(trace.Trace(j.meta, j.arrays), trace.Trace(t.meta, t.arrays), jcfg, label)
+
+
+@pytest.fixture(scope="session")
+def compare_pair():
+    return compare

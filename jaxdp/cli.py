@@ -40,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_arguments(memory)
     memory.add_argument("--strategies", default="ddp,zero1,zero2,zero3", help="comma-separated strategies")
 
+    compare = sub.add_parser("compare", help="run strategies in both frameworks and write the comparison report")
+    config.add_arguments(compare)
+    compare.add_argument("--strategies", default="ddp,ddp-ring,zero1,zero3", help="comma-separated strategies")
+    compare.add_argument("--out", default="reports/compare", help="folder for report.html, report.md, summary.json, PNGs")
+
     parity = sub.add_parser("parity", help="train each strategy in jaxdp and torch_ref and compare them step by step")
     config.add_arguments(parity)
     parity.add_argument("--strategies", default="single,dp,ddp,ddp-bucket,ddp-ring,zero1,zero2,zero3,ddp-pmap,ddp-naive",
@@ -66,6 +71,8 @@ def main(argv=None) -> int:
             return _memory(args)
         if args.command == "parity":
             return _parity(args)
+        if args.command == "compare":
+            return _compare(args)
         return _diff(args)
     except (config.ConfigError, DeviceError, TraceError, NonFiniteLoss, CheckpointError) as e:
         print(f"jaxdp: error: {e}", file=sys.stderr)
@@ -135,6 +142,29 @@ def _memory(args) -> int:
           f"(K = {rows[0]['k_bytes']} bytes/param), {base.dtype}, N = {base.devices}")
     print(accounting.format_memory(rows))
     return 0
+
+
+def _compare(args) -> int:
+    import time
+
+    from . import devices
+    from .report import render, runner
+
+    names = [config.ALIASES.get(n.strip(), n.strip()) for n in args.strategies.split(",") if n.strip()]
+    runner.check_strategies(names)
+    base = config.RunConfig(**{**{k: getattr(args, k) for k in config.RunConfig.__dataclass_fields__}, "strategy": "ddp"})
+    devices.setup(base.devices, base.platform)
+    t0 = time.perf_counter()
+    say = lambda message: print(f"[{time.perf_counter() - t0:6.1f}s] {message}", file=sys.stderr, flush=True)
+    summary = runner.compare(base, names, progress=say)
+    say("drawing figures and writing the report")
+    paths = render.write(summary, args.out)
+    for e in summary["strategies"]:
+        p = e["parity"]
+        print(f"{e['name']:<12} parity {'pass' if p['pass'] else 'FAIL'} (worst grad {p['worst']['grad']:.1e}, "
+              f"param {p['worst']['param']:.1e}); comm JAX {e['frameworks']['jax']['comm']['total'] / 1024:.1f} KiB/step")
+    print(f"report: {paths['html']} ({paths['md']}, {paths['json']}) in {time.perf_counter() - t0:.0f}s")
+    return 0 if all(e["parity"]["pass"] for e in summary["strategies"]) else 1
 
 
 def _parity(args) -> int:

@@ -36,6 +36,7 @@ class Problem(NamedTuple):
     loss_fn: Callable       # (params, x, y) -> mean cross-entropy over the rows of x
     params: dict            # nested dict of arrays (the NNX state as a pure dict), Flax layout
     order: tuple[str, ...]  # parameter names in the order the model defines them (forward order)
+    apply: Callable         # (params, x) -> logits
 
 
 def definition_order(node, prefix=()):
@@ -58,14 +59,17 @@ def init(cfg, dataset) -> Problem:
     graphdef, state = nnx.split(model)
     params = nnx.to_pure_dict(state)
 
+    def apply(params, x):
+        return nnx.merge(graphdef, params)(x)
+
     def loss_fn(params, x, y):
-        logits = nnx.merge(graphdef, params)(x)
+        logits = apply(params, x)
         loss_dtype = jnp.promote_types(logits.dtype, jnp.float32)  # bf16 logits: loss in fp32
         ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(loss_dtype), y)
         return jnp.mean(ce)
 
     assert sorted(order) == sorted(flat_names(params)), "definition_order missed a parameter"
-    return Problem(loss_fn, params, order)
+    return Problem(loss_fn, params, order, apply)
 
 
 def flat_names(tree) -> dict[str, object]:
@@ -74,6 +78,18 @@ def flat_names(tree) -> dict[str, object]:
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         out["/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)] = leaf
     return out
+
+
+def unflatten_names(flat: dict) -> dict:
+    """The inverse of `flat_names`: {'layers/0/kernel': a} -> {'layers': {0: {'kernel': a}}}."""
+    nested: dict = {}
+    for name, leaf in flat.items():
+        node = nested
+        *parents, last = [int(p) if p.isdigit() else p for p in name.split("/")]
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = leaf
+    return nested
 
 
 def count(params) -> int:

@@ -73,7 +73,7 @@ def parity(summary, path):
 
 def step_times(summary, path):
     entries = summary["strategies"]
-    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(entries) + 2), 3.8))
+    fig, ax = plt.subplots(figsize=(max(7, 1.4 * len(entries) + 2), 4))
     width = 0.38
     for j, fw in enumerate(("jax", "torch")):
         xs, med, lo, hi = [], [], [], []
@@ -88,7 +88,7 @@ def step_times(summary, path):
         ax.bar(xs, med, width, yerr=[lo, hi], capsize=3, label=fw, color=FRAMEWORK_STYLE[fw]["color"], alpha=0.85)
     ax.set_xticks(range(len(entries)), [e["name"] for e in entries])
     ax.set_ylabel("step time (ms): median, bars = 25th-75th percentile")
-    ax.set_title("3. Step time per strategy and framework (compilation and warm-up excluded; "
+    ax.set_title("3. Step time per strategy and framework\n(compilation and warm-up excluded; "
                  f"{summary['machine']['platform']}, {summary['devices']} devices)", fontsize=10)
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
@@ -117,10 +117,10 @@ def memory(summary, path):
                 values.append(mem)
                 theory = entry.get("theory", {}).get("memory")
                 formula.append(sum(theory.values()) if theory else None)
-    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(labels) + 2), 4))
+    fig, ax = plt.subplots(figsize=(max(7, 0.9 * len(labels) + 2), 4.2))
     _stacked(ax, labels, values, PARTS, PART_COLORS, formula)
     ax.set_ylabel("KiB per device")
-    ax.set_title("4. Per-device memory: parameters, gradients, optimizer state (measured; bar = ZeRO formula)",
+    ax.set_title("4. Per-device memory: parameters, gradients, optimizer state\n(measured bars; black line = ZeRO formula)",
                  fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
@@ -137,10 +137,10 @@ def communication(summary, path):
                 values.append(comm)
                 theory = entry.get("theory", {}).get("comm")
                 formula.append(theory["total"] if theory else None)
-    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(labels) + 2), 4))
+    fig, ax = plt.subplots(figsize=(max(7, 0.9 * len(labels) + 2), 4.2))
     _stacked(ax, labels, values, KINDS, KIND_COLORS, formula)
     ax.set_ylabel("KiB sent per device per step")
-    ax.set_title("5. Communication per device per step, by collective (measured; bar = ring theory)", fontsize=10)
+    ax.set_title("5. Communication per device per step, by collective\n(measured bars; black line = ring theory)", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
@@ -151,14 +151,15 @@ def scaling(summary, path):
     for i, (name, proj) in enumerate(summary["projection"].items()):
         for ax, kind in zip(axes, ("weak", "strong")):
             ns, eff = projection_mod.efficiencies(proj, kind)
-            ax.semilogx(ns, eff, marker="o", markersize=3, base=2, label=name, color=plt.cm.tab10(i % 10))
+            ax.loglog(ns, eff, marker="o", markersize=3, base=2, label=name, color=plt.cm.tab10(i % 10))
     for ax, kind in zip(axes, ("weak", "strong")):
         ax.axvline(projection_mod.NODE_GPUS, color="gray", linestyle=":")
         ax.set_xlabel("GPUs (N); dotted: one 8-GPU NVLink node")
         ax.set_title(f"{kind} scaling efficiency" + (" (per-GPU batch fixed)" if kind == "weak" else " (global batch fixed)"))
         ax.grid(alpha=0.3, which="both")
-        ax.set_ylim(0, 1.05)
-    axes[0].set_ylabel("efficiency")
+        ax.set_yscale("log")
+        ax.set_ylim(top=1.5)
+    axes[0].set_ylabel("efficiency (log; 1 = perfect)")
     axes[1].legend(fontsize=8)
     fig.suptitle("6. Projected scaling on H100 + NVLink + InfiniBand (alpha-beta model, measured FLOPs and bytes)",
                  fontsize=10)

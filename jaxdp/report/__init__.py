@@ -1,0 +1,1 @@
+"""The `jaxdp compare` report: run (runner), project (projection), draw (plots), write (render)."""

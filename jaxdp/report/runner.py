@@ -1,0 +1,151 @@
+"""`jaxdp compare`: run every listed strategy in both frameworks on one configuration, measure
+everything, and collect it into `summary.json`'s dictionary (plots and pages are drawn from it).
+
+Per strategy and framework: the losses and the traces (for parity, step by step), the step times
+(first step = compilation, one more warm-up step, both excluded from the median and reported
+separately), the communication per device per step by collective (JAX: read from the compiled
+step's HLO; torch: counted from what the process group ran), and the per-device memory (from the
+arrays / tensors each device holds), each next to its theory.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import platform as platform_mod
+
+import jax
+import numpy as np
+
+from .. import accounting, parity, train
+from .. import trace as trace_mod
+from ..config import ConfigError, FRAMEWORK_STRATEGIES, PACKAGE, RunConfig
+from . import projection
+
+WARMUP_STEPS = 1  # timed steps skipped after the first (compiling) one
+
+
+def check_strategies(names) -> None:
+    """Every strategy must exist in both frameworks; otherwise say which side lacks it."""
+    for name in names:
+        missing = [PACKAGE[f] for f, known in FRAMEWORK_STRATEGIES.items() if name not in known]
+        if len(missing) == 2:
+            raise ConfigError(f"unknown strategy {name!r}; valid in both frameworks: "
+                              f"{', '.join(s for s in FRAMEWORK_STRATEGIES['jax'] if s in FRAMEWORK_STRATEGIES['torch'])}")
+        if missing:
+            raise ConfigError(f"strategy {name!r} is missing in {missing[0]}: compare needs it in both frameworks "
+                              f"(compare ddp-pmap / ddp-naive with `jaxdp parity`, which pairs them with ddp)")
+
+
+def timing(step_times: list[float]) -> dict:
+    timed = np.asarray(step_times[1 + WARMUP_STEPS:] or step_times[-1:], dtype=float)
+    return {"compile_s": float(step_times[0]) if step_times else 0.0,
+            "warmup_s": [float(t) for t in step_times[1:1 + WARMUP_STEPS]],
+            "median_step_s": float(np.median(timed)), "p25_step_s": float(np.percentile(timed, 25)),
+            "p75_step_s": float(np.percentile(timed, 75)), "timed_steps": int(timed.size)}
+
+
+def flops_per_sample(cfg: RunConfig) -> float:
+    """FLOPs of one training step per sample, from XLA's cost analysis of the compiled single-device step."""
+    from .. import data, devices, models, optim, strategies
+
+    single = cfg.replace(strategy="single", devices=1)
+    dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
+        problem = models.init(single, dataset)
+    s = strategies.make("single", problem, optim.for_config(single), devices.mesh(jax.devices()[:1]), single,
+                        return_grads=False)
+    state = s.init(problem.params)
+    x, y = dataset.batch(1, cfg.batch_size)
+    x = x.astype(models.MASTER_DTYPE[cfg.dtype]) if np.issubdtype(x.dtype, np.floating) else x
+    cost = s.compiled_step.lower(state, *s.put_batch(x, y)).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    return float(cost.get("flops", 0.0)) / cfg.batch_size
+
+
+def jax_accounting(cfg: RunConfig) -> dict:
+    """Memory (accounting.memory) and communication of the step without trace outputs."""
+    from .. import data, devices, models, optim, strategies
+
+    mem = accounting.memory(cfg)
+    dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
+        problem = models.init(cfg, dataset)
+    s = strategies.make(cfg.strategy, problem, optim.for_config(cfg), devices.mesh(jax.devices()[:cfg.devices]), cfg,
+                        return_grads=False)
+    state = s.init(problem.params)
+    x, y = dataset.batch(1, cfg.batch_size)
+    x = x.astype(models.MASTER_DTYPE[cfg.dtype]) if np.issubdtype(x.dtype, np.floating) else x
+    comm = accounting.step_communication(s, state, s.put_batch(x, y), cfg.devices)
+    sizes = [int(np.prod(p.shape)) for p in jax.tree_util.tree_leaves(problem.params)]
+    itemsize = np.dtype(models.MASTER_DTYPE[cfg.dtype]).itemsize
+    theory = accounting.theory(cfg.strategy, sizes, cfg.devices, itemsize) if cfg.strategy != "dp" else None
+    return {"memory": mem["measured"], "memory_formula": mem["formula"], "temp_bytes": mem["temp_bytes"],
+            "comm": {k: v["sent"] for k, v in comm.items() if k != "total"} | {"total": comm["total"]},
+            "comm_ops": {k: v["ops"] for k, v in comm.items() if k != "total"}, "comm_theory": theory,
+            "psi": mem["psi"], "sizes": sizes, "itemsize": itemsize}
+
+
+def torch_accounting(cfg: RunConfig) -> dict | None:
+    try:
+        from torch_ref import accounting as torch_accounting_mod
+    except ImportError:
+        return None
+    return torch_accounting_mod.measure(cfg)
+
+
+def compare(cfg: RunConfig, strategies: list[str], progress=None) -> dict:
+    """Run and measure everything; returns the summary dictionary."""
+    check_strategies(strategies)
+    say = progress or (lambda message: None)
+    cfgs = {s: cfg.replace(strategy=s).validate("jax") for s in strategies}
+    for c in cfgs.values():
+        c.validate("torch")
+
+    say(f"torch_ref: training {len(strategies)} strategies on {cfg.devices} ranks")
+    torch_runs = parity.run_torch(list(cfgs.values()))
+    entries = []
+    for name, c in cfgs.items():
+        say(f"jaxdp: training {name}")
+        j = train.run(c, record=True, progress=False)
+        t = torch_runs[c]
+        row = parity.compare(trace_mod.Trace(j.meta, j.arrays), trace_mod.Trace(t.meta, t.arrays), c, name)
+        say(f"jaxdp: accounting {name} (compiled HLO, arrays)")
+        jacc = jax_accounting(c)
+        say(f"torch_ref: accounting {name} (process-group collectives, tensors)")
+        tacc = torch_accounting(c)
+        jax_entry = {"losses": j.losses, **timing(j.step_times), "comm": jacc["comm"], "comm_ops": jacc["comm_ops"],
+                     "memory": jacc["memory"], "temp_bytes": jacc["temp_bytes"]}
+        torch_times = getattr(t, "step_times", None) or [t.first_step_s] + [1.0 / max(t.steps_per_s, 1e-9)] * (c.steps - 1)
+        torch_entry = {"losses": t.losses, **timing(torch_times)}
+        if tacc is not None:
+            torch_entry.update({"comm": tacc["comm"], "comm_ops": tacc.get("comm_ops", {}),
+                                "memory": tacc["memory"], "notes": tacc.get("notes", [])})
+        theory = {"memory": jacc["memory_formula"]}
+        if jacc["comm_theory"] is not None:
+            theory["comm"] = jacc["comm_theory"]
+        entries.append({
+            "name": name,
+            "frameworks": {"jax": jax_entry, "torch": torch_entry},
+            "theory": theory,
+            "parity": {"loss": row.per_step["loss"], "grad": row.per_step["grad"], "param": row.per_step["param"],
+                       "worst": row.worst, "init_identical": row.init_identical, "pass": row.ok,
+                       "failures": row.failures},
+        })
+    say("projection: alpha-beta model")
+    fps = flops_per_sample(cfg)
+    proj = {e["name"]: projection.project(fps, e["frameworks"]["jax"]["comm"]["total"], cfg.devices,
+                                          cfg.batch_size // cfg.devices, cfg.batch_size)
+            for e in entries}
+    tol = parity.tolerance(cfg)
+    return {
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "config": {k: v for k, v in cfg.to_dict().items() if k != "strategy"},
+        "devices": cfg.devices,
+        "machine": {"platform": jax.devices()[0].platform, "processor": platform_mod.processor() or platform_mod.machine(),
+                    "cpu_count": os.cpu_count(), "versions": train.versions()},
+        "tolerance": tol.grad if np.isfinite(tol.grad) else tol.loss,
+        "tolerance_why": tol.why,
+        "flops_per_sample": fps,
+        "strategies": entries,
+        "projection": proj,
+    }

@@ -45,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--strategies", default="ddp,ddp-ring,zero1,zero3", help="comma-separated strategies")
     compare.add_argument("--out", default="reports/compare", help="folder for report.html, report.md, summary.json, PNGs")
 
+    bench = sub.add_parser("bench", help="benchmarks, side by side in one run: writes bench.json and bench.md")
+    bench.add_argument("--quick", action="store_true", help="tiny sizes and few repeats (a smoke run)")
+    bench.add_argument("--out", default="reports/bench", help="folder for bench.json and bench.md")
+
     parity = sub.add_parser("parity", help="train each strategy in jaxdp and torch_ref and compare them step by step")
     config.add_arguments(parity)
     parity.add_argument("--strategies", default="single,dp,ddp,ddp-bucket,ddp-ring,zero1,zero2,zero3,ddp-pmap,ddp-naive",
@@ -73,6 +77,8 @@ def main(argv=None) -> int:
             return _parity(args)
         if args.command == "compare":
             return _compare(args)
+        if args.command == "bench":
+            return _bench(args)
         return _diff(args)
     except (config.ConfigError, DeviceError, TraceError, NonFiniteLoss, CheckpointError) as e:
         print(f"jaxdp: error: {e}", file=sys.stderr)
@@ -165,6 +171,23 @@ def _compare(args) -> int:
               f"param {p['worst']['param']:.1e}); comm JAX {e['frameworks']['jax']['comm']['total'] / 1024:.1f} KiB/step")
     print(f"report: {paths['html']} ({paths['md']}, {paths['json']}) in {time.perf_counter() - t0:.0f}s")
     return 0 if all(e["parity"]["pass"] for e in summary["strategies"]) else 1
+
+
+def _bench(args) -> int:
+    import json
+
+    from . import bench
+
+    results = bench.run(quick=args.quick, out=args.out)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    table = bench.markdown(results)
+    with open(os.path.join(args.out, "bench.md"), "w") as f:
+        f.write(table)
+    print(table)
+    print(f"wrote {os.path.join(args.out, 'bench.json')} and bench.md")
+    return 0
 
 
 def _parity(args) -> int:

@@ -25,17 +25,18 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from jaxdp.trace import TraceError
 
+    from .checkpoint import CheckpointError
     from .launch import RankError
     from .train import NonFiniteLoss, run, summary
 
     try:
         cfg = config.from_args(args, framework="torch")
         result = run(cfg, trace_path=args.trace, timeout_s=args.timeout, pg_timeout_s=args.pg_timeout)
-    except (config.ConfigError, TraceError, NonFiniteLoss) as e:
+    except (config.ConfigError, TraceError, NonFiniteLoss, CheckpointError) as e:
         print(f"torch_ref: error: {e}", file=sys.stderr)
         return 2
     except RankError as e:
-        if isinstance(e.cause, (config.ConfigError, NonFiniteLoss)):
+        if isinstance(e.cause, (config.ConfigError, NonFiniteLoss, CheckpointError)):
             print(f"torch_ref: error: rank {e.rank}: {e.cause}", file=sys.stderr)
             return 2
         print(e.traceback, file=sys.stderr)

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from jaxdp import data
 from jaxdp.config import ConfigError, RunConfig
 
-from . import launch, models, strategies
+from . import checkpoint, launch, models, strategies
 
 FAIL_ENV = "TORCH_REF_FAIL_AT"  # "RANK:STEP": that rank raises at that step (tests the failure path)
 
@@ -37,6 +37,7 @@ class RunResult:
     meta: dict = field(default_factory=dict)
     first_step_s: float = 0.0
     steps_per_s: float = 0.0  # over steps 2..N
+    step_times: list[float] = field(default_factory=list)  # wall seconds of each step run (device-synchronised)
 
 
 def versions() -> dict:
@@ -54,15 +55,24 @@ def train_rank(rank: int, world: int, cfg: RunConfig, init: dict[str, np.ndarray
     result = RunResult(cfg)
     result.meta = {"framework": "torch", **cfg.to_dict(), "platform": "gpu" if device.type == "cuda" else "cpu",
                    "backend": dist.get_backend() if dist.is_initialized() else None, "versions": versions()}
-    if record:
+    if record and not cfg.resume:
         result.arrays.update({f"init/{k}": v for k, v in models.to_flax(dict(model.named_parameters()), names).items()})
     strategy = strategies.make(cfg.strategy, model, cfg, record=record)
+    start = 0
+    if cfg.resume:  # every rank loads its part; a resumed run's init/ is what it resumed from
+        start = checkpoint.restore(cfg.checkpoint_dir, strategy.checkpoint, cfg)
+        if record:
+            params = strategy.full_params()  # a collective for sharded strategies
+            if rank == 0:
+                result.arrays.update({f"init/{k}": v for k, v in models.to_flax(params, names).items()})
+    result.meta["first_step"] = start + 1
     input_dtype = models.numpy_master_dtype(cfg.dtype)
     rows = slice(rank * cfg.batch_size // world, (rank + 1) * cfg.batch_size // world)
     fail_at = _fail_at()
 
     t0 = t1 = time.perf_counter()
-    for k in range(1, cfg.steps + 1):
+    for k in range(start + 1, cfg.steps + 1):
+        t_step = time.perf_counter()
         x, y = dataset.batch(k, cfg.batch_size)
         floating = np.issubdtype(x.dtype, np.floating)
         if floating:
@@ -73,6 +83,9 @@ def train_rank(rank: int, world: int, cfg: RunConfig, init: dict[str, np.ndarray
         ys = torch.from_numpy(y[rows].astype(np.int64)).to(device)
         out = strategy.step(xs, ys)
         loss = float(out["loss"]) if rank == 0 else math.nan
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        result.step_times.append(time.perf_counter() - t_step)
         if rank == 0 and cfg.nan_check and not math.isfinite(loss):
             raise NonFiniteLoss(f"loss is {loss} at step {k} ({cfg.strategy}, lr {cfg.lr}); lower --lr, "
                                 f"set --clip-norm, or pass --no-nan-check to continue anyway")
@@ -81,11 +94,13 @@ def train_rank(rank: int, world: int, cfg: RunConfig, init: dict[str, np.ndarray
             params = strategy.full_params()  # every rank: a collective for sharded strategies
             if rank == 0:
                 _record(result.arrays, k, loss, x, y, out["grads"], params, names)
-        if k == 1:
+        if cfg.checkpoint_every > 0 and k % cfg.checkpoint_every == 0:
+            checkpoint.save(cfg.checkpoint_dir, k, strategy.checkpoint, cfg)
+        if k == start + 1:
             t1 = time.perf_counter()
             result.first_step_s = t1 - t0
-    if cfg.steps > 1:
-        result.steps_per_s = (cfg.steps - 1) / max(time.perf_counter() - t1, 1e-9)
+    if cfg.steps - start > 1:
+        result.steps_per_s = (cfg.steps - start - 1) / max(time.perf_counter() - t1, 1e-9)
     return result if rank == 0 else None
 
 
@@ -94,8 +109,6 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, timeout_s: 
     """Train `cfg` and write the trace to `trace_path` (on rank 0). Returns rank 0's result (None on
     other ranks under torchrun)."""
     record = trace_path is not None if record is None else record
-    if getattr(cfg, "checkpoint_every", 0) or getattr(cfg, "resume", False):  # flags newer than torch_ref
-        raise ConfigError("torch_ref does not checkpoint yet: drop --checkpoint-every and --resume")
     env = launch.from_env()
     if env is not None:
         rank, world, local_rank = env
@@ -104,6 +117,8 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, timeout_s: 
                               f"drop --devices or pass --devices {world}")
         cfg = cfg.replace(devices=world).validate("torch")
     cfg.validate("torch")
+    if cfg.resume:  # a clear error before any rank starts (each rank checks again as it loads)
+        checkpoint.find(cfg.checkpoint_dir, cfg)
     dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
     init = models.jax_init(cfg, dataset)  # the JAX side's initial parameters, the one source
 

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import optim
+from ..checkpoint import ModelOptimizer
 from .common import Strategy, grads_of, local_grads, mean_over_ranks, metrics, params_of
 
 MB = 2 ** 20
@@ -126,4 +127,5 @@ def make(model, cfg, record: bool) -> Strategy:
         dp_model.zero_grad()
         return metrics(loss, grads)
 
-    return Strategy("ddp-bucket", step, lambda: params_of(model), wrapped=dp_model)
+    return Strategy("ddp-bucket", step, lambda: params_of(model), wrapped=dp_model,
+                    checkpoint=ModelOptimizer(model, optimizer))

@@ -19,11 +19,14 @@ class Strategy(NamedTuple):
       `grads` ({torch name: full averaged gradient, before clipping}; on rank 0 at least);
     - `full_params()`: {torch name: full tensor}. A collective for sharded strategies: call it on
       every rank.
+    - `checkpoint`: what `torch_ref.checkpoint` saves and loads, a DCP Stateful (`state_dict()`,
+      `load_state_dict(sd)`): the model and this rank's optimizer, keyed by parameter name.
     """
     name: str
     step: Callable
     full_params: Callable
     wrapped: object = None  # the wrapped model or optimizer, for inspection (tests, reports)
+    checkpoint: object = None
 
 
 def micro_batches(x, y, accum: int):

@@ -4,18 +4,29 @@ DDP registers autograd hooks that put gradients into ~25 MB buckets and all-redu
 soon as it is full, overlapping the rest of backward; each bucket is divided by N before its
 all-reduce (pre-divide). Gradient accumulation runs every micro-batch but the last under
 `ddp.no_sync()`, so DDP communicates once per step.
+
+One departure from a plain `DistributedDataParallel(...)`: DDP's first iteration reduces all
+gradients as one bucket and then rebuilds its buckets from the order gradients became ready, so a
+run resumed from a checkpoint (a fresh DDP) would sum step K+1 in another layout than the
+uninterrupted run, which differs in the last bit at N >= 3 (gloo's ring chunks the buffer). We ask
+the reducer for its final layout at once (`reducer._push_all_rebuilt_params()`, what DDP's own join
+hook does): buckets of at most `--bucket-mb` in parameter order, the same on every step of every run.
 """
 from __future__ import annotations
 
 from torch.nn.parallel import DistributedDataParallel
 
 from .. import optim
+from ..checkpoint import ModelOptimizer
 from .common import Strategy, grads_of, local_grads, mean_over_ranks, metrics, params_of
 
 
 def apply_ddp(model, cfg):
     device_ids = [model_device(model).index] if model_device(model).type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=cfg.bucket_mb)
+    ddp = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=cfg.bucket_mb)
+    # Fix the bucket layout from the first step (see the module docstring): resume stays bit for bit.
+    ddp.reducer._push_all_rebuilt_params()
+    return ddp
 
 
 def model_device(model):
@@ -35,4 +46,4 @@ def make(model, cfg, record: bool) -> Strategy:
         optimizer.zero_grad(set_to_none=True)
         return metrics(loss, grads)
 
-    return Strategy("ddp", step, lambda: params_of(model))
+    return Strategy("ddp", step, lambda: params_of(model), wrapped=ddp, checkpoint=ModelOptimizer(model, optimizer))

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from .. import optim
+from ..checkpoint import ModelOptimizer
 from .common import Strategy, grads_of, local_grads, metrics, params_of
 
 SERVER = 0
@@ -40,4 +41,4 @@ def make(model, cfg, record: bool) -> Strategy:
                 dist.broadcast(p, src=SERVER)
         return metrics(loss, grads)
 
-    return Strategy("dp", step, lambda: params_of(model))
+    return Strategy("dp", step, lambda: params_of(model), checkpoint=ModelOptimizer(model, optimizer))  # optimizer: server only

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import optim
+from ..checkpoint import ModelOptimizer
 from .common import Strategy, grads_of, local_grads, mean_over_ranks, metrics, params_of
 
 
@@ -59,4 +60,4 @@ def make(model, cfg, record: bool) -> Strategy:
         optimizer.zero_grad(set_to_none=True)
         return metrics(loss, grads)
 
-    return Strategy("ddp-naive", step, lambda: params_of(model))
+    return Strategy("ddp-naive", step, lambda: params_of(model), checkpoint=ModelOptimizer(model, optimizer))

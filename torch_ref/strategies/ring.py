@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from .. import optim
+from ..checkpoint import ModelOptimizer
 from ..collectives import ring_all_reduce
 from .common import Strategy, flatten, grads_of, local_grads, mean_over_ranks, metrics, params_of, unflatten_into
 
@@ -32,4 +33,4 @@ def make(model, cfg, record: bool) -> Strategy:
         optimizer.zero_grad(set_to_none=True)
         return metrics(loss, grads)
 
-    return Strategy("ddp-ring", step, lambda: params_of(model))
+    return Strategy("ddp-ring", step, lambda: params_of(model), checkpoint=ModelOptimizer(model, optimizer))

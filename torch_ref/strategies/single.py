@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .. import optim
+from ..checkpoint import ModelOptimizer
 from .common import Strategy, grads_of, local_grads, metrics, params_of
 
 
@@ -16,4 +17,4 @@ def make(model, cfg, record: bool) -> Strategy:
         optimizer.zero_grad(set_to_none=True)
         return metrics(loss, grads)
 
-    return Strategy("single", step, lambda: params_of(model))
+    return Strategy("single", step, lambda: params_of(model), checkpoint=ModelOptimizer(model, optimizer))

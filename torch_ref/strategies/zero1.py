@@ -11,6 +11,7 @@ from __future__ import annotations
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from .. import optim
+from ..checkpoint import ModelOptimizer
 from .common import Strategy, grads_of, local_grads, mean_over_ranks, metrics, params_of
 from .ddp import apply_ddp
 
@@ -29,4 +30,6 @@ def make(model, cfg, record: bool) -> Strategy:
         optimizer.zero_grad(set_to_none=True)
         return metrics(loss, grads)
 
-    return Strategy("zero1", step, lambda: params_of(model), wrapped=optimizer)
+    # The checkpoint holds this rank's partition of the state (the inner torch optimizer `optim`).
+    return Strategy("zero1", step, lambda: params_of(model), wrapped=optimizer,
+                    checkpoint=ModelOptimizer(model, optimizer.optim))

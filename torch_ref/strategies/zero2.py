@@ -11,6 +11,12 @@ optimizer over that shard alone, so its optimizer state is 1/N of the whole. A s
 4. the optimizer step on the shard;
 5. `all_gather` of the updated shards into every rank's full parameters.
 On gloo a reduce-scatter is an all-reduce plus a local chunk (twice the bytes of a true one).
+
+Checkpoints (`ShardState`): the replicated parameters by name, and the optimizer state as it lives,
+a shard of one flat vector per rank, saved as a 1-D DTensor of the *unpadded* length sharded along
+dim 0. DTensor's uneven sharding (chunks of ceil(numel / N)) is exactly this layout's (shards of the
+padded length / N, the padding at the end), so DCP writes each rank's shard and reshards it on load
+at another N; the padding, always zero, is not saved.
 """
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import optim
+from ..checkpoint import materialise
 from .common import Strategy, flatten, local_grads, mean_over_ranks, metrics, params_of, unflatten_into
 
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -76,7 +83,50 @@ def make(model, cfg, record: bool) -> Strategy:
             unflatten_into(all_gather(main_param.detach())[:numel], params)
         return metrics(loss, grads)
 
-    return Strategy("zero2", step, lambda: params_of(model), wrapped=optimizer)
+    return Strategy("zero2", step, lambda: params_of(model), wrapped=optimizer,
+                    checkpoint=ShardState(model, main_param, optimizer, numel))
+
+
+class ShardState:
+    """DCP Stateful of zero2: {'model': {name: full tensor}, 'optim': {'flat.<key>': 1-D DTensor of
+    the unpadded length, or the replicated step count}}."""
+
+    def __init__(self, model, main_param, optimizer, numel: int):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.model, self.main_param, self.optimizer, self.numel = model, main_param, optimizer, numel
+        self.mesh = init_device_mesh(main_param.device.type, (dist.get_world_size(),))
+        start = dist.get_rank() * main_param.numel()
+        self.valid = max(0, min(main_param.numel(), numel - start))  # this shard's unpadded elements
+
+    def state_dict(self) -> dict:
+        from torch.distributed.tensor import DTensor, Shard
+
+        materialise(self.optimizer)
+        optim_sd = {}
+        for key, value in self.optimizer.state[self.main_param].items():
+            if torch.is_tensor(value) and value.shape == self.main_param.shape:
+                value = DTensor.from_local(value[:self.valid], self.mesh, [Shard(0)], run_check=False,
+                                           shape=(self.numel,), stride=(1,))
+            optim_sd[f"flat.{key}"] = value
+        return {"model": {name: p.detach() for name, p in self.model.named_parameters()}, "optim": optim_sd}
+
+    @torch.no_grad()
+    def load_state_dict(self, sd: dict) -> None:
+        params = list(self.model.parameters())
+        for p, (name, _) in zip(params, self.model.named_parameters()):
+            p.copy_(sd["model"][name])
+        n, rank, size = dist.get_world_size(), dist.get_rank(), self.main_param.numel()
+        self.main_param.copy_(padded_flat(params, n)[rank * size:(rank + 1) * size])  # the master shard = the params'
+        state = self.optimizer.state[self.main_param]
+        for key, value in sd["optim"].items():
+            key = key.removeprefix("flat.")
+            if hasattr(value, "to_local"):  # (DCP may have loaded it in place: the view of the state)
+                local = value.to_local().clone()
+                state[key].zero_()  # the padding
+                state[key][:self.valid].copy_(local)
+            else:
+                state[key].copy_(value) if torch.is_tensor(state[key]) else state.__setitem__(key, value)
 
 
 def _split(flat, like):

@@ -17,6 +17,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from .. import optim
+from ..checkpoint import ModelOptimizer
 from .common import Strategy, local_grads, mean_over_ranks, metrics
 
 
@@ -60,4 +61,4 @@ def make(model, cfg, record: bool) -> Strategy:
     def full_params():  # a collective: every rank calls it
         return {name: p.full_tensor().detach() for name, p in model.named_parameters()}
 
-    return Strategy("zero3", step, full_params, wrapped=model)
+    return Strategy("zero3", step, full_params, wrapped=model, checkpoint=ModelOptimizer(model, optimizer))  # DTensors: saved shard by shard

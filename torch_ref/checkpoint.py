@@ -1,0 +1,212 @@
+"""Checkpoints with torch.distributed.checkpoint (DCP), the torch twin of `jaxdp/checkpoint.py`.
+
+Layout of `--checkpoint-dir DIR`:
+    DIR/<step>/            one complete checkpoint: DCP's `.metadata` and `__<rank>_0.distcp` files,
+                           plus `record.json` (step, config, strategy, world size, RNG state)
+    DIR/<step>.partial/    a save in progress (or torn by a crash): never read, replaced by the next save
+
+- What is saved: each strategy's `checkpoint` object, a DCP `Stateful`. For most strategies it is
+  `ModelOptimizer`: `get_state_dict(model, optimizer)` keyed by torch parameter name, so DDP's
+  replicated tensors are written once (DCP de-duplicates them), FSDP2's DTensors shard by shard,
+  and ZeroRedundancyOptimizer's state by the rank that owns each parameter. `zero2` keeps its
+  optimizer state as shards of one flat vector and saves them as 1-D DTensors of the unpadded length
+  (see `strategies/zero2.py`). DCP reshards on load, so a checkpoint resumes at another world size.
+- Atomic: every rank writes into `<step>.partial`; after DCP's save returns (its last phase is a
+  collective, so every rank's files are written), rank 0 adds `record.json` and renames the
+  directory to `<step>`, then a barrier. A directory named by a step is therefore always complete;
+  one killed mid-save stays `.partial` and is ignored.
+- Data position and randomness: batches are a pure function of (seed, step) and training draws no
+  random numbers; the step is in the record, and so is `torch.get_rng_state()` (restored on resume).
+- Resume checks the saved configuration (`RECORD_FIELDS`, the same fields as jaxdp's) and refuses a
+  missing directory, a directory without a complete checkpoint, a corrupt one, and one whose arrays
+  are not the ones this strategy and optimizer hold, each with a clear message.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                     set_model_state_dict, set_state_dict)
+
+from jaxdp.config import COMPARABLE_FIELDS
+
+RECORD_FIELDS = tuple(f for f in COMPARABLE_FIELDS if f != "steps")  # as jaxdp.checkpoint.RECORD_FIELDS
+RECORD = "record.json"
+PARTIAL = ".partial"
+KEEP = 3  # complete checkpoints kept (as orbax's max_to_keep in jaxdp)
+OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)  # one key per parameter: reshardable
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used; the message says why and what to do."""
+
+
+class ModelOptimizer:
+    """DCP Stateful of a model and its torch optimizer (None where this rank has none, as dp's
+    workers), keyed by parameter name: {'model': {name: tensor}, 'optim': {'state.<name>.exp_avg': ...}}."""
+
+    def __init__(self, model, optimizer=None):
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict:
+        if self.optimizer is None:
+            return {"model": get_model_state_dict(self.model, options=OPTIONS)}
+        materialise(self.optimizer)  # a fresh optimizer has no state yet: give DCP tensors to load into
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=OPTIONS)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def load_state_dict(self, sd: dict) -> None:
+        if self.optimizer is None:
+            set_model_state_dict(self.model, sd["model"], options=OPTIONS)
+        else:
+            set_state_dict(self.model, self.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"],
+                           options=OPTIONS)
+
+
+@torch.no_grad()
+def materialise(optimizer) -> None:
+    """Create `optimizer`'s state tensors by one step on zero gradients with lr 0 (the parameters do
+    not move: every update is multiplied by lr); the values are overwritten by the load."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    if optimizer.state or any(p.grad is not None for p in params):
+        return
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    lrs = [g["lr"] for g in optimizer.param_groups]
+    for g in optimizer.param_groups:
+        g["lr"] = 0.0
+    optimizer.step()
+    for g, lr in zip(optimizer.param_groups, lrs):
+        g["lr"] = lr
+    optimizer.zero_grad(set_to_none=True)
+
+
+def flat_keys(sd, prefix: str = "") -> list[str]:
+    """DCP's names for the leaves of a nested dict: the path joined by dots."""
+    keys = []
+    for k, v in sd.items():
+        if isinstance(v, dict):
+            keys += flat_keys(v, f"{prefix}{k}.")
+        else:
+            keys.append(f"{prefix}{k}")
+    return keys
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _barrier() -> None:
+    if _distributed():
+        dist.barrier()
+
+
+def step_dirs(directory) -> list[int]:
+    """The complete checkpoints in `directory`, by step (a `.partial` directory is not one)."""
+    return sorted(int(d) for d in os.listdir(directory) if d.isdigit() and os.path.isdir(os.path.join(directory, d)))
+
+
+# ---- save ---------------------------------------------------------------------------------------
+def save(directory, step: int, state, cfg) -> str:
+    """Save `state` (a strategy's `checkpoint`) as step `step`; every rank calls it. Returns the path."""
+    rank = dist.get_rank() if _distributed() else 0
+    final = os.path.join(directory, str(step))
+    partial = final + PARTIAL
+    if rank == 0:
+        os.makedirs(directory, exist_ok=True)
+        shutil.rmtree(partial, ignore_errors=True)  # a save torn by an earlier crash
+    _barrier()
+    dcp.save({"train": state}, checkpoint_id=partial, no_dist=not _distributed())
+    if rank == 0:
+        record = {"step": step, "framework": "torch", "config": cfg.to_dict(), "strategy": cfg.strategy,
+                  "devices": dist.get_world_size() if _distributed() else 1,
+                  "rng_state": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+                  "data_position": "batches are a pure function of (seed, step); the next step is step + 1"}
+        _write_json(os.path.join(partial, RECORD), record)
+        if os.path.isdir(final):  # a checkpoint of an earlier run at this step: replace it
+            shutil.rmtree(final)
+        os.rename(partial, final)
+        _fsync_dir(directory)
+        for old in step_dirs(directory)[:-KEEP]:
+            shutil.rmtree(os.path.join(directory, str(old)), ignore_errors=True)
+    _barrier()  # nobody goes on before the step's directory exists
+    return final
+
+
+def _write_json(path, obj) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# ---- resume -------------------------------------------------------------------------------------
+def find(directory, cfg) -> tuple[int, str, dict]:
+    """(step, path, record) of the latest complete checkpoint in `directory`, checked against `cfg`."""
+    if not os.path.isdir(directory):
+        raise CheckpointError(f"--resume: no checkpoint directory {directory!r}; run once with --checkpoint-dir "
+                              f"{directory} --checkpoint-every K first")
+    steps = step_dirs(directory)
+    if not steps:
+        raise CheckpointError(f"--resume: no complete checkpoint in {directory!r}")
+    step = steps[-1]
+    path = os.path.join(directory, str(step))
+    try:
+        with open(os.path.join(path, RECORD)) as f:
+            record = json.load(f)
+        saved = record["config"]
+        assert record["step"] == step, f"record says step {record['step']}"
+    except Exception as e:  # noqa: BLE001 - missing, truncated, not JSON, wrong fields: all "corrupt"
+        raise CheckpointError(f"checkpoint step {step} in {directory!r} is corrupt ({type(e).__name__}: {e})") from None
+    ours = cfg.to_dict()
+    diffs = [f"{k}: checkpoint {saved.get(k)!r}, run {ours.get(k)!r}" for k in RECORD_FIELDS if saved.get(k) != ours.get(k)]
+    if diffs:
+        raise CheckpointError(f"checkpoint in {directory!r} is from another configuration: " + "; ".join(diffs))
+    if step >= cfg.steps:
+        raise CheckpointError(f"checkpoint in {directory!r} is at step {step}; --steps {cfg.steps} leaves nothing to run")
+    return step, path, record
+
+
+def restore(directory, state, cfg) -> int:
+    """Load the latest complete checkpoint of `directory` into `state` (a strategy's `checkpoint`);
+    every rank calls it. Restores the RNG state; returns the checkpoint's step."""
+    step, path, record = find(directory, cfg)
+    try:
+        saved = set(dcp.FileSystemReader(path).read_metadata().state_dict_metadata)
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"checkpoint step {step} in {directory!r} is corrupt ({type(e).__name__}: {e})") from None
+    missing = [k for k in flat_keys({"train": state.state_dict()}) if k not in saved]
+    if missing:
+        raise CheckpointError(
+            f"checkpoint in {directory!r} (saved by {record.get('strategy')!r}) holds different arrays than "
+            f"strategy {cfg.strategy!r} with optimizer {cfg.optimizer!r} expects; missing: {', '.join(missing[:3])}"
+            + (f" and {len(missing) - 3} more" if len(missing) > 3 else ""))
+    try:
+        dcp.load({"train": state}, checkpoint_id=path, no_dist=not _distributed())
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP's is a BaseException, one error per rank
+        cause = next(iter(e.failures.values()), e) if isinstance(e, CheckpointException) else e
+        first = str(cause).strip().splitlines()[0][:200] if str(cause).strip() else ""
+        raise CheckpointError(f"checkpoint step {step} in {directory!r} is corrupt ({type(cause).__name__}: {first})") from None
+    rng = base64.b64decode(record["rng_state"])
+    torch.set_rng_state(torch.frombuffer(bytearray(rng), dtype=torch.uint8))
+    return step

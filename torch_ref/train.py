@@ -15,14 +15,11 @@ import torch.distributed as dist
 
 from jaxdp import data
 from jaxdp.config import ConfigError, RunConfig
+from jaxdp.train import NonFiniteLoss  # one error type for both frameworks
 
 from . import checkpoint, launch, models, strategies
 
 FAIL_ENV = "TORCH_REF_FAIL_AT"  # "RANK:STEP": that rank raises at that step (tests the failure path)
-
-
-class NonFiniteLoss(FloatingPointError):
-    """The loss became NaN or Inf; the message names the step."""
 
 
 class InjectedFailure(RuntimeError):

@@ -3,8 +3,11 @@ JAX initialises), and a session cache of runs so each configuration trains once.
 from __future__ import annotations
 
 import functools
+import os
 
-import jax
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: see torch_ref/__init__.py
+
+import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_enable_x64", True)

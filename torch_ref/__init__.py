@@ -3,4 +3,11 @@ ddp-ring, zero1, zero2, zero3/fsdp), with the same flags and the same trace form
 
 `python -m torch_ref train ...`; from Python: `torch_ref.train.run(RunConfig(...), trace_path=...)`.
 """
+import os
+
+# libgomp's default spin-waiting makes multi-threaded CPU torch ~100x slower on small machines
+# (measured in docs/BENCHMARKS.md); sleep-waiting threads cost nothing on large ones. Must be set
+# before torch is first imported; an explicit user setting wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 __version__ = "0.1.0"

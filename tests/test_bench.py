@@ -1,0 +1,53 @@
+"""`jaxdp bench --quick` runs in a fresh process and writes valid JSON with every item of the issue
+and a markdown table. No timing is asserted (no benchmark lives in the test suite): only that the
+numbers are there and sane (positive times, finite ratios, bytes and memory next to their theory)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+ITEMS = ("step_time", "dp_overhead", "ring_vs_xla", "communication", "memory", "compile", "gpu_throughput")
+
+
+def test_bench_quick_writes_valid_json_and_markdown(tmp_path):
+    out = tmp_path / "bench"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-m", "jaxdp", "bench", "--quick", "--out", str(out)],
+                          capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((out / "bench.json").read_text())
+    table = (out / "bench.md").read_text()
+
+    for key in ITEMS + ("machine", "setup", "goals"):
+        assert key in results, key
+    assert results["quick"] is True
+    assert results["machine"]["cores"] >= 1 and results["machine"]["cpu"]
+
+    rows = results["step_time"]["rows"]
+    assert {r["strategy"] for r in rows} >= {"single", "ddp"}
+    for r in rows:
+        assert r["jax_s"] > 0 and r["torch_s"] > 0 and math.isclose(r["jax_over_torch"], r["jax_s"] / r["torch_s"])
+        assert all(math.isfinite(v) for v in r["loss_last"].values())
+    for r in results["dp_overhead"]["rows"]:
+        assert r["over_single"] > 0 and r["strategy"] != "single"
+    assert {r["framework"] for r in results["ring_vs_xla"]["rows"]} == {"jax", "torch"}
+
+    comm = results["communication"]["rows"]
+    assert {r["devices"] for r in comm} >= {2, 4}
+    for r in comm:
+        assert r["measured_bytes"] > 0 and r["theory_bytes"] > 0
+        if r["strategy"] in ("ddp", "ddp-ring"):  # these equal the ring theory exactly
+            assert r["equal_to_theory"], r
+        if not r["equal_to_theory"]:  # a difference is explained, never hidden
+            assert r["note"]
+    assert all(r["equal_to_formula"] for r in results["memory"]["rows"])
+    assert all(r.get("compile_s", 1) > 0 for r in results["compile"]["rows"])
+
+    gpu = results["gpu_throughput"]
+    assert "measured" in gpu and (gpu["measured"] or gpu["reason"].startswith("not measured"))
+    assert [g["item"] for g in results["goals"]] == [1, 2, 3, 4, 5, 6, 7]
+    for n in range(1, 8):
+        assert f"## {n}." in table

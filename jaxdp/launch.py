@@ -17,6 +17,7 @@ import time
 
 POLL_S = 0.2
 GRACE_S = 5.0
+FIRST_CAUSE_S = 1.0
 
 
 def free_port() -> int:
@@ -41,9 +42,15 @@ def launch(argv: list[str], processes: int, timeout_s: float | None = None) -> i
             codes = [c.poll() for c in children]
             failed = [(i, code) for i, code in enumerate(codes) if code not in (None, 0)]
             if failed:
-                i, code = failed[0]
+                # Peers of a dead process fail too (their connections close), sometimes first: wait a
+                # moment, then blame a process killed by a signal before one that merely saw it go.
+                time.sleep(FIRST_CAUSE_S)
+                failed = [(i, c.poll()) for i, c in enumerate(children) if c.poll() not in (None, 0)]
+                i, code = min(failed, key=lambda ic: (ic[1] > 0, ic[0]))
                 how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
-                print(f"jaxdp: error: process {i} {how}; stopping the other processes", file=sys.stderr, flush=True)
+                others = "".join(f"; process {j} exited with status {c}" for j, c in failed if j != i)
+                print(f"jaxdp: error: process {i} {how}{others}; stopping the other processes",
+                      file=sys.stderr, flush=True)
                 return code if code > 0 else 1
             if all(code == 0 for code in codes):
                 return 0

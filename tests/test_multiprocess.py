@@ -62,7 +62,7 @@ def test_a_killed_process_stops_the_run_quickly():
         code = launcher.wait(timeout=60)
         err = launcher.stderr.read()
         assert code != 0
-        assert "process 1 was killed by signal 9; stopping the other processes" in err
+        assert "process 1 was killed by signal 9" in err and "stopping the other processes" in err
         assert time.monotonic() - killed_at < 30
         with pytest.raises(ProcessLookupError):
             os.kill(pids[0], 0)  # the survivor was stopped too

@@ -82,3 +82,49 @@ def test_fsdp_is_an_alias_of_zero3():
     from jaxdp.config import RunConfig
 
     assert RunConfig(strategy="fsdp").validate("torch").strategy == "zero3"
+
+
+def _rank_pids(launcher_pid: int) -> list[int]:
+    """The spawned ranks among the launcher's children (not multiprocessing's resource tracker)."""
+    try:
+        children = open(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read().split()
+    except OSError:
+        return []
+    pids = []
+    for pid in map(int, children):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if b"spawn_main" in cmd:
+            pids.append(pid)
+    return sorted(pids)
+
+
+def test_a_killed_rank_stops_the_run_quickly():
+    """SIGKILL one rank mid-training: the launcher must notice, stop the other and exit non-zero
+    within a bounded time, naming the dead rank (never a hang in the survivor's collective)."""
+    import signal
+
+    argv = [sys.executable, "-m", "torch_ref", "train", "--strategy", "ddp", "--devices", "2", "--steps", "1000000",
+            "--batch-size", "24", "--hidden", "16,16", "--pg-timeout", "120", "--timeout", "300"]
+    launcher = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env=_env())
+    try:
+        deadline = time.monotonic() + 120
+        while len(_rank_pids(launcher.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        ranks = _rank_pids(launcher.pid)
+        assert len(ranks) == 2
+        time.sleep(3)  # let it train (the outcome does not depend on when the kill lands)
+        killed_at = time.monotonic()
+        os.kill(ranks[1], signal.SIGKILL)
+        code = launcher.wait(timeout=90)
+        err = launcher.stderr.read()
+        assert code != 0 and "failed" in err and "rank" in err, err[-2000:]
+        assert time.monotonic() - killed_at < 60
+        for pid in ranks:
+            assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()

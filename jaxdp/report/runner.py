@@ -85,12 +85,25 @@ def jax_accounting(cfg: RunConfig) -> dict:
             "psi": mem["psi"], "sizes": sizes, "itemsize": itemsize}
 
 
-def torch_accounting(cfg: RunConfig) -> dict | None:
-    try:
-        from torch_ref import accounting as torch_accounting_mod
-    except ImportError:
-        return None
-    return torch_accounting_mod.measure(cfg)
+def _torch_side(rank: int, n: int, jobs: list) -> list:
+    """In each spawned rank: train every configuration (for its trace and step times), then measure
+    its communication and memory (torch_ref.accounting), all in one world."""
+    from torch_ref import accounting
+    from torch_ref.train import train_rank
+
+    return [(train_rank(rank, n, cfg, init, True), accounting.measure_rank(rank, n, cfg, init)) for cfg, init in jobs]
+
+
+def run_torch_side(cfgs: list[RunConfig], timeout_s: float = 900.0) -> dict:
+    """{cfg: (torch_ref RunResult, torch_ref.accounting summary)}: one spawned world of N ranks."""
+    from torch_ref import accounting, launch, models
+
+    from .. import data
+
+    n = cfgs[0].devices
+    jobs = [(c, models.jax_init(c, data.load(c.data, c.seed, c.seq_len))) for c in cfgs]
+    per_rank = launch.launch(_torch_side, n, jobs, platform=cfgs[0].platform, timeout_s=timeout_s, pg_timeout_s=120)
+    return {c: (per_rank[0][i][0], accounting.summarise(c, [r[i][1] for r in per_rank])) for i, c in enumerate(cfgs)}
 
 
 def compare(cfg: RunConfig, strategies: list[str], progress=None) -> dict:
@@ -101,25 +114,21 @@ def compare(cfg: RunConfig, strategies: list[str], progress=None) -> dict:
     for c in cfgs.values():
         c.validate("torch")
 
-    say(f"torch_ref: training {len(strategies)} strategies on {cfg.devices} ranks")
-    torch_runs = parity.run_torch(list(cfgs.values()))
+    say(f"torch_ref: training and measuring {len(strategies)} strategies on {cfg.devices} ranks (one world)")
+    torch_side = run_torch_side(list(cfgs.values()))
     entries = []
     for name, c in cfgs.items():
         say(f"jaxdp: training {name}")
         j = train.run(c, record=True, progress=False)
-        t = torch_runs[c]
+        t, tacc = torch_side[c]
         row = parity.compare(trace_mod.Trace(j.meta, j.arrays), trace_mod.Trace(t.meta, t.arrays), c, name)
         say(f"jaxdp: accounting {name} (compiled HLO, arrays)")
         jacc = jax_accounting(c)
-        say(f"torch_ref: accounting {name} (process-group collectives, tensors)")
-        tacc = torch_accounting(c)
         jax_entry = {"losses": j.losses, **timing(j.step_times), "comm": jacc["comm"], "comm_ops": jacc["comm_ops"],
                      "memory": jacc["memory"], "temp_bytes": jacc["temp_bytes"]}
         torch_times = getattr(t, "step_times", None) or [t.first_step_s] + [1.0 / max(t.steps_per_s, 1e-9)] * (c.steps - 1)
-        torch_entry = {"losses": t.losses, **timing(torch_times)}
-        if tacc is not None:
-            torch_entry.update({"comm": tacc["comm"], "comm_ops": tacc.get("comm_ops", {}),
-                                "memory": tacc["memory"], "notes": tacc.get("notes", [])})
+        torch_entry = {"losses": t.losses, **timing(torch_times), "comm": tacc["comm"],
+                       "comm_ops": tacc.get("comm_ops", {}), "memory": tacc["memory"], "notes": tacc.get("notes", [])}
         theory = {"memory": jacc["memory_formula"]}
         if jacc["comm_theory"] is not None:
             theory["comm"] = jacc["comm_theory"]

@@ -17,9 +17,9 @@ def main():
     devices.setup(4)
 
     steps = 5 if args.quick else 400
+    size = dict(n_layer=1, n_head=2, d_model=32) if args.quick else dict(n_layer=2, n_head=4, d_model=64)
     cfg = RunConfig(model="gpt", data="text", strategy="zero3", devices=4, steps=steps, batch_size=32, seq_len=32,
-                    n_layer=2, n_head=4, d_model=64, optimizer="adamw", lr=3e-3, weight_decay=0.01, clip_norm=1.0,
-                    dtype="float32", seed=0)
+                    optimizer="adamw", lr=3e-3, weight_decay=0.01, clip_norm=1.0, dtype="float32", seed=0, **size)
     result = train.run(cfg, record=True, progress=not args.quick)
     print(f"gpt ({cfg.n_layer} layers, d_model {cfg.d_model}) with zero3 on 4 devices: "
           f"loss {result.losses[0]:.3f} -> {result.losses[-1]:.3f} in {steps} steps")

@@ -36,7 +36,7 @@ def test_bench_quick_writes_valid_json_and_markdown(tmp_path):
     assert {r["framework"] for r in results["ring_vs_xla"]["rows"]} == {"jax", "torch"}
 
     comm = results["communication"]["rows"]
-    assert {r["devices"] for r in comm} >= {2, 4}
+    assert {r["devices"] for r in comm} >= {2}
     for r in comm:
         assert r["measured_bytes"] > 0 and r["theory_bytes"] > 0
         if r["strategy"] in ("ddp", "ddp-ring"):  # these equal the ring theory exactly

@@ -13,8 +13,9 @@ from . import projection as projection_mod  # noqa: E402
 
 FRAMEWORK_STYLE = {"jax": dict(color="#1f77b4", linestyle="-", marker="o"),
                    "torch": dict(color="#d62728", linestyle="--", marker="x")}
-KINDS = ("all-reduce", "reduce-scatter", "all-gather", "point-to-point")
-KIND_COLORS = {"all-reduce": "#4c72b0", "reduce-scatter": "#dd8452", "all-gather": "#55a868", "point-to-point": "#8172b3"}
+KINDS = ("all-reduce", "reduce-scatter", "all-gather", "point-to-point", "broadcast", "reduce")
+KIND_COLORS = {"all-reduce": "#4c72b0", "reduce-scatter": "#dd8452", "all-gather": "#55a868", "point-to-point": "#8172b3",
+               "broadcast": "#c44e52", "reduce": "#937860"}
 PARTS = ("params", "grads", "opt_state")
 PART_COLORS = {"params": "#4c72b0", "grads": "#dd8452", "opt_state": "#55a868"}
 
@@ -104,6 +105,8 @@ def _stacked(ax, labels, values_by_part, parts, colors, formula=None):
     if formula is not None:
         tot = np.array([f if f is not None else np.nan for f in formula], dtype=float) / 1024
         ax.scatter(range(len(labels)), tot, marker="_", s=900, color="black", zorder=5, label="theory (total)")
+        bottom = np.fmax(bottom, np.nan_to_num(tot))
+    ax.set_ylim(0, 1.12 * max(float(bottom.max()), 1e-9))
     ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
 
 

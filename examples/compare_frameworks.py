@@ -14,11 +14,12 @@ def main():
     parser.add_argument("--quick", action="store_true", help="two strategies, few steps (smoke test)")
     parser.add_argument("--out", default="reports/example")
     args = parser.parse_args()
-    devices.setup(4)
+    n = 2 if args.quick else 4
+    devices.setup(n)
 
-    strategies = ["ddp", "zero3"] if args.quick else ["ddp", "ddp-ring", "zero1", "zero2", "zero3"]
-    cfg = RunConfig(model="mlp", devices=4, steps=4 if args.quick else 20, batch_size=64, optimizer="adamw",
-                    lr=1e-3, weight_decay=0.01, dtype="float32")
+    strategies = ["zero2"] if args.quick else ["ddp", "ddp-ring", "zero1", "zero2", "zero3"]
+    cfg = RunConfig(model="mlp", devices=n, steps=4 if args.quick else 20, batch_size=64, optimizer="adamw",
+                    lr=1e-3, weight_decay=0.01, dtype="float32", hidden=(32, 32) if args.quick else (64, 64))
     summary = runner.compare(cfg, strategies, progress=print)
     paths = render.write(summary, args.out)
     for e in summary["strategies"]:

@@ -47,20 +47,11 @@ def formula(stage: int, sizes: list[int], n: int, param_bytes: int, grad_bytes: 
 
 def memory(cfg) -> dict:
     """Measure one step of `cfg` on device 0 of its mesh and set it next to the formula."""
-    from . import data, devices, models, optim, strategies
+    from . import models, train
 
-    devs = devices.setup(cfg.devices, cfg.platform)
-    if cfg.dtype == "float64":
-        jax.config.update("jax_enable_x64", True)
-    dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
-    with jax.default_device(jax.local_devices(backend="cpu")[0]):
-        problem = models.init(cfg, dataset)
-    optimizer = optim.for_config(cfg)
-    strategy = strategies.make(cfg.strategy, problem, optimizer, devices.mesh(devs), cfg, return_grads=True)
+    devs, dataset, problem, optimizer, strategy = train.prepare(cfg, return_grads=True)
     state = strategy.init(problem.params)
-    x, y = dataset.batch(1, cfg.batch_size)
-    x = x.astype(models.MASTER_DTYPE[cfg.dtype]) if np.issubdtype(x.dtype, np.floating) else x
-    batch = strategy.put_batch(x, y)
+    batch = strategy.put_batch(*train.host_batch(cfg, dataset, 1))
     compiled = strategy.compiled_step.lower(state, *batch).compile()
     measured = {"params": bytes_on(state.params, devs[0]), "opt_state": bytes_on(state.opt_state, devs[0])}
     state, metrics = compiled(state, *batch)

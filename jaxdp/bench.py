@@ -234,18 +234,11 @@ def inspect(cfg: RunConfig) -> dict:
     returns it (return_grads), run once; the communication is the first's, which returns no grads."""
     import jax
 
-    from . import accounting, data, devices, models, optim, strategies
+    from . import accounting, devices, models, strategies, train
 
-    devs = devices.setup(cfg.devices, "cpu")
-    dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
-    with jax.default_device(jax.devices("cpu")[0]):
-        problem = models.init(cfg, dataset)
-    optimizer = optim.for_config(cfg)
+    devs, dataset, problem, optimizer, s = train.prepare(cfg.replace(platform="cpu"))
     mesh = devices.mesh(devs)
-    x, y = dataset.batch(1, cfg.batch_size)
-    x = x.astype(models.MASTER_DTYPE[cfg.dtype]) if np.issubdtype(x.dtype, np.floating) else x
-
-    s = strategies.make(cfg.strategy, problem, optimizer, mesh, cfg, return_grads=False)
+    x, y = train.host_batch(cfg, dataset, 1)
     state = s.init(problem.params)
     batch = s.put_batch(x, y)
     t0 = time.perf_counter()

@@ -37,30 +37,49 @@ def versions() -> dict:
             "optax": optax.__version__, "numpy": np.__version__}
 
 
+def prepare(cfg: RunConfig, return_grads: bool = False, distributed: devices_mod.Distributed | None = None):
+    """Everything a run of `cfg` is built from: (devices, dataset, problem, optimizer, strategy).
+    Sets up the devices first (before any JAX computation) and makes the initial parameters on the
+    CPU, so that every platform starts from the same bits."""
+    cfg.validate()
+    devices = devices_mod.setup(cfg.devices, cfg.platform, distributed)
+    import jax
+
+    if jax.process_count() > 1 and cfg.strategy == "single":
+        raise devices_mod.DeviceError("strategy 'single' runs on one device of one process; drop --processes")
+    if cfg.dtype == "float64":
+        jax.config.update("jax_enable_x64", True)
+    from . import data, models, optim, strategies
+
+    dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
+        problem = models.init(cfg, dataset)
+    optimizer = optim.for_config(cfg)
+    strategy = strategies.make(cfg.strategy, problem, optimizer, devices_mod.mesh(devices), cfg,
+                               return_grads=return_grads)
+    return devices, dataset, problem, optimizer, strategy
+
+
+def host_batch(cfg: RunConfig, dataset, step: int, rows: slice = slice(None)):
+    """Step `step`'s batch (or its `rows`) as the step takes it: float inputs in the master dtype."""
+    from .models import MASTER_DTYPE
+
+    x, y = dataset.batch(step, cfg.batch_size, rows)
+    return (x.astype(MASTER_DTYPE[cfg.dtype]) if np.issubdtype(x.dtype, np.floating) else x), y
+
+
 def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: bool | None = None,
         distributed: devices_mod.Distributed | None = None) -> RunResult:
     """Train `cfg`; record the trace when `record` (default: when `trace_path` is given).
 
     With `distributed`, this is one process of a multi-process run: it feeds only the rows of the
     global batch that belong to its own devices, and only process 0 writes the trace."""
-    cfg.validate()
-    devices = devices_mod.setup(cfg.devices, cfg.platform, distributed)  # before any JAX computation
+    record = trace_path is not None if record is None else record
+    devices, dataset, problem, optimizer, strategy = prepare(cfg, record, distributed)
     import jax
 
-    if jax.process_count() > 1 and cfg.strategy == "single":
-        raise devices_mod.DeviceError("strategy 'single' runs on one device of one process; drop --processes")
+    from . import models
 
-    if cfg.dtype == "float64":
-        jax.config.update("jax_enable_x64", True)
-    from . import data, models, optim, strategies
-
-    record = trace_path is not None if record is None else record
-    dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
-    with jax.default_device(jax.local_devices(backend="cpu")[0]):  # the same initial bits on every platform
-        problem = models.init(cfg, dataset)
-    optimizer = optim.for_config(cfg)
-    mesh = devices_mod.mesh(devices)
-    strategy = strategies.make(cfg.strategy, problem, optimizer, mesh, cfg, return_grads=record)
     state, start = strategy.init(problem.params), 0
     if cfg.resume:
         from . import checkpoint
@@ -79,7 +98,6 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
     if record:  # a resumed run's init/ is what it resumed from
         initial = problem.params if start == 0 else strategy.full_params(state)
         result.arrays.update({f"init/{k}": _read(v, devices[0]) for k, v in models.flat_names(initial).items()})
-    input_dtype = np.dtype(models.MASTER_DTYPE[cfg.dtype])
 
     # Devices are ordered by process, so process p owns rows [p B/P, (p+1) B/P) of every batch.
     per_process = cfg.batch_size // jax.process_count()
@@ -89,9 +107,7 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
     t0 = t1 = time.perf_counter()
     for k in range(start + 1, cfg.steps + 1):
         t_step = time.perf_counter()
-        x, y = dataset.batch(k, cfg.batch_size, rows)
-        if np.issubdtype(x.dtype, np.floating):
-            x = x.astype(input_dtype)
+        x, y = host_batch(cfg, dataset, k, rows)
         state, metrics = strategy.step(state, *strategy.put_batch(x, y))
         loss = float(_read(metrics["loss"], devices[0]))
         if cfg.nan_check and not math.isfinite(loss):
@@ -101,8 +117,7 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
         result.step_times.append(time.perf_counter() - t_step)  # float(loss) waited for the step
         if record:
             if jax.process_count() > 1:  # the trace holds the whole global batch
-                x, y = dataset.batch(k, cfg.batch_size)
-                x = x.astype(input_dtype) if np.issubdtype(x.dtype, np.floating) else x
+                x, y = host_batch(cfg, dataset, k)
             _record(result.arrays, k, loss, x, y, metrics, strategy.full_params(state), devices[0])
         if saver is not None:
             saver.maybe_save(k, state, cfg)

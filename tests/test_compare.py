@@ -12,7 +12,6 @@ import sys
 import pytest
 
 from jaxdp import cli
-from jaxdp.config import RunConfig
 from jaxdp.report import render, runner
 
 from .conftest import BASE

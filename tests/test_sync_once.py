@@ -9,7 +9,7 @@ import pytest
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxdp import data, devices, models, optim, strategies
+from jaxdp import devices, models, train
 from jaxdp.strategies.bucket import MB, plan_buckets
 
 from .conftest import BASE
@@ -38,14 +38,9 @@ def test_shard_map_grad_of_replicated_params_is_already_summed():
 
 
 def _strategy(cfg):
-    dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
-    problem = models.init(cfg, dataset)
-    mesh = devices.mesh(jax.devices()[:cfg.devices])
-    optimizer = optim.for_config(cfg)
-    strategy = strategies.make(cfg.strategy, problem, optimizer, mesh, cfg, return_grads=False)
+    _, dataset, problem, _, strategy = train.prepare(cfg)
     state = strategy.init(problem.params)
-    x, y = dataset.batch(1, cfg.batch_size)
-    return problem, strategy, state, strategy.put_batch(x, y)
+    return problem, strategy, state, strategy.put_batch(*train.host_batch(cfg, dataset, 1))
 
 
 def _collectives(jaxpr, inside_loop=False, found=None):

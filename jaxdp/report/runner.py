@@ -46,17 +46,10 @@ def timing(step_times: list[float]) -> dict:
 
 def flops_per_sample(cfg: RunConfig) -> float:
     """FLOPs of one training step per sample, from XLA's cost analysis of the compiled single-device step."""
-    from .. import data, devices, models, optim, strategies
-
     single = cfg.replace(strategy="single", devices=1)
-    dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
-    with jax.default_device(jax.local_devices(backend="cpu")[0]):
-        problem = models.init(single, dataset)
-    s = strategies.make("single", problem, optim.for_config(single), devices.mesh(jax.devices()[:1]), single,
-                        return_grads=False)
+    _, dataset, problem, _, s = train.prepare(single)
     state = s.init(problem.params)
-    x, y = dataset.batch(1, cfg.batch_size)
-    x = x.astype(models.MASTER_DTYPE[cfg.dtype]) if np.issubdtype(x.dtype, np.floating) else x
+    x, y = train.host_batch(single, dataset, 1)
     cost = s.compiled_step.lower(state, *s.put_batch(x, y)).compile().cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     return float(cost.get("flops", 0.0)) / cfg.batch_size
@@ -64,17 +57,12 @@ def flops_per_sample(cfg: RunConfig) -> float:
 
 def jax_accounting(cfg: RunConfig) -> dict:
     """Memory (accounting.memory) and communication of the step without trace outputs."""
-    from .. import data, devices, models, optim, strategies
+    from .. import models
 
     mem = accounting.memory(cfg)
-    dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
-    with jax.default_device(jax.local_devices(backend="cpu")[0]):
-        problem = models.init(cfg, dataset)
-    s = strategies.make(cfg.strategy, problem, optim.for_config(cfg), devices.mesh(jax.devices()[:cfg.devices]), cfg,
-                        return_grads=False)
+    _, dataset, problem, _, s = train.prepare(cfg)
     state = s.init(problem.params)
-    x, y = dataset.batch(1, cfg.batch_size)
-    x = x.astype(models.MASTER_DTYPE[cfg.dtype]) if np.issubdtype(x.dtype, np.floating) else x
+    x, y = train.host_batch(cfg, dataset, 1)
     comm = accounting.step_communication(s, state, s.put_batch(x, y), cfg.devices)
     sizes = [int(np.prod(p.shape)) for p in jax.tree_util.tree_leaves(problem.params)]
     itemsize = np.dtype(models.MASTER_DTYPE[cfg.dtype]).itemsize

@@ -22,7 +22,7 @@ class TrainState(NamedTuple):
 
 
 class Strategy(NamedTuple):
-    """A strategy is four pure-ish functions (no hidden objects):
+    """A strategy is a few plain functions (no hidden objects):
     - `init(params, opt_state=None)`: the train state placed on the devices (replicated or
       sharded); a fresh optimizer state, or the given full one (resuming from a checkpoint);
     - `put_batch(x, y)`: the global NumPy batch placed as `step` expects it;

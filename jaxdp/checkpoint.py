@@ -28,6 +28,18 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used; the message says why and what to do."""
 
 
+def check_resumable(saved_config: dict, step: int, cfg, directory) -> None:
+    """Refuse a checkpoint of another configuration (naming every field that differs) or one that
+    leaves no step to run. Shared by jaxdp and torch_ref."""
+    ours = cfg.to_dict()
+    diffs = [f"{k}: checkpoint {saved_config.get(k)!r}, run {ours.get(k)!r}" for k in RECORD_FIELDS
+             if saved_config.get(k) != ours.get(k)]
+    if diffs:
+        raise CheckpointError(f"checkpoint in {directory!r} is from another configuration: " + "; ".join(diffs))
+    if step >= cfg.steps:
+        raise CheckpointError(f"checkpoint in {directory!r} is at step {step}; --steps {cfg.steps} leaves nothing to run")
+
+
 def _key(path) -> str:
     return ".".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
 
@@ -87,13 +99,7 @@ def restore(directory, cfg, strategy, problem, optimizer):
         record = manager.restore(step, args=ocp.args.Composite(record=ocp.args.JsonRestore()))["record"]
     except Exception as e:  # noqa: BLE001 - orbax raises many kinds; all mean "unreadable"
         raise CheckpointError(f"checkpoint step {step} in {directory!r} is corrupt ({type(e).__name__}: {e})") from None
-    saved = record["config"]
-    ours = cfg.to_dict()
-    diffs = [f"{k}: checkpoint {saved.get(k)!r}, run {ours.get(k)!r}" for k in RECORD_FIELDS if saved.get(k) != ours.get(k)]
-    if diffs:
-        raise CheckpointError(f"checkpoint in {directory!r} is from another configuration: " + "; ".join(diffs))
-    if step >= cfg.steps:
-        raise CheckpointError(f"checkpoint in {directory!r} is at step {step}; --steps {cfg.steps} leaves nothing to run")
+    check_resumable(record["config"], step, cfg, directory)
 
     fresh = strategy.init(problem.params)  # the layout (shapes, shardings) this run wants
     target = flatten(fresh)

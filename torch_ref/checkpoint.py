@@ -35,17 +35,12 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_model_state_dict, set_state_dict)
 
-from jaxdp.config import COMPARABLE_FIELDS
+from jaxdp.checkpoint import RECORD_FIELDS, CheckpointError, check_resumable  # one contract for both sides
 
-RECORD_FIELDS = tuple(f for f in COMPARABLE_FIELDS if f != "steps")  # as jaxdp.checkpoint.RECORD_FIELDS
 RECORD = "record.json"
 PARTIAL = ".partial"
 KEEP = 3  # complete checkpoints kept (as orbax's max_to_keep in jaxdp)
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)  # one key per parameter: reshardable
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used; the message says why and what to do."""
 
 
 class ModelOptimizer:
@@ -178,12 +173,7 @@ def find(directory, cfg) -> tuple[int, str, dict]:
         assert record["step"] == step, f"record says step {record['step']}"
     except Exception as e:  # noqa: BLE001 - missing, truncated, not JSON, wrong fields: all "corrupt"
         raise CheckpointError(f"checkpoint step {step} in {directory!r} is corrupt ({type(e).__name__}: {e})") from None
-    ours = cfg.to_dict()
-    diffs = [f"{k}: checkpoint {saved.get(k)!r}, run {ours.get(k)!r}" for k in RECORD_FIELDS if saved.get(k) != ours.get(k)]
-    if diffs:
-        raise CheckpointError(f"checkpoint in {directory!r} is from another configuration: " + "; ".join(diffs))
-    if step >= cfg.steps:
-        raise CheckpointError(f"checkpoint in {directory!r} is at step {step}; --steps {cfg.steps} leaves nothing to run")
+    check_resumable(saved, step, cfg, directory)
     return step, path, record
 
 

@@ -10,6 +10,7 @@ from typing import Callable, NamedTuple
 import torch
 import torch.distributed as dist
 
+from .. import optim
 from ..models import loss_fn
 
 
@@ -71,6 +72,16 @@ def params_of(model) -> dict[str, torch.Tensor]:
 
 def metrics(loss, grads=None) -> dict:
     return {"loss": loss} if grads is None else {"loss": loss, "grads": grads}
+
+
+def apply_update(model, optimizer, cfg, loss, record: bool) -> dict:
+    """After the sync: record the averaged gradient (before clipping), clip as
+    torch.nn.utils.clip_grad_norm_, step, clear. The twin of jaxdp.strategies.common.apply_update."""
+    grads = grads_of(model) if record else None
+    optim.clip_(model.parameters(), cfg.clip_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return metrics(loss, grads)
 
 
 def flatten(tensors) -> torch.Tensor:

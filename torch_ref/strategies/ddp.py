@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .. import optim
 from ..checkpoint import ModelOptimizer
-from .common import Strategy, grads_of, local_grads, mean_over_ranks, metrics, params_of
+from .common import Strategy, apply_update, local_grads, mean_over_ranks, params_of
 
 
 def apply_ddp(model, cfg):
@@ -40,10 +40,6 @@ def make(model, cfg, record: bool) -> Strategy:
     def step(x, y):
         loss = local_grads(ddp, x, y, cfg, no_sync=ddp.no_sync)  # the all-reduce runs in the last backward
         loss = mean_over_ranks(loss)
-        grads = grads_of(model) if record else None
-        optim.clip_(ddp.parameters(), cfg.clip_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return metrics(loss, grads)
+        return apply_update(model, optimizer, cfg, loss, record)  # ddp.parameters() are model's
 
     return Strategy("ddp", step, lambda: params_of(model), wrapped=ddp, checkpoint=ModelOptimizer(model, optimizer))

@@ -15,7 +15,7 @@ from torch import nn
 
 from .. import optim
 from ..checkpoint import ModelOptimizer
-from .common import Strategy, grads_of, local_grads, mean_over_ranks, metrics, params_of
+from .common import Strategy, apply_update, local_grads, mean_over_ranks, params_of
 
 
 class DataParallelNaive(nn.Module):
@@ -54,10 +54,6 @@ def make(model, cfg, record: bool) -> Strategy:
     def step(x, y):
         loss = local_grads(dp_model, x, y, cfg, no_sync=dp_model.no_sync)
         loss = mean_over_ranks(loss)
-        grads = grads_of(model) if record else None
-        optim.clip_(model.parameters(), cfg.clip_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return metrics(loss, grads)
+        return apply_update(model, optimizer, cfg, loss, record)
 
     return Strategy("ddp-naive", step, lambda: params_of(model), checkpoint=ModelOptimizer(model, optimizer))

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from .. import optim
 from ..checkpoint import ModelOptimizer
 from ..collectives import ring_all_reduce
-from .common import Strategy, flatten, grads_of, local_grads, mean_over_ranks, metrics, params_of, unflatten_into
+from .common import Strategy, apply_update, flatten, local_grads, mean_over_ranks, params_of, unflatten_into
 
 
 def ring_all_reduce_mean(grads: list[torch.Tensor]) -> None:
@@ -27,10 +27,6 @@ def make(model, cfg, record: bool) -> Strategy:
         loss = local_grads(model, x, y, cfg)
         ring_all_reduce_mean([p.grad for p in model.parameters()])
         loss = mean_over_ranks(loss)
-        grads = grads_of(model) if record else None
-        optim.clip_(model.parameters(), cfg.clip_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return metrics(loss, grads)
+        return apply_update(model, optimizer, cfg, loss, record)
 
     return Strategy("ddp-ring", step, lambda: params_of(model), checkpoint=ModelOptimizer(model, optimizer))

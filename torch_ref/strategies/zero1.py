@@ -12,7 +12,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from .. import optim
 from ..checkpoint import ModelOptimizer
-from .common import Strategy, grads_of, local_grads, mean_over_ranks, metrics, params_of
+from .common import Strategy, apply_update, local_grads, mean_over_ranks, params_of
 from .ddp import apply_ddp
 
 
@@ -24,11 +24,9 @@ def make(model, cfg, record: bool) -> Strategy:
     def step(x, y):
         loss = local_grads(ddp, x, y, cfg, no_sync=ddp.no_sync)
         loss = mean_over_ranks(loss)
-        grads = grads_of(model) if record else None
-        optim.clip_(ddp.parameters(), cfg.clip_norm)  # full gradients: the usual clip is the global one
-        optimizer.step()  # local partition's update, then broadcast from each partition's owner
-        optimizer.zero_grad(set_to_none=True)
-        return metrics(loss, grads)
+        # full gradients, so the usual clip is the global one; each rank updates its partition and
+        # ZeroRedundancyOptimizer broadcasts it from the owner (ddp.parameters() are model's)
+        return apply_update(model, optimizer, cfg, loss, record)
 
     # The checkpoint holds this rank's partition of the state (the inner torch optimizer `optim`).
     return Strategy("zero1", step, lambda: params_of(model), wrapped=optimizer,

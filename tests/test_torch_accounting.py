@@ -49,6 +49,11 @@ KEYS = [(c.strategy, c.optimizer, c.clip_norm) for c in CONFIGS]
 def test_measured_communication_equals_theory(key, n):
     strategy, _, clip = key
     got = measured(n)[key]
+    if "comm_per_rank" in got:
+        # Seen once in four full runs (zero1, N=3): one rank's profiler missed or doubled an event of
+        # gloo's asynchronous work. Measure the world once more; the assertions below are unchanged.
+        measured.cache_clear()
+        got = measured(n)[key]
     expected = accounting.theory(strategy, shapes(), n, ITEMSIZE, clip=clip > 0)
     for kind in (*accounting.KINDS, "total"):
         assert got["comm"][kind] == pytest.approx(expected[kind], rel=1e-12, abs=1e-9), (kind, got["comm"], expected)

@@ -9,6 +9,7 @@ from jaxdp import devices
 from jaxdp.config import RunConfig
 from jaxdp.report import render, runner
 
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="two strategies, few steps (smoke test)")

@@ -12,6 +12,7 @@ import tempfile
 
 from jaxdp import trace
 
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
@@ -23,9 +24,16 @@ def main():
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     with tempfile.TemporaryDirectory() as tmp:
         one, two = os.path.join(tmp, "one.npz"), os.path.join(tmp, "two.npz")
-        subprocess.run([sys.executable, "-m", "jaxdp", "train", *common, "--trace", one], check=True, env=env, timeout=300)
-        subprocess.run([sys.executable, "-m", "jaxdp", "train", *common, "--processes", "2", "--trace", two],
-                       check=True, env=env, timeout=300, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, "-m", "jaxdp", "train", *common, "--trace", one], check=True, env=env, timeout=300
+        )
+        subprocess.run(
+            [sys.executable, "-m", "jaxdp", "train", *common, "--processes", "2", "--trace", two],
+            check=True,
+            env=env,
+            timeout=300,
+            stderr=subprocess.DEVNULL,
+        )
         worst = trace.diff(trace.load(two), trace.load(one))["worst"]
     print("2 processes x 2 devices vs 1 process x 4 devices, worst relative difference per field:")
     for field, err in worst.items():

@@ -10,6 +10,7 @@ import numpy as np
 from jaxdp import accounting, data, devices, models, train
 from jaxdp.config import RunConfig
 
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="a few steps only (smoke test)")
@@ -26,17 +27,22 @@ def main():
 
     for strategy in ("ddp", "zero3"):
         m = accounting.memory(cfg.replace(strategy=strategy, steps=1))["measured"]
-        print(f"  {strategy:<6} holds per device: params {m['params'] / 1024:6.1f} KiB, grads {m['grads'] / 1024:6.1f} KiB, "
-              f"Adam state {m['opt_state'] / 1024:6.1f} KiB")
+        print(
+            f"  {strategy:<6} holds per device: params {m['params'] / 1024:6.1f} KiB, "
+            f"grads {m['grads'] / 1024:6.1f} KiB, "
+            f"Adam state {m['opt_state'] / 1024:6.1f} KiB"
+        )
 
     # Greedy sampling from the trained parameters (read back from the trace).
     dataset = data.load("text", cfg.seed, cfg.seq_len)
     problem = models.init(cfg, dataset)
-    params = models.unflatten_names({n: result.arrays[f"step/{steps}/param/{n}"] for n in models.flat_names(problem.params)})
+    params = models.unflatten_names(
+        {n: result.arrays[f"step/{steps}/param/{n}"] for n in models.flat_names(problem.params)}
+    )
     lookup = {c: i for i, c in enumerate(dataset.vocab)}
     text = "Each device "
     for _ in range(0 if args.quick else 120):
-        window = [lookup[c] for c in text[-cfg.seq_len:]]
+        window = [lookup[c] for c in text[-cfg.seq_len :]]
         window = [window[0]] * (cfg.seq_len - len(window)) + window
         logits = np.asarray(problem.apply(params, np.array([window], dtype=np.int32)))
         text += dataset.vocab[int(np.argmax(logits[0, -1]))]

@@ -10,6 +10,7 @@ import numpy as np
 from jaxdp import devices, train
 from jaxdp.config import RunConfig
 
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="a few steps only (smoke test)")

@@ -28,7 +28,7 @@ STATE_ARRAYS_PER_PARAM = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
 def bytes_on(tree, device) -> int:
     """Bytes of `tree`'s arrays that live on `device` (its addressable shards there)."""
     total = 0
-    for leaf in jax.tree_util.tree_leaves(tree):
+    for leaf in jax.tree.leaves(tree):
         total += sum(s.data.nbytes for s in leaf.addressable_shards if s.device == device)
     return total
 
@@ -58,8 +58,8 @@ def memory(cfg) -> dict:
     measured["grads"] = bytes_on(metrics["grads"], devs[0])
 
     itemsize = np.dtype(models.MASTER_DTYPE[cfg.dtype]).itemsize
-    sizes = [int(np.prod(p.shape)) for p in jax.tree_util.tree_leaves(problem.params)]
-    scalars = sum(leaf.dtype.itemsize for leaf in jax.tree_util.tree_leaves(jax.eval_shape(optimizer.init, problem.params))
+    sizes = [int(np.prod(p.shape)) for p in jax.tree.leaves(problem.params)]
+    scalars = sum(leaf.dtype.itemsize for leaf in jax.tree.leaves(jax.eval_shape(optimizer.init, problem.params))
                   if leaf.ndim == 0)
     k_bytes = STATE_ARRAYS_PER_PARAM[cfg.optimizer] * itemsize
     expected = formula(STAGE[cfg.strategy], sizes, cfg.devices, itemsize, itemsize, k_bytes, scalars)
@@ -70,27 +70,54 @@ def memory(cfg) -> dict:
 
 
 def format_memory(rows: list[dict]) -> str:
-    lines = [f"{'strategy':<10} {'N':>3} {'params':>10} {'grads':>10} {'opt state':>10} {'formula p/g/o':>28} {'temp':>9}"]
+    lines = [
+        f"{'strategy':<10} {'N':>3} {'params':>10} {'grads':>10} {'opt state':>10} {'formula p/g/o':>28} {'temp':>9}"
+    ]
     for r in rows:
         m, f = r["measured"], r["formula"]
-        lines.append(f"{r['strategy']:<10} {r['devices']:>3} {m['params']:>10} {m['grads']:>10} {m['opt_state']:>10} "
-                     f"{f['params']:>9}/{f['grads']}/{f['opt_state']:<9} {r['temp_bytes']:>9}")
+        lines.append(
+            f"{r['strategy']:<10} {r['devices']:>3} {m['params']:>10} {m['grads']:>10} {m['opt_state']:>10} "
+            f"{f['params']:>9}/{f['grads']}/{f['opt_state']:<9} {r['temp_bytes']:>9}"
+        )
     return "\n".join(lines)
 
 
 # ---- communication, read from the compiled program ----------------------------------------------
 
-DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
-               "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
-KINDS = {"all-reduce": "all-reduce", "reduce-scatter": "reduce-scatter", "all-gather": "all-gather",
-         "collective-permute": "point-to-point"}
-_OP = re.compile(r"=\s*(?P<shape>.+?)\s+(?P<op>all-reduce|reduce-scatter|all-gather|collective-permute)"
-                 r"(?P<start>-start)?\(")
+DTYPE_BYTES = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
+}
+KINDS = {
+    "all-reduce": "all-reduce",
+    "reduce-scatter": "reduce-scatter",
+    "all-gather": "all-gather",
+    "collective-permute": "point-to-point",
+}
+_OP = re.compile(
+    r"=\s*(?P<shape>.+?)\s+(?P<op>all-reduce|reduce-scatter|all-gather|collective-permute)"
+    r"(?P<start>-start)?\("
+)
 _ARRAY = re.compile(r"\b(pred|[suf]\d+|bf16|c64|c128)\[([\d,]*)\]")
 
 
 def _nbytes(shape_text: str, last_only: bool = False) -> int:
-    arrays = [DTYPE_BYTES[d] * math.prod(int(x) for x in dims.split(",") if x) for d, dims in _ARRAY.findall(shape_text)]
+    arrays = [
+        DTYPE_BYTES[d] * math.prod(int(x) for x in dims.split(",") if x) for d, dims in _ARRAY.findall(shape_text)
+    ]
     return arrays[-1] if last_only else sum(arrays)
 
 
@@ -118,13 +145,20 @@ def collectives(hlo_text: str, n_devices: int) -> list[dict]:
         nbytes = _nbytes(m.group("shape"), last_only=bool(m.group("start")) and op != "all-reduce")
         n = _group_size(line, n_devices)
         if op == "collective-permute":
-            pairs = re.findall(r"\{(\d+),(\d+)\}", line.split("source_target_pairs=")[1]) if "source_target_pairs=" in line else []
+            pairs = (
+                re.findall(r"\{(\d+),(\d+)\}", line.split("source_target_pairs=")[1])
+                if "source_target_pairs=" in line
+                else []
+            )
             senders = [int(s) for s, _ in pairs]
             sent = nbytes * len(pairs) / n_devices
             max_sent = nbytes * max((senders.count(d) for d in set(senders)), default=0)
         else:
-            sent = {"all-reduce": 2 * (n - 1) / n * nbytes, "reduce-scatter": (n - 1) * nbytes,
-                    "all-gather": (n - 1) / n * nbytes}[op]
+            sent = {
+                "all-reduce": 2 * (n - 1) / n * nbytes,
+                "reduce-scatter": (n - 1) * nbytes,
+                "all-gather": (n - 1) / n * nbytes,
+            }[op]
             max_sent = sent
         found.append({"op": op, "kind": KINDS[op], "bytes": nbytes, "group": n, "sent": sent, "max_sent": max_sent})
     return found

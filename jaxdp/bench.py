@@ -134,7 +134,7 @@ def run_torch(cfgs: list, n: int) -> dict:
             out[cfg.strategy] = {"step_times": _torch_times(res), "losses": list(res.losses)}
         return out
     per_rank = launch.launch(_torch_rank, n, jobs, platform="cpu", timeout_s=900, pg_timeout_s=120)
-    return {cfg.strategy: r for (cfg, _), r in zip(jobs, per_rank[0])}
+    return {cfg.strategy: r for (cfg, _), r in zip(jobs, per_rank[0], strict=False)}
 
 
 def run_jax(cfg: RunConfig) -> dict:
@@ -189,7 +189,7 @@ def overhead_table(times: dict) -> list:
     for label, fws in times.items():
         for fw, entries in fws.items():
             single = entries["single@1"]["median_step_s"]
-            for key, e in entries.items():
+            for _key, e in entries.items():
                 if e["strategy"] == "single":
                     continue
                 ratio = _ratio(e["median_step_s"], single)
@@ -204,7 +204,7 @@ def ring_table(times: dict) -> list:
     rows = []
     for label, fws in times.items():
         for fw, entries in fws.items():
-            for key, e in entries.items():
+            for _key, e in entries.items():
                 if e["strategy"] != "ddp-ring":
                     continue
                 ddp = entries.get(f"ddp@{e['devices']}")
@@ -258,8 +258,8 @@ def inspect(cfg: RunConfig) -> dict:
     mem["total"] = mem["params"] + mem["grads"] + mem["opt_state"]
 
     itemsize = np.dtype(models.MASTER_DTYPE[cfg.dtype]).itemsize
-    sizes = [int(np.prod(a.shape)) for a in jax.tree_util.tree_leaves(problem.params)]
-    scalars = sum(leaf.dtype.itemsize for leaf in jax.tree_util.tree_leaves(jax.eval_shape(optimizer.init, problem.params))
+    sizes = [int(np.prod(a.shape)) for a in jax.tree.leaves(problem.params)]
+    scalars = sum(leaf.dtype.itemsize for leaf in jax.tree.leaves(jax.eval_shape(optimizer.init, problem.params))
                   if leaf.ndim == 0)
     k_bytes = accounting.STATE_ARRAYS_PER_PARAM[cfg.optimizer] * itemsize
     formula = accounting.formula(accounting.STAGE[cfg.strategy], sizes, cfg.devices, itemsize, itemsize, k_bytes, scalars)
@@ -393,7 +393,7 @@ def throughput(cfg: RunConfig, steps: int) -> dict:
     cfg = cfg.replace(steps=steps).validate("jax")
     dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
     with jax.default_device(jax.devices("cpu")[0]):
-        psi = sum(int(np.prod(a.shape)) for a in jax.tree_util.tree_leaves(models.init(cfg, dataset).params))
+        psi = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(models.init(cfg, dataset).params))
     per_token = flops_per_token(psi, cfg)
     tokens = cfg.batch_size * cfg.seq_len
     kind = jax.devices(cfg.platform)[0].device_kind if cfg.platform != "auto" else jax.devices()[0].device_kind
@@ -526,7 +526,7 @@ def run(quick: bool = False, out: str | None = None, progress=None) -> dict:
     times = time_strategies(p, say)
     inspected = inspect_all(p, say)
     results = {
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "quick": quick,
         "machine": machine(),
         "setup": {"omp_wait_policy": omp, "platform": "cpu (simulated devices share the cores; torch ranks are gloo processes on the same cores)",

@@ -37,7 +37,9 @@ def check_resumable(saved_config: dict, step: int, cfg, directory) -> None:
     if diffs:
         raise CheckpointError(f"checkpoint in {directory!r} is from another configuration: " + "; ".join(diffs))
     if step >= cfg.steps:
-        raise CheckpointError(f"checkpoint in {directory!r} is at step {step}; --steps {cfg.steps} leaves nothing to run")
+        raise CheckpointError(
+            f"checkpoint in {directory!r} is at step {step}; --steps {cfg.steps} leaves nothing to run"
+        )
 
 
 def _key(path) -> str:
@@ -46,17 +48,17 @@ def _key(path) -> str:
 
 def flatten(tree) -> dict:
     """{'params.layers.0.kernel': leaf, 'opt_state.1.0.mu.layers.0.kernel': leaf, ...}"""
-    return {_key(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    return {_key(path): leaf for path, leaf in jax.tree.flatten_with_path(tree)[0]}
 
 
 def _manager(directory, every: int = 1, read_only: bool = False):
     import orbax.checkpoint as ocp
-
     from absl import logging as absl_logging
 
     absl_logging.set_verbosity(absl_logging.ERROR)  # orbax narrates every save at WARNING
-    options = ocp.CheckpointManagerOptions(max_to_keep=3, create=not read_only, enable_async_checkpointing=False,
-                                           read_only=read_only)
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=3, create=not read_only, enable_async_checkpointing=False, read_only=read_only
+    )
     handlers = {"state": ocp.StandardCheckpointHandler(), "record": ocp.JsonCheckpointHandler()}
     return ocp.CheckpointManager(os.path.abspath(directory), options=options, item_handlers=handlers)
 
@@ -73,10 +75,16 @@ class Checkpointer:
             return False
         import orbax.checkpoint as ocp
 
-        record = {"step": step, "config": cfg.to_dict(), "strategy": cfg.strategy, "devices": cfg.devices,
-                  "data_position": "batches are a pure function of (seed, step); the next step is step + 1"}
-        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(flatten(state)),
-                                                         record=ocp.args.JsonSave(record)))
+        record = {
+            "step": step,
+            "config": cfg.to_dict(),
+            "strategy": cfg.strategy,
+            "devices": cfg.devices,
+            "data_position": "batches are a pure function of (seed, step); the next step is step + 1",
+        }
+        self.manager.save(
+            step, args=ocp.args.Composite(state=ocp.args.StandardSave(flatten(state)), record=ocp.args.JsonSave(record))
+        )
         self.manager.wait_until_finished()
         return True
 
@@ -89,8 +97,10 @@ def restore(directory, cfg, strategy, problem, optimizer):
     import orbax.checkpoint as ocp
 
     if not os.path.isdir(directory):
-        raise CheckpointError(f"--resume: no checkpoint directory {directory!r}; run once with --checkpoint-dir "
-                              f"{directory} --checkpoint-every K first")
+        raise CheckpointError(
+            f"--resume: no checkpoint directory {directory!r}; run once with --checkpoint-dir "
+            f"{directory} --checkpoint-every K first"
+        )
     manager = _manager(directory, read_only=True)
     step = manager.latest_step()
     if step is None:
@@ -103,37 +113,42 @@ def restore(directory, cfg, strategy, problem, optimizer):
 
     fresh = strategy.init(problem.params)  # the layout (shapes, shardings) this run wants
     target = flatten(fresh)
-    treedef = jax.tree_util.tree_structure(fresh)
+    treedef = jax.tree.structure(fresh)
     same_layout = record["strategy"] == cfg.strategy and record["devices"] == cfg.devices
     try:
         metadata = manager.item_metadata(step)["state"]
     except Exception as e:  # noqa: BLE001
         raise CheckpointError(f"checkpoint step {step} in {directory!r} is corrupt ({type(e).__name__}: {e})") from None
     if metadata is None or set(metadata) != set(target):
-        raise CheckpointError(f"checkpoint in {directory!r} holds different arrays than strategy {cfg.strategy!r} "
-                              f"with optimizer {cfg.optimizer!r} expects")
+        raise CheckpointError(
+            f"checkpoint in {directory!r} holds different arrays than strategy {cfg.strategy!r} "
+            f"with optimizer {cfg.optimizer!r} expects"
+        )
     if same_layout:
         abstract = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding) for k, v in target.items()}
     else:  # read whole, on this process's first CPU device, then re-lay out
         local = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0])
-        abstract = {k: jax.ShapeDtypeStruct(tuple(metadata[k].shape), metadata[k].dtype, sharding=local) for k in target}
+        abstract = {
+            k: jax.ShapeDtypeStruct(tuple(metadata[k].shape), metadata[k].dtype, sharding=local) for k in target
+        }
     try:
         arrays = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
     except Exception as e:  # noqa: BLE001
         raise CheckpointError(f"checkpoint step {step} in {directory!r} is corrupt ({type(e).__name__}: {e})") from None
     manager.close()
     if same_layout:
-        return jax.tree_util.tree_unflatten(treedef, [arrays[k] for k in target]), step
+        return jax.tree.unflatten(treedef, [arrays[k] for k in target]), step
 
     canonical = flatten(jax.eval_shape(lambda p: (p, optimizer.init(p)), problem.params))
     full = {}
-    for (k, like), key in zip(canonical.items(), target):
+    for (_k, like), key in zip(canonical.items(), target, strict=False):
         a = np.asarray(arrays[key])
         if record["strategy"] == "ddp-pmap":
             a = a[0]  # one copy per device
         if a.shape != like.shape:  # ZeRO's padded flat shard layout
-            a = a.reshape(-1)[:math.prod(like.shape)].reshape(like.shape)
+            a = a.reshape(-1)[: math.prod(like.shape)].reshape(like.shape)
         full[key] = a
-    params, opt_state = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure((problem.params, fresh.opt_state)),
-                                                     [full[k] for k in target])
+    params, opt_state = jax.tree.unflatten(
+        jax.tree.structure((problem.params, fresh.opt_state)), [full[k] for k in target]
+    )
     return strategy.init(params, opt_state), step

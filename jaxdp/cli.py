@@ -13,7 +13,9 @@ def _strategy_list(text: str) -> list[str]:
     bad = [n for n in names if n not in config.ALL_STRATEGIES]
     if bad or not names:
         raise argparse.ArgumentTypeError(
-            f"invalid choice: {bad[0] if bad else text!r} (choose from {', '.join(config.ALL_STRATEGIES + tuple(config.ALIASES))})")
+            f"invalid choice: {bad[0] if bad else text!r} "
+            f"(choose from {', '.join(config.ALL_STRATEGIES + tuple(config.ALIASES))})"
+        )
     return names
 
 
@@ -21,20 +23,35 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxdp", description="Data parallelism in JAX, checked against PyTorch.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    train = sub.add_parser("train", help="train one strategy and optionally write its trace", conflict_handler="resolve")
+    train = sub.add_parser(
+        "train", help="train one strategy and optionally write its trace", conflict_handler="resolve"
+    )
     config.add_arguments(train)
-    train.add_argument("--strategy", dest="strategy", default="ddp", type=_strategy_list,
-                       help="strategy, or several comma-separated (run one after another; put {strategy} in --trace)")
+    train.add_argument(
+        "--strategy",
+        dest="strategy",
+        default="ddp",
+        type=_strategy_list,
+        help="strategy, or several comma-separated (run one after another; put {strategy} in --trace)",
+    )
     train.add_argument("--trace", default=None, help="write the trace (.npz) to this path")
     multi = train.add_argument_group("multi-process (jax.distributed)")
-    multi.add_argument("--processes", type=int, default=1,
-                       help="start this many processes on this machine (coordinator on a free loopback port)")
+    multi.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="start this many processes on this machine (coordinator on a free loopback port)",
+    )
     multi.add_argument("--coordinator", default=None, help="HOST:PORT of process 0's coordinator (cluster runs)")
     multi.add_argument("--num-processes", type=int, default=None, help="processes in all (cluster runs)")
     multi.add_argument("--process-id", type=int, default=None, help="this process's index (cluster runs)")
     multi.add_argument("--timeout", type=float, default=None, help="--processes: stop the run after this many seconds")
-    train.add_argument("--progress", default=None, action=argparse.BooleanOptionalAction,
-                       help="progress bar (default: when stderr is a terminal)")
+    train.add_argument(
+        "--progress",
+        default=None,
+        action=argparse.BooleanOptionalAction,
+        help="progress bar (default: when stderr is a terminal)",
+    )
 
     memory = sub.add_parser("memory", help="per-device bytes of params, grads and optimizer state vs the ZeRO formula")
     config.add_arguments(memory)
@@ -43,7 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     compare = sub.add_parser("compare", help="run strategies in both frameworks and write the comparison report")
     config.add_arguments(compare)
     compare.add_argument("--strategies", default="ddp,ddp-ring,zero1,zero3", help="comma-separated strategies")
-    compare.add_argument("--out", default="reports/compare", help="folder for report.html, report.md, summary.json, PNGs")
+    compare.add_argument(
+        "--out", default="reports/compare", help="folder for report.html, report.md, summary.json, PNGs"
+    )
 
     bench = sub.add_parser("bench", help="benchmarks, side by side in one run: writes bench.json and bench.md")
     bench.add_argument("--quick", action="store_true", help="tiny sizes and few repeats (a smoke run)")
@@ -51,8 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     parity = sub.add_parser("parity", help="train each strategy in jaxdp and torch_ref and compare them step by step")
     config.add_arguments(parity)
-    parity.add_argument("--strategies", default="single,dp,ddp,ddp-bucket,ddp-ring,zero1,zero2,zero3,ddp-pmap,ddp-naive",
-                        help="comma-separated; a name both sides have, ddp-pmap / ddp-naive (against ddp), or JAX~TORCH")
+    parity.add_argument(
+        "--strategies",
+        default="single,dp,ddp,ddp-bucket,ddp-ring,zero1,zero2,zero3,ddp-pmap,ddp-naive",
+        help="comma-separated; a name both sides have, ddp-pmap / ddp-naive (against ddp), or JAX~TORCH",
+    )
 
     diff = sub.add_parser("diff", help="worst relative error per field of trace A against reference B")
     diff.add_argument("a")
@@ -90,12 +112,16 @@ def _train(args) -> int:
 
     strategies = args.strategy
     if len(strategies) > 1 and args.trace and "{strategy}" not in args.trace:
-        raise config.ConfigError("several strategies write several traces: put {strategy} in --trace, e.g. runs/{strategy}.npz")
+        raise config.ConfigError(
+            "several strategies write several traces: put {strategy} in --trace, e.g. runs/{strategy}.npz"
+        )
     configs = [config.from_args(argparse.Namespace(**{**vars(args), "strategy": name})) for name in strategies]
     if args.processes > 1:
         if args.coordinator:
-            raise config.ConfigError("--processes starts local processes; on a cluster give --coordinator, "
-                                     "--num-processes and --process-id to each process instead")
+            raise config.ConfigError(
+                "--processes starts local processes; on a cluster give --coordinator, "
+                "--num-processes and --process-id to each process instead"
+            )
         from . import launch
 
         return launch.launch(_argv_without_processes(), args.processes, args.timeout)
@@ -144,8 +170,10 @@ def _memory(args) -> int:
 
     base = config.from_args(args)
     rows = [accounting.memory(base.replace(strategy=name.strip()).validate()) for name in args.strategies.split(",")]
-    print(f"bytes per device, {base.model} (Psi = {rows[0]['psi']} parameters), {base.optimizer} "
-          f"(K = {rows[0]['k_bytes']} bytes/param), {base.dtype}, N = {base.devices}")
+    print(
+        f"bytes per device, {base.model} (Psi = {rows[0]['psi']} parameters), {base.optimizer} "
+        f"(K = {rows[0]['k_bytes']} bytes/param), {base.dtype}, N = {base.devices}"
+    )
     print(accounting.format_memory(rows))
     return 0
 
@@ -158,17 +186,24 @@ def _compare(args) -> int:
 
     names = [config.ALIASES.get(n.strip(), n.strip()) for n in args.strategies.split(",") if n.strip()]
     runner.check_strategies(names)
-    base = config.RunConfig(**{**{k: getattr(args, k) for k in config.RunConfig.__dataclass_fields__}, "strategy": "ddp"})
+    base = config.RunConfig(
+        **{**{k: getattr(args, k) for k in config.RunConfig.__dataclass_fields__}, "strategy": "ddp"}
+    )
     devices.setup(base.devices, base.platform)
     t0 = time.perf_counter()
-    say = lambda message: print(f"[{time.perf_counter() - t0:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+    def say(message):
+        return print(f"[{time.perf_counter() - t0:6.1f}s] {message}", file=sys.stderr, flush=True)
+
     summary = runner.compare(base, names, progress=say)
     say("drawing figures and writing the report")
     paths = render.write(summary, args.out)
     for e in summary["strategies"]:
         p = e["parity"]
-        print(f"{e['name']:<12} parity {'pass' if p['pass'] else 'FAIL'} (worst grad {p['worst']['grad']:.1e}, "
-              f"param {p['worst']['param']:.1e}); comm JAX {e['frameworks']['jax']['comm']['total'] / 1024:.1f} KiB/step")
+        print(
+            f"{e['name']:<12} parity {'pass' if p['pass'] else 'FAIL'} (worst grad {p['worst']['grad']:.1e}, "
+            f"param {p['worst']['param']:.1e}); comm JAX {e['frameworks']['jax']['comm']['total'] / 1024:.1f} KiB/step"
+        )
     print(f"report: {paths['html']} ({paths['md']}, {paths['json']}) in {time.perf_counter() - t0:.0f}s")
     return 0 if all(e["parity"]["pass"] for e in summary["strategies"]) else 1
 
@@ -193,15 +228,19 @@ def _bench(args) -> int:
 def _parity(args) -> int:
     from . import devices, parity
 
-    base = config.RunConfig(**{**{k: getattr(args, k) for k in config.RunConfig.__dataclass_fields__}, "strategy": "ddp"})
+    base = config.RunConfig(
+        **{**{k: getattr(args, k) for k in config.RunConfig.__dataclass_fields__}, "strategy": "ddp"}
+    )
     pairs = parity.pairs_for(n.strip() for n in args.strategies.split(",") if n.strip())
     for _, j, t in pairs:
         base.replace(strategy=j, devices=1 if j == "single" else base.devices).validate("jax")
         base.replace(strategy=t, devices=1 if t == "single" else base.devices).validate("torch")
     devices.setup(base.devices, base.platform)
     rows = parity.check(base, pairs)
-    print(f"jaxdp vs torch_ref: {base.model}/{base.data}, {base.optimizer}, {base.dtype}, {base.steps} steps, "
-          f"batch {base.batch_size}, accum {base.accum}, clip {base.clip_norm}, {base.devices} devices")
+    print(
+        f"jaxdp vs torch_ref: {base.model}/{base.data}, {base.optimizer}, {base.dtype}, {base.steps} steps, "
+        f"batch {base.batch_size}, accum {base.accum}, clip {base.clip_norm}, {base.devices} devices"
+    )
     print(parity.format_table(rows))
     return 0 if all(r.ok for r in rows) else 1
 

@@ -38,7 +38,7 @@ def _int_list(text: str) -> tuple[int, ...]:
     try:
         widths = tuple(int(w) for w in text.split(",") if w.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
     if not widths or min(widths) <= 0:
         raise argparse.ArgumentTypeError(f"expected positive widths such as 64,64, got {text!r}")
     return widths
@@ -56,9 +56,17 @@ class RunConfig:
     accum: int = _flag(1, "gradient-accumulation micro-batches per step (one sync per step)")
     optimizer: str = _flag("adamw", "optimizer (torch.optim semantics)", OPTIMIZERS)
     lr: float = _flag(1e-3, "learning rate")
-    weight_decay: float = _flag(0.0, "weight decay: coupled (L2 in the gradient) for sgd/momentum/adam, decoupled for adamw")
-    clip_norm: float = _flag(0.0, "clip the global gradient norm to this value as torch.nn.utils.clip_grad_norm_ (0: off)")
-    dtype: str = _flag("float32", "float64, float32, or bfloat16 (bf16 compute, fp32 master params, reduction and optimizer state)", DTYPES)
+    weight_decay: float = _flag(
+        0.0, "weight decay: coupled (L2 in the gradient) for sgd/momentum/adam, decoupled for adamw"
+    )
+    clip_norm: float = _flag(
+        0.0, "clip the global gradient norm to this value as torch.nn.utils.clip_grad_norm_ (0: off)"
+    )
+    dtype: str = _flag(
+        "float32",
+        "float64, float32, or bfloat16 (bf16 compute, fp32 master params, reduction and optimizer state)",
+        DTYPES,
+    )
     seed: int = _flag(0, "seed for parameters and data")
     hidden: tuple = _flag((64, 64), "mlp hidden widths, comma separated", type=_int_list)
     bucket_mb: float = _flag(25.0, "ddp-bucket: bucket capacity in MB (2**20 bytes)")
@@ -68,7 +76,9 @@ class RunConfig:
     seq_len: int = _flag(32, "gpt: context length in characters")
     collectives: str = _flag("xla", "zero1/2/3: XLA's built-in collectives or the explicit ring", COLLECTIVES)
     nan_check: bool = _flag(True, "stop with the step number on a NaN or Inf loss")
-    checkpoint_dir: str = _flag("", "directory for checkpoints (orbax in jaxdp, torch.distributed.checkpoint in torch_ref)")
+    checkpoint_dir: str = _flag(
+        "", "directory for checkpoints (orbax in jaxdp, torch.distributed.checkpoint in torch_ref)"
+    )
     checkpoint_every: int = _flag(0, "save a checkpoint every K steps (0: never)")
     resume: bool = _flag(False, "resume from the latest complete checkpoint in --checkpoint-dir")
 
@@ -77,10 +87,16 @@ class RunConfig:
             object.__setattr__(self, "strategy", ALIASES[self.strategy])
 
     # ---- validation -------------------------------------------------------------------------
-    def validate(self, framework: str = "jax") -> "RunConfig":
+    def validate(self, framework: str = "jax") -> RunConfig:
         """Check the configuration for `framework` ('jax' or 'torch'); raise ConfigError naming the fix."""
-        for name, valid in (("model", MODELS), ("data", DATASETS), ("optimizer", OPTIMIZERS),
-                            ("dtype", DTYPES), ("platform", PLATFORMS), ("collectives", COLLECTIVES)):
+        for name, valid in (
+            ("model", MODELS),
+            ("data", DATASETS),
+            ("optimizer", OPTIMIZERS),
+            ("dtype", DTYPES),
+            ("platform", PLATFORMS),
+            ("collectives", COLLECTIVES),
+        ):
             value = getattr(self, name)
             if value not in valid:
                 raise ConfigError(f"unknown {name} {value!r}; valid: {', '.join(valid)}")
@@ -89,8 +105,9 @@ class RunConfig:
             raise ConfigError(f"unknown strategy {self.strategy!r}; valid: {', '.join(here)}")
         if self.strategy not in here:
             owners = " and ".join(PACKAGE[f] for f, names in FRAMEWORK_STRATEGIES.items() if self.strategy in names)
-            raise ConfigError(f"strategy {self.strategy!r} exists only in {owners}; "
-                              f"{PACKAGE[framework]} has: {', '.join(here)}")
+            raise ConfigError(
+                f"strategy {self.strategy!r} exists only in {owners}; {PACKAGE[framework]} has: {', '.join(here)}"
+            )
         for name in ("devices", "steps", "batch_size", "accum"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
@@ -101,7 +118,8 @@ class RunConfig:
             lo = max(per, self.batch_size - self.batch_size % per)
             raise ConfigError(
                 f"--batch-size {self.batch_size} does not divide by devices x accum = "
-                f"{self.devices} x {self.accum} = {per}; valid sizes near it: {lo}, {lo + per}")
+                f"{self.devices} x {self.accum} = {per}; valid sizes near it: {lo}, {lo + per}"
+            )
         if self.model == "gpt" and self.data != "text":
             raise ConfigError("model 'gpt' trains on characters: use --data text")
         if self.model == "mlp" and self.data == "text":
@@ -116,7 +134,7 @@ class RunConfig:
             raise ConfigError("--lr and --bucket-mb must be positive; --weight-decay and --clip-norm non-negative")
         return self
 
-    def replace(self, **changes) -> "RunConfig":
+    def replace(self, **changes) -> RunConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
@@ -125,7 +143,7 @@ class RunConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "RunConfig":
+    def from_dict(cls, d: dict) -> RunConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         d = {k: v for k, v in d.items() if k in known}
         if "hidden" in d:
@@ -139,12 +157,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         flag = "--" + f.name.replace("_", "-")
         meta = f.metadata
         if f.type in ("bool", bool):
-            parser.add_argument(flag, dest=f.name, default=f.default, action=argparse.BooleanOptionalAction,
-                                help=meta["help"])
+            parser.add_argument(
+                flag, dest=f.name, default=f.default, action=argparse.BooleanOptionalAction, help=meta["help"]
+            )
             continue
         kind = meta.get("type") or {"int": int, "float": float, "str": str}[f.type]
-        parser.add_argument(flag, dest=f.name, default=f.default, type=kind, choices=meta.get("choices"),
-                            help=meta["help"] + (" (default: %(default)s)"))
+        parser.add_argument(
+            flag,
+            dest=f.name,
+            default=f.default,
+            type=kind,
+            choices=meta.get("choices"),
+            help=meta["help"] + (" (default: %(default)s)"),
+        )
 
 
 def from_args(args: argparse.Namespace, framework: str = "jax") -> RunConfig:
@@ -153,5 +178,21 @@ def from_args(args: argparse.Namespace, framework: str = "jax") -> RunConfig:
 
 
 # Fields that define *what* is computed; two traces are comparable when these agree.
-COMPARABLE_FIELDS = ("model", "data", "steps", "batch_size", "accum", "optimizer", "lr", "weight_decay",
-                     "clip_norm", "dtype", "seed", "hidden", "n_layer", "n_head", "d_model", "seq_len")
+COMPARABLE_FIELDS = (
+    "model",
+    "data",
+    "steps",
+    "batch_size",
+    "accum",
+    "optimizer",
+    "lr",
+    "weight_decay",
+    "clip_norm",
+    "dtype",
+    "seed",
+    "hidden",
+    "n_layer",
+    "n_head",
+    "d_model",
+    "seq_len",
+)

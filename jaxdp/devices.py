@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-import numpy as np
 import jax
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 AXIS = "data"
 
@@ -39,7 +40,7 @@ class Distributed:
     process_id: int
 
     @classmethod
-    def from_env(cls) -> "Distributed | None":
+    def from_env(cls) -> Distributed | None:
         """JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID, when all are set."""
         names = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
         if not all(os.environ.get(k) for k in names):

@@ -23,7 +23,7 @@ def global_norm(grads, axis_name=None) -> jax.Array:
     """The L2 norm of the whole gradient. When each device holds a disjoint shard (ZeRO), pass the
     mesh axis: the shards' sums of squares are psum'd, so the norm is the whole gradient's, never a
     shard's (zero padding adds nothing)."""
-    sum_of_squares = sum(jnp.sum(jnp.square(g)) for g in jax.tree_util.tree_leaves(grads))
+    sum_of_squares = sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads))
     if axis_name is not None:
         sum_of_squares = jax.lax.psum(sum_of_squares, axis_name)
     return jnp.sqrt(sum_of_squares)
@@ -38,7 +38,7 @@ def clip_grad_norm(max_norm: float, axis_name=None) -> optax.GradientTransformat
     def update_fn(updates, state, params=None):
         norm = global_norm(updates, axis_name)
         coef = jnp.minimum(max_norm / (norm + TORCH_CLIP_EPS), 1.0)
-        return jax.tree_util.tree_map(lambda g: g * coef.astype(g.dtype), updates), state
+        return jax.tree.map(lambda g: g * coef.astype(g.dtype), updates), state
 
     return optax.GradientTransformation(init_fn, update_fn)
 

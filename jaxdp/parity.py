@@ -44,7 +44,9 @@ def pairs_for(names) -> list[tuple[str, str, str]]:
             j, t = name.split("~")
             out.append((f"{j}/{t}", j, t))
         elif name in ("ddp-pmap", "ddp-naive"):
-            out.append(("ddp-pmap/ddp", "ddp-pmap", "ddp") if name == "ddp-pmap" else ("ddp/ddp-naive", "ddp", "ddp-naive"))
+            out.append(
+                ("ddp-pmap/ddp", "ddp-pmap", "ddp") if name == "ddp-pmap" else ("ddp/ddp-naive", "ddp", "ddp-naive")
+            )
         else:
             out.append((name, name, name))
     return out
@@ -64,8 +66,13 @@ def tolerance(cfg: RunConfig) -> Tolerance:
         return Tolerance(1e-12, 1e-12, 1e-12, why="float64: same sums, different orders: ~1e-15")
     if cfg.dtype == "float32":
         if cfg.optimizer in ("adam", "adamw"):
-            return Tolerance(1e-5, 1e-5, math.inf, 2 * cfg.lr,
-                             why="float32; Adam turns gradient differences into up to ~lr per element per step")
+            return Tolerance(
+                1e-5,
+                1e-5,
+                math.inf,
+                2 * cfg.lr,
+                why="float32; Adam turns gradient differences into up to ~lr per element per step",
+            )
         return Tolerance(1e-5, 1e-5, 1e-5, why="float32; SGD updates are linear in the gradient")
     return Tolerance(1e-2, math.inf, math.inf, why="bfloat16: losses only (1%), bf16 resolution 0.4% per op")
 
@@ -74,9 +81,9 @@ def tolerance(cfg: RunConfig) -> Tolerance:
 class Row:
     label: str
     cfg: RunConfig
-    worst: dict                    # field -> worst relative error over all steps
-    per_step: dict                 # field -> [worst relative error at step k]
-    param_abs_per_step: list       # [max |jax - torch| over parameters at step k]
+    worst: dict  # field -> worst relative error over all steps
+    per_step: dict  # field -> [worst relative error at step k]
+    param_abs_per_step: list  # [max |jax - torch| over parameters at step k]
     init_identical: bool
     tol: Tolerance
     failures: list = field(default_factory=list)
@@ -90,12 +97,21 @@ def compare(jax_trace, torch_trace, cfg: RunConfig, label: str = "") -> Row:
     """Diff two traces of `cfg` step by step and judge them against `tolerance(cfg)`."""
     diff = trace_mod.diff(jax_trace, torch_trace)
     steps = range(torch_trace.first_step, torch_trace.steps + 1)
-    per_step = {f: [max([e for k, e in diff["per_array"].items() if k.startswith(f"step/{s}/{f}")] or [0.0])
-                    for s in steps] for f in FIELDS}
-    abs_param = [max(float(np.max(np.abs(jax_trace.arrays[k] - torch_trace.arrays[k])))
-                     for k in torch_trace.arrays if k.startswith(f"step/{s}/param/")) for s in steps]
-    init_identical = all(np.array_equal(jax_trace.arrays[k], torch_trace.arrays[k])
-                         for k in torch_trace.arrays if k.startswith("init/"))
+    per_step = {
+        f: [max([e for k, e in diff["per_array"].items() if k.startswith(f"step/{s}/{f}")] or [0.0]) for s in steps]
+        for f in FIELDS
+    }
+    abs_param = [
+        max(
+            float(np.max(np.abs(jax_trace.arrays[k] - torch_trace.arrays[k])))
+            for k in torch_trace.arrays
+            if k.startswith(f"step/{s}/param/")
+        )
+        for s in steps
+    ]
+    init_identical = all(
+        np.array_equal(jax_trace.arrays[k], torch_trace.arrays[k]) for k in torch_trace.arrays if k.startswith("init/")
+    )
     tol = tolerance(cfg)
     row = Row(label, cfg, {f: max(per_step[f]) for f in FIELDS}, per_step, abs_param, init_identical, tol)
     if not init_identical:
@@ -104,7 +120,7 @@ def compare(jax_trace, torch_trace, cfg: RunConfig, label: str = "") -> Row:
         if row.worst[f] > getattr(tol, f):
             row.failures.append(f"{f} {row.worst[f]:.2e} > {getattr(tol, f):.0e}")
     if tol.param_absolute_per_step is not None:
-        for s, err in zip(steps, abs_param):
+        for s, err in zip(steps, abs_param, strict=False):
             if err > tol.param_absolute_per_step * s:
                 row.failures.append(f"param |diff| {err:.2e} > 2 lr x step {s}")
                 break
@@ -112,6 +128,7 @@ def compare(jax_trace, torch_trace, cfg: RunConfig, label: str = "") -> Row:
 
 
 # ---- running both frameworks ----------------------------------------------------------------------
+
 
 def run_jax(cfg: RunConfig):
     from . import train
@@ -157,24 +174,29 @@ def run_torch(cfgs: list[RunConfig], timeout_s: float = 900.0) -> dict:
                         dist.destroy_process_group()
         else:
             per_rank = launch.launch(_torch_jobs, n, jobs, timeout_s=timeout_s, pg_timeout_s=120)
-            for (cfg, _), res in zip(jobs, per_rank[0]):
+            for (cfg, _), res in zip(jobs, per_rank[0], strict=False):
                 results[cfg] = res
     return results
 
 
 def check(cfg: RunConfig, pairs, jax_runner=run_jax, torch_runner=run_torch) -> list[Row]:
     """Train each (label, jax strategy, torch strategy) pair on `cfg` and compare."""
-    jax_cfgs = {label: cfg.replace(strategy=j, devices=1 if j == "single" else cfg.devices).validate("jax")
-                for label, j, _ in pairs}
-    torch_cfgs = {label: cfg.replace(strategy=t, devices=1 if t == "single" else cfg.devices).validate("torch")
-                  for label, _, t in pairs}
+    jax_cfgs = {
+        label: cfg.replace(strategy=j, devices=1 if j == "single" else cfg.devices).validate("jax")
+        for label, j, _ in pairs
+    }
+    torch_cfgs = {
+        label: cfg.replace(strategy=t, devices=1 if t == "single" else cfg.devices).validate("torch")
+        for label, _, t in pairs
+    }
     torch_results = torch_runner(list(dict.fromkeys(torch_cfgs.values())))
     rows = []
     for label, _, _ in pairs:
         j = jax_runner(jax_cfgs[label])
         t = torch_results[torch_cfgs[label]]
-        rows.append(compare(trace_mod.Trace(j.meta, j.arrays), trace_mod.Trace(t.meta, t.arrays),
-                            jax_cfgs[label], label))
+        rows.append(
+            compare(trace_mod.Trace(j.meta, j.arrays), trace_mod.Trace(t.meta, t.arrays), jax_cfgs[label], label)
+        )
     return rows
 
 
@@ -184,11 +206,15 @@ def format_table(rows: list[Row]) -> str:
     for r in rows:
         init = "identical" if r.init_identical else "DIFFER"
         verdict = "ok" if r.ok else "MISMATCH: " + "; ".join(r.failures)
-        lines.append(f"{r.label:<16} {r.cfg.devices:>2} {init:>9} {r.worst['loss']:>9.2e} {r.worst['grad']:>9.2e} "
-                     f"{r.worst['param']:>9.2e}  {verdict}")
+        lines.append(
+            f"{r.label:<16} {r.cfg.devices:>2} {init:>9} {r.worst['loss']:>9.2e} {r.worst['grad']:>9.2e} "
+            f"{r.worst['param']:>9.2e}  {verdict}"
+        )
     tol = rows[0].tol if rows else None
     if tol:
-        lines.append(f"tolerance ({rows[0].cfg.dtype}): loss {tol.loss:g}, grad {tol.grad:g}, param "
-                     + (f"|diff| <= {tol.param_absolute_per_step:g} x step" if tol.param_absolute_per_step else f"{tol.param:g}")
-                     + f"; {tol.why}")
+        lines.append(
+            f"tolerance ({rows[0].cfg.dtype}): loss {tol.loss:g}, grad {tol.grad:g}, param "
+            + (f"|diff| <= {tol.param_absolute_per_step:g} x step" if tol.param_absolute_per_step else f"{tol.param:g}")
+            + f"; {tol.why}"
+        )
     return "\n".join(lines)

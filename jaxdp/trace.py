@@ -74,7 +74,9 @@ def load(path) -> Trace:
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
     except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
-        raise TraceError(f"trace {path!r} is corrupt or truncated ({type(e).__name__}: {e}); re-run to write it again") from None
+        raise TraceError(
+            f"trace {path!r} is corrupt or truncated ({type(e).__name__}: {e}); re-run to write it again"
+        ) from None
     if "meta" not in arrays:
         raise TraceError(f"trace {path!r} has no 'meta' entry: not a jaxdp trace")
     try:
@@ -91,8 +93,9 @@ def load(path) -> Trace:
 def check_comparable(a: Trace, b: Trace) -> None:
     """Two traces are comparable when they ran the same configuration (strategy, devices and
     framework may differ). Otherwise raise, naming every field that differs."""
-    diffs = [f"{k}: {a.meta.get(k)!r} vs {b.meta.get(k)!r}" for k in COMPARABLE_FIELDS
-             if a.meta.get(k) != b.meta.get(k)]
+    diffs = [
+        f"{k}: {a.meta.get(k)!r} vs {b.meta.get(k)!r}" for k in COMPARABLE_FIELDS if a.meta.get(k) != b.meta.get(k)
+    ]
     if diffs:
         raise TraceError("traces ran different configurations: " + "; ".join(diffs))
 

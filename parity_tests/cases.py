@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from jaxdp.config import RunConfig
 from jaxdp.parity import PAIRS
-
 from tests.pairwise import pairwise
 
 # batch 36 divides by N x accum for N in 1..4 and accum in {1, 3}; 10 steps, as the issue asks.

@@ -20,12 +20,12 @@ from jaxdp import parity, trace  # noqa: E402
 from .cases import ALL, sides  # noqa: E402
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def jax_run(cfg):
     return parity.run_jax(cfg)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def torch_runs() -> dict:
     return parity.run_torch(list(dict.fromkeys(sides(label, cfg)[1] for label, cfg in ALL)))
 

@@ -8,7 +8,7 @@ import pytest
 from jaxdp import parity, trace
 
 from .cases import BF16, DIMENSIONS, FLOAT32, FLOAT64, GPT64, SINGLE
-from .conftest import compare, jax_run, torch_runs, sides
+from .conftest import compare, jax_run, sides, torch_runs
 
 
 def case_id(case):

@@ -22,7 +22,7 @@ BASE = RunConfig(model="mlp", data="synthetic", hidden=(16, 16), steps=4, batch_
                  weight_decay=0.01, dtype="float64", seed=3)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def run(cfg: RunConfig) -> train.RunResult:
     """Train `cfg` once per session, recording the trace arrays."""
     return train.run(cfg, record=True, progress=False)

@@ -13,7 +13,7 @@ def pairwise(dims: dict[str, list]) -> list[dict]:
     while uncovered:
         best, best_gain = None, -1
         for values in itertools.product(*(dims[n] for n in names)):
-            case = dict(zip(names, values))
+            case = dict(zip(names, values, strict=False))
             gain = sum(((a, case[a]), (b, case[b])) in uncovered for a, b in itertools.combinations(names, 2))
             if gain > best_gain:
                 best, best_gain = case, gain

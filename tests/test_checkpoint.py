@@ -81,7 +81,10 @@ def test_sigkill_mid_training_resumes_from_the_last_complete_checkpoint(tmp_path
                             env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and len([d for d in os.listdir(folder) if d.isdigit()] if os.path.isdir(folder) else []) < 2:
+        while (
+            time.monotonic() < deadline
+            and len([d for d in os.listdir(folder) if d.isdigit()] if os.path.isdir(folder) else []) < 2
+        ):
             time.sleep(0.05)
         proc.send_signal(signal.SIGKILL)  # saves dominate each step here: usually lands mid-save
         proc.wait(timeout=30)
@@ -100,7 +103,9 @@ def test_sigkill_mid_training_resumes_from_the_last_complete_checkpoint(tmp_path
 
 def test_checkpoint_of_another_config_names_the_mismatch(tmp_path):
     folder = checkpoint_at_3(CFG.replace(strategy="ddp"), tmp_path)
-    with pytest.raises(checkpoint.CheckpointError, match=r"another configuration: hidden: checkpoint \[16, 16\], run \[8, 8\]"):
+    with pytest.raises(
+        checkpoint.CheckpointError, match=r"another configuration: hidden: checkpoint \[16, 16\], run \[8, 8\]"
+    ):
         train.run(CFG.replace(strategy="ddp", hidden=(8, 8), checkpoint_dir=folder, resume=True), progress=False)
     with pytest.raises(checkpoint.CheckpointError, match="optimizer: checkpoint 'adamw', run 'sgd'"):
         train.run(CFG.replace(strategy="ddp", optimizer="sgd", checkpoint_dir=folder, resume=True), progress=False)

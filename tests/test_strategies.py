@@ -36,7 +36,9 @@ def assert_matches_single(cfg, tol=TOL):
     ref = run(cfg.replace(strategy="single", devices=1))
     result = trace.diff(as_trace(got), as_trace(ref))
     bad = {k: v for k, v in result["per_array"].items() if v > tol}
-    assert not bad, f"{cfg.strategy} x{cfg.devices} differs from single: {sorted(bad.items(), key=lambda kv: -kv[1])[:5]}"
+    assert not bad, (
+        f"{cfg.strategy} x{cfg.devices} differs from single: {sorted(bad.items(), key=lambda kv: -kv[1])[:5]}"
+    )
     return result
 
 
@@ -59,14 +61,27 @@ def test_clipping_was_active_in_the_clipped_cases():
     norm exceeds the 0.5 threshold in step 1."""
     res = run(BASE.replace(strategy="single", clip_norm=0.5, optimizer="sgd"))
     g = [v for k, v in res.arrays.items() if k.startswith("step/1/grad/")]
-    assert np.sqrt(sum(np.sum(a ** 2) for a in g)) > 0.5
+    assert np.sqrt(sum(np.sum(a**2) for a in g)) > 0.5
 
 
 @pytest.mark.parametrize("strategy", ["dp", "ddp", "ddp-pmap", "ddp-bucket", "ddp-ring"])
 def test_gpt_strategy_equals_single(strategy):
-    cfg = BASE.replace(model="gpt", data="text", strategy=strategy, devices=2, steps=2, batch_size=8,
-                       n_layer=1, d_model=16, n_head=2, seq_len=8, optimizer="adamw", lr=1e-2,
-                       clip_norm=1.0, bucket_mb=0.005)
+    cfg = BASE.replace(
+        model="gpt",
+        data="text",
+        strategy=strategy,
+        devices=2,
+        steps=2,
+        batch_size=8,
+        n_layer=1,
+        d_model=16,
+        n_head=2,
+        seq_len=8,
+        optimizer="adamw",
+        lr=1e-2,
+        clip_norm=1.0,
+        bucket_mb=0.005,
+    )
     assert_matches_single(cfg)
 
 
@@ -97,6 +112,6 @@ def test_bfloat16_keeps_fp32_master_state_and_tracks_float32():
     cfg = BASE.replace(strategy="ddp", devices=2, dtype="bfloat16", optimizer="adam", lr=1e-3, steps=4)
     bf16, fp32 = run(cfg), run(cfg.replace(dtype="float32"))
     assert bf16.arrays["step/4/param/layers/0/kernel"].dtype == np.float32  # master parameters
-    assert bf16.arrays["step/1/grad/layers/0/kernel"].dtype == np.float32   # fp32 gradient reduction
+    assert bf16.arrays["step/1/grad/layers/0/kernel"].dtype == np.float32  # fp32 gradient reduction
     # bf16 has 8 mantissa bits (relative precision 4e-3); the loss of a 3-layer MLP stays within 2%.
     np.testing.assert_allclose(bf16.losses, fp32.losses, rtol=2e-2)

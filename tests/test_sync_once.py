@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxdp import devices, models, train
 from jaxdp.strategies.bucket import MB, plan_buckets
@@ -24,7 +25,8 @@ def test_shard_map_grad_of_replicated_params_is_already_summed():
     mesh = devices.mesh(jax.devices()[:n])
     w = jnp.arange(3.0)
     x = jax.device_put(np.random.default_rng(0).standard_normal((n * 2, 3)), NamedSharding(mesh, P("data")))
-    loss = lambda w, x: jnp.mean((x @ w) ** 2)
+    def loss(w, x):
+        return jnp.mean((x @ w) ** 2)
 
     def grads(cast):
         def f(w, x):
@@ -85,5 +87,9 @@ def test_ddp_bucket_issues_one_all_reduce_per_bucket():
     nbytes = {k: v.size * v.dtype.itemsize for k, v in models.flat_names(problem.params).items()}
     buckets = plan_buckets(nbytes, problem.order, cfg.bucket_mb * MB)
     assert len(buckets) >= 3 and buckets[0][0] == "layers/2/bias"
-    psums = [name for name, _ in _collectives(jax.make_jaxpr(s.compiled_step)(state, *batch).jaxpr) if name.startswith("psum")]
+    psums = [
+        name
+        for name, _ in _collectives(jax.make_jaxpr(s.compiled_step)(state, *batch).jaxpr)
+        if name.startswith("psum")
+    ]
     assert len(psums) == len(buckets) + 1  # + the loss, averaged for the log

@@ -26,7 +26,7 @@ def _measure_all(rank, n, cfgs, init):
     return [accounting.measure_rank(rank, n, cfg, init, steps=2, warmup=1) for cfg in cfgs]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def measured(n: int) -> dict:
     cfgs = [c.replace(devices=n) for c in CONFIGS]
     views = launch(_measure_all, n, cfgs, init_for(init_key(CFG)), timeout_s=600, pg_timeout_s=120)
@@ -34,7 +34,7 @@ def measured(n: int) -> dict:
             for i, c in enumerate(cfgs)}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def shapes() -> list[tuple[int, ...]]:
     dataset = data.load(CFG.data, CFG.seed, CFG.seq_len)
     return [tuple(p.shape) for p in models.build(CFG, dataset).parameters()]  # torch layout: Linear [out, in]

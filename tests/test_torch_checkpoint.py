@@ -124,7 +124,8 @@ def test_the_record_holds_step_config_world_and_rng(four):
     path = os.path.join(four["zero3"][2], "3")
     with open(os.path.join(path, checkpoint.RECORD)) as f:
         record = json.load(f)
-    assert (record["step"], record["strategy"], record["devices"], record["config"]["hidden"]) == (3, "zero3", 4, [16, 16])
+    seen = (record["step"], record["strategy"], record["devices"], record["config"]["hidden"])
+    assert seen == (3, "zero3", 4, [16, 16])
     assert len(record["rng_state"]) > 100
     # Sharded state is written sharded: one file per rank, and no .partial left behind.
     assert sorted(f for f in os.listdir(path) if f.endswith(".distcp")) == [f"__{r}_0.distcp" for r in range(4)]
@@ -167,14 +168,18 @@ def test_a_torn_checkpoint_is_never_loaded(tmp_path):
 
 def test_checkpoint_of_another_config_names_the_mismatch(four):
     folder = four["ddp"][2]
-    with pytest.raises(checkpoint.CheckpointError, match=r"another configuration: hidden: checkpoint \[16, 16\], run \[8, 8\]"):
+    with pytest.raises(
+        checkpoint.CheckpointError, match=r"another configuration: hidden: checkpoint \[16, 16\], run \[8, 8\]"
+    ):
         train.run(CFG.replace(strategy="ddp", hidden=(8, 8), checkpoint_dir=folder, resume=True))
     with pytest.raises(checkpoint.CheckpointError, match="optimizer: checkpoint 'adamw', run 'sgd'"):
         train.run(CFG.replace(strategy="ddp", optimizer="sgd", checkpoint_dir=folder, resume=True))
     with pytest.raises(checkpoint.CheckpointError, match="at step 3; --steps 3 leaves nothing to run"):
         train.run(CFG.replace(strategy="ddp", steps=3, checkpoint_dir=folder, resume=True))
     # zero2's flat shards are not the per-parameter state that ddp loads
-    with pytest.raises(checkpoint.CheckpointError, match="saved by 'zero2'.*holds different arrays than strategy 'ddp'"):
+    with pytest.raises(
+        checkpoint.CheckpointError, match="saved by 'zero2'.*holds different arrays than strategy 'ddp'"
+    ):
         train.run(CFG.replace(strategy="ddp", devices=1, checkpoint_dir=four["zero2"][2], resume=True))
 
 
@@ -199,7 +204,23 @@ def test_missing_and_corrupt_checkpoints(four, tmp_path):
 def test_cli_reports_checkpoint_errors_in_one_line(tmp_path, capsys):
     from torch_ref.cli import main
 
-    code = main(["train", "--strategy", "ddp", "--devices", "1", "--steps", "2", "--batch-size", "8",
-                 "--hidden", "4", "--checkpoint-dir", str(tmp_path / "none"), "--resume"])
+    code = main(
+        [
+            "train",
+            "--strategy",
+            "ddp",
+            "--devices",
+            "1",
+            "--steps",
+            "2",
+            "--batch-size",
+            "8",
+            "--hidden",
+            "4",
+            "--checkpoint-dir",
+            str(tmp_path / "none"),
+            "--resume",
+        ]
+    )
     assert code == 2
     assert "torch_ref: error: --resume: no checkpoint directory" in capsys.readouterr().err

@@ -10,7 +10,6 @@ import time
 import pytest
 
 from jaxdp import trace
-
 from torch_ref import cli
 from torch_ref.launch import RankError
 from torch_ref.train import FAIL_ENV, InjectedFailure, run
@@ -108,7 +107,9 @@ def test_a_killed_rank_stops_the_run_quickly():
 
     argv = [sys.executable, "-m", "torch_ref", "train", "--strategy", "ddp", "--devices", "2", "--steps", "1000000",
             "--batch-size", "24", "--hidden", "16,16", "--pg-timeout", "120", "--timeout", "300"]
-    launcher = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env=_env())
+    launcher = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env=_env()
+    )
     try:
         deadline = time.monotonic() + 120
         while len(_rank_pids(launcher.pid)) < 2 and time.monotonic() < deadline:

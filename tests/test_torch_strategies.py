@@ -14,7 +14,19 @@ import pytest
 
 from jaxdp import trace
 
-from .torch_helpers import BASE, BF16, CASES, DIMENSIONS, DISTRIBUTED, FLOAT32, GPT_CASES, as_trace, result, single, world
+from .torch_helpers import (
+    BASE,
+    BF16,
+    CASES,
+    DIMENSIONS,
+    DISTRIBUTED,
+    FLOAT32,
+    GPT_CASES,
+    as_trace,
+    result,
+    single,
+    world,
+)
 
 TOL = 1e-12
 
@@ -62,8 +74,12 @@ def test_trace_has_the_flax_names_and_layout():
 
 
 def test_clipping_was_active_in_the_clipped_cases():
-    g = [v for k, v in single(BASE.replace(clip_norm=0.5, optimizer="sgd")).arrays.items() if k.startswith("step/1/grad/")]
-    assert np.sqrt(sum(np.sum(a ** 2) for a in g)) > 0.5
+    g = [
+        v
+        for k, v in single(BASE.replace(clip_norm=0.5, optimizer="sgd")).arrays.items()
+        if k.startswith("step/1/grad/")
+    ]
+    assert np.sqrt(sum(np.sum(a**2) for a in g)) > 0.5
 
 
 def test_the_comparison_can_fail():
@@ -90,7 +106,7 @@ def test_float32_matches_single_to_float32_precision():
 def test_bfloat16_keeps_fp32_master_state_and_tracks_float32(strategy):
     bf16, fp32 = (result(c) for c in BF16 if c.strategy == strategy)
     assert bf16.arrays["step/4/param/layers/0/kernel"].dtype == np.float32  # master parameters
-    assert bf16.arrays["step/1/grad/layers/0/kernel"].dtype == np.float32   # fp32 gradient reduction
+    assert bf16.arrays["step/1/grad/layers/0/kernel"].dtype == np.float32  # fp32 gradient reduction
     # bf16 has 8 mantissa bits (relative precision 4e-3); the loss of a 3-layer MLP stays within 2%.
     np.testing.assert_allclose(bf16.losses, fp32.losses, rtol=2e-2)
     assert bf16.losses != fp32.losses  # bf16 compute really happened

@@ -71,7 +71,7 @@ def test_zero3_gathers_parameters_again_for_backward():
 
     problem, s, state, batch = _strategy(BASE.replace(strategy="zero3", devices=2))
     gathers = [c for c in _collectives(jax.make_jaxpr(s.compiled_step)(state, *batch).jaxpr) if c[0] == "all_gather"]
-    n_params = len(jax.tree_util.tree_leaves(problem.params))
+    n_params = len(jax.tree.leaves(problem.params))
     assert n_params < len(gathers) <= 2 * n_params
 
 
@@ -102,7 +102,7 @@ def test_communication_read_from_the_compiled_step_equals_theory(strategy, n):
     cfg = BASE.replace(strategy=strategy, devices=n, batch_size=24, dtype="float32", bucket_mb=0.001)
     problem, s, state, batch = _strategy(cfg)
     measured = accounting.step_communication(s, state, batch, n)
-    sizes = [p.size for p in jax.tree_util.tree_leaves(problem.params)]
+    sizes = [p.size for p in jax.tree.leaves(problem.params)]
     expected = accounting.theory(strategy, sizes, n, itemsize=4)
     for kind in ("all-reduce", "reduce-scatter", "all-gather", "point-to-point"):
         assert measured[kind]["sent"] == pytest.approx(expected[kind], rel=1e-12), (kind, measured, expected)
@@ -114,5 +114,5 @@ def test_zero3_executed_communication_is_between_zero2_and_theory():
     cfg = BASE.replace(strategy="zero3", devices=4, batch_size=24, dtype="float32")
     problem, s, state, batch = _strategy(cfg)
     sent = accounting.step_communication(s, state, batch, 4)["total"]
-    sizes = [p.size for p in jax.tree_util.tree_leaves(problem.params)]
+    sizes = [p.size for p in jax.tree.leaves(problem.params)]
     assert accounting.theory("zero2", sizes, 4, 4)["total"] <= sent <= accounting.theory("zero3", sizes, 4, 4)["total"]

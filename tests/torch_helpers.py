@@ -39,7 +39,7 @@ RING_SIZES = [1, 2, 3, 5, 7, 12, 13, 100]
 
 
 # ---- in the pytest process ----------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def init_for(cfg: RunConfig) -> dict:
     """The JAX initial parameters (depend only on the model, the data and the seed)."""
     from torch_ref import models
@@ -52,7 +52,7 @@ def init_key(cfg: RunConfig) -> RunConfig:
                      n_layer=cfg.n_layer, n_head=cfg.n_head, d_model=cfg.d_model, seq_len=cfg.seq_len)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def single(cfg: RunConfig):
     """torch `single` on `cfg`'s problem, in this process."""
     from torch_ref.train import train_rank
@@ -61,7 +61,7 @@ def single(cfg: RunConfig):
     return train_rank(0, 1, cfg, init_for(init_key(cfg)), record=True, device=torch.device("cpu"))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def world(n: int) -> dict:
     """Spawn a world of n ranks once; it runs every job of size n. Returns {job key: result}."""
     from torch_ref.launch import launch
@@ -110,7 +110,8 @@ def ring_errors(rank: int, n: int, sizes) -> dict:
     from torch_ref import collectives
     from torch_ref.strategies.zero2 import all_gather, reduce_scatter  # the built-ins, as zero2 calls them
 
-    rel = lambda a, b: float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
+    def rel(a, b):
+        return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
     errors = {}
     for size in sizes:
         x = torch.from_numpy(np.random.default_rng([rank, size]).standard_normal(size))

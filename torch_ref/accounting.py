@@ -38,7 +38,11 @@ KINDS = ("all-reduce", "reduce-scatter", "all-gather", "point-to-point", "broadc
 BACKEND_OPS = {"all_reduce": "all-reduce", "allreduce": "all-reduce", "reduce_scatter": "reduce-scatter",
                "all_gather": "all-gather", "allgather": "all-gather", "send": "point-to-point",
                "recv": "point-to-point", "broadcast": "broadcast", "reduce": "reduce"}
-REQUESTED_REDUCE_SCATTER = ("c10d::_reduce_scatter_base_", "c10d::reduce_scatter_", "c10d::reduce_scatter_tensor_coalesced_")
+REQUESTED_REDUCE_SCATTER = (
+    "c10d::_reduce_scatter_base_",
+    "c10d::reduce_scatter_",
+    "c10d::reduce_scatter_tensor_coalesced_",
+)
 STATE_TENSORS_PER_PARAM = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
 STEP_COUNT_BYTES = {"sgd": 0, "momentum": 0, "adam": 4, "adamw": 4}  # torch.optim's float32 `step` per tensor
 
@@ -53,8 +57,9 @@ def fsdp_padded(shapes, n: int) -> int:
     return sum(math.ceil(s[0] / n) * n * math.prod(s[1:]) for s in map(_shape, shapes))
 
 
-def theory(strategy: str, param_sizes, n: int, itemsize: int, *, clip: bool = False, backend: str = "gloo",
-           root_params=()) -> dict:
+def theory(
+    strategy: str, param_sizes, n: int, itemsize: int, *, clip: bool = False, backend: str = "gloo", root_params=()
+) -> dict:
     """Bytes each device sends per step in what torch_ref runs, by kind (conventions: module docstring).
 
     `param_sizes`: the torch parameters' shapes (torch layout, Linear weight [out, in]) or sizes; zero3
@@ -131,20 +136,24 @@ def zero1_partition(sizes: list[int], n: int) -> list[list[int]]:
 
 def memory_theory(strategy: str, param_shapes, n: int, itemsize: int, optimizer: str, rank: int = 0) -> dict:
     """Bytes rank `rank` holds, by what each torch strategy keeps (see docs/TORCH_REF.md):
-      dp's workers (rank > 0): params only (no optimizer; their gradients are sent, never synced)
-      replicated (ddp*, dp's rank 0): params, grads Psi b; state K Psi b (+ 4 bytes per parameter tensor
-                                      for Adam's step counts)
-      zero1: params, grads Psi b; state K b x the elements of the *whole parameters* this rank owns
-             (`zero1_partition`: uneven, a rank may own nothing), step counts of those only
-      zero2: params Psi b; master shard, grads and state ceil(Psi/n) b each (K for the state) + one step
-      zero3: params, grads and state: FSDP2's local shard of each parameter, rows
-             [r c, min((r+1) c, dim0)) with c = ceil(dim0/n); step counts for every parameter tensor
+    dp's workers (rank > 0): params only (no optimizer; their gradients are sent, never synced)
+    replicated (ddp*, dp's rank 0): params, grads Psi b; state K Psi b (+ 4 bytes per parameter tensor
+                                    for Adam's step counts)
+    zero1: params, grads Psi b; state K b x the elements of the *whole parameters* this rank owns
+           (`zero1_partition`: uneven, a rank may own nothing), step counts of those only
+    zero2: params Psi b; master shard, grads and state ceil(Psi/n) b each (K for the state) + one step
+    zero3: params, grads and state: FSDP2's local shard of each parameter, rows
+           [r c, min((r+1) c, dim0)) with c = ceil(dim0/n); step counts for every parameter tensor
     """
     shapes = [_shape(p) for p in param_shapes]
     sizes = [math.prod(s) for s in shapes]
     psi, k, step = sum(sizes), STATE_TENSORS_PER_PARAM[optimizer], STEP_COUNT_BYTES[optimizer]
-    out = {"params": psi * itemsize, "grads": psi * itemsize, "opt_state": (k * psi * itemsize + step * len(sizes)),
-           "master_params": 0}
+    out = {
+        "params": psi * itemsize,
+        "grads": psi * itemsize,
+        "opt_state": (k * psi * itemsize + step * len(sizes)),
+        "master_params": 0,
+    }
     if strategy == "dp" and rank != 0:  # workers: no optimizer; their gradients are only sent
         out.update(grads=0, opt_state=0)
     elif strategy == "zero1":
@@ -154,9 +163,11 @@ def memory_theory(strategy: str, param_shapes, n: int, itemsize: int, optimizer:
         shard = math.ceil(psi / n)
         out.update(grads=shard * itemsize, master_params=shard * itemsize, opt_state=k * shard * itemsize + step)
     elif strategy == "zero3":
+
         def local(s):
             c = math.ceil(s[0] / n)
             return max(0, min(c, s[0] - rank * c)) * math.prod(s[1:])
+
         mine = sum(local(s) for s in shapes)
         out.update(params=mine * itemsize, grads=mine * itemsize, opt_state=k * mine * itemsize + step * len(shapes))
     return out
@@ -222,7 +233,8 @@ def measure_rank(rank: int, n: int, cfg, init: dict, steps: int = 2, warmup: int
     grads_at_step = []
     if optimizer is not None:  # gradients as the update sees them: after the sync, before they are freed
         optimizer.register_step_pre_hook(
-            lambda *_: grads_at_step.append(sum(_local_bytes(p.grad) for p in tensors.values())))
+            lambda *_: grads_at_step.append(sum(_local_bytes(p.grad) for p in tensors.values()))
+        )
     input_dtype = models.numpy_master_dtype(cfg.dtype)
     rows = slice(rank * cfg.batch_size // n, (rank + 1) * cfg.batch_size // n)
     per_step, times = [], []
@@ -245,9 +257,17 @@ def measure_rank(rank: int, n: int, cfg, init: dict, steps: int = 2, warmup: int
     state = 0
     if optimizer is not None:
         state = sum(_local_bytes(v) for s in optimizer.state.values() for v in s.values())
-    return {"rank": rank, "per_step": per_step, "step_times": times,
-            "memory": {"params": params, "grads": grads_at_step[-1] if grads_at_step else 0, "opt_state": state,
-                       "master_params": master}}
+    return {
+        "rank": rank,
+        "per_step": per_step,
+        "step_times": times,
+        "memory": {
+            "params": params,
+            "grads": grads_at_step[-1] if grads_at_step else 0,
+            "opt_state": state,
+            "master_params": master,
+        },
+    }
 
 
 def summarise(cfg, views: list[dict]) -> dict:
@@ -255,11 +275,13 @@ def summarise(cfg, views: list[dict]) -> dict:
     from . import models
 
     itemsize = np.dtype(models.numpy_master_dtype(cfg.dtype)).itemsize
-    notes = [f"communication: what the process group ran ({', '.join(sorted({dist_backend(cfg)}))} ops seen by "
-             f"torch.profiler), bytes sent per device per step, ring conventions; dtype = master dtype "
-             f"({itemsize} bytes)",
-             "broadcast and reduce of B bytes are counted as (n-1)/n B per device (a pipelined ring broadcast); "
-             "gloo's own algorithm may load the root more"]
+    notes = [
+        f"communication: what the process group ran ({', '.join(sorted({dist_backend(cfg)}))} ops seen by "
+        f"torch.profiler), bytes sent per device per step, ring conventions; dtype = master dtype "
+        f"({itemsize} bytes)",
+        "broadcast and reduce of B bytes are counted as (n-1)/n B per device (a pipelined ring broadcast); "
+        "gloo's own algorithm may load the root more",
+    ]
     per_rank_comm = []
     for v in views:
         steps = len(v["per_step"])
@@ -274,26 +296,41 @@ def summarise(cfg, views: list[dict]) -> dict:
     requested = first[2]
     asked_rs = sum(requested.get(name, 0) for name in REQUESTED_REDUCE_SCATTER)
     if asked_rs and comm_ops["reduce-scatter"] == 0:
-        notes.append(f"{asked_rs} reduce-scatter(s) asked for per step ran as all-reduce(s) of the whole input "
-                     f"(gloo has no reduce-scatter): 2(n-1)/n of the input's bytes instead of (n-1)/n, twice "
-                     f"the bytes of a true reduce-scatter; counted as the all-reduces they are")
+        notes.append(
+            f"{asked_rs} reduce-scatter(s) asked for per step ran as all-reduce(s) of the whole input "
+            f"(gloo has no reduce-scatter): 2(n-1)/n of the input's bytes instead of (n-1)/n, twice "
+            f"the bytes of a true reduce-scatter; counted as the all-reduces they are"
+        )
     if cfg.strategy == "zero1":
-        notes.append("zero1: ZeroRedundancyOptimizer partitions whole parameters greedily (largest first, to "
-                     "the least-loaded rank), so each rank's optimizer state is its parameters' state, "
-                     "uneven across ranks (see memory_per_rank); jaxdp shards flat, padded buffers evenly")
+        notes.append(
+            "zero1: ZeroRedundancyOptimizer partitions whole parameters greedily (largest first, to "
+            "the least-loaded rank), so each rank's optimizer state is its parameters' state, "
+            "uneven across ranks (see memory_per_rank); jaxdp shards flat, padded buffers evenly"
+        )
     if cfg.strategy == "zero2":
-        notes.append("zero2: `master_params` is the shard of the parameters each rank updates (a copy of its "
-                     "part of the flat padded vector), held next to the full parameters")
+        notes.append(
+            "zero2: `master_params` is the shard of the parameters each rank updates (a copy of its "
+            "part of the flat padded vector), held next to the full parameters"
+        )
     if cfg.strategy == "zero3":
-        notes.append("zero3: FSDP2 shards each parameter along dim 0 (rows padded to a multiple of n), not a "
-                     "flat buffer; the last ranks hold fewer rows. Each layer is all-gathered before forward "
-                     "and again before backward")
+        notes.append(
+            "zero3: FSDP2 shards each parameter along dim 0 (rows padded to a multiple of n), not a "
+            "flat buffer; the last ranks hold fewer rows. Each layer is all-gathered before forward "
+            "and again before backward"
+        )
     notes.append("step_times were taken with the profiler on; use torch_ref.train.RunResult.step_times for speed")
-    out = {"strategy": cfg.strategy, "devices": cfg.devices, "itemsize": itemsize,
-           "comm": per_rank_comm[0], "comm_ops": comm_ops, "comm_requested": requested,
-           "memory": view0["memory"], "memory_per_rank": [v["memory"] for v in views],
-           "step_times": [max(v["step_times"][i] for v in views) for i in range(len(view0["step_times"]))],
-           "notes": notes}
+    out = {
+        "strategy": cfg.strategy,
+        "devices": cfg.devices,
+        "itemsize": itemsize,
+        "comm": per_rank_comm[0],
+        "comm_ops": comm_ops,
+        "comm_requested": requested,
+        "memory": view0["memory"],
+        "memory_per_rank": [v["memory"] for v in views],
+        "step_times": [max(v["step_times"][i] for v in views) for i in range(len(view0["step_times"]))],
+        "notes": notes,
+    }
     if any(c != per_rank_comm[0] for c in per_rank_comm[1:]):
         out["comm_per_rank"] = per_rank_comm
     return out
@@ -318,8 +355,9 @@ def measure(cfg, steps: int = 2, warmup: int = 1, timeout_s: float = 600.0) -> d
 
     cfg = cfg.validate("torch")
     init = models.jax_init(cfg, data.load(cfg.data, cfg.seed, cfg.seq_len))
-    views = launch.launch(measure_rank, cfg.devices, cfg, init, steps, warmup, platform=cfg.platform,
-                          timeout_s=timeout_s)
+    views = launch.launch(
+        measure_rank, cfg.devices, cfg, init, steps, warmup, platform=cfg.platform, timeout_s=timeout_s
+    )
     return summarise(cfg, views)
 
 

@@ -32,10 +32,15 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
-                                                     set_model_state_dict, set_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 
-from jaxdp.checkpoint import RECORD_FIELDS, CheckpointError, check_resumable  # one contract for both sides
+from jaxdp.checkpoint import CheckpointError, check_resumable  # one contract for both sides
 
 RECORD = "record.json"
 PARTIAL = ".partial"
@@ -78,7 +83,7 @@ def materialise(optimizer) -> None:
     for g in optimizer.param_groups:
         g["lr"] = 0.0
     optimizer.step()
-    for g, lr in zip(optimizer.param_groups, lrs):
+    for g, lr in zip(optimizer.param_groups, lrs, strict=False):
         g["lr"] = lr
     optimizer.zero_grad(set_to_none=True)
 
@@ -196,7 +201,9 @@ def restore(directory, state, cfg) -> int:
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP's is a BaseException, one error per rank
         cause = next(iter(e.failures.values()), e) if isinstance(e, CheckpointException) else e
         first = str(cause).strip().splitlines()[0][:200] if str(cause).strip() else ""
-        raise CheckpointError(f"checkpoint step {step} in {directory!r} is corrupt ({type(cause).__name__}: {first})") from None
+        raise CheckpointError(
+            f"checkpoint step {step} in {directory!r} is corrupt ({type(cause).__name__}: {first})"
+        ) from None
     rng = base64.b64decode(record["rng_state"])
     torch.set_rng_state(torch.frombuffer(bytearray(rng), dtype=torch.uint8))
     return step

@@ -121,7 +121,8 @@ def launch(fn, nprocs: int, *args, platform: str = "auto", timeout_s: float = 36
                     dead_since = dead_since or now
                     if now - dead_since > GRACE_S:
                         r = procs.index(silent[0])
-                        raise RankError(r, f"process exited with code {silent[0].exitcode} and no Python error")
+                        code = silent[0].exitcode
+                        raise RankError(r, f"process exited with code {code} and no Python error") from None
                 continue
             if kind == "ok":
                 values[rank] = payload

@@ -31,7 +31,7 @@ class MLP(nn.Module):
 
     def __init__(self, sizes):
         super().__init__()
-        self.layers = nn.ModuleList([nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:])])
+        self.layers = nn.ModuleList([nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=False)])
 
     def forward(self, x):
         for i, layer in enumerate(self.layers):

@@ -5,7 +5,8 @@ pure dict), and `loss_fn(params, x, y)`, the mean softmax cross-entropy over the
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -75,7 +76,7 @@ def init(cfg, dataset) -> Problem:
 def flat_names(tree) -> dict[str, object]:
     """{'layers/0/kernel': leaf, ...}: the Flax path joined with '/', as the trace names parameters."""
     out = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    for path, leaf in jax.tree.flatten_with_path(tree)[0]:
         out["/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)] = leaf
     return out
 
@@ -93,4 +94,4 @@ def unflatten_names(flat: dict) -> dict:
 
 
 def count(params) -> int:
-    return int(sum(np.prod(np.shape(p)) for p in jax.tree_util.tree_leaves(params)))
+    return int(sum(np.prod(np.shape(p)) for p in jax.tree.leaves(params)))

@@ -14,8 +14,14 @@ from . import projection as projection_mod  # noqa: E402
 FRAMEWORK_STYLE = {"jax": dict(color="#1f77b4", linestyle="-", marker="o"),
                    "torch": dict(color="#d62728", linestyle="--", marker="x")}
 KINDS = ("all-reduce", "reduce-scatter", "all-gather", "point-to-point", "broadcast", "reduce")
-KIND_COLORS = {"all-reduce": "#4c72b0", "reduce-scatter": "#dd8452", "all-gather": "#55a868", "point-to-point": "#8172b3",
-               "broadcast": "#c44e52", "reduce": "#937860"}
+KIND_COLORS = {
+    "all-reduce": "#4c72b0",
+    "reduce-scatter": "#dd8452",
+    "all-gather": "#55a868",
+    "point-to-point": "#8172b3",
+    "broadcast": "#c44e52",
+    "reduce": "#937860",
+}
 PARTS = ("params", "grads", "opt_state")
 PART_COLORS = {"params": "#4c72b0", "grads": "#dd8452", "opt_state": "#55a868"}
 
@@ -36,7 +42,7 @@ def loss_curves(summary, path):
     cols = min(4, len(entries))
     rows = -(-len(entries) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.8 * rows), squeeze=False, sharey=True)
-    for ax, entry in zip(axes.flat, entries):
+    for ax, entry in zip(axes.flat, entries, strict=False):
         for fw in _frameworks(entry):
             losses = entry["frameworks"][fw]["losses"]
             ax.plot(range(1, len(losses) + 1), losses, label=fw, markersize=3, **FRAMEWORK_STYLE[fw])
@@ -45,7 +51,7 @@ def loss_curves(summary, path):
         ax.grid(alpha=0.3)
     for ax in axes[:, 0]:
         ax.set_ylabel("loss (mean cross-entropy)")
-    for ax in list(axes.flat)[len(entries):]:
+    for ax in list(axes.flat)[len(entries) :]:
         ax.axis("off")
     axes.flat[0].legend()
     fig.suptitle("1. Loss per step: JAX (solid) and PyTorch (dashed) overlaid")
@@ -55,13 +61,19 @@ def loss_curves(summary, path):
 def parity(summary, path):
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
     tol = summary["tolerance"]
-    for ax, field in zip(axes, ("grad", "param")):
+    for ax, field in zip(axes, ("grad", "param"), strict=False):
         for i, entry in enumerate(summary["strategies"]):
             errs = entry.get("parity", {}).get(field)
             if errs:
                 steps = np.arange(1, len(errs) + 1)
-                ax.semilogy(steps, np.maximum(errs, 1e-18), marker="o", markersize=3, label=entry["name"],
-                            color=plt.cm.tab10(i % 10))
+                ax.semilogy(
+                    steps,
+                    np.maximum(errs, 1e-18),
+                    marker="o",
+                    markersize=3,
+                    label=entry["name"],
+                    color=plt.cm.tab10(i % 10),
+                )
         ax.axhline(tol, color="black", linestyle=":", label=f"tolerance {tol:g}")
         ax.set_title(f"{'gradients' if field == 'grad' else 'parameters'}: worst relative difference, JAX vs torch")
         ax.set_xlabel("step")
@@ -89,8 +101,11 @@ def step_times(summary, path):
         ax.bar(xs, med, width, yerr=[lo, hi], capsize=3, label=fw, color=FRAMEWORK_STYLE[fw]["color"], alpha=0.85)
     ax.set_xticks(range(len(entries)), [e["name"] for e in entries])
     ax.set_ylabel("step time (ms): median, bars = 25th-75th percentile")
-    ax.set_title("3. Step time per strategy and framework\n(compilation and warm-up excluded; "
-                 f"{summary['machine']['platform']}, {summary['devices']} devices)", fontsize=10)
+    ax.set_title(
+        "3. Step time per strategy and framework\n(compilation and warm-up excluded; "
+        f"{summary['machine']['platform']}, {summary['devices']} devices)",
+        fontsize=10,
+    )
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
@@ -123,8 +138,10 @@ def memory(summary, path):
     fig, ax = plt.subplots(figsize=(max(7, 0.9 * len(labels) + 2), 4.2))
     _stacked(ax, labels, values, PARTS, PART_COLORS, formula)
     ax.set_ylabel("KiB per device")
-    ax.set_title("4. Per-device memory: parameters, gradients, optimizer state\n(measured bars; black line = ZeRO formula)",
-                 fontsize=10)
+    ax.set_title(
+        "4. Per-device memory: parameters, gradients, optimizer state\n(measured bars; black line = ZeRO formula)",
+        fontsize=10,
+    )
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
@@ -143,7 +160,9 @@ def communication(summary, path):
     fig, ax = plt.subplots(figsize=(max(7, 0.9 * len(labels) + 2), 4.2))
     _stacked(ax, labels, values, KINDS, KIND_COLORS, formula)
     ax.set_ylabel("KiB sent per device per step")
-    ax.set_title("5. Communication per device per step, by collective\n(measured bars; black line = ring theory)", fontsize=10)
+    ax.set_title(
+        "5. Communication per device per step, by collective\n(measured bars; black line = ring theory)", fontsize=10
+    )
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
@@ -152,25 +171,34 @@ def communication(summary, path):
 def scaling(summary, path):
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
     for i, (name, proj) in enumerate(summary["projection"].items()):
-        for ax, kind in zip(axes, ("weak", "strong")):
+        for ax, kind in zip(axes, ("weak", "strong"), strict=False):
             ns, eff = projection_mod.efficiencies(proj, kind)
             ax.loglog(ns, eff, marker="o", markersize=3, base=2, label=name, color=plt.cm.tab10(i % 10))
-    for ax, kind in zip(axes, ("weak", "strong")):
+    for ax, kind in zip(axes, ("weak", "strong"), strict=False):
         ax.axvline(projection_mod.NODE_GPUS, color="gray", linestyle=":")
         ax.set_xlabel("GPUs (N); dotted: one 8-GPU NVLink node")
-        ax.set_title(f"{kind} scaling efficiency" + (" (per-GPU batch fixed)" if kind == "weak" else " (global batch fixed)"))
+        ax.set_title(
+            f"{kind} scaling efficiency" + (" (per-GPU batch fixed)" if kind == "weak" else " (global batch fixed)")
+        )
         ax.grid(alpha=0.3, which="both")
         ax.set_yscale("log")
         ax.set_ylim(top=1.5)
     axes[0].set_ylabel("efficiency (log; 1 = perfect)")
     axes[1].legend(fontsize=8)
-    fig.suptitle("6. Projected scaling on H100 + NVLink + InfiniBand (alpha-beta model, measured FLOPs and bytes)",
-                 fontsize=10)
+    fig.suptitle(
+        "6. Projected scaling on H100 + NVLink + InfiniBand (alpha-beta model, measured FLOPs and bytes)", fontsize=10
+    )
     return _save(fig, path)
 
 
-FIGURES = (("loss.png", loss_curves), ("parity.png", parity), ("step_time.png", step_times),
-           ("memory.png", memory), ("communication.png", communication), ("scaling.png", scaling))
+FIGURES = (
+    ("loss.png", loss_curves),
+    ("parity.png", parity),
+    ("step_time.png", step_times),
+    ("memory.png", memory),
+    ("communication.png", communication),
+    ("scaling.png", scaling),
+)
 
 
 def draw_all(summary, folder) -> list[str]:

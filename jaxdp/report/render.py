@@ -94,14 +94,16 @@ figure {{ margin: 12px 0; }} img {{ max-width: 100%; border: 1px solid #eee; }}
 .small {{ font-size: 12px; color: #555; }}
 </style></head><body>
 <h1>{e(_title(summary))}</h1>
-<p class="small">{e(_config_line(summary))} Parity tolerance: {summary['tolerance']:g} ({e(summary['tolerance_why'])}).</p>
+<p class="small">{e(_config_line(summary))}
+Parity tolerance: {summary["tolerance"]:g} ({e(summary["tolerance_why"])}).</p>
 <h2>Verdict</h2>
-<table id="verdict"><tr>{''.join(f'<th>{e(h)}</th>' for h in HEADER)}</tr>{rows}</table>
+<table id="verdict"><tr>{"".join(f"<th>{e(h)}</th>" for h in HEADER)}</tr>{rows}</table>
 <h2>Figures</h2>
 {figs}
 <h2>Projection presets</h2>
 <table id="presets"><tr><th>preset</th><th>value</th></tr>{preset_rows}</table>
-<p class="small">Sources: {e(preset['sources'])} FLOPs per sample (XLA cost analysis): {summary['flops_per_sample']:.3g}.</p>
+<p class="small">Sources: {e(preset["sources"])}
+FLOPs per sample (XLA cost analysis): {summary["flops_per_sample"]:.3g}.</p>
 <h2>Notes</h2><ul>{notes}</ul>
 <div id="status"></div>
 <script>
@@ -117,16 +119,30 @@ window.addEventListener('load', function () {{
 
 
 def markdown(summary, image_files: list[str]) -> str:
-    lines = [f"# {_title(summary)}", "", _config_line(summary), "",
-             f"Parity tolerance: {summary['tolerance']:g} ({summary['tolerance_why']}).", "", "## Verdict", "",
-             "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines = [
+        f"# {_title(summary)}",
+        "",
+        _config_line(summary),
+        "",
+        f"Parity tolerance: {summary['tolerance']:g} ({summary['tolerance_why']}).",
+        "",
+        "## Verdict",
+        "",
+        "| " + " | ".join(HEADER) + " |",
+        "|" + "---|" * len(HEADER),
+    ]
     lines += ["| " + " | ".join(r) + " |" for r in _rows(summary)]
     lines += ["", "## Figures", ""] + [f"![{name}]({name})" for name in image_files]
     preset = _preset(summary)
     lines += ["", "## Projection presets", "", "| preset | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in preset.items() if k != "sources"]
-    lines += ["", f"Sources: {preset['sources']} FLOPs per sample (XLA cost analysis): {summary['flops_per_sample']:.3g}.",
-              "", "## Notes", ""] + [f"- {n}" for n in NOTES]
+    lines += [
+        "",
+        f"Sources: {preset['sources']} FLOPs per sample (XLA cost analysis): {summary['flops_per_sample']:.3g}.",
+        "",
+        "## Notes",
+        "",
+    ] + [f"- {n}" for n in NOTES]
     return "\n".join(lines) + "\n"
 
 
@@ -140,5 +156,9 @@ def write(summary, out: str) -> dict:
         f.write(html_page(summary, images))
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write(markdown(summary, list(images)))
-    return {"html": os.path.join(out, "report.html"), "md": os.path.join(out, "report.md"),
-            "json": os.path.join(out, "summary.json"), "images": paths}
+    return {
+        "html": os.path.join(out, "report.html"),
+        "md": os.path.join(out, "report.md"),
+        "json": os.path.join(out, "summary.json"),
+        "images": paths,
+    }

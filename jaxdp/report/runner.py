@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import accounting, parity, train
 from .. import trace as trace_mod
-from ..config import ConfigError, FRAMEWORK_STRATEGIES, PACKAGE, RunConfig
+from ..config import FRAMEWORK_STRATEGIES, PACKAGE, ConfigError, RunConfig
 from . import projection
 
 WARMUP_STEPS = 1  # timed steps skipped after the first (compiling) one
@@ -29,19 +29,27 @@ def check_strategies(names) -> None:
     for name in names:
         missing = [PACKAGE[f] for f, known in FRAMEWORK_STRATEGIES.items() if name not in known]
         if len(missing) == 2:
-            raise ConfigError(f"unknown strategy {name!r}; valid in both frameworks: "
-                              f"{', '.join(s for s in FRAMEWORK_STRATEGIES['jax'] if s in FRAMEWORK_STRATEGIES['torch'])}")
+            raise ConfigError(
+                f"unknown strategy {name!r}; valid in both frameworks: "
+                f"{', '.join(s for s in FRAMEWORK_STRATEGIES['jax'] if s in FRAMEWORK_STRATEGIES['torch'])}"
+            )
         if missing:
-            raise ConfigError(f"strategy {name!r} is missing in {missing[0]}: compare needs it in both frameworks "
-                              f"(compare ddp-pmap / ddp-naive with `jaxdp parity`, which pairs them with ddp)")
+            raise ConfigError(
+                f"strategy {name!r} is missing in {missing[0]}: compare needs it in both frameworks "
+                f"(compare ddp-pmap / ddp-naive with `jaxdp parity`, which pairs them with ddp)"
+            )
 
 
 def timing(step_times: list[float]) -> dict:
-    timed = np.asarray(step_times[1 + WARMUP_STEPS:] or step_times[-1:], dtype=float)
-    return {"compile_s": float(step_times[0]) if step_times else 0.0,
-            "warmup_s": [float(t) for t in step_times[1:1 + WARMUP_STEPS]],
-            "median_step_s": float(np.median(timed)), "p25_step_s": float(np.percentile(timed, 25)),
-            "p75_step_s": float(np.percentile(timed, 75)), "timed_steps": int(timed.size)}
+    timed = np.asarray(step_times[1 + WARMUP_STEPS :] or step_times[-1:], dtype=float)
+    return {
+        "compile_s": float(step_times[0]) if step_times else 0.0,
+        "warmup_s": [float(t) for t in step_times[1 : 1 + WARMUP_STEPS]],
+        "median_step_s": float(np.median(timed)),
+        "p25_step_s": float(np.percentile(timed, 25)),
+        "p75_step_s": float(np.percentile(timed, 75)),
+        "timed_steps": int(timed.size),
+    }
 
 
 def flops_per_sample(cfg: RunConfig) -> float:
@@ -64,13 +72,20 @@ def jax_accounting(cfg: RunConfig) -> dict:
     state = s.init(problem.params)
     x, y = train.host_batch(cfg, dataset, 1)
     comm = accounting.step_communication(s, state, s.put_batch(x, y), cfg.devices)
-    sizes = [int(np.prod(p.shape)) for p in jax.tree_util.tree_leaves(problem.params)]
+    sizes = [int(np.prod(p.shape)) for p in jax.tree.leaves(problem.params)]
     itemsize = np.dtype(models.MASTER_DTYPE[cfg.dtype]).itemsize
     theory = accounting.theory(cfg.strategy, sizes, cfg.devices, itemsize) if cfg.strategy != "dp" else None
-    return {"memory": mem["measured"], "memory_formula": mem["formula"], "temp_bytes": mem["temp_bytes"],
-            "comm": {k: v["sent"] for k, v in comm.items() if k != "total"} | {"total": comm["total"]},
-            "comm_ops": {k: v["ops"] for k, v in comm.items() if k != "total"}, "comm_theory": theory,
-            "psi": mem["psi"], "sizes": sizes, "itemsize": itemsize}
+    return {
+        "memory": mem["measured"],
+        "memory_formula": mem["formula"],
+        "temp_bytes": mem["temp_bytes"],
+        "comm": {k: v["sent"] for k, v in comm.items() if k != "total"} | {"total": comm["total"]},
+        "comm_ops": {k: v["ops"] for k, v in comm.items() if k != "total"},
+        "comm_theory": theory,
+        "psi": mem["psi"],
+        "sizes": sizes,
+        "itemsize": itemsize,
+    }
 
 
 def _torch_side(rank: int, n: int, jobs: list) -> list:
@@ -112,34 +127,63 @@ def compare(cfg: RunConfig, strategies: list[str], progress=None) -> dict:
         row = parity.compare(trace_mod.Trace(j.meta, j.arrays), trace_mod.Trace(t.meta, t.arrays), c, name)
         say(f"jaxdp: accounting {name} (compiled HLO, arrays)")
         jacc = jax_accounting(c)
-        jax_entry = {"losses": j.losses, **timing(j.step_times), "comm": jacc["comm"], "comm_ops": jacc["comm_ops"],
-                     "memory": jacc["memory"], "temp_bytes": jacc["temp_bytes"]}
-        torch_times = getattr(t, "step_times", None) or [t.first_step_s] + [1.0 / max(t.steps_per_s, 1e-9)] * (c.steps - 1)
-        torch_entry = {"losses": t.losses, **timing(torch_times), "comm": tacc["comm"],
-                       "comm_ops": tacc.get("comm_ops", {}), "memory": tacc["memory"], "notes": tacc.get("notes", [])}
+        jax_entry = {
+            "losses": j.losses,
+            **timing(j.step_times),
+            "comm": jacc["comm"],
+            "comm_ops": jacc["comm_ops"],
+            "memory": jacc["memory"],
+            "temp_bytes": jacc["temp_bytes"],
+        }
+        torch_times = getattr(t, "step_times", None) or [t.first_step_s] + [1.0 / max(t.steps_per_s, 1e-9)] * (
+            c.steps - 1
+        )
+        torch_entry = {
+            "losses": t.losses,
+            **timing(torch_times),
+            "comm": tacc["comm"],
+            "comm_ops": tacc.get("comm_ops", {}),
+            "memory": tacc["memory"],
+            "notes": tacc.get("notes", []),
+        }
         theory = {"memory": jacc["memory_formula"]}
         if jacc["comm_theory"] is not None:
             theory["comm"] = jacc["comm_theory"]
-        entries.append({
-            "name": name,
-            "frameworks": {"jax": jax_entry, "torch": torch_entry},
-            "theory": theory,
-            "parity": {"loss": row.per_step["loss"], "grad": row.per_step["grad"], "param": row.per_step["param"],
-                       "worst": row.worst, "init_identical": row.init_identical, "pass": row.ok,
-                       "failures": row.failures},
-        })
+        entries.append(
+            {
+                "name": name,
+                "frameworks": {"jax": jax_entry, "torch": torch_entry},
+                "theory": theory,
+                "parity": {
+                    "loss": row.per_step["loss"],
+                    "grad": row.per_step["grad"],
+                    "param": row.per_step["param"],
+                    "worst": row.worst,
+                    "init_identical": row.init_identical,
+                    "pass": row.ok,
+                    "failures": row.failures,
+                },
+            }
+        )
     say("projection: alpha-beta model")
     fps = flops_per_sample(cfg)
-    proj = {e["name"]: projection.project(fps, e["frameworks"]["jax"]["comm"]["total"], cfg.devices,
-                                          cfg.batch_size // cfg.devices, cfg.batch_size)
-            for e in entries}
+    proj = {
+        e["name"]: projection.project(
+            fps, e["frameworks"]["jax"]["comm"]["total"], cfg.devices, cfg.batch_size // cfg.devices, cfg.batch_size
+        )
+        for e in entries
+    }
     tol = parity.tolerance(cfg)
     return {
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "config": {k: v for k, v in cfg.to_dict().items() if k != "strategy"},
         "devices": cfg.devices,
-        "machine": {"platform": jax.devices()[0].platform, "processor": platform_mod.processor() or platform_mod.machine(),
-                    "cpu_count": os.cpu_count(), "versions": train.versions()},
+        "machine": {
+            "platform": jax.devices()[0].platform,
+            "processor": platform_mod.processor() or platform_mod.machine(),
+            "cpu_count": os.cpu_count(),
+            "versions": train.versions(),
+        },
         "tolerance": tol.grad if np.isfinite(tol.grad) else tol.loss,
         "tolerance_why": tol.why,
         "flops_per_sample": fps,

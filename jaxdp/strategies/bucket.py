@@ -45,7 +45,7 @@ def bucketed_all_reduce_mean(grads, buckets, n: int):
             size = named[name].size
             reduced[name] = flat[offset:offset + size].reshape(named[name].shape)
             offset += size
-    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(grads), [reduced[name] for name in named])
+    return jax.tree.unflatten(jax.tree.structure(grads), [reduced[name] for name in named])
 
 
 def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:

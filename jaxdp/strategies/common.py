@@ -4,7 +4,8 @@ every device), into which ddp, ddp-bucket and ddp-ring each plug their own `sync
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -45,7 +46,7 @@ class Strategy(NamedTuple):
 
 
 def to_numpy(tree):
-    return jax.tree_util.tree_map(lambda a: np.array(to_host(a)), tree)
+    return jax.tree.map(lambda a: np.array(to_host(a)), tree)
 
 
 def to_host(a) -> np.ndarray:
@@ -74,12 +75,12 @@ def local_grads(loss_fn, params, x, y, accum: int):
     if accum > 1:
         def micro_step(carry, batch):
             loss_sum, grad_sum = carry
-            l, g = grad_fn(params, *batch)
-            return (loss_sum + l, jax.tree_util.tree_map(jnp.add, grad_sum, g)), None
+            micro_loss, g = grad_fn(params, *batch)
+            return (loss_sum + micro_loss, jax.tree.map(jnp.add, grad_sum, g)), None
 
         (loss, grads), _ = lax.scan(micro_step, (loss, grads), (xs[1:], ys[1:]))
         loss = loss / accum
-        grads = jax.tree_util.tree_map(lambda g: g / accum, grads)
+        grads = jax.tree.map(lambda g: g / accum, grads)
     return loss, grads
 
 

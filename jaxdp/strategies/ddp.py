@@ -12,7 +12,7 @@ from .common import Strategy, replicated_data_parallel
 
 
 def all_reduce_mean(grads, n: int):
-    return lax.psum(jax.tree_util.tree_map(lambda g: g / n, grads), AXIS)
+    return lax.psum(jax.tree.map(lambda g: g / n, grads), AXIS)
 
 
 def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:

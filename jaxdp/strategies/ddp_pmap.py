@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from ..devices import AXIS
 from .common import Strategy, TrainState, apply_update, local_grads, to_numpy
@@ -20,7 +21,8 @@ def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
 
     def init(params, opt_state=None):
         # pmap takes this process's share: one copy per local device (all N in one process).
-        copies = lambda tree: jax.tree_util.tree_map(lambda a: np.stack([a] * len(mesh.local_devices)), to_numpy(tree))
+        def copies(tree):
+            return jax.tree.map(lambda a: np.stack([a] * len(mesh.local_devices)), to_numpy(tree))
         # Built by pmap itself so the state carries pmap's own sharding (no recompile at step 2).
         if opt_state is not None:
             return jax.pmap(TrainState, axis_name=AXIS, devices=pmap_devices)(copies(params), copies(opt_state))
@@ -39,12 +41,13 @@ def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
 
     def step(state, x, y):
         state, metrics = pmapped(state, x, y)
-        return state, jax.tree_util.tree_map(lambda a: a[0], metrics)
+        return state, jax.tree.map(lambda a: a[0], metrics)
 
     def put_batch(x, y):  # this process's rows -> [local devices, rows per device, ...]
         local = len(mesh.local_devices)
-        split = lambda a: a.reshape(local, a.shape[0] // local, *a.shape[1:])
+        def split(a):
+            return a.reshape(local, a.shape[0] // local, *a.shape[1:])
         return tuple(jax.make_array_from_process_local_data(stacked, split(a)) for a in (x, y))
 
     return Strategy("ddp-pmap", init, put_batch, step,
-                    lambda s: jax.tree_util.tree_map(lambda a: a[0], s.params), pmapped)
+                    lambda s: jax.tree.map(lambda a: a[0], s.params), pmapped)

@@ -21,7 +21,7 @@ from .common import Strategy, TrainState, apply_update, init_replicated, local_g
 
 def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
     n = mesh.size
-    tree_map = jax.tree_util.tree_map
+    tree_map = jax.tree.map
 
     def device_step(params, opt_state, x, y):
         loss, grads = local_grads(problem.loss_fn, params, x, y, cfg.accum)

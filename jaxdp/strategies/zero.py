@@ -36,7 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from .. import collectives as ring
 from ..devices import AXIS, replicated
@@ -83,20 +84,20 @@ def unpad(flat, like):
 def host_shards(tree, n):
     """Full host arrays -> the padded flat arrays ([N x S]) whose device-order shards we place
     (scalars, such as Adam's step count, stay as they are: replicated)."""
-    return jax.tree_util.tree_map(lambda p: np.pad(p.reshape(-1), (0, -p.size % n)) if p.ndim else p,
+    return jax.tree.map(lambda p: np.pad(p.reshape(-1), (0, -p.size % n)) if p.ndim else p,
                                   to_numpy(tree))
 
 
 def host_unshard(flat_tree, shapes):
     """Global [N x S] sharded arrays -> full unpadded host arrays."""
-    return jax.tree_util.tree_map(lambda f, shape: unpad(to_host(f), shape), flat_tree, shapes)
+    return jax.tree.map(lambda f, shape: unpad(to_host(f), shape), flat_tree, shapes)
 
 
 def make_stage(stage: int):
     def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
         n = mesh.size
         comm = Collectives(cfg.collectives)
-        tree_map = jax.tree_util.tree_map
+        tree_map = jax.tree.map
         shapes = tree_map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), problem.params)  # leaves, not tuples
         sharded = NamedSharding(mesh, P(AXIS))
         shard_shapes = tree_map(lambda p: jax.ShapeDtypeStruct((shard_size(p.size, n),), p.dtype), problem.params)

@@ -5,7 +5,8 @@ small helpers. A strategy wraps the model and its optimizer (as torchtitan's `ap
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -34,7 +35,7 @@ def micro_batches(x, y, accum: int):
     """`accum` contiguous equal micro-batches of this rank's rows (unequal ones are an error)."""
     if x.shape[0] % accum:
         raise ValueError(f"{x.shape[0]} rows do not split into {accum} equal micro-batches")
-    return zip(x.chunk(accum), y.chunk(accum))
+    return zip(x.chunk(accum), y.chunk(accum), strict=False)
 
 
 def local_grads(model, x, y, cfg, no_sync: Callable = contextlib.nullcontext) -> torch.Tensor:

@@ -41,4 +41,6 @@ def make(model, cfg, record: bool) -> Strategy:
                 dist.broadcast(p, src=SERVER)
         return metrics(loss, grads)
 
-    return Strategy("dp", step, lambda: params_of(model), checkpoint=ModelOptimizer(model, optimizer))  # optimizer: server only
+    return Strategy(
+        "dp", step, lambda: params_of(model), checkpoint=ModelOptimizer(model, optimizer)
+    )  # optimizer: server only

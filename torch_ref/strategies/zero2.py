@@ -53,7 +53,7 @@ def padded_flat(tensors, n: int) -> torch.Tensor:
 
 def make(model, cfg, record: bool) -> Strategy:
     n, rank = dist.get_world_size(), dist.get_rank()
-    names, params = zip(*model.named_parameters())
+    names, params = zip(*model.named_parameters(), strict=False)
     numel = sum(p.numel() for p in params)
     with torch.no_grad():
         flat = padded_flat(params, n)
@@ -75,7 +75,7 @@ def make(model, cfg, record: bool) -> Strategy:
         grads = None
         if record:  # the trace wants the full gradient: gather it (extra traffic, only when tracing)
             full = all_gather(main_param.grad)[:numel]
-            grads = {name: g for name, g in zip(names, _split(full, params))}
+            grads = {name: g for name, g in zip(names, _split(full, params), strict=False)}
         clip_shard_(cfg.clip_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -114,7 +114,7 @@ class ShardState:
     @torch.no_grad()
     def load_state_dict(self, sd: dict) -> None:
         params = list(self.model.parameters())
-        for p, (name, _) in zip(params, self.model.named_parameters()):
+        for p, (name, _) in zip(params, self.model.named_parameters(), strict=False):
             p.copy_(sd["model"][name])
         n, rank, size = dist.get_world_size(), dist.get_rank(), self.main_param.numel()
         self.main_param.copy_(padded_flat(params, n)[rank * size:(rank + 1) * size])  # the master shard = the params'

@@ -61,4 +61,6 @@ def make(model, cfg, record: bool) -> Strategy:
     def full_params():  # a collective: every rank calls it
         return {name: p.full_tensor().detach() for name, p in model.named_parameters()}
 
-    return Strategy("zero3", step, full_params, wrapped=model, checkpoint=ModelOptimizer(model, optimizer))  # DTensors: saved shard by shard
+    return Strategy(
+        "zero3", step, full_params, wrapped=model, checkpoint=ModelOptimizer(model, optimizer)
+    )  # DTensors: saved shard by shard

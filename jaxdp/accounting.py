@@ -33,6 +33,16 @@ def bytes_on(tree, device) -> int:
     return total
 
 
+def step_memory(compiled) -> dict:
+    """What a compiled step needs on one device, from `compiled.memory_analysis()`:
+    state_bytes = its arguments (train state + batch shard), temp_bytes = its temporaries, and
+    peak_bytes = arguments + temporaries + outputs not aliased to (donated) arguments."""
+    m = compiled.memory_analysis()
+    args, temp = int(m.argument_size_in_bytes), int(m.temp_size_in_bytes)
+    fresh_outputs = int(m.output_size_in_bytes) - int(m.alias_size_in_bytes)
+    return {"state_bytes": args, "temp_bytes": temp, "peak_bytes": args + temp + fresh_outputs}
+
+
 def formula(stage: int, sizes: list[int], n: int, param_bytes: int, grad_bytes: int, k_bytes: int,
             replicated_state_bytes: int = 0) -> dict:
     """Bytes per device by the ZeRO formula, with exact padding."""

@@ -1,4 +1,5 @@
-"""`jaxdp train | diff`: the command line. Flags come from `jaxdp.config.RunConfig`."""
+"""The `jaxdp` command line: `train`, `diff`, `memory`, `parity`, `compare`, `bench` (see `jaxdp -h`).
+Training flags come from `jaxdp.config.RunConfig`, the one definition both frameworks use."""
 from __future__ import annotations
 
 import argparse
@@ -17,6 +18,9 @@ def _strategy_list(text: str) -> list[str]:
             f"(choose from {', '.join(config.ALL_STRATEGIES + tuple(config.ALIASES))})"
         )
     return names
+
+
+TORCH_COMMANDS = ("compare", "parity", "bench")  # they run torch_ref too
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,6 +95,8 @@ def main(argv=None) -> int:
     from .train import NonFiniteLoss
 
     try:
+        if args.command in TORCH_COMMANDS:
+            config.require_torch(f"jaxdp {args.command}")
         if args.command == "train":
             return _train(args)
         if args.command == "memory":
@@ -108,7 +114,7 @@ def main(argv=None) -> int:
 
 
 def _train(args) -> int:
-    from . import devices, train
+    from . import devices, trace, train
 
     strategies = args.strategy
     if len(strategies) > 1 and args.trace and "{strategy}" not in args.trace:
@@ -116,6 +122,10 @@ def _train(args) -> int:
             "several strategies write several traces: put {strategy} in --trace, e.g. runs/{strategy}.npz"
         )
     configs = [config.from_args(argparse.Namespace(**{**vars(args), "strategy": name})) for name in strategies]
+    for cfg in configs:  # before training (and before starting processes), not when the trace is due
+        if args.trace:
+            trace.check_writable(args.trace.format(strategy=cfg.strategy))
+    _check_processes(args.processes, args.devices)
     if args.processes > 1:
         if args.coordinator:
             raise config.ConfigError(
@@ -150,6 +160,18 @@ def _train(args) -> int:
     return 0
 
 
+def _check_processes(processes: int, devices: int) -> None:
+    """Every process contributes devices / processes devices: check before starting any."""
+    if processes < 1:
+        raise config.ConfigError(f"--processes must be at least 1, got {processes}")
+    if devices % processes:
+        fits = ", ".join(str(p) for p in range(1, devices + 1) if devices % p == 0)
+        raise config.ConfigError(
+            f"--devices {devices} does not divide over --processes {processes} (each process holds the same "
+            f"number of devices); use --processes {fits}, or --devices {processes * (devices // processes + 1)}"
+        )
+
+
 def _argv_without_processes() -> list[str]:
     argv, skip = [], False
     for a in sys.argv[1:]:
@@ -181,11 +203,12 @@ def _memory(args) -> int:
 def _compare(args) -> int:
     import time
 
-    from . import devices
+    from . import devices, trace
     from .report import render, runner
 
     names = [config.ALIASES.get(n.strip(), n.strip()) for n in args.strategies.split(",") if n.strip()]
     runner.check_strategies(names)
+    trace.check_writable(os.path.join(args.out, "report.html"), "--out")
     base = config.RunConfig(
         **{**{k: getattr(args, k) for k in config.RunConfig.__dataclass_fields__}, "strategy": "ddp"}
     )
@@ -211,8 +234,9 @@ def _compare(args) -> int:
 def _bench(args) -> int:
     import json
 
-    from . import bench
+    from . import bench, trace
 
+    trace.check_writable(os.path.join(args.out, "bench.json"), "--out")
     results = bench.run(quick=args.quick, out=args.out)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "bench.json"), "w") as f:

@@ -30,6 +30,17 @@ class ConfigError(ValueError):
     """A configuration that cannot run; the message says how to fix it."""
 
 
+def require_torch(command: str) -> None:
+    """`command` runs torch_ref: say in one line how to install PyTorch when it is missing."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            f"{command} needs PyTorch, which is not installed: pip install -c constraints-cpu.txt -e '.[torch]' "
+            f"(in a clone of jaxdp), or pip install 'jaxdp[torch]'"
+        ) from None
+
+
 def _flag(default, help, choices=None, type=None):
     return field(default=default, metadata={"help": help, "choices": choices, "type": type})
 

@@ -50,6 +50,19 @@ class Trace:
         return np.array([float(self.arrays[f"step/{k}/loss"]) for k in range(self.first_step, self.steps + 1)])
 
 
+def check_writable(path, flag: str = "--trace") -> None:
+    """Fail now, in one line, if a file cannot be written at `path` later (checked before training,
+    so a long run never dies at its end): creates the folder as `save` would, and a probe file in it."""
+    folder = os.path.dirname(os.path.abspath(os.fspath(path)))
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, suffix=".probe"):
+            pass
+    except OSError as e:
+        raise TraceError(f"cannot write {flag} {os.fspath(path)!r}: {e.strerror}: {e.filename!r}; "
+                         f"choose a writable path") from None
+
+
 def save(path, meta: dict, arrays: dict[str, np.ndarray]) -> None:
     """Write atomically: a reader never sees a half-written trace."""
     path = os.fspath(path)

@@ -93,3 +93,36 @@ def test_train_in_a_fresh_process_writes_a_trace_equal_to_single(tmp_path):
     worst = trace.diff(got, trace.Trace(ref.meta, ref.arrays))["worst"]
     assert max(worst.values()) < 1e-12, worst
     assert got.arrays["step/3/param/layers/0/kernel"].shape == (32, 16)  # Flax layout [in, out]
+
+
+def test_trace_path_that_cannot_be_written_fails_before_training(tmp_path, capsys):
+    (tmp_path / "afile").write_text("")
+    err = error_of(["train", "--steps", "50", "--trace", str(tmp_path / "afile" / "x.npz")], capsys)
+    assert err.startswith("jaxdp: error: cannot write --trace ") and err.count("\n") == 1
+    assert "choose a writable path" in err
+
+
+def test_processes_that_do_not_divide_the_devices_fail_before_starting_any(capsys):
+    err = error_of(["train", "--processes", "3", "--devices", "4"], capsys)
+    assert err == ("jaxdp: error: --devices 4 does not divide over --processes 3 (each process holds the same "
+                   "number of devices); use --processes 1, 2, 4, or --devices 6\n")
+    assert "started process" not in err
+
+
+NO_TORCH = "import sys; sys.modules['torch'] = None; from {module}.cli import main; sys.exit(main({argv!r}))"
+INSTALL_HINT = ("needs PyTorch, which is not installed: pip install -c constraints-cpu.txt -e '.[torch]' "
+                "(in a clone of jaxdp), or pip install 'jaxdp[torch]'\n")
+
+
+@pytest.mark.parametrize("module,argv,prefix", [
+    ("jaxdp", ["compare", "--out", "{tmp}"], "jaxdp: error: jaxdp compare "),
+    ("jaxdp", ["parity", "--strategies", "ddp"], "jaxdp: error: jaxdp parity "),
+    ("jaxdp", ["bench", "--quick", "--out", "{tmp}"], "jaxdp: error: jaxdp bench "),
+    ("torch_ref", ["train", "--steps", "1"], "torch_ref: error: python -m torch_ref ")])
+def test_commands_that_need_torch_say_which_extra_to_install(module, argv, prefix, tmp_path):
+    """Run as if torch were not installed (an import of it fails): one line, no traceback."""
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    proc = subprocess.run([sys.executable, "-c", NO_TORCH.format(module=module, argv=argv)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == prefix + INSTALL_HINT

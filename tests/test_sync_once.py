@@ -19,7 +19,7 @@ COMM = {"psum", "psum_invariant", "ppermute", "all_gather", "reduce_scatter", "a
 
 
 def test_shard_map_grad_of_replicated_params_is_already_summed():
-    """The trap DESIGN.md warns about, pinned: under check_vma=True, jax.grad of replicated params
+    """The shard_map trap (docs/STRATEGIES.md), pinned: under check_vma=True, jax.grad of replicated params
     returns the psum of the local gradients; after pcast to varying it returns the local gradient."""
     n = 4
     mesh = devices.mesh(jax.devices()[:n])

@@ -128,7 +128,8 @@ def test_accumulation_communicates_once_per_step(strategy):
 
 
 def test_gloo_reduce_scatter_is_an_all_reduce_underneath():
-    """DESIGN.md's trap, pinned: zero2's one reduce-scatter runs as a gloo all_reduce (plus the loss's)."""
+    """The gloo trap (docs/TORCH_REF.md), pinned: zero2's one reduce-scatter runs as a gloo all_reduce
+    (plus the loss's)."""
     zero2 = world(2)["comm"][0]["zero2"][1]
     assert zero2["c10d::_reduce_scatter_base_"] == 1 and zero2["c10d::allreduce_"] == 1
     assert zero2["gloo:all_reduce"] == 2 and "gloo:reduce_scatter" not in zero2

@@ -23,7 +23,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from jaxdp.trace import TraceError
+    try:
+        config.require_torch("python -m torch_ref")
+    except config.ConfigError as e:
+        print(f"torch_ref: error: {e}", file=sys.stderr)
+        return 2
+    from jaxdp.trace import TraceError, check_writable
 
     from .checkpoint import CheckpointError
     from .launch import RankError
@@ -31,6 +36,8 @@ def main(argv=None) -> int:
 
     try:
         cfg = config.from_args(args, framework="torch")
+        if args.trace:
+            check_writable(args.trace)
         result = run(cfg, trace_path=args.trace, timeout_s=args.timeout, pg_timeout_s=args.pg_timeout)
     except (config.ConfigError, TraceError, NonFiniteLoss, CheckpointError) as e:
         print(f"torch_ref: error: {e}", file=sys.stderr)

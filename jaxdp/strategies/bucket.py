@@ -4,7 +4,13 @@ Picotron's DataParallelBucket do: fewer, larger messages than one per parameter.
 than a bucket gets a bucket of its own. Divided by N before the all-reduce, as in `ddp`.
 
 In torch each bucket's all-reduce starts as soon as backward fills it; here XLA schedules the
-collectives of the whole step, so the overlap is its to choose. The buckets are what we fix.
+collectives of the whole step, so the overlap is its to choose. The buckets are what we fix, and
+the compiled program keeps them (tests/test_sync_once.py reads it): left alone, XLA:CPU's
+`cpu-all-reduce-combiner` merges every bucket and the loss into one tuple all-reduce, and XLA:GPU's
+combiner does the same below ~30 MiB; without an order, the scheduler reorders them under
+accumulation. So each bucket's input is made to depend on the previous bucket's result (`after`),
+which neither a combiner nor a scheduler can undo, and the step disables the combiner passes
+(`NO_COMBINER`, per program) so that the loss's scalar all-reduce stays apart too.
 """
 from __future__ import annotations
 
@@ -17,6 +23,9 @@ from ..models import flat_names
 from .common import Strategy, replicated_data_parallel
 
 MB = 2 ** 20
+# XLA's all-reduce combiners (XLA:CPU's, XLA:GPU's current and older names) would merge the loss's
+# scalar all-reduce into a bucket's; `after` already keeps the buckets apart and in order.
+NO_COMBINER = {"xla_disable_hlo_passes": "cpu-all-reduce-combiner,gpu-all-reduce-combiner,all-reduce-combiner"}
 
 
 def plan_buckets(nbytes: dict[str, int], order, capacity_bytes: float) -> list[list[str]]:
@@ -34,12 +43,19 @@ def plan_buckets(nbytes: dict[str, int], order, capacity_bytes: float) -> list[l
     return buckets
 
 
+def after(x, done):
+    """`x` unchanged, but computed from `done`: a collective on it can neither run before nor be
+    merged with the one that produced `done`. Adds 0 * (a 0/1 value): XLA does not simplify a float
+    multiply by zero (NaN * 0 is NaN), and a 0/1 value is never NaN, so the result is x exactly."""
+    return x + (done[0] > 0).astype(x.dtype) * 0
+
+
 def bucketed_all_reduce_mean(grads, buckets, n: int):
     named = flat_names(grads)
-    reduced = {}
+    reduced, flat = {}, None
     for bucket in buckets:
-        flat = jnp.concatenate([named[name].reshape(-1) for name in bucket]) / n
-        flat = lax.psum(flat, AXIS)  # one all-reduce per bucket
+        packed = jnp.concatenate([named[name].reshape(-1) for name in bucket]) / n
+        flat = lax.psum(packed if flat is None else after(packed, flat), AXIS)  # one all-reduce per bucket
         offset = 0
         for name in bucket:
             size = named[name].size
@@ -54,4 +70,4 @@ def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
     buckets = plan_buckets(nbytes, problem.order, cfg.bucket_mb * MB)
     return replicated_data_parallel("ddp-bucket", problem, optimizer, mesh, cfg.accum,
                                     lambda grads: bucketed_all_reduce_mean(grads, buckets, n),
-                                    check_vma=True, return_grads=return_grads)
+                                    check_vma=True, return_grads=return_grads, compiler_options=NO_COMBINER)

@@ -111,7 +111,7 @@ def put_sharded(mesh):
 
 
 def replicated_data_parallel(name, problem, optimizer, mesh, accum, sync, *, check_vma: bool,
-                             return_grads: bool) -> Strategy:
+                             return_grads: bool, compiler_options: dict | None = None) -> Strategy:
     """The DDP skeleton. `sync(grads)` must turn each device's local mean gradient into the global
     mean (every device the same), communicating once.
 
@@ -120,7 +120,7 @@ def replicated_data_parallel(name, problem, optimizer, mesh, accum, sync, *, che
     gradients already summed over devices. We cast explicitly first (`lax.pcast(..., to='varying')`),
     which makes the gradient local and leaves the one reduction to `sync`. With check_vma=False (used
     where `sync` is built from ppermute, whose results JAX cannot prove identical) there is no
-    implicit cast and grad is local as it is.
+    implicit cast and grad is local as it is. `compiler_options` go to this step's `jax.jit` only.
     """
     def device_step(params, opt_state, x, y):
         local = lax.pcast(params, AXIS, to="varying") if check_vma else params
@@ -133,5 +133,6 @@ def replicated_data_parallel(name, problem, optimizer, mesh, accum, sync, *, che
 
     sharded_step = jax.shard_map(device_step, mesh=mesh, in_specs=(P(), P(), P(AXIS), P(AXIS)),
                                  out_specs=P(), check_vma=check_vma)
-    step = jax.jit(lambda state, x, y: sharded_step(state.params, state.opt_state, x, y), donate_argnums=0)
+    step = jax.jit(lambda state, x, y: sharded_step(state.params, state.opt_state, x, y), donate_argnums=0,
+                   compiler_options=compiler_options)
     return Strategy(name, init_replicated(optimizer, mesh), put_sharded(mesh), step, lambda s: s.params)

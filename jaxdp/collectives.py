@@ -34,6 +34,23 @@ def pad_to_multiple(x: jax.Array, n: int) -> jax.Array:
     return jnp.pad(flat, (0, -flat.size % n))
 
 
+def _chunk(flat: jax.Array, k, size: int) -> jax.Array:
+    """Chunk k (a traced index in [0, N)) of `flat`: one dynamic-slice, no gather."""
+    return lax.dynamic_slice_in_dim(flat, k * size, size)
+
+
+def _ring_gather_into(out: jax.Array, chunk: jax.Array, axis_name: str) -> jax.Array:
+    """Write every device's `chunk` into `out` (flat, N chunks) in device order, by N-1 ring rounds:
+    round s forwards the chunk received last (one's own in round 0) to i+1 and stores the one that
+    arrives, which came from device (i-s-1) mod N. Each store is one dynamic-update-slice."""
+    n, me = lax.axis_size(axis_name), lax.axis_index(axis_name)
+    out = lax.dynamic_update_slice_in_dim(out, chunk, me * chunk.size, 0)
+    for s in range(n - 1):
+        chunk = lax.ppermute(chunk, axis_name, _ring(n))
+        out = lax.dynamic_update_slice_in_dim(out, chunk, (me + n - s - 1) % n * chunk.size, 0)
+    return out
+
+
 def ring_reduce_scatter(x: jax.Array, axis_name: str) -> jax.Array:
     """Sum flat `x` over the axis; device i returns chunk i (size ceil(x.size / N)).
 
@@ -42,14 +59,13 @@ def ring_reduce_scatter(x: jax.Array, axis_name: str) -> jax.Array:
     Matches `lax.psum_scatter(pad_to_multiple(x, N), axis_name, tiled=True)`.
     """
     n = lax.axis_size(axis_name)
-    chunks = pad_to_multiple(x, n).reshape(n, -1)
+    flat = pad_to_multiple(x, n)
     if n == 1:
-        return chunks[0]
-    me = lax.axis_index(axis_name)
-    acc = chunks[(me - 1) % n]
+        return flat
+    me, size = lax.axis_index(axis_name), flat.size // n
+    acc = _chunk(flat, (me + n - 1) % n, size)  # indices kept non-negative: no sign fix-up
     for s in range(n - 1):
-        received = lax.ppermute(acc, axis_name, _ring(n))
-        acc = received + chunks[(me - s - 2) % n]
+        acc = lax.ppermute(acc, axis_name, _ring(n)) + _chunk(flat, (me + 2 * n - s - 2) % n, size)
     return acc
 
 
@@ -64,17 +80,17 @@ def ring_all_gather(chunk: jax.Array, axis_name: str) -> jax.Array:
     chunk = chunk.reshape(-1)
     if n == 1:
         return chunk
-    me = lax.axis_index(axis_name)
-    out = jnp.zeros((n, chunk.size), chunk.dtype).at[me].set(chunk)
-    for s in range(n - 1):
-        chunk = lax.ppermute(chunk, axis_name, _ring(n))
-        out = out.at[(me - s - 1) % n].set(chunk)
-    return out.reshape(-1)
+    return _ring_gather_into(jnp.zeros(n * chunk.size, chunk.dtype), chunk, axis_name)
 
 
 def ring_all_reduce(x: jax.Array, axis_name: str) -> jax.Array:
-    """Sum `x` (any shape) over the axis: ring reduce-scatter, then ring all-gather. Matches psum."""
-    summed = ring_all_gather(ring_reduce_scatter(x, axis_name), axis_name)
+    """Sum `x` (any shape) over the axis: ring reduce-scatter, then ring all-gather written into the
+    padded input's own buffer (no fresh zeroed buffer). Matches psum."""
+    n = lax.axis_size(axis_name)
+    if n == 1:
+        return x
+    flat = pad_to_multiple(x, n)
+    summed = _ring_gather_into(flat, ring_reduce_scatter(flat, axis_name), axis_name)
     return summed[:x.size].reshape(x.shape)
 
 

@@ -15,10 +15,11 @@ multiple of N), and the optimizer's replicated scalars (Adam's step count) are a
 from __future__ import annotations
 
 import math
-import re
 
 import jax
 import numpy as np
+
+from . import hlo
 
 STAGE = {"single": 0, "dp": 0, "ddp": 0, "ddp-pmap": 0, "ddp-bucket": 0, "ddp-ring": 0,
          "zero1": 1, "zero2": 2, "zero3": 3}
@@ -94,94 +95,47 @@ def format_memory(rows: list[dict]) -> str:
 
 # ---- communication, read from the compiled program ----------------------------------------------
 
-DTYPE_BYTES = {
-    "pred": 1,
-    "s8": 1,
-    "u8": 1,
-    "s16": 2,
-    "u16": 2,
-    "f16": 2,
-    "bf16": 2,
-    "s32": 4,
-    "u32": 4,
-    "f32": 4,
-    "s64": 8,
-    "u64": 8,
-    "f64": 8,
-    "c64": 8,
-    "c128": 16,
-}
 KINDS = {
     "all-reduce": "all-reduce",
     "reduce-scatter": "reduce-scatter",
     "all-gather": "all-gather",
     "collective-permute": "point-to-point",
 }
-_OP = re.compile(
-    r"=\s*(?P<shape>.+?)\s+(?P<op>all-reduce|reduce-scatter|all-gather|collective-permute)"
-    r"(?P<start>-start)?\("
-)
-_ARRAY = re.compile(r"\b(pred|[suf]\d+|bf16|c64|c128)\[([\d,]*)\]")
-
-
-def _nbytes(shape_text: str, last_only: bool = False) -> int:
-    arrays = [
-        DTYPE_BYTES[d] * math.prod(int(x) for x in dims.split(",") if x) for d, dims in _ARRAY.findall(shape_text)
-    ]
-    return arrays[-1] if last_only else sum(arrays)
-
-
-def _group_size(line: str, n_devices: int) -> int:
-    m = re.search(r"replica_groups=\{\{([\d,]+)\}", line)
-    if m:
-        return len(m.group(1).split(","))
-    m = re.search(r"replica_groups=\[(\d+),(\d+)\]", line)  # iota form [groups, size]
-    return int(m.group(2)) if m else n_devices
 
 
 def collectives(hlo_text: str, n_devices: int) -> list[dict]:
-    """Every collective of a compiled (post-optimisation) HLO module: its kind, the bytes of its
-    result, its group size, and the bytes each device sends by the ring algorithm:
+    """Every collective of a compiled (post-optimisation) HLO module, in program order
+    (`hlo.collectives_in_order`): its kind, the bytes of its result, its group size, `trips` (the
+    times it runs per step: inside a while loop, the loop's trip count; nested loops multiply) and
+    the bytes each device sends per run by the ring algorithm:
       all-reduce of B bytes          2 (n-1)/n B      reduce-scatter to B bytes   (n-1) B
       all-gather to B bytes          (n-1)/n B        collective-permute of B     B per sending pair / n
+      all-to-all of B bytes          (n-1)/n B
     (for collective-permute: the mean over devices; `max_sent` is the busiest device's)."""
     found = []
-    for line in hlo_text.splitlines():
-        m = _OP.search(line)
-        if not m or "-done" in line.split("=")[0]:
-            continue
-        op = m.group("op")
-        # async *-start ops return (operands..., result): the result is the last array.
-        nbytes = _nbytes(m.group("shape"), last_only=bool(m.group("start")) and op != "all-reduce")
-        n = _group_size(line, n_devices)
+    for c in hlo.collectives_in_order(hlo_text, n_devices):
+        op, nbytes, n = c["op"], c["bytes"], c["group"]
         if op == "collective-permute":
-            pairs = (
-                re.findall(r"\{(\d+),(\d+)\}", line.split("source_target_pairs=")[1])
-                if "source_target_pairs=" in line
-                else []
-            )
-            senders = [int(s) for s, _ in pairs]
-            sent = nbytes * len(pairs) / n_devices
+            senders = [s for s, _ in c["pairs"]]
+            sent = nbytes * len(senders) / n_devices
             max_sent = nbytes * max((senders.count(d) for d in set(senders)), default=0)
         else:
-            sent = {
-                "all-reduce": 2 * (n - 1) / n * nbytes,
-                "reduce-scatter": (n - 1) * nbytes,
-                "all-gather": (n - 1) / n * nbytes,
-            }[op]
-            max_sent = sent
-        found.append({"op": op, "kind": KINDS[op], "bytes": nbytes, "group": n, "sent": sent, "max_sent": max_sent})
+            sent = max_sent = {"all-reduce": 2 * (n - 1) / n * nbytes, "reduce-scatter": (n - 1) * nbytes,
+                               "all-gather": (n - 1) / n * nbytes, "all-to-all": (n - 1) / n * nbytes}[op]
+        found.append({**c, "kind": KINDS.get(op, op), "sent": sent, "max_sent": max_sent})
     return found
 
 
 def communication(hlo_text: str, n_devices: int) -> dict:
-    """Bytes sent per device per step, by kind of collective, and the number of ops of each kind."""
+    """Bytes sent per device per step, by kind of collective, and the number of ops of each kind
+    that run per step (an op inside a loop counts once per iteration)."""
     out = {kind: {"ops": 0, "sent": 0.0, "max_sent": 0.0} for kind in KINDS.values()}
     for c in collectives(hlo_text, n_devices):
-        entry = out[c["kind"]]
-        entry["ops"] += 1
-        entry["sent"] += c["sent"]
-        entry["max_sent"] += c["max_sent"]
+        trips = 1 if c["trips"] is None else c["trips"]  # a loop of unknown trip count: counted once
+        entry = out.setdefault(c["kind"], {"ops": 0, "sent": 0.0, "max_sent": 0.0})
+        entry["ops"] += trips
+        entry["sent"] += c["sent"] * trips
+        entry["max_sent"] += c["max_sent"] * trips
     out["total"] = sum(v["sent"] for v in out.values())
     return out
 

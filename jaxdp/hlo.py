@@ -1,0 +1,117 @@
+"""Reading a compiled (post-optimisation) HLO module's text: every collective, in program order, with
+the number of times it runs per step.
+
+A collective inside a while loop's body runs once per iteration: XLA writes the loop's trip count
+into the while's `backend_config` (`"known_trip_count":{"n":"K"}`, from its while-loop analysis),
+and loops nest, so a collective's `trips` is the product of the trip counts of the loops around it.
+The scheduled entry computation lists instructions in the order they run; a called computation's
+collectives are listed where the call is.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
+               "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+OPS = ("all-reduce", "reduce-scatter", "all-gather", "collective-permute", "all-to-all")
+
+_HEADER = re.compile(r"^(?:ENTRY )?%(?P<name>[^\s(]+) .*\{\s*$")
+_OP = re.compile(r"=\s*(?P<shape>.+?)\s+(?P<op>" + "|".join(OPS) + r")(?P<start>-start)?\(")
+_ARRAY = re.compile(r"\b(pred|[suf]\d+|bf16|c64|c128)\[([\d,]*)\]")
+_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+# computations an instruction runs, and how often relative to it (a loop body: trip-count times)
+_CALLS = re.compile(r"\b(condition|body|calls|branch_computations|true_computation|false_computation)="
+                    r"(\{[^}]*\}|%[^\s,)]+)")
+
+
+def computations(hlo_text: str) -> tuple[str, dict[str, list[str]]]:
+    """(the entry computation's name, {computation name: its instruction lines})."""
+    comps, entry, current = {}, None, None
+    for line in hlo_text.splitlines():
+        m = _HEADER.match(line)
+        if m and not line.startswith(" "):
+            current = m.group("name")
+            comps[current] = []
+            if line.startswith("ENTRY"):
+                entry = current
+        elif current is not None and line.strip() == "}":
+            current = None
+        elif current is not None:
+            comps[current].append(line)
+    if entry is None:
+        raise ValueError("no ENTRY computation in this HLO text")
+    return entry, comps
+
+
+def trip_count(line: str) -> int | None:
+    """A while instruction's known trip count, or None where XLA could not derive it."""
+    m = _TRIP.search(line)
+    return int(m.group(1)) if m else None
+
+
+def _callees(line: str) -> list[tuple[str, int | None]]:
+    """(computation, runs per run of `line`) for each computation `line` calls (reductions'
+    `to_apply` regions hold no collectives and are skipped)."""
+    if re.search(r"\basync-(done|update)\(", line):  # the async-start lists the same computation
+        return []
+    out = []
+    trips = trip_count(line) if " while(" in line else 1
+    for attr, value in _CALLS.findall(line):
+        factor = trips if attr == "body" else (None if trips is None else trips + 1) if attr == "condition" else 1
+        out += [(name, factor) for name in re.findall(r"%([^\s,}]+)", value)]
+    return out
+
+
+def _arrays(shape_text: str) -> list[tuple[str, int]]:
+    return [(d, math.prod(int(x) for x in dims.split(",") if x)) for d, dims in _ARRAY.findall(shape_text)]
+
+
+def _group_size(line: str, n_devices: int) -> int:
+    m = re.search(r"replica_groups=\{\{([\d,]+)\}", line)
+    if m:
+        return len(m.group(1).split(","))
+    m = re.search(r"replica_groups=\[(\d+),(\d+)\]", line)  # iota form [groups, size]
+    return int(m.group(2)) if m else n_devices
+
+
+def _pairs(line: str) -> list[tuple[int, int]]:
+    if "source_target_pairs=" not in line:
+        return []
+    return [(int(s), int(t)) for s, t in re.findall(r"\{(\d+),(\d+)\}", line.split("source_target_pairs=")[1])]
+
+
+def collective(line: str, n_devices: int) -> dict | None:
+    """The collective `line` issues (None if it issues none): op, dtype ('mixed' for a tuple of
+    several), elements and bytes of its result, group size, and for collective-permute its pairs."""
+    m = _OP.search(line)
+    if not m or "-done" in line.split("=")[0]:
+        return None
+    op = m.group("op")
+    arrays = _arrays(m.group("shape"))
+    if m.group("start") and op != "all-reduce":  # async *-start returns (operands..., result)
+        arrays = arrays[-1:]
+    dtypes = {d for d, _ in arrays}
+    return {"op": op, "dtype": dtypes.pop() if len(dtypes) == 1 else "mixed",
+            "elements": sum(e for _, e in arrays), "bytes": sum(DTYPE_BYTES[d] * e for d, e in arrays),
+            "group": _group_size(line, n_devices), "pairs": _pairs(line) if op == "collective-permute" else None}
+
+
+def collectives_in_order(hlo_text: str, n_devices: int) -> list[dict]:
+    """Every collective of the module in program order, each with `trips`: the times it runs per
+    step (the product of the trip counts of the loops around it; None if one is unknown)."""
+    entry, comps = computations(hlo_text)
+    found = []
+
+    def walk(name: str, trips: int | None, depth: int) -> None:
+        if depth > 64:
+            raise ValueError(f"HLO call graph deeper than 64 at {name}")
+        for line in comps.get(name, []):
+            c = collective(line, n_devices)
+            if c is not None:
+                found.append({**c, "trips": trips})
+            for callee, factor in _callees(line):
+                walk(callee, None if trips is None or factor is None else trips * factor, depth + 1)
+
+    walk(entry, 1, 0)
+    return found

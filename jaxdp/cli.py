@@ -1,4 +1,4 @@
-"""The `jaxdp` command line: `train`, `diff`, `memory`, `parity`, `compare`, `bench` (see `jaxdp -h`).
+"""The `jaxdp` command line: `train`, `diff`, `memory`, `inspect`, `parity`, `compare`, `bench` (see `jaxdp -h`).
 Training flags come from `jaxdp.config.RunConfig`, the one definition both frameworks use."""
 from __future__ import annotations
 
@@ -61,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_arguments(memory)
     memory.add_argument("--strategies", default="ddp,zero1,zero2,zero3", help="comma-separated strategies")
 
+    inspect = sub.add_parser("inspect", help="every collective of the compiled step, bytes vs theory, peak memory")
+    config.add_arguments(inspect)
+    inspect.add_argument("--json", default=None, metavar="PATH", help="also write the result as JSON here")
+
     compare = sub.add_parser("compare", help="run strategies in both frameworks and write the comparison report")
     config.add_arguments(compare)
     compare.add_argument("--strategies", default="ddp,ddp-ring,zero1,zero3", help="comma-separated strategies")
@@ -101,6 +105,8 @@ def main(argv=None) -> int:
             return _train(args)
         if args.command == "memory":
             return _memory(args)
+        if args.command == "inspect":
+            return _inspect(args)
         if args.command == "parity":
             return _parity(args)
         if args.command == "compare":
@@ -198,6 +204,14 @@ def _memory(args) -> int:
     )
     print(accounting.format_memory(rows))
     return 0
+
+
+def _inspect(args) -> int:
+    from . import inspect, trace
+
+    if args.json:
+        trace.check_writable(args.json, "--json")
+    return inspect.main(config.from_args(args), args.json)
 
 
 def _compare(args) -> int:

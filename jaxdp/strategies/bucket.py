@@ -64,10 +64,15 @@ def bucketed_all_reduce_mean(grads, buckets, n: int):
     return jax.tree.unflatten(jax.tree.structure(grads), [reduced[name] for name in named])
 
 
+def plan(problem, bucket_mb: float) -> list[list[str]]:
+    """The buckets of `problem`'s parameters (names, in the order they are all-reduced)."""
+    nbytes = {name: p.size * p.dtype.itemsize for name, p in flat_names(problem.params).items()}
+    return plan_buckets(nbytes, problem.order, bucket_mb * MB)
+
+
 def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
     n = mesh.size
-    nbytes = {name: p.size * p.dtype.itemsize for name, p in flat_names(problem.params).items()}
-    buckets = plan_buckets(nbytes, problem.order, cfg.bucket_mb * MB)
+    buckets = plan(problem, cfg.bucket_mb)
     return replicated_data_parallel("ddp-bucket", problem, optimizer, mesh, cfg.accum,
                                     lambda grads: bucketed_all_reduce_mean(grads, buckets, n),
                                     check_vma=True, return_grads=return_grads, compiler_options=NO_COMBINER)

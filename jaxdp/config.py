@@ -20,7 +20,6 @@ FRAMEWORK_STRATEGIES = {
     "jax": ("single", "dp", "ddp", "ddp-pmap", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3"),
     "torch": ("single", "dp", "ddp", "ddp-naive", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3"),
 }
-STRATEGIES = FRAMEWORK_STRATEGIES["jax"]
 ALL_STRATEGIES = tuple(dict.fromkeys(FRAMEWORK_STRATEGIES["jax"] + FRAMEWORK_STRATEGIES["torch"]))
 ALIASES = {"fsdp": "zero3"}
 PACKAGE = {"jax": "jaxdp", "torch": "torch_ref"}
@@ -43,6 +42,14 @@ def require_torch(command: str) -> None:
 
 def _flag(default, help, choices=None, type=None):
     return field(default=default, metadata={"help": help, "choices": choices, "type": type})
+
+
+def _bool_text(text: str) -> bool:
+    if str(text).lower() in ("true", "1", "yes"):
+        return True
+    if str(text).lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -86,6 +93,10 @@ class RunConfig:
     d_model: int = _flag(32, "gpt: embedding width")
     seq_len: int = _flag(32, "gpt: context length in characters")
     collectives: str = _flag("xla", "zero1/2/3: XLA's built-in collectives or the explicit ring", COLLECTIVES)
+    reshard_after_forward: bool = _flag(
+        True, "zero3 (FSDP2's name): true frees each unit's gathered parameters after its forward and gathers "
+        "them again for backward (3 x (N-1)/N Psi sent); false keeps them until backward (2 x, more memory)",
+        type=_bool_text)
     nan_check: bool = _flag(True, "stop with the step number on a NaN or Inf loss")
     checkpoint_dir: str = _flag(
         "", "directory for checkpoints (orbax in jaxdp, torch.distributed.checkpoint in torch_ref)"
@@ -167,7 +178,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for f in dataclasses.fields(RunConfig):
         flag = "--" + f.name.replace("_", "-")
         meta = f.metadata
-        if f.type in ("bool", bool):
+        if f.type in ("bool", bool) and not meta.get("type"):  # --flag / --no-flag
             parser.add_argument(
                 flag, dest=f.name, default=f.default, action=argparse.BooleanOptionalAction, help=meta["help"]
             )

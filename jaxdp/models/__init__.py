@@ -10,10 +10,10 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 
+from . import units
 from .gpt import GPT
 from .mlp import MLP
 
@@ -38,6 +38,7 @@ class Problem(NamedTuple):
     params: dict            # nested dict of arrays (the NNX state as a pure dict), Flax layout
     order: tuple[str, ...]  # parameter names in the order the model defines them (forward order)
     apply: Callable         # (params, x) -> logits
+    units: tuple = ()       # the model's FSDP units in forward order (`units.Unit`), for zero3
 
 
 def definition_order(node, prefix=()):
@@ -64,13 +65,19 @@ def init(cfg, dataset) -> Problem:
         return nnx.merge(graphdef, params)(x)
 
     def loss_fn(params, x, y):
-        logits = apply(params, x)
-        loss_dtype = jnp.promote_types(logits.dtype, jnp.float32)  # bf16 logits: loss in fp32
-        ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(loss_dtype), y)
-        return jnp.mean(ce)
+        return cross_entropy(apply(params, x), y)
 
     assert sorted(order) == sorted(flat_names(params)), "definition_order missed a parameter"
-    return Problem(loss_fn, params, order, apply)
+    pure = units.pure_units(model)
+    owned = [name for unit in pure for name in flat_names(units.split(params, [unit]))]
+    assert len(owned) == len(order), "the FSDP units do not own every parameter exactly once"
+    return Problem(loss_fn, params, order, apply, pure)
+
+
+def cross_entropy(logits, y):
+    """Mean softmax cross-entropy of `logits` against integer labels `y`."""
+    loss_dtype = jnp.promote_types(logits.dtype, jnp.float32)  # bf16 logits: loss in fp32
+    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits.astype(loss_dtype), y))
 
 
 def flat_names(tree) -> dict[str, object]:
@@ -91,7 +98,3 @@ def unflatten_names(flat: dict) -> dict:
             node = node.setdefault(p, {})
         node[last] = leaf
     return nested
-
-
-def count(params) -> int:
-    return int(sum(np.prod(np.shape(p)) for p in jax.tree.leaves(params)))

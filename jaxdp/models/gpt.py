@@ -4,12 +4,15 @@ Written out by hand (no fused attention) so that the torch mirror can follow it 
 operation: token + position embeddings, `n_layer` blocks of LayerNorm -> causal self-attention ->
 residual, LayerNorm -> MLP(4x, exact GELU) -> residual, a final LayerNorm and an untied head.
 LayerNorm epsilon is 1e-5, as in torch.nn.LayerNorm. The qkv projection has no bias.
+FSDP units: the two embeddings, each block, and the final LayerNorm with the head.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from . import units
 
 LN_EPS = 1e-5
 
@@ -65,8 +68,22 @@ class GPT(nnx.Module):
         self.ln_f = nnx.LayerNorm(d_model, epsilon=LN_EPS, **kw)
         self.head = nnx.Linear(d_model, vocab, **kw)
 
+    def unit_specs(self) -> list[units.UnitSpec]:
+        return [units.UnitSpec("embed", (("tok_embed",), ("pos_embed",)), embed),
+                *(units.UnitSpec(f"blocks/{i}", (("blocks", i),), block) for i in range(len(self.blocks))),
+                units.UnitSpec("head", (("ln_f",), ("head",)), head)]
+
     def __call__(self, tokens):
-        x = self.tok_embed(tokens) + self.pos_embed(jnp.arange(tokens.shape[1]))
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.ln_f(x))
+        return units.run(self, tokens)
+
+
+def embed(tok_embed, pos_embed, tokens):
+    return tok_embed(tokens) + pos_embed(jnp.arange(tokens.shape[1]))
+
+
+def block(module, x):
+    return module(x)
+
+
+def head(ln_f, linear, x):
+    return linear(ln_f(x))

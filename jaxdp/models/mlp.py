@@ -1,8 +1,18 @@
-"""`mlp`: Dense layers with tanh between them and none after the last."""
+"""`mlp`: Dense layers with tanh between them and none after the last. Each layer is one FSDP unit."""
 from __future__ import annotations
 
 import jax.numpy as jnp
 from flax import nnx
+
+from . import units
+
+
+def hidden_layer(layer, x):
+    return jnp.tanh(layer(x))
+
+
+def last_layer(layer, x):
+    return layer(x)
 
 
 class MLP(nnx.Module):
@@ -10,9 +20,10 @@ class MLP(nnx.Module):
         self.layers = nnx.List([nnx.Linear(a, b, param_dtype=param_dtype, dtype=dtype, rngs=rngs)
                                 for a, b in zip(sizes[:-1], sizes[1:], strict=False)])
 
+    def unit_specs(self) -> list[units.UnitSpec]:
+        last = len(self.layers) - 1
+        return [units.UnitSpec(f"layers/{i}", (("layers", i),), last_layer if i == last else hidden_layer)
+                for i in range(len(self.layers))]
+
     def __call__(self, x):
-        for i, layer in enumerate(self.layers):
-            x = layer(x)
-            if i < len(self.layers) - 1:
-                x = jnp.tanh(x)
-        return x
+        return units.run(self, x)

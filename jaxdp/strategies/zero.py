@@ -32,18 +32,15 @@ from __future__ import annotations
 import math
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .. import collectives as ring
 from ..devices import AXIS, replicated
+from . import fsdp
 from .common import Strategy, TrainState, apply_update, local_grads, put_sharded, to_host, to_numpy
-
-GATHERED = "zero3_gathered_params"
 
 
 def shard_size(size: int, n: int) -> int:
@@ -127,22 +124,17 @@ def make_stage(stage: int):
             shards = tree_map(lambda g: comm.reduce_scatter(g.reshape(-1)), grads)  # only my shard
             return loss, shards, shards
 
-        def zero3_grads(param_shards, x, y):
-            def gathered_loss(shards, delta, xb, yb):
-                # The barrier makes backward's re-gather a distinct computation that XLA cannot
-                # merge (CSE) with forward's, which would keep full parameters alive in between.
-                shards = lax.optimization_barrier(shards)
-                full = tree_map(lambda s, shape: checkpoint_name(unpad(comm.all_gather(s), shape), GATHERED),
-                                shards, shapes)
-                return problem.loss_fn(tree_map(jnp.add, full, delta), xb, yb)
+        def gather_leaf(shard, shape):
+            return unpad(comm.all_gather(shard), shape)
 
-            # Save everything for backward except the gathered parameters: backward gathers again.
-            policy = jax.checkpoint_policies.dots_saveable
-            gathered_loss = jax.checkpoint(gathered_loss, policy=policy)
-            delta = tree_map(lambda like: jnp.zeros(like.shape, like.dtype), shapes)
-            loss, grads = local_grads(lambda d, xb, yb: gathered_loss(param_shards, d, xb, yb), delta, x, y,
-                                      cfg.accum)
-            shards = tree_map(lambda g: comm.reduce_scatter(g.reshape(-1) / n), grads)
+        def scatter_leaf(grad):
+            return comm.reduce_scatter(grad.reshape(-1) / n)
+
+        unit_grads = fsdp.unit_grads(problem, shapes, gather_leaf, scatter_leaf, cfg.accum,
+                                     cfg.reshard_after_forward) if stage == 3 else None
+
+        def zero3_grads(param_shards, x, y):
+            loss, shards = unit_grads(param_shards, x, y)
             return loss, shards, shards
 
         def device_step(params, opt_state, x, y):

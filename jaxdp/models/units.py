@@ -1,0 +1,73 @@
+"""FSDP units: the pieces of a model that `zero3` gathers, runs and frees one at a time.
+
+A model lists its units in forward order (`unit_specs()`) and its `__call__` is the fold of those
+units (`run`), so running the units one by one *is* the model, operation for operation. A unit owns
+one or more parameter subtrees: an MLP layer; a transformer block; the two embeddings together; the
+final LayerNorm with the head. torch_ref wraps the same groups with `fully_shard`.
+
+`pure_units` turns the specs into pure functions of (the unit's parameter subtrees, x), which is
+what a strategy sees; `split` and `join` move between a parameter tree and its per-unit parts.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+from flax import nnx
+
+
+class UnitSpec(NamedTuple):
+    name: str                   # e.g. 'layers/0', 'embed', 'blocks/1', 'head'
+    paths: tuple[tuple, ...]    # the parameter subtrees it owns, as key paths: (('layers', 0),)
+    forward: Callable           # (*submodules at `paths`, x) -> x
+
+
+class Unit(NamedTuple):
+    name: str
+    paths: tuple[tuple, ...]
+    apply: Callable             # (tuple of parameter subtrees at `paths`, x) -> x
+
+
+def at(node, path):
+    """The submodule (or parameter subtree) at `path`: attributes by name, list items by index."""
+    for key in path:
+        node = node[key] if isinstance(key, int) or isinstance(node, dict) else getattr(node, key)
+    return node
+
+
+def run(model, x):
+    """The model's forward: its units in order."""
+    for spec in model.unit_specs():
+        x = spec.forward(*(at(model, p) for p in spec.paths), x)
+    return x
+
+
+def pure_units(model) -> tuple[Unit, ...]:
+    """The model's units as pure functions of their parameter subtrees (nested dicts, as in
+    `nnx.to_pure_dict`)."""
+    units = []
+    for spec in model.unit_specs():
+        graphdefs = tuple(nnx.split(at(model, p))[0] for p in spec.paths)
+
+        def apply(params, x, graphdefs=graphdefs, forward=spec.forward):
+            return forward(*(nnx.merge(g, p) for g, p in zip(graphdefs, params, strict=True)), x)
+
+        units.append(Unit(spec.name, spec.paths, apply))
+    return tuple(units)
+
+
+def split(tree, units) -> list[tuple]:
+    """A parameter-shaped tree -> per unit, the tuple of its subtrees."""
+    return [tuple(at(tree, p) for p in unit.paths) for unit in units]
+
+
+def join(parts, units) -> dict:
+    """The inverse of `split`: per-unit subtrees -> one nested dict."""
+    out: dict = {}
+    for unit, subtrees in zip(units, parts, strict=True):
+        for path, sub in zip(unit.paths, subtrees, strict=True):
+            node = out
+            for key in path[:-1]:
+                node = node.setdefault(key, {})
+            node[path[-1]] = sub
+    return out

@@ -1,0 +1,137 @@
+"""zero3's units, FSDP-style, written so that the *compiled* program keeps the schedule.
+
+Each unit of the model (`models.units`: an MLP layer; a transformer block; the embeddings; the head)
+runs as one `jax.custom_vjp`:
+- forward: all-gather the unit's parameter shards, run the unit, and free the full parameters (they
+  are not among the residuals kept for backward: only the unit's input and its matmul outputs are);
+- backward: all-gather the shards again, run the unit's backward, and reduce-scatter its parameter
+  gradient at once (or, under accumulation, hand the full local gradient out unreduced: no_sync).
+With `reshard_after_forward=False` the full parameters are kept as residuals instead: no re-gather.
+
+Why this shape (docs/STRATEGIES.md has the measurements): XLA:CPU removes optimization barriers
+(`cse_barrier_expander`) and then merges identical computations (CSE), and its scheduler is free to
+run an all-gather as early as its operands exist. So every gather is made to depend, by value, on
+the data that must exist before it: the forward gather on the unit's input, the backward gather on
+the incoming cotangent, and the next unit's backward on this unit's reduce-scatter (`tie`). A
+dependency by value survives every pass; the re-gather cannot be merged with the forward gather
+(its operand differs) nor hoisted above the forward (it needs the cotangent).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .. import models
+from ..models import units as unit_lib
+from .common import local_grads
+
+SAVE = jax.checkpoint_policies.dots_saveable  # residuals: matmul outputs (+ inputs); the rest recomputed
+
+
+def tie(tree, dep):
+    """`tree`, unchanged in value, made to depend on every leaf of `dep` (an edge the compiler keeps):
+    each leaf plus 0 x (the sum of dep's leaves' first elements). Exact for finite `dep` (a non-finite one makes the
+    loss non-finite anyway, which the run reports). XLA does not fold x * 0 for floats (NaN * 0 is
+    NaN), so the edge survives optimisation; an optimization barrier would not, on XLA:CPU."""
+    first = sum(jnp.ravel(d)[0].astype(jnp.float32) for d in jax.tree.leaves(dep))
+    return jax.tree.map(lambda a: a + first.astype(a.dtype) * 0, tree)
+
+
+class _Slot:
+    """A placeholder for the i-th full parameter among a unit's saved residuals."""
+
+    def __init__(self, i):
+        self.i = i
+
+
+jax.tree_util.register_pytree_node(_Slot, lambda s: ((), s.i), lambda i, _: _Slot(i))
+
+
+def without_params(vjp_fn, full):
+    """`vjp_fn` with every residual that *is* one of the gathered parameters replaced by a `_Slot`:
+    what forward keeps for backward, without the full parameters."""
+    index = {id(p): i for i, p in enumerate(jax.tree.leaves(full))}
+    leaves, treedef = jax.tree.flatten(vjp_fn)
+    return treedef.unflatten([_Slot(index[id(r)]) if id(r) in index else r for r in leaves])
+
+
+def with_params(saved, full):
+    """The inverse of `without_params`, with the (re-gathered) parameters `full` in the slots."""
+    params = jax.tree.leaves(full)
+    leaves, treedef = jax.tree.flatten(saved, is_leaf=lambda r: isinstance(r, _Slot))
+    return treedef.unflatten([params[r.i] if isinstance(r, _Slot) else r for r in leaves])
+
+
+def fsdp_unit(apply, gather, reduce_scatter, *, reshard_after_forward: bool, sync: bool):
+    """`run(shards, sink, x) -> y`: the unit `apply(full params, x)` on gathered parameters.
+
+    sync=True: the gradient of `shards` is the unit's reduce-scattered gradient (sink is None).
+    sync=False (no_sync, for accumulation): the gradient goes out unreduced as the gradient of
+    `sink`, a zero tree shaped like the full parameters; `shards` gets a zero gradient.
+    """
+    remat_apply = jax.checkpoint(apply, policy=SAVE)
+
+    @jax.custom_vjp
+    def run(shards, sink, x):
+        return apply(gather(shards), x)
+
+    def fwd(shards, sink, x):
+        full = gather(tie(shards, x))  # not before the unit's input exists
+        y, vjp_fn = jax.vjp(remat_apply, full, x)
+        return y, (shards, without_params(vjp_fn, full) if reshard_after_forward else vjp_fn)
+
+    def bwd(res, dy):
+        shards, saved = res
+        if reshard_after_forward:
+            full = gather(tie(shards, dy))  # gathered again, once dy exists
+            dy = tie(dy, full)  # uses every gathered leaf: the whole unit, as FSDP gathers it
+            dfull, dx = with_params(saved, full)(dy)
+        else:
+            dfull, dx = saved(dy)
+        if not sync:
+            return jax.tree.map(jnp.zeros_like, shards), dfull, dx
+        dshards = reduce_scatter(dfull)
+        if jnp.issubdtype(dx.dtype, jnp.inexact):
+            dx = tie(dx, dshards)  # the unit's reduce-scatter runs before the next unit's backward
+        return dshards, None, dx
+
+    run.defvjp(fwd, bwd)
+    return run
+
+
+
+def unit_grads(problem, shapes, gather_leaf, scatter_leaf, accum: int, reshard_after_forward: bool):
+    """zero3's `(param shards, x, y) -> (mean loss, gradient shards)`, unit by unit.
+
+    `gather_leaf(shard, shape)` -> the full parameter; `scatter_leaf(grad)` -> this device's shard of
+    the summed gradient / N. accum == 1: each unit's gradient is reduce-scattered inside its
+    backward. accum > 1 (FSDP's no_sync): every micro-batch gathers forward and backward, but the
+    gradients stay full and local, summed over the micro-batches, and are reduce-scattered once.
+    """
+    units = problem.units
+    unit_shapes = unit_lib.split(shapes, units)
+
+    def scatter(grads):
+        return jax.tree.map(scatter_leaf, grads)
+
+    def gatherer(shape):
+        return lambda shards: jax.tree.map(gather_leaf, shards, shape)
+
+    runs = [fsdp_unit(unit.apply, gatherer(shape), scatter, reshard_after_forward=reshard_after_forward,
+                      sync=accum == 1) for unit, shape in zip(units, unit_shapes, strict=True)]
+
+    def loss(parts, sinks, x, y):
+        for run, shards, sink in zip(runs, parts, sinks, strict=True):
+            x = run(shards, sink, x)
+        return models.cross_entropy(x, y)
+
+    def grads(param_shards, x, y):
+        parts = unit_lib.split(param_shards, units)
+        if accum == 1:
+            value, part_grads = jax.value_and_grad(loss)(parts, [None] * len(units), x, y)
+            return value, unit_lib.join(part_grads, units)
+        sinks = [jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shape) for shape in unit_shapes]
+        value, full = local_grads(lambda sinks, xb, yb: loss(parts, sinks, xb, yb), sinks, x, y, accum)
+        return value, unit_lib.join(scatter(full), units)
+
+    return grads

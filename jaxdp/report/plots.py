@@ -168,27 +168,50 @@ def communication(summary, path):
     return _save(fig, path)
 
 
+MODEL_STYLES = ("-", "--", ":", "-.")
+
+
+def scaling_caption(proj: dict) -> str:
+    """What the scaling figure projects, in words: the models, the measured bytes, the run's own model."""
+    phases = proj["ring_phases"]
+    bpp = ", ".join(f"{s} {b:.2f} ({phases[s]:.1f} ring phases)" for s, b in proj["bytes_per_param"].items())
+    run = proj["run"]
+    own = (f"The run's own model ({run['label']}) is drawn too: compute-bound" if run["compute_bound"] else
+           f"The run's own model ({run['label']}, {run['params']:,} parameters) is not drawn: not compute-bound")
+    return (f"Bytes sent per device per step per parameter, measured in this run at N = {proj['measured_devices']}: "
+            f"{bpp}. FLOPs/token = 6 N + 12 L d T. Weak: one sequence per GPU; strong: the published batch, drawn "
+            f"while each GPU holds a sequence (the run's own model: its own batch). {own} ({run['compute_s']:.2g} s "
+            f"compute vs {run['comm_s']:.2g} s communication per step at {projection_mod.NS[0]} GPUs).")
+
+
 def scaling(summary, path):
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
-    for i, (name, proj) in enumerate(summary["projection"].items()):
-        for ax, kind in zip(axes, ("weak", "strong"), strict=False):
-            ns, eff = projection_mod.efficiencies(proj, kind)
-            ax.loglog(ns, eff, marker="o", markersize=3, base=2, label=name, color=plt.cm.tab10(i % 10))
+    proj = summary["projection"]
+    models = list(proj["models"])
+    strategies = list(proj["bytes_per_param"])
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6), sharey=True)
     for ax, kind in zip(axes, ("weak", "strong"), strict=False):
+        for m, model in enumerate(models):
+            for i, name in enumerate(strategies):
+                ns, eff = projection_mod.efficiencies(proj["models"][model]["strategies"][name], kind)
+                ax.loglog(ns, eff, base=2, marker="ox+s^v"[i % 6], markersize=4, color=plt.cm.tab10(i % 10),
+                          linestyle=MODEL_STYLES[m % len(MODEL_STYLES)], label=f"{model}: {name}")
         ax.axvline(projection_mod.NODE_GPUS, color="gray", linestyle=":")
         ax.set_xlabel("GPUs (N); dotted: one 8-GPU NVLink node")
-        ax.set_title(
-            f"{kind} scaling efficiency" + (" (per-GPU batch fixed)" if kind == "weak" else " (global batch fixed)")
-        )
+        ax.set_title(f"{kind} scaling efficiency"
+                     + (" (one sequence per GPU)" if kind == "weak" else " (published global batch)"), fontsize=10)
         ax.grid(alpha=0.3, which="both")
         ax.set_yscale("log")
         ax.set_ylim(top=1.5)
     axes[0].set_ylabel("efficiency (log; 1 = perfect)")
-    axes[1].legend(fontsize=8)
-    fig.suptitle(
-        "6. Projected scaling on H100 + NVLink + InfiniBand (alpha-beta model, measured FLOPs and bytes)", fontsize=10
-    )
-    return _save(fig, path)
+    axes[1].legend(fontsize=7, loc="lower left")
+    names = ", ".join(models[:-1]) + " and " + models[-1]
+    fig.suptitle(f"6. Projected scaling of {names} on H100s (alpha-beta model), "
+                 "with each strategy's bytes/parameter as measured in this run", fontsize=10)
+    fig.text(0.01, 0.01, scaling_caption(proj), fontsize=7.5, wrap=True, va="bottom")
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 FIGURES = (

@@ -1,19 +1,29 @@
 """Projected scaling: an alpha-beta model of a data-parallel step on N = 8 ... 1024 GPUs.
 
-Inputs are measured: the FLOPs of one sample's training step (XLA's cost analysis of the compiled
-single-device step) and the bytes each device sends per step (read from the compiled step's HLO at
-the measured device count). Hardware numbers are presets, each with its source.
+What is projected: named reference models (`references`: GPT-2 124M, Llama 3 8B, from their
+published shapes), each with every strategy's *measured* bytes per parameter: the bytes a device
+sends per step (read from the compiled step's HLO at the run's device count) divided by the run's
+parameter count. The run's own model is projected too, with its measured FLOPs per sample (XLA's
+cost analysis of the compiled single-device step), only when it is compute-bound (CRITERION): a toy
+model's step is a few microseconds of compute against a ring's per-hop latencies, and its projected
+efficiencies (around 1e-5) say nothing. Hardware numbers are presets, each with its source.
 
 Model (stated assumptions):
 - compute: t_c = FLOPs per sample x samples per device / (peak FLOP/s x MFU);
 - communication: every collective here is a ring; at n devices a device sends (n-1)/n of a payload
-  per phase, so the payload is recovered from the measured bytes and re-scaled to N. A ring of N
-  devices takes 2(N-1) latency hops; within one node (N <= 8) it runs on NVLink, beyond that the
-  ring crosses InfiniBand and the slowest link sets the pace: t_m = hops x alpha + sent / beta;
+  per phase, so the payload is recovered from the measured bytes and re-scaled to N. A phase moves
+  one parameter-sized buffer (reduce-scatter or all-gather) in N-1 latency hops, and a strategy's
+  number of phases is its payload over the parameters' bytes (ddp's all-reduce: 2; zero3's
+  reduce-scatter and two gathers: 3); within one node (N <= 8) the ring runs on NVLink, beyond that
+  it crosses InfiniBand and the slowest link sets the pace: t_m = phases (N-1) alpha + sent / beta;
 - no overlap of compute and communication (an upper bound on step time);
+- reference models: a sample is a sequence of the published context; weak scaling runs one sequence
+  per GPU per step (the global batch grows with N), strong scaling splits the published global batch
+  (`Transformer.batch_seqs`, 512 sequences for both); the two meet at N = 512, one sequence per GPU;
 - weak scaling (per-device batch fixed):  E_weak(N)   = T(1) / T(N);
-- strong scaling (global batch fixed):    E_strong(N) = T(1) / (N T(N)).
-The seed notes write these two with the labels swapped (weak = T1 / (N TN)); we use the standard
+- strong scaling (global batch fixed):    E_strong(N) = T(1) / (N T(N)), drawn while every GPU holds at
+  least one sample (data parallelism cannot split one): for the reference models, up to 512 GPUs.
+The seed notes write the two efficiencies with the labels swapped (weak = T1 / (N TN)); we use the standard
 definitions, which match the seeds' formulas if T is read as the time of the whole run.
 """
 from __future__ import annotations
@@ -22,7 +32,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from . import references
+
 NODE_GPUS = 8
+NS = (8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 @dataclass(frozen=True)
@@ -64,10 +77,10 @@ def comm_time(payload: float, n: int, hops_per_payload: float, preset: Preset) -
     return hops_per_payload * (n - 1) * alpha + sent / beta
 
 
-def project(flops_per_sample: float, sent_per_device: float, n_measured: int, samples_per_device: int,
-            global_batch: int, preset: Preset = H100_NVLINK_IB, hops_per_payload: float = 2.0,
-            ns=(8, 16, 32, 64, 128, 256, 512, 1024)) -> dict:
-    """Step times and scaling efficiencies for each N (see the module docstring)."""
+def project(flops_per_sample: float, sent_per_device: float, n_measured: int, samples_per_device: float,
+            global_batch: float, preset: Preset = H100_NVLINK_IB, hops_per_payload: float = 2.0, ns=NS) -> dict:
+    """Step times and scaling efficiencies for each N (see the module docstring); strong-scaling values
+    are None where a GPU would hold less than one sample of the global batch."""
     flops_s = preset.peak_flops * preset.mfu
     payload = payload_bytes(sent_per_device, n_measured)
     t1_weak = samples_per_device * flops_per_sample / flops_s
@@ -76,13 +89,69 @@ def project(flops_per_sample: float, sent_per_device: float, n_measured: int, sa
     for n in ns:
         t_comm = comm_time(payload, n, hops_per_payload, preset)
         t_weak = t1_weak + t_comm
-        t_strong = global_batch / n * flops_per_sample / flops_s + t_comm
+        t_strong = global_batch / n * flops_per_sample / flops_s + t_comm if global_batch >= n else None
         rows.append({"n": n, "comm_s": t_comm, "weak_step_s": t_weak, "strong_step_s": t_strong,
-                     "weak_efficiency": t1_weak / t_weak, "strong_efficiency": t1_strong / (n * t_strong)})
-    return {"preset": asdict(preset), "payload_bytes": payload, "flops_per_sample": flops_per_sample,
+                     "weak_efficiency": t1_weak / t_weak,
+                     "strong_efficiency": None if t_strong is None else t1_strong / (n * t_strong)})
+    return {"payload_bytes": payload, "flops_per_sample": flops_per_sample,
             "samples_per_device": samples_per_device, "global_batch": global_batch, "rows": rows}
 
 
-def efficiencies(projection: dict, kind: str) -> tuple[np.ndarray, np.ndarray]:
-    rows = projection["rows"]
+def bytes_per_param(sent_per_device: float, params: int) -> float:
+    """Bytes a device sends per step per parameter of the model, at the measured device count."""
+    return sent_per_device / params
+
+
+def ring_phases(sent_per_device: float, n_measured: int, params: int, itemsize: int) -> float:
+    """Parameter-sized ring phases behind the measured bytes (each costs N-1 latency hops)."""
+    return payload_bytes(sent_per_device, n_measured) / (params * itemsize)
+
+
+CRITERION = ("the run's own model is projected only when it is compute-bound: at the smallest projected scale "
+             f"({NS[0]} GPUs, the run's per-device batch) its compute time per step is at least the communication "
+             "time of every measured strategy (weak efficiency >= 1/2 for all of them)")
+
+
+def compute_bound(flops_per_sample: float, sent_by_strategy: dict, n_measured: int, samples_per_device: float,
+                  phases: dict, preset: Preset = H100_NVLINK_IB) -> dict:
+    """CRITERION, with the two times it compares."""
+    compute_s = samples_per_device * flops_per_sample / (preset.peak_flops * preset.mfu)
+    comm_s = max((comm_time(payload_bytes(b, n_measured), NS[0], phases[s], preset)
+                  for s, b in sent_by_strategy.items()), default=0.0)
+    return {"compute_bound": compute_s >= comm_s, "compute_s": compute_s, "comm_s": comm_s}
+
+
+def reference(model: references.Transformer, bytes_per_param_by_strategy: dict, phases: dict, n_measured: int,
+              preset: Preset = H100_NVLINK_IB) -> dict:
+    """One reference model's projection for every strategy, from the strategies' bytes per parameter."""
+    p, seqs = references.params(model), model.batch_seqs
+    fps = references.flops_per_token(model) * model.context
+    return {"params": p, "flops_per_token": references.flops_per_token(model), "context": model.context,
+            "batch_seqs": seqs, "source": model.source,
+            "strategies": {s: project(fps, bpp * p, n_measured, 1, seqs, preset, phases[s])
+                           for s, bpp in bytes_per_param_by_strategy.items()}}
+
+
+def for_report(sent_by_strategy: dict, run_params: int, itemsize: int, flops_per_sample: float, n_measured: int,
+               global_batch: int, run_label: str, preset: Preset = H100_NVLINK_IB) -> dict:
+    """summary.json's "projection": the reference models, and the run's own model where CRITERION holds."""
+    bpp = {s: bytes_per_param(b, run_params) for s, b in sent_by_strategy.items()}
+    phases = {s: ring_phases(b, n_measured, run_params, itemsize) for s, b in sent_by_strategy.items()}
+    per_device = global_batch / n_measured
+    bound = compute_bound(flops_per_sample, sent_by_strategy, n_measured, per_device, phases, preset)
+    models = {m.name: reference(m, bpp, phases, n_measured, preset) for m in references.REFERENCES}
+    if bound["compute_bound"]:
+        models[f"this run ({run_label})"] = {
+            "params": run_params, "flops_per_sample": flops_per_sample, "batch_seqs": global_batch,
+            "source": "this run (FLOPs per sample: XLA cost analysis; bytes: compiled HLO)",
+            "strategies": {s: project(flops_per_sample, b, n_measured, per_device, global_batch, preset, phases[s])
+                           for s, b in sent_by_strategy.items()}}
+    return {"preset": asdict(preset), "measured_devices": n_measured, "bytes_per_param": bpp, "ring_phases": phases,
+            "run": {"label": run_label, "params": run_params, "flops_per_sample": flops_per_sample, **bound},
+            "criterion": CRITERION, "models": models}
+
+
+def efficiencies(proj: dict, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """(N, efficiency) of one strategy's projection, without the N where strong scaling is undefined."""
+    rows = [r for r in proj["rows"] if r[f"{kind}_efficiency"] is not None]
     return np.array([r["n"] for r in rows]), np.array([r[f"{kind}_efficiency"] for r in rows])

@@ -7,7 +7,7 @@ import html
 import json
 import os
 
-from . import plots
+from . import plots, projection
 
 NOTES = [
     "Times are wall-clock on the machine named above. On simulated CPU devices all 'devices' share the same "
@@ -15,13 +15,16 @@ NOTES = [
     "depend on the machine.",
     "JAX communication is read from the compiled step's HLO (XLA may combine several collectives into one op: "
     "counted by bytes, not by ops); torch's is counted from what the process group ran.",
-    "zero3 in JAX: the program gathers parameters again for backward, but XLA:CPU merges that re-gather with the "
-    "forward one, so the executed program sends zero2's bytes, not the 1.5x-DDP theory (docs/STRATEGIES.md).",
+    "zero3 in JAX: the program gathers parameters again for backward (the 1.5x-DDP theory); the bytes shown are "
+    "those of the collectives in the compiled step's HLO (docs/STRATEGIES.md says what XLA:CPU does with the "
+    "re-gather).",
     "torch zero1 is ZeroRedundancyOptimizer, which partitions whole parameters (none is split) and broadcasts "
     "updated parameters from their owners; JAX's zero1 shards every parameter flat (padded to a multiple of N). "
     "Per-device optimizer memory therefore differs between the two by the partition's imbalance.",
-    "The projection uses this run's model: for a toy model, a ring's per-hop latency dwarfs its compute and the "
-    "projected efficiencies are tiny. Project a real workload with a larger --model gpt configuration.",
+    "The projection is for named reference models (GPT-2 124M, Llama 3 8B, from their published shapes) with each "
+    "strategy's bytes per parameter measured in this run's dtype (float32 sends 4-byte gradients; bf16 halves "
+    "them). The run's own model is projected only when compute-bound: a toy model's microseconds of compute "
+    "against a ring's latencies would give efficiencies near 1e-5, which say nothing.",
     "gloo has no native reduce-scatter: torch's reduce-scatter runs as an all-reduce underneath and is counted "
     "as what runs (twice the ideal bytes).",
 ]
@@ -42,7 +45,7 @@ def _rows(summary) -> list[list[str]]:
             "pass" if p["pass"] else "FAIL",
             f"{p['worst']['grad']:.1e} / {p['worst']['param']:.1e}",
             f"{1e3 * j['median_step_s']:.2f} / {1e3 * t['median_step_s']:.2f}",
-            f"{j['compile_s']:.2f} / {t['compile_s']:.2f}",
+            f"{j['first_step_s']:.2f} / {t['first_step_s']:.2f}",
             f"{_kib(j['comm']['total'])} / {_kib(t.get('comm', {}).get('total'))} / {_kib(theory_comm)}",
             f"{_kib(sum(j['memory'].values()))} / {_kib(sum(t['memory'].values()) if t.get('memory') else None)} / "
             f"{_kib(sum(e['theory']['memory'].values()))}",
@@ -67,18 +70,56 @@ def _config_line(summary) -> str:
             + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + f". Created {summary['created']}.")
 
 
-def _preset(summary) -> dict:
-    return next(iter(summary["projection"].values()))["preset"]
+def _count(x: float) -> str:
+    return f"{x / 1e9:.2f}B" if x >= 1e9 else f"{x / 1e6:.1f}M" if x >= 1e6 else f"{x:,.0f}"
+
+
+PROJECTION_HEADER = ["model", "parameters", "training FLOPs/token", "strategy", "measured bytes/param",
+                     f"weak E, {projection.NS[0]} / {projection.NS[-1]} GPUs",
+                     f"strong E, {projection.NS[0]} GPUs / largest N"]
+
+
+def _projection_rows(summary) -> list[list[str]]:
+    proj, rows = summary["projection"], []
+    for model, m in proj["models"].items():
+        per_token = m.get("flops_per_token")
+        for name, p in m["strategies"].items():
+            weak = [r["weak_efficiency"] for r in p["rows"]]
+            strong = [(r["n"], r["strong_efficiency"]) for r in p["rows"] if r["strong_efficiency"] is not None]
+            rows.append([
+                model, _count(m["params"]), f"{per_token:.3g}" if per_token else "-", name,
+                f"{proj['bytes_per_param'][name]:.2f}", f"{weak[0]:.3f} / {weak[-1]:.3f}",
+                f"{strong[0][1]:.3f} / {strong[-1][1]:.3f} (N = {strong[-1][0]})" if strong else "-",
+            ])
+    return rows
+
+
+def _projection_sources(summary) -> list[str]:
+    proj = summary["projection"]
+    return ([f"{name}: {m['source']}" for name, m in proj["models"].items()]
+            + [f"Hardware: {proj['preset']['sources']}",
+               f"FLOPs per sample of this run (XLA cost analysis): {summary['flops_per_sample']:.3g}.",
+               f"Criterion: {proj['criterion']}.", plots.scaling_caption(proj)])
+
+
+def _table_html(table_id: str, header: list[str], rows: list[list[str]]) -> str:
+    e = html.escape
+    head = "".join(f"<th>{e(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td class='{'fail' if c == 'FAIL' else ''}'>{e(c)}</td>" for c in r) + "</tr>"
+                   for r in rows)
+    return f"<table id='{table_id}'><tr>{head}</tr>{body}</table>"
+
+
+def _table_md(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
 def html_page(summary, images: dict[str, bytes]) -> str:
     e = html.escape
-    rows = "".join("<tr>" + "".join(f"<td class='{'fail' if c == 'FAIL' else ''}'>{e(c)}</td>" for c in r) + "</tr>"
-                   for r in _rows(summary))
     figs = "".join(f"<figure><img alt='{e(name)}' src='data:image/png;base64,{base64.b64encode(data).decode()}'>"
                    f"</figure>" for name, data in images.items())
-    preset = _preset(summary)
-    preset_rows = "".join(f"<tr><td>{e(k)}</td><td>{e(str(v))}</td></tr>" for k, v in preset.items() if k != "sources")
+    preset = summary["projection"]["preset"]
+    preset_rows = [[k, str(v)] for k, v in preset.items() if k != "sources"]
     notes = "".join(f"<li>{e(n)}</li>" for n in NOTES)
     torch_notes = sorted({n for s in summary["strategies"] for n in s["frameworks"]["torch"].get("notes", [])})
     notes += "".join(f"<li>torch: {e(n)}</li>" for n in torch_notes)
@@ -97,13 +138,13 @@ figure {{ margin: 12px 0; }} img {{ max-width: 100%; border: 1px solid #eee; }}
 <p class="small">{e(_config_line(summary))}
 Parity tolerance: {summary["tolerance"]:g} ({e(summary["tolerance_why"])}).</p>
 <h2>Verdict</h2>
-<table id="verdict"><tr>{"".join(f"<th>{e(h)}</th>" for h in HEADER)}</tr>{rows}</table>
+{_table_html("verdict", HEADER, _rows(summary))}
 <h2>Figures</h2>
 {figs}
-<h2>Projection presets</h2>
-<table id="presets"><tr><th>preset</th><th>value</th></tr>{preset_rows}</table>
-<p class="small">Sources: {e(preset["sources"])}
-FLOPs per sample (XLA cost analysis): {summary["flops_per_sample"]:.3g}.</p>
+<h2>Projection</h2>
+{_table_html("projection", PROJECTION_HEADER, _projection_rows(summary))}
+{_table_html("presets", ["preset", "value"], preset_rows)}
+<ul class="small">{"".join(f"<li>{e(line)}</li>" for line in _projection_sources(summary))}</ul>
 <h2>Notes</h2><ul>{notes}</ul>
 <div id="status"></div>
 <script>
@@ -128,21 +169,17 @@ def markdown(summary, image_files: list[str]) -> str:
         "",
         "## Verdict",
         "",
-        "| " + " | ".join(HEADER) + " |",
-        "|" + "---|" * len(HEADER),
+        *_table_md(HEADER, _rows(summary)),
+        "",
+        "## Figures",
+        "",
     ]
-    lines += ["| " + " | ".join(r) + " |" for r in _rows(summary)]
-    lines += ["", "## Figures", ""] + [f"![{name}]({name})" for name in image_files]
-    preset = _preset(summary)
-    lines += ["", "## Projection presets", "", "| preset | value |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in preset.items() if k != "sources"]
-    lines += [
-        "",
-        f"Sources: {preset['sources']} FLOPs per sample (XLA cost analysis): {summary['flops_per_sample']:.3g}.",
-        "",
-        "## Notes",
-        "",
-    ] + [f"- {n}" for n in NOTES]
+    lines += [f"![{name}]({name})" for name in image_files]
+    preset = summary["projection"]["preset"]
+    lines += ["", "## Projection", "", *_table_md(PROJECTION_HEADER, _projection_rows(summary)), ""]
+    lines += _table_md(["preset", "value"], [[k, str(v)] for k, v in preset.items() if k != "sources"])
+    lines += [""] + [f"- {line}" for line in _projection_sources(summary)]
+    lines += ["", "## Notes", ""] + [f"- {n}" for n in NOTES]
     return "\n".join(lines) + "\n"
 
 

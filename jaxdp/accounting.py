@@ -15,11 +15,13 @@ multiple of N), and the optimizer's replicated scalars (Adam's step count) are a
 from __future__ import annotations
 
 import math
+import time
+from typing import NamedTuple
 
 import jax
 import numpy as np
 
-from . import hlo
+from . import hlo, models, train
 
 STAGE = {"single": 0, "dp": 0, "ddp": 0, "ddp-pmap": 0, "ddp-bucket": 0, "ddp-ring": 0,
          "zero1": 1, "zero2": 2, "zero3": 3}
@@ -56,28 +58,61 @@ def formula(stage: int, sizes: list[int], n: int, param_bytes: int, grad_bytes: 
     }
 
 
-def memory(cfg) -> dict:
-    """Measure one step of `cfg` on device 0 of its mesh and set it next to the formula."""
-    from . import models, train
+class CompiledStep(NamedTuple):
+    """`cfg`'s step compiled once, to be read (HLO text, memory and cost analyses) or run once."""
+    devices: list
+    problem: models.Problem
+    optimizer: object
+    strategy: object
+    state: object      # the initial train state (the step donates it: run `program` at most once)
+    batch: tuple       # step 1's batch, placed as the step takes it
+    program: object    # the compiled step (jax.stages.Compiled)
+    lower_s: float
+    compile_s: float
 
-    devs, dataset, problem, optimizer, strategy = train.prepare(cfg, return_grads=True)
+
+def compile_step(cfg, return_grads: bool = False) -> CompiledStep:
+    """Build `cfg`'s run (`train.prepare`), place the initial state and step 1's batch, then lower and
+    compile the jitted step, timing each."""
+    devices, dataset, problem, optimizer, strategy = train.prepare(cfg, return_grads)
     state = strategy.init(problem.params)
     batch = strategy.put_batch(*train.host_batch(cfg, dataset, 1))
-    compiled = strategy.compiled_step.lower(state, *batch).compile()
-    measured = {"params": bytes_on(state.params, devs[0]), "opt_state": bytes_on(state.opt_state, devs[0])}
-    state, metrics = compiled(state, *batch)
-    measured["grads"] = bytes_on(metrics["grads"], devs[0])
+    t0 = time.perf_counter()
+    lowered = strategy.compiled_step.lower(state, *batch)
+    t1 = time.perf_counter()
+    program = lowered.compile()
+    return CompiledStep(devices, problem, optimizer, strategy, state, batch, program, t1 - t0,
+                        time.perf_counter() - t1)
+
+
+def memory(cfg) -> dict:
+    """Measure one step of `cfg` on device 0 of its mesh and set it next to the formula."""
+    c = compile_step(cfg, return_grads=True)
+    device = c.devices[0]
+    measured = {"params": bytes_on(c.state.params, device), "opt_state": bytes_on(c.state.opt_state, device)}
+    _, metrics = c.program(c.state, *c.batch)
+    measured["grads"] = bytes_on(metrics["grads"], device)
 
     itemsize = np.dtype(models.MASTER_DTYPE[cfg.dtype]).itemsize
-    sizes = [int(np.prod(p.shape)) for p in jax.tree.leaves(problem.params)]
-    scalars = sum(leaf.dtype.itemsize for leaf in jax.tree.leaves(jax.eval_shape(optimizer.init, problem.params))
+    sizes = [int(np.prod(p.shape)) for p in jax.tree.leaves(c.problem.params)]
+    scalars = sum(leaf.dtype.itemsize for leaf in jax.tree.leaves(jax.eval_shape(c.optimizer.init, c.problem.params))
                   if leaf.ndim == 0)
     k_bytes = STATE_ARRAYS_PER_PARAM[cfg.optimizer] * itemsize
     expected = formula(STAGE[cfg.strategy], sizes, cfg.devices, itemsize, itemsize, k_bytes, scalars)
-    analysis = compiled.memory_analysis()
-    return {"strategy": cfg.strategy, "devices": cfg.devices, "psi": sum(sizes), "k_bytes": k_bytes,
+    return {"strategy": cfg.strategy, "devices": cfg.devices, "psi": sum(sizes), "sizes": sizes, "k_bytes": k_bytes,
             "param_bytes": itemsize, "measured": measured, "formula": expected,
-            "temp_bytes": int(getattr(analysis, "temp_size_in_bytes", -1)) if analysis is not None else -1}
+            "temp_bytes": step_memory(c.program)["temp_bytes"]}
+
+
+def measure_step(cfg) -> dict:
+    """What the reports (`compare`, `bench`) read from `cfg`'s compiled step: `memory` (whose gradient
+    comes from a second program that returns it), and from the step that trains (no trace outputs)
+    its communication by kind (`communication`), its temporary bytes and its lowering / compile times."""
+    c = compile_step(cfg)
+    comm = communication(c.program.as_text(), cfg.devices)
+    trains = {"comm": comm, "temp_bytes": step_memory(c.program)["temp_bytes"], "lower_s": c.lower_s,
+              "compile_s": c.compile_s}
+    return {**memory(cfg), **trains}
 
 
 def format_memory(rows: list[dict]) -> str:
@@ -143,6 +178,15 @@ def communication(hlo_text: str, n_devices: int) -> dict:
 def step_communication(strategy, state, batch, n_devices: int) -> dict:
     """`communication` of a strategy's compiled step."""
     return communication(strategy.compiled_step.lower(state, *batch).compile().as_text(), n_devices)
+
+
+def dp_theory(sizes: list[int], n: int, itemsize: int) -> dict:
+    """`dp`'s binomial tree: the reduce to device 0 and the broadcast from it each move N-1
+    messages of Psi values in all, so the mean device sends 2 (N-1)/N Psi (the busiest, device 0,
+    sends ceil(log2 N) Psi in the broadcast). The loss is read on device 0: no extra collective."""
+    psi = sum(sizes) * itemsize
+    p2p = 2 * (n - 1) / n * psi if n > 1 else 0.0
+    return {"all-reduce": 0.0, "reduce-scatter": 0.0, "all-gather": 0.0, "point-to-point": p2p, "total": p2p}
 
 
 def theory(strategy: str, sizes: list[int], n: int, itemsize: int, loss_itemsize: int | None = None) -> dict:

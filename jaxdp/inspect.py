@@ -17,7 +17,7 @@ import json
 import jax
 import numpy as np
 
-from . import accounting, models, train
+from . import accounting, models
 from .strategies import bucket
 
 
@@ -32,10 +32,8 @@ def _theory(cfg, sizes: list[int]) -> float:
 
 def inspect(cfg) -> dict:
     """The contract's dictionary for `cfg`'s compiled training step (the one `jaxdp train` runs)."""
-    _, dataset, problem, _, strategy = train.prepare(cfg)
-    state = strategy.init(problem.params)
-    batch = strategy.put_batch(*train.host_batch(cfg, dataset, 1))
-    compiled = strategy.compiled_step.lower(state, *batch).compile()
+    step = accounting.compile_step(cfg)
+    problem, compiled = step.problem, step.program
     found = accounting.collectives(compiled.as_text(), cfg.devices)
     ops = [{"op": c["op"], "dtype": c["dtype"], "elements": c["elements"], "bytes_per_device": c["sent"],
             "trips": c["trips"]} for c in found]

@@ -18,13 +18,14 @@ class NonFiniteLoss(FloatingPointError):
 
 @dataclass
 class RunResult:
+    """What a run returns, the same for both frameworks (torch_ref.train returns this class too)."""
     cfg: RunConfig
     losses: list[float] = field(default_factory=list)
     arrays: dict[str, np.ndarray] = field(default_factory=dict)  # the trace's arrays (when tracing)
     meta: dict = field(default_factory=dict)
-    compile_s: float = 0.0  # first step (compilation + one step)
+    first_step_s: float = 0.0  # JAX: tracing + compilation + the step; torch: eager, first allocations
     steps_per_s: float = 0.0  # over steps 2..N
-    step_times: list[float] = field(default_factory=list)  # wall seconds of each step (the first compiles)
+    step_times: list[float] = field(default_factory=list)  # wall seconds of each step, the first included
 
 
 def versions() -> dict:
@@ -123,7 +124,7 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
             saver.maybe_save(k, state, cfg)
         if k == start + 1:
             t1 = time.perf_counter()
-            result.compile_s = t1 - t0
+            result.first_step_s = t1 - t0
         if bar is not None:
             bar.set_postfix(loss=f"{loss:.4f}")
             bar.update(1)
@@ -144,7 +145,7 @@ def summary(result: RunResult) -> str:
     cfg = result.cfg
     return (f"{cfg.strategy} on {cfg.devices} {result.meta.get('platform', '?')} device(s), {cfg.model}/{cfg.data}, "
             f"{cfg.dtype}: {cfg.steps} steps, loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}, "
-            f"first step (compile) {result.compile_s:.2f}s, {result.steps_per_s:.1f} steps/s after")
+            f"first step (compile) {result.first_step_s:.2f}s, {result.steps_per_s:.1f} steps/s after")
 
 
 def _read(a, device):

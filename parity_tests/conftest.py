@@ -13,8 +13,6 @@ import jax  # noqa: E402
 jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_enable_x64", True)
 
-import pytest  # noqa: E402
-
 from jaxdp import parity, trace  # noqa: E402
 
 from .cases import ALL, sides  # noqa: E402
@@ -34,8 +32,3 @@ def compare(label, cfg) -> parity.Row:
     jcfg, tcfg = sides(label, cfg)
     j, t = jax_run(jcfg), torch_runs()[tcfg]
     return parity.compare(trace.Trace(j.meta, j.arrays), trace.Trace(t.meta, t.arrays), jcfg, label)
-
-
-@pytest.fixture(scope="session")
-def compare_pair():
-    return compare

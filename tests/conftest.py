@@ -12,8 +12,6 @@ import jax  # noqa: E402
 jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_enable_x64", True)
 
-import pytest  # noqa: E402
-
 from jaxdp import train  # noqa: E402
 from jaxdp.config import RunConfig  # noqa: E402
 
@@ -26,8 +24,3 @@ BASE = RunConfig(model="mlp", data="synthetic", hidden=(16, 16), steps=4, batch_
 def run(cfg: RunConfig) -> train.RunResult:
     """Train `cfg` once per session, recording the trace arrays."""
     return train.run(cfg, record=True, progress=False)
-
-
-@pytest.fixture(scope="session")
-def base_config() -> RunConfig:
-    return BASE

@@ -130,7 +130,7 @@ def _strategy_and_batch(rank, n, cfg, init):
 
     dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
     model = models.load_flax(models.build(cfg, dataset), init)
-    strategy = strategies.make(cfg.strategy, model, cfg, record=False)
+    strategy = strategies.make(cfg.strategy, model, cfg, return_grads=False)
     x, y = dataset.batch(1, cfg.batch_size)
     rows = slice(rank * cfg.batch_size // n, (rank + 1) * cfg.batch_size // n)
     return strategy, torch.from_numpy(x[rows]), torch.from_numpy(y[rows].astype(np.int64))

@@ -27,7 +27,6 @@ parameter tensor), and for zero2 its fp-master shard `main_param` (reported as `
 from __future__ import annotations
 
 import math
-import statistics
 import time
 
 import numpy as np
@@ -224,7 +223,7 @@ def measure_rank(rank: int, n: int, cfg, init: dict, steps: int = 2, warmup: int
     device = launch.rank_device(cfg.platform, rank)
     dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
     model = models.load_flax(models.build(cfg, dataset).to(device), init)
-    strategy = strategies.make(cfg.strategy, model, cfg, record=False)
+    strategy = strategies.make(cfg.strategy, model, cfg, return_grads=False)
     held = strategy.checkpoint  # the model and this rank's optimizer, as checkpoints see them
     optimizer = getattr(held, "optimizer", None)
     tensors = {id(p): p for p in held.model.parameters()}
@@ -359,9 +358,3 @@ def measure(cfg, steps: int = 2, warmup: int = 1, timeout_s: float = 600.0) -> d
         measure_rank, cfg.devices, cfg, init, steps, warmup, platform=cfg.platform, timeout_s=timeout_s
     )
     return summarise(cfg, views)
-
-
-def median_step_time(step_times: list[float], warmup: int = 1) -> tuple[float, float]:
-    """(median, spread as max - min) of the step times after `warmup` steps."""
-    times = step_times[warmup:] or step_times
-    return statistics.median(times), max(times) - min(times)

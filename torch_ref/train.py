@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -15,7 +14,7 @@ import torch.distributed as dist
 
 from jaxdp import data
 from jaxdp.config import ConfigError, RunConfig
-from jaxdp.train import NonFiniteLoss  # one error type for both frameworks
+from jaxdp.train import NonFiniteLoss, RunResult  # one error type and one result for both frameworks
 
 from . import checkpoint, launch, models, strategies
 
@@ -26,17 +25,6 @@ class InjectedFailure(RuntimeError):
     """Raised on purpose by the TORCH_REF_FAIL_AT hook."""
 
 
-@dataclass
-class RunResult:
-    cfg: RunConfig
-    losses: list[float] = field(default_factory=list)
-    arrays: dict[str, np.ndarray] = field(default_factory=dict)  # the trace's arrays (when tracing)
-    meta: dict = field(default_factory=dict)
-    first_step_s: float = 0.0
-    steps_per_s: float = 0.0  # over steps 2..N
-    step_times: list[float] = field(default_factory=list)  # wall seconds of each step run (device-synchronised)
-
-
 def versions() -> dict:
     return {"torch": torch.__version__, "numpy": np.__version__}
 
@@ -44,7 +32,8 @@ def versions() -> dict:
 def train_rank(rank: int, world: int, cfg: RunConfig, init: dict[str, np.ndarray], record: bool,
                device: torch.device | None = None) -> RunResult | None:
     """Train `cfg` as rank `rank` of `world` (the process group is up unless world is 1 and the
-    strategy is `single`). Returns the result on rank 0, None elsewhere."""
+    strategy is `single`); with `record`, the trace's arrays go into the result (as jaxdp.train.run's
+    `record`). Returns the result on rank 0, None elsewhere."""
     device = device or launch.rank_device(cfg.platform, rank)
     dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
     model = models.load_flax(models.build(cfg, dataset).to(device), init)
@@ -54,7 +43,7 @@ def train_rank(rank: int, world: int, cfg: RunConfig, init: dict[str, np.ndarray
                    "backend": dist.get_backend() if dist.is_initialized() else None, "versions": versions()}
     if record and not cfg.resume:
         result.arrays.update({f"init/{k}": v for k, v in models.to_flax(dict(model.named_parameters()), names).items()})
-    strategy = strategies.make(cfg.strategy, model, cfg, record=record)
+    strategy = strategies.make(cfg.strategy, model, cfg, return_grads=record)  # the trace holds the grads
     start = 0
     if cfg.resume:  # every rank loads its part; a resumed run's init/ is what it resumed from
         start = checkpoint.restore(cfg.checkpoint_dir, strategy.checkpoint, cfg)

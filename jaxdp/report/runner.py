@@ -19,9 +19,8 @@ import numpy as np
 from .. import accounting, parity, train
 from .. import trace as trace_mod
 from ..config import FRAMEWORK_STRATEGIES, PACKAGE, ConfigError, RunConfig
+from ..timing import timing
 from . import projection
-
-WARMUP_STEPS = 1  # timed steps skipped after the first (compiling) one
 
 
 def check_strategies(names) -> None:
@@ -40,49 +39,26 @@ def check_strategies(names) -> None:
             )
 
 
-def timing(step_times: list[float]) -> dict:
-    timed = np.asarray(step_times[1 + WARMUP_STEPS :] or step_times[-1:], dtype=float)
-    return {
-        "compile_s": float(step_times[0]) if step_times else 0.0,
-        "warmup_s": [float(t) for t in step_times[1 : 1 + WARMUP_STEPS]],
-        "median_step_s": float(np.median(timed)),
-        "p25_step_s": float(np.percentile(timed, 25)),
-        "p75_step_s": float(np.percentile(timed, 75)),
-        "timed_steps": int(timed.size),
-    }
-
-
 def flops_per_sample(cfg: RunConfig) -> float:
     """FLOPs of one training step per sample, from XLA's cost analysis of the compiled single-device step."""
-    single = cfg.replace(strategy="single", devices=1)
-    _, dataset, problem, _, s = train.prepare(single)
-    state = s.init(problem.params)
-    x, y = train.host_batch(single, dataset, 1)
-    cost = s.compiled_step.lower(state, *s.put_batch(x, y)).compile().cost_analysis()
+    cost = accounting.compile_step(cfg.replace(strategy="single", devices=1)).program.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     return float(cost.get("flops", 0.0)) / cfg.batch_size
 
 
 def jax_accounting(cfg: RunConfig) -> dict:
-    """Memory (accounting.memory) and communication of the step without trace outputs."""
-    from .. import models
-
-    mem = accounting.memory(cfg)
-    _, dataset, problem, _, s = train.prepare(cfg)
-    state = s.init(problem.params)
-    x, y = train.host_batch(cfg, dataset, 1)
-    comm = accounting.step_communication(s, state, s.put_batch(x, y), cfg.devices)
-    sizes = [int(np.prod(p.shape)) for p in jax.tree.leaves(problem.params)]
-    itemsize = np.dtype(models.MASTER_DTYPE[cfg.dtype]).itemsize
+    """Memory, communication and temporaries of the compiled step (`accounting.measure_step`), with theory."""
+    acc = accounting.measure_step(cfg)
+    comm, sizes, itemsize = acc["comm"], acc["sizes"], acc["param_bytes"]
     theory = accounting.theory(cfg.strategy, sizes, cfg.devices, itemsize) if cfg.strategy != "dp" else None
     return {
-        "memory": mem["measured"],
-        "memory_formula": mem["formula"],
-        "temp_bytes": mem["temp_bytes"],
+        "memory": acc["measured"],
+        "memory_formula": acc["formula"],
+        "temp_bytes": acc["temp_bytes"],
         "comm": {k: v["sent"] for k, v in comm.items() if k != "total"} | {"total": comm["total"]},
         "comm_ops": {k: v["ops"] for k, v in comm.items() if k != "total"},
         "comm_theory": theory,
-        "psi": mem["psi"],
+        "psi": acc["psi"],
         "sizes": sizes,
         "itemsize": itemsize,
     }
@@ -135,12 +111,9 @@ def compare(cfg: RunConfig, strategies: list[str], progress=None) -> dict:
             "memory": jacc["memory"],
             "temp_bytes": jacc["temp_bytes"],
         }
-        torch_times = getattr(t, "step_times", None) or [t.first_step_s] + [1.0 / max(t.steps_per_s, 1e-9)] * (
-            c.steps - 1
-        )
         torch_entry = {
             "losses": t.losses,
-            **timing(torch_times),
+            **timing(t.step_times),
             "comm": tacc["comm"],
             "comm_ops": tacc.get("comm_ops", {}),
             "memory": tacc["memory"],

@@ -20,11 +20,11 @@ FACTORIES = {
 assert tuple(FACTORIES) == FRAMEWORK_STRATEGIES["torch"]
 
 
-def make(name, model, cfg, record: bool = False) -> Strategy:
+def make(name, model, cfg, return_grads: bool = False) -> Strategy:
     """Wrap `model` (on its device, parameters loaded) for strategy `name`; every rank calls it."""
     if name not in FACTORIES:
         raise ConfigError(f"unknown strategy {name!r}; valid: {', '.join(FACTORIES)}")
-    return FACTORIES[name](model, cfg, record)
+    return FACTORIES[name](model, cfg, return_grads)
 
 
 __all__ = ["FACTORIES", "Strategy", "make"]

@@ -113,7 +113,7 @@ class DataParallelBucket(nn.Module):
             bucket.reset()
 
 
-def make(model, cfg, record: bool) -> Strategy:
+def make(model, cfg, return_grads: bool) -> Strategy:
     dp_model = DataParallelBucket(model, cfg.bucket_mb)
     optimizer = optim.make(cfg, model.parameters())
 
@@ -121,7 +121,7 @@ def make(model, cfg, record: bool) -> Strategy:
         loss = local_grads(dp_model, x, y, cfg, no_sync=dp_model.no_sync)  # buckets launch in the last backward
         dp_model.finish_gradient_synchronization()
         loss = mean_over_ranks(loss)
-        grads = grads_of(model) if record else None
+        grads = grads_of(model) if return_grads else None
         optim.clip_(model.parameters(), cfg.clip_norm)
         optimizer.step()
         dp_model.zero_grad()

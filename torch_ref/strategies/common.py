@@ -17,8 +17,8 @@ from ..models import loss_fn
 
 class Strategy(NamedTuple):
     """- `step(x, y)`: one optimizer step on this rank's rows of the global batch; returns metrics:
-      `loss` (the mean over the global batch; on rank 0 at least) and, when built with record=True,
-      `grads` ({torch name: full averaged gradient, before clipping}; on rank 0 at least);
+      `loss` (the mean over the global batch; on rank 0 at least) and, when built with
+      return_grads=True, `grads` ({torch name: full averaged gradient, before clipping}; on rank 0 at least);
     - `full_params()`: {torch name: full tensor}. A collective for sharded strategies: call it on
       every rank.
     - `checkpoint`: what `torch_ref.checkpoint` saves and loads, a DCP Stateful (`state_dict()`,
@@ -75,14 +75,13 @@ def metrics(loss, grads=None) -> dict:
     return {"loss": loss} if grads is None else {"loss": loss, "grads": grads}
 
 
-def apply_update(model, optimizer, cfg, loss, record: bool) -> dict:
-    """After the sync: record the averaged gradient (before clipping), clip as
-    torch.nn.utils.clip_grad_norm_, step, clear. The twin of jaxdp.strategies.common.apply_update."""
-    grads = grads_of(model) if record else None
-    optim.clip_(model.parameters(), cfg.clip_norm)
+def apply_update(model, optimizer, clip_norm: float) -> None:
+    """After the sync: the optimizer's update from the averaged `.grad`s, clipping included (as
+    torch.nn.utils.clip_grad_norm_), then the gradients cleared. The twin of
+    jaxdp.strategies.common.apply_update, whose optax chain clips."""
+    optim.clip_(model.parameters(), clip_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return metrics(loss, grads)
 
 
 def flatten(tensors) -> torch.Tensor:

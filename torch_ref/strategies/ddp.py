@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .. import optim
 from ..checkpoint import ModelOptimizer
-from .common import Strategy, apply_update, local_grads, mean_over_ranks, params_of
+from .common import Strategy, apply_update, grads_of, local_grads, mean_over_ranks, metrics, params_of
 
 
 def apply_ddp(model, cfg):
@@ -33,13 +33,15 @@ def model_device(model):
     return next(model.parameters()).device
 
 
-def make(model, cfg, record: bool) -> Strategy:
+def make(model, cfg, return_grads: bool) -> Strategy:
     ddp = apply_ddp(model, cfg)
     optimizer = optim.make(cfg, ddp.parameters())
 
     def step(x, y):
         loss = local_grads(ddp, x, y, cfg, no_sync=ddp.no_sync)  # the all-reduce runs in the last backward
         loss = mean_over_ranks(loss)
-        return apply_update(model, optimizer, cfg, loss, record)  # ddp.parameters() are model's
+        grads = grads_of(model) if return_grads else None  # the averaged gradient, before clipping
+        apply_update(model, optimizer, cfg.clip_norm)  # ddp.parameters() are model's
+        return metrics(loss, grads)
 
     return Strategy("ddp", step, lambda: params_of(model), wrapped=ddp, checkpoint=ModelOptimizer(model, optimizer))

@@ -17,7 +17,7 @@ from .common import Strategy, grads_of, local_grads, metrics, params_of
 SERVER = 0
 
 
-def make(model, cfg, record: bool) -> Strategy:
+def make(model, cfg, return_grads: bool) -> Strategy:
     n, on_server = dist.get_world_size(), dist.get_rank() == SERVER
     params = list(model.parameters())
     optimizer = optim.make(cfg, params) if on_server else None
@@ -32,7 +32,7 @@ def make(model, cfg, record: bool) -> Strategy:
             for p in params:
                 p.grad /= n
             loss = loss / n
-            grads = grads_of(model) if record else None
+            grads = grads_of(model) if return_grads else None
             optim.clip_(params, cfg.clip_norm)
             optimizer.step()
         model.zero_grad(set_to_none=True)

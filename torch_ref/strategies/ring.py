@@ -12,7 +12,17 @@ import torch.distributed as dist
 from .. import optim
 from ..checkpoint import ModelOptimizer
 from ..collectives import ring_all_reduce
-from .common import Strategy, apply_update, flatten, local_grads, mean_over_ranks, params_of, unflatten_into
+from .common import (
+    Strategy,
+    apply_update,
+    flatten,
+    grads_of,
+    local_grads,
+    mean_over_ranks,
+    metrics,
+    params_of,
+    unflatten_into,
+)
 
 
 def ring_all_reduce_mean(grads: list[torch.Tensor]) -> None:
@@ -20,13 +30,15 @@ def ring_all_reduce_mean(grads: list[torch.Tensor]) -> None:
     unflatten_into(ring_all_reduce(flat), grads)
 
 
-def make(model, cfg, record: bool) -> Strategy:
+def make(model, cfg, return_grads: bool) -> Strategy:
     optimizer = optim.make(cfg, model.parameters())
 
     def step(x, y):
         loss = local_grads(model, x, y, cfg)
         ring_all_reduce_mean([p.grad for p in model.parameters()])
         loss = mean_over_ranks(loss)
-        return apply_update(model, optimizer, cfg, loss, record)
+        grads = grads_of(model) if return_grads else None  # the averaged gradient, before clipping
+        apply_update(model, optimizer, cfg.clip_norm)
+        return metrics(loss, grads)
 
     return Strategy("ddp-ring", step, lambda: params_of(model), checkpoint=ModelOptimizer(model, optimizer))

@@ -12,11 +12,11 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from .. import optim
 from ..checkpoint import ModelOptimizer
-from .common import Strategy, apply_update, local_grads, mean_over_ranks, params_of
+from .common import Strategy, apply_update, grads_of, local_grads, mean_over_ranks, metrics, params_of
 from .ddp import apply_ddp
 
 
-def make(model, cfg, record: bool) -> Strategy:
+def make(model, cfg, return_grads: bool) -> Strategy:
     ddp = apply_ddp(model, cfg)
     optimizer_class, kwargs = optim.optimizer_class(cfg)
     optimizer = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=optimizer_class, **kwargs)
@@ -26,7 +26,9 @@ def make(model, cfg, record: bool) -> Strategy:
         loss = mean_over_ranks(loss)
         # full gradients, so the usual clip is the global one; each rank updates its partition and
         # ZeroRedundancyOptimizer broadcasts it from the owner (ddp.parameters() are model's)
-        return apply_update(model, optimizer, cfg, loss, record)
+        grads = grads_of(model) if return_grads else None  # the averaged gradient, before clipping
+        apply_update(model, optimizer, cfg.clip_norm)
+        return metrics(loss, grads)
 
     # The checkpoint holds this rank's partition of the state (the inner torch optimizer `optim`).
     return Strategy("zero1", step, lambda: params_of(model), wrapped=optimizer,

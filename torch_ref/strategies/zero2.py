@@ -51,7 +51,7 @@ def padded_flat(tensors, n: int) -> torch.Tensor:
     return torch.nn.functional.pad(flat, (0, -flat.numel() % n))
 
 
-def make(model, cfg, record: bool) -> Strategy:
+def make(model, cfg, return_grads: bool) -> Strategy:
     n, rank = dist.get_world_size(), dist.get_rank()
     names, params = zip(*model.named_parameters(), strict=False)
     numel = sum(p.numel() for p in params)
@@ -73,7 +73,7 @@ def make(model, cfg, record: bool) -> Strategy:
         model.zero_grad(set_to_none=True)  # only the shard of the gradient stays
         loss = mean_over_ranks(loss)
         grads = None
-        if record:  # the trace wants the full gradient: gather it (extra traffic, only when tracing)
+        if return_grads:  # the trace wants the full gradient: gather it (extra traffic, only when tracing)
             full = all_gather(main_param.grad)[:numel]
             grads = {name: g for name, g in zip(names, _split(full, params), strict=False)}
         clip_shard_(cfg.clip_norm)

@@ -18,7 +18,7 @@ from torch.distributed.fsdp import fully_shard
 
 from .. import optim
 from ..checkpoint import ModelOptimizer
-from .common import Strategy, local_grads, mean_over_ranks, metrics
+from .common import Strategy, apply_update, local_grads, mean_over_ranks, metrics
 
 
 def layers_of(model):
@@ -44,7 +44,7 @@ def no_sync(model):
         model.set_requires_gradient_sync(True)
 
 
-def make(model, cfg, record: bool) -> Strategy:
+def make(model, cfg, return_grads: bool) -> Strategy:
     model = apply_fsdp(model)
     optimizer = optim.make(cfg, model.parameters())  # over the local shards: 1/N of the state
 
@@ -52,10 +52,8 @@ def make(model, cfg, record: bool) -> Strategy:
         loss = local_grads(model, x, y, cfg, no_sync=lambda: no_sync(model))
         loss = mean_over_ranks(loss)
         grads = ({name: p.grad.full_tensor() for name, p in model.named_parameters()}  # all-gather, tracing only
-                 if record else None)
-        optim.clip_(model.parameters(), cfg.clip_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+                 if return_grads else None)
+        apply_update(model, optimizer, cfg.clip_norm)
         return metrics(loss, grads)
 
     def full_params():  # a collective: every rank calls it

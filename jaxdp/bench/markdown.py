@@ -1,0 +1,153 @@
+"""bench.md: the results as markdown tables, one section per item."""
+from __future__ import annotations
+
+
+def _f(x, spec=".2f", none="-"):
+    return none if x is None else format(x, spec)
+
+
+def _ms(x):
+    return _f(None if x is None else 1e3 * x, ".1f")
+
+
+def _mark(met):
+    return {True: "met", False: "NOT met", None: "-"}[met]
+
+
+def _by(rows, key, value=lambda r: r) -> dict:
+    """{row's key (all but the last field): {last field: value(row)}}, in the rows' order."""
+    out = {}
+    for r in rows:
+        *outer, inner = key(r)
+        out.setdefault(tuple(outer) if len(outer) > 1 else outer[0], {})[inner] = value(r)
+    return out
+
+
+def markdown(results: dict) -> str:
+    ns = sorted({r["devices"] for r in results["communication"]["rows"]})
+    lines = (_header(results) + _step_time(results) + _overhead(results) + _ring(results)
+             + _communication(results, ns) + _memory(results, ns) + _compile(results, ns) + _gpu(results))
+    return "\n".join(lines) + "\n"
+
+
+def _header(results: dict) -> list:
+    m, s = results["machine"], results["setup"]
+    v = m["versions"]
+    lines = [f"# jaxdp bench{' (--quick)' if results.get('quick') else ''}", "",
+             f"Machine: {m['cpu']}, {m['cores']} cores, {m['system']}; Python {m['python']}, JAX {v.get('jax')}, "
+             f"jaxlib {v.get('jaxlib')}, flax {v.get('flax')}, optax {v.get('optax')}, torch {v.get('torch')}, "
+             f"numpy {v.get('numpy')}. Run {results['created']}, {results['wall_s']:.0f} s.", "",
+             f"Items 1-6 on {s['platform']}. Each timed run: {s['steps_per_run']} steps, {s['excluded']} excluded, "
+             f"{s['statistic']} of {s['timed_steps']}. Models: "
+             + "; ".join(f"`{k}` " + _model_text(c) for k, c in s["models"].items()) + ".", "",
+             "## Goals", "", "| item | goal | status | detail |", "|---|---|---|---|"]
+    for g in results["goals"]:
+        lines.append(f"| {g['item']} | {g['goal']} | {_mark(g['met']) if g['item'] not in (6,) else 'reported'}"
+                     f"{' (not measured)' if g['item'] == 7 and g['met'] is None else ''} | {g['detail']} |")
+    return lines
+
+
+def _step_time(results: dict) -> list:
+    lines = ["", "## 1. Step time, JAX vs torch (median ms; same model, batch, dtype, initial parameters)", "",
+             "| model | strategy | N | JAX ms | torch ms | JAX/torch |", "|---|---|---:|---:|---:|---:|"]
+    for r in results["step_time"]["rows"]:
+        lines.append(f"| {r['model']} | {r['strategy']} | {r['devices']} | {_ms(r['jax_s'])} | {_ms(r['torch_s'])} | "
+                     f"{_f(r['jax_over_torch'])} |")
+    return lines
+
+
+def _overhead(results: dict) -> list:
+    lines = ["", "## 2. Data-parallel overhead: strategy at N over `single` (same global batch, same cores)", "",
+             "| model | strategy | N | JAX | torch | goal |", "|---|---|---:|---:|---:|---:|"]
+    by = _by(results["dp_overhead"]["rows"], lambda r: (r["model"], r["strategy"], r["devices"], r["framework"]))
+    for (model, strat, n), fw in by.items():
+        goal = fw.get("jax", fw.get("torch"))["goal"]
+        lines.append(f"| {model} | {strat} | {n} | {_f(fw.get('jax', {}).get('over_single'))}x | "
+                     f"{_f(fw.get('torch', {}).get('over_single'))}x | {'<= ' + _f(goal) if goal else '-'} |")
+    return lines
+
+
+def _ring(results: dict) -> list:
+    lines = ["", "## 3. Explicit ring vs XLA's all-reduce (`ddp-ring` / `ddp`, goal <= 1.25)", "",
+             "| model | N | JAX ring/ddp | torch ring/ddp |", "|---|---:|---:|---:|"]
+    by = _by(results["ring_vs_xla"]["rows"], lambda r: (r["model"], r["devices"], r["framework"]),
+             lambda r: r["ring_over_ddp"])
+    for (model, n), fw in by.items():
+        lines.append(f"| {model} | {n} | {_f(fw.get('jax'))}x | {_f(fw.get('torch'))}x |")
+    return lines
+
+
+def _communication(results: dict, ns: list) -> list:
+    cm = results["communication"]["rows"]
+    lines = ["", "## 4. Communication per device per step: compiled HLO vs theory (KiB sent; measured/theory)", "",
+             f"Model: {_model_text(results['setup']['comm_model'])}. Bytes do not depend on the machine.", "",
+             "| strategy | " + " | ".join(f"N={n} measured | theory | ratio" for n in ns) + " |",
+             "|---|" + "---:|---:|---:|" * len(ns)]
+    for strat, per_n in _by(cm, lambda r: (r["strategy"], r["devices"])).items():
+        cells = []
+        for n in ns:
+            r = per_n.get(n)
+            cells.append("- | - | -" if r is None else f"{r['measured_bytes'] / 1024:.1f} | "
+                         f"{r['theory_bytes'] / 1024:.1f} | {_f(r['measured_over_theory'], '.3f')}")
+        lines.append(f"| {strat} | " + " | ".join(cells) + " |")
+    notes = {r["strategy"]: r["note"] for r in cm if r["note"]}
+    for strat, note in notes.items():
+        lines.append(f"\n- `{strat}` differs from theory: {note}.")
+    return lines
+
+
+def _memory(results: dict, ns: list) -> list:
+    lines = ["", "## 5. Per-device state memory vs N (KiB on device 0: params / grads / optimizer state; = formula?)",
+             "", "| strategy | " + " | ".join(f"N={n}" for n in ns) + " |", "|---|" + "---|" * len(ns)]
+    for strat, per_n in _by(results["memory"]["rows"], lambda r: (r["strategy"], r["devices"])).items():
+        cells = []
+        for n in ns:
+            r = per_n.get(n)
+            cells.append("-" if r is None else f"{r['params'] / 1024:.0f} / {r['grads'] / 1024:.0f} / "
+                         f"{r['opt_state'] / 1024:.0f} {'=' if r['equal_to_formula'] else '!= formula'}")
+        lines.append(f"| {strat} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _compile(results: dict, ns: list) -> list:
+    rows = results["compile"]["rows"]
+    lines = ["", "## 6. Compilation time", "", "JAX step, lowering + XLA compile (s), by N:", "",
+             "| strategy | " + " | ".join(f"N={n}" for n in ns) + " |", "|---|" + "---:|" * len(ns)]
+    compiled = [r for r in rows if r["source"] == "compile"]
+    for strat, per_n in _by(compiled, lambda r: (r["strategy"], r["devices"]),
+                            lambda r: r["lower_s"] + r["compile_s"]).items():
+        lines.append(f"| {strat} | " + " | ".join(_f(per_n.get(n)) for n in ns) + " |")
+    lines += ["", "First step (s; JAX: trace + compile + run; torch: eager, no compilation):", "",
+              "| model | strategy | N | JAX | torch |", "|---|---|---:|---:|---:|"]
+    for r in rows:
+        if r["source"] == "first_step":
+            lines.append(f"| {r['model']} | {r['strategy']} | {r['devices']} | {_f(r['jax_first_step_s'])} | "
+                         f"{_f(r['torch_first_step_s'])} |")
+    return lines
+
+
+def _gpu(results: dict) -> list:
+    g = results["gpu_throughput"]
+    lines = ["", "## 7. GPU training throughput (bf16 `gpt`, one device)", ""]
+    if not g.get("measured"):
+        return lines + [f"{g['reason']} (JAX sees a GPU: {g['gpu_seen']['jax']}, torch: {g['gpu_seen']['torch']}). "
+                        f"Configured: {_model_text(g['config'])}. {g['flops_formula']}; peak: {g['peak_source']}."]
+    lines += [f"Device {g['device']}; {_model_text(g['config'])}; Psi = {g['psi']:,}. {g['flops_formula']}. "
+              f"Peak: {g['peak_source']}.", "",
+              "| framework | tokens/s | TFLOP/s | MFU | median step ms | note |", "|---|---:|---:|---:|---:|---|"]
+    for fw, r in g["frameworks"].items():
+        if "error" in r:
+            lines.append(f"| {fw} | - | - | - | - | {r['error']} |")
+        else:
+            mfu = "-" if r["mfu"] is None else format(r["mfu"], ".1%")
+            lines.append(f"| {fw} | {r['tokens_per_s']:,.0f} | {r['tflops']:.1f} | {mfu} | "
+                         f"{_ms(r['median_step_s'])} | {r['note']} |")
+    return lines
+
+
+def _model_text(c: dict) -> str:
+    if c.get("model") == "mlp":
+        return f"mlp hidden {','.join(map(str, c['hidden']))}, batch {c['batch_size']}, {c['dtype']}, {c['optimizer']}"
+    parts = [f"{k} {c[k]}" for k in ("n_layer", "n_head", "d_model", "seq_len", "batch_size") if k in c]
+    optimizer = f", {c['optimizer']}" if "optimizer" in c else ""
+    return f"{c.get('model', 'gpt')} " + ", ".join(parts) + f", {c.get('dtype')}" + optimizer

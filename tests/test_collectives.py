@@ -12,7 +12,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxdp import collectives, devices
+from jaxdp import accounting, collectives, devices
 
 SIZES = [1, 5, 12, 17]
 NS = [1, 2, 3, 4, 8]
@@ -69,15 +69,43 @@ def test_reduce_to_root_and_broadcast_from_root(n):
     np.testing.assert_array_equal(broadcast, np.broadcast_to(x[0], x.shape))
 
 
-@pytest.mark.parametrize("n", [2, 3, 4, 8])
-def test_ring_all_reduce_sends_2_n_minus_1_over_n_of_the_bytes(n):
-    """2(N-1) collective-permutes, each carrying one chunk of ceil(size/N) elements."""
-    size = 1001
+# What the compiled ring may do to arrays: move them (collective-permute, slices, updates, pads,
+# copies, bitcasts) and add the chunks it reduces. No scatter, gather, select or concatenate.
+COPY_ONLY = {"parameter", "collective-permute", "dynamic-slice", "slice", "dynamic-update-slice", "pad", "copy",
+             "bitcast", "reshape", "fusion", "tuple", "get-tuple-element", "add"}
+RING = {"all_reduce": collectives.ring_all_reduce, "reduce_scatter": collectives.ring_reduce_scatter,
+        "all_gather": collectives.ring_all_gather}
+
+
+def compiled_ring(fn, n: int, size: int) -> str:
     mesh = devices.mesh(jax.devices()[:n])
-    f = jax.shard_map(lambda v: collectives.ring_all_reduce(v, "data"), mesh=mesh, in_specs=P("data"),
-                      out_specs=P("data"), check_vma=False)
+    f = jax.shard_map(lambda v: fn(v, "data"), mesh=mesh, in_specs=P("data"), out_specs=P("data"), check_vma=False)
     x = jax.device_put(jnp.zeros(n * size, jnp.float32), NamedSharding(mesh, P("data")))
-    hlo = jax.jit(f).lower(x).as_text()
-    permutes = re.findall(r"collective_permute.*?-> tensor<(\d+)xf32>", hlo)
-    assert len(permutes) == 2 * (n - 1)
-    assert all(int(c) == -(-size // n) for c in permutes)
+    return jax.jit(f).lower(x).compile().as_text()
+
+
+def array_opcodes(hlo_text: str) -> set[str]:
+    """Opcodes of every instruction, in every computation (fused ones too), whose result is an array
+    with at least one dimension (scalar index arithmetic is left out)."""
+    return set(re.findall(r"= \(?[a-z0-9]+\[\d[\d,]*\][^ ]* ([a-z][a-z-]*)\(", hlo_text))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+@pytest.mark.parametrize("size", [1001, 1024])
+def test_compiled_ring_all_reduce_is_2_n_minus_1_permutes_of_one_chunk(n, size):
+    """The compiled all-reduce: 2(N-1) collective-permutes i -> i+1, each of one chunk of
+    ceil(size/N) elements, once each."""
+    found = accounting.collectives(compiled_ring(collectives.ring_all_reduce, n, size), n)
+    assert [c["op"] for c in found] == ["collective-permute"] * (2 * (n - 1))
+    assert all(c["elements"] == -(-size // n) and c["trips"] == 1 for c in found)
+    assert all(sorted(c["pairs"]) == [(i, (i + 1) % n) for i in range(n)] for c in found)
+
+
+@pytest.mark.parametrize("op", list(RING))
+@pytest.mark.parametrize("n", [2, 4, 8])
+@pytest.mark.parametrize("size", [1001, 1024])
+def test_compiled_ring_is_copy_only(op, n, size):
+    """On arrays, the compiled ring only moves data and adds chunks: no scatter (what
+    `.at[traced index].set` becomes), gather, select or concatenate."""
+    ops = array_opcodes(compiled_ring(RING[op], n, size))
+    assert "collective-permute" in ops and ops <= COPY_ONLY | ({"broadcast"} if op == "all_gather" else set()), ops

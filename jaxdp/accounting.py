@@ -85,8 +85,10 @@ def compile_step(cfg, return_grads: bool = False) -> CompiledStep:
                         time.perf_counter() - t1)
 
 
-def memory(cfg) -> dict:
-    """Measure one step of `cfg` on device 0 of its mesh and set it next to the formula."""
+def memory(cfg, trains: CompiledStep | None = None) -> dict:
+    """Measure one step of `cfg` on device 0 of its mesh and set it next to the formula. The arrays
+    come from a program that also returns the gradient; `temp_bytes` and `peak_bytes` (`step_memory`)
+    from the step that trains (`trains`, compiled here when not given)."""
     c = compile_step(cfg, return_grads=True)
     device = c.devices[0]
     measured = {"params": bytes_on(c.state.params, device), "opt_state": bytes_on(c.state.opt_state, device)}
@@ -99,9 +101,10 @@ def memory(cfg) -> dict:
                   if leaf.ndim == 0)
     k_bytes = STATE_ARRAYS_PER_PARAM[cfg.optimizer] * itemsize
     expected = formula(STAGE[cfg.strategy], sizes, cfg.devices, itemsize, itemsize, k_bytes, scalars)
+    step = step_memory((trains or compile_step(cfg)).program)
     return {"strategy": cfg.strategy, "devices": cfg.devices, "psi": sum(sizes), "sizes": sizes, "k_bytes": k_bytes,
             "param_bytes": itemsize, "measured": measured, "formula": expected,
-            "temp_bytes": step_memory(c.program)["temp_bytes"]}
+            "temp_bytes": step["temp_bytes"], "peak_bytes": step["peak_bytes"]}
 
 
 def measure_step(cfg) -> dict:
@@ -112,18 +115,19 @@ def measure_step(cfg) -> dict:
     comm = communication(c.program.as_text(), cfg.devices)
     trains = {"comm": comm, "temp_bytes": step_memory(c.program)["temp_bytes"], "lower_s": c.lower_s,
               "compile_s": c.compile_s}
-    return {**memory(cfg), **trains}
+    return {**memory(cfg, c), **trains}
 
 
 def format_memory(rows: list[dict]) -> str:
     lines = [
         f"{'strategy':<10} {'N':>3} {'params':>10} {'grads':>10} {'opt state':>10} {'formula p/g/o':>28} {'temp':>9}"
+        f" {'peak':>10}"
     ]
     for r in rows:
         m, f = r["measured"], r["formula"]
         lines.append(
             f"{r['strategy']:<10} {r['devices']:>3} {m['params']:>10} {m['grads']:>10} {m['opt_state']:>10} "
-            f"{f['params']:>9}/{f['grads']}/{f['opt_state']:<9} {r['temp_bytes']:>9}"
+            f"{f['params']:>9}/{f['grads']}/{f['opt_state']:<9} {r['temp_bytes']:>9} {r['peak_bytes']:>10}"
         )
     return "\n".join(lines)
 
@@ -189,11 +193,13 @@ def dp_theory(sizes: list[int], n: int, itemsize: int) -> dict:
     return {"all-reduce": 0.0, "reduce-scatter": 0.0, "all-gather": 0.0, "point-to-point": p2p, "total": p2p}
 
 
-def theory(strategy: str, sizes: list[int], n: int, itemsize: int, loss_itemsize: int | None = None) -> dict:
+def theory(strategy: str, sizes: list[int], n: int, itemsize: int, loss_itemsize: int | None = None,
+           accum: int = 1, reshard_after_forward: bool = True) -> dict:
     """Bytes each device sends per step by the textbook algorithms (ring collectives), by kind.
     Psi = sum(sizes); Psi_N = sum(ceil(size / n)) (ZeRO pads each parameter to a multiple of n).
     The loss is averaged for the log by one scalar all-reduce (not for `dp`, whose tree is counted
-    separately, nor for one device)."""
+    separately, nor for one device). zero3 gathers every micro-batch (`accum`) for forward and,
+    with `reshard_after_forward`, again for backward; the others sync once per step whatever accum."""
     psi = sum(sizes)
     psi_n = sum(math.ceil(s / n) for s in sizes)
     loss = 2 * (n - 1) / n * (loss_itemsize or itemsize)
@@ -208,8 +214,8 @@ def theory(strategy: str, sizes: list[int], n: int, itemsize: int, loss_itemsize
         out["all-gather"] = (n - 1) * psi_n * itemsize
     elif strategy in ("zero2", "zero3"):
         out["reduce-scatter"] = (n - 1) * psi_n * itemsize
-        # zero3 also gathers again for backward (x2) in theory; see docs/STRATEGIES.md for XLA:CPU.
-        out["all-gather"] = (n - 1) * psi_n * itemsize * (2 if strategy == "zero3" else 1)
+        gathers = accum * (2 if reshard_after_forward else 1) if strategy == "zero3" else 1
+        out["all-gather"] = (n - 1) * psi_n * itemsize * gathers
     else:
         raise ValueError(f"no communication theory for {strategy!r}")
     if n == 1:

@@ -27,7 +27,8 @@ def _theory(cfg, sizes: list[int]) -> float:
         return 0.0
     if cfg.strategy == "dp":
         return accounting.dp_theory(sizes, cfg.devices, itemsize)["total"]
-    return accounting.theory(cfg.strategy, sizes, cfg.devices, itemsize)["total"]
+    return accounting.theory(cfg.strategy, sizes, cfg.devices, itemsize, accum=cfg.accum,
+                             reshard_after_forward=cfg.reshard_after_forward)["total"]
 
 
 def inspect(cfg) -> dict:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxdp import trace
+from jaxdp import data, models, trace
+from jaxdp.strategies import bucket
 
 from .torch_helpers import (
     BASE,
@@ -140,3 +141,18 @@ def test_bucket_all_reduces_once_per_bucket_per_step():
     assert len(got[0]["sizes"]) > 1, "the test wants several buckets"
     for rank in got:  # two steps with accum 3: exactly two launches per bucket
         assert rank["launches"] == [2] * len(rank["sizes"])
+
+
+def test_bucket_process_group_runs_one_all_reduce_per_planned_bucket_in_order():
+    """What gloo ran in one step (accum 3), read from the profiler: one all-reduce per bucket, of the
+    bucket's size, in the plan's order (last layer first), then the loss's; and the plan is
+    jaxdp's (`jaxdp.strategies.bucket.plan`) for the same model and --bucket-mb."""
+    got = world(2)["buckets"]
+    cfg = BASE.replace(strategy="ddp-bucket", devices=2, accum=3)
+    problem = models.init(cfg, data.load(cfg.data, cfg.seed, cfg.seq_len))
+    named = models.flat_names(problem.params)
+    planned = [sum(named[name].size for name in b) for b in bucket.plan(problem, cfg.bucket_mb)]
+    assert len(planned) > 1 and max(got[0]["sizes"]) > 1, "the test wants several buckets, one of several params"
+    for rank in got:
+        assert rank["elements"] == planned
+        assert rank["all_reduces"] == planned + [1], rank["all_reduces"]

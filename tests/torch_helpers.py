@@ -148,8 +148,17 @@ def collectives_per_step(rank, n, cfg, init) -> dict:
 
 
 def bucket_launches(rank, n, cfg, init) -> dict:
+    """Each bucket's launches over two steps, its elements, and what the process group ran in the
+    second step: the element count of every `gloo:all_reduce` (profiler events, in the order they
+    started)."""
+    from torch.profiler import ProfilerActivity, profile
+
     strategy, x, y = _strategy_and_batch(rank, n, cfg, init)
-    for _ in range(2):
+    strategy.step(x, y)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         strategy.step(x, y)
+    ran = sorted((e for e in prof.events() if e.name == "gloo:all_reduce"), key=lambda e: e.time_range.start)
     buckets = strategy.wrapped.buckets
-    return {"launches": [b.launches for b in buckets], "sizes": [len(b.params) for b in buckets]}
+    return {"launches": [b.launches for b in buckets], "sizes": [len(b.params) for b in buckets],
+            "elements": [b.grad_data.numel() for b in buckets],
+            "all_reduces": [int(np.prod(e.input_shapes[0])) if e.input_shapes else None for e in ran]}

@@ -81,21 +81,9 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
 
     from . import models
 
-    state, start = strategy.init(problem.params), 0
-    if cfg.resume:
-        from . import checkpoint
-
-        state, start = checkpoint.restore(cfg.checkpoint_dir, cfg, strategy, problem, optimizer)
-    saver = None
-    if cfg.checkpoint_every > 0:
-        from . import checkpoint
-
-        saver = checkpoint.Checkpointer(cfg.checkpoint_dir, cfg.checkpoint_every)
-
-    result = RunResult(cfg)
-    result.meta = {"framework": "jax", **cfg.to_dict(), "platform": devices[0].platform,
-                   "processes": jax.process_count(), "versions": versions()}
-    result.meta["first_step"] = start + 1
+    state, start, saver = _start(cfg, strategy, problem, optimizer)
+    result = RunResult(cfg, meta={"framework": "jax", **cfg.to_dict(), "platform": devices[0].platform,
+                                  "processes": jax.process_count(), "versions": versions(), "first_step": start + 1})
     if record:  # a resumed run's init/ is what it resumed from
         initial = problem.params if start == 0 else strategy.full_params(state)
         result.arrays.update({f"init/{k}": _read(v, devices[0]) for k, v in models.flat_names(initial).items()})
@@ -140,6 +128,18 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
         trace.save(trace_path, result.meta, result.arrays)
     return result
 
+
+def _start(cfg: RunConfig, strategy, problem, optimizer):
+    """(train state, steps already done, checkpointer or None): fresh, or restored with --resume."""
+    state, start = strategy.init(problem.params), 0
+    if not (cfg.resume or cfg.checkpoint_every > 0):
+        return state, start, None
+    from . import checkpoint  # orbax: loaded only when checkpointing
+
+    if cfg.resume:
+        state, start = checkpoint.restore(cfg.checkpoint_dir, cfg, strategy, problem, optimizer)
+    saver = checkpoint.Checkpointer(cfg.checkpoint_dir, cfg.checkpoint_every) if cfg.checkpoint_every > 0 else None
+    return state, start, saver
 
 def summary(result: RunResult) -> str:
     cfg = result.cfg

@@ -85,6 +85,45 @@ def run_torch_side(cfgs: list[RunConfig], timeout_s: float = 900.0) -> dict:
     return {c: (per_rank[0][i][0], accounting.summarise(c, [r[i][1] for r in per_rank])) for i, c in enumerate(cfgs)}
 
 
+def _entry(name: str, c: RunConfig, j, jacc: dict, t, tacc: dict) -> dict:
+    """One strategy's summary entry: both frameworks' losses, timing, communication and memory, the
+    theory, and the parity of the two traces (j, t: the RunResults; jacc, tacc: their accounting)."""
+    row = parity.compare(trace_mod.Trace(j.meta, j.arrays), trace_mod.Trace(t.meta, t.arrays), c, name)
+    jax_entry = {
+        "losses": j.losses,
+        **timing(j.step_times),
+        "comm": jacc["comm"],
+        "comm_ops": jacc["comm_ops"],
+        "memory": jacc["memory"],
+        "temp_bytes": jacc["temp_bytes"],
+    }
+    torch_entry = {
+        "losses": t.losses,
+        **timing(t.step_times),
+        "comm": tacc["comm"],
+        "comm_ops": tacc.get("comm_ops", {}),
+        "memory": tacc["memory"],
+        "notes": tacc.get("notes", []),
+    }
+    theory = {"memory": jacc["memory_formula"]}
+    if jacc["comm_theory"] is not None:
+        theory["comm"] = jacc["comm_theory"]
+    return {
+        "name": name,
+        "frameworks": {"jax": jax_entry, "torch": torch_entry},
+        "theory": theory,
+        "parity": {
+            "loss": row.per_step["loss"],
+            "grad": row.per_step["grad"],
+            "param": row.per_step["param"],
+            "worst": row.worst,
+            "init_identical": row.init_identical,
+            "pass": row.ok,
+            "failures": row.failures,
+        },
+    }
+
+
 def compare(cfg: RunConfig, strategies: list[str], progress=None) -> dict:
     """Run and measure everything; returns the summary dictionary."""
     check_strategies(strategies)
@@ -99,45 +138,9 @@ def compare(cfg: RunConfig, strategies: list[str], progress=None) -> dict:
     for name, c in cfgs.items():
         say(f"jaxdp: training {name}")
         j = train.run(c, record=True, progress=False)
-        t, tacc = torch_side[c]
-        row = parity.compare(trace_mod.Trace(j.meta, j.arrays), trace_mod.Trace(t.meta, t.arrays), c, name)
         say(f"jaxdp: accounting {name} (compiled HLO, arrays)")
         jacc = jax_accounting(c)
-        jax_entry = {
-            "losses": j.losses,
-            **timing(j.step_times),
-            "comm": jacc["comm"],
-            "comm_ops": jacc["comm_ops"],
-            "memory": jacc["memory"],
-            "temp_bytes": jacc["temp_bytes"],
-        }
-        torch_entry = {
-            "losses": t.losses,
-            **timing(t.step_times),
-            "comm": tacc["comm"],
-            "comm_ops": tacc.get("comm_ops", {}),
-            "memory": tacc["memory"],
-            "notes": tacc.get("notes", []),
-        }
-        theory = {"memory": jacc["memory_formula"]}
-        if jacc["comm_theory"] is not None:
-            theory["comm"] = jacc["comm_theory"]
-        entries.append(
-            {
-                "name": name,
-                "frameworks": {"jax": jax_entry, "torch": torch_entry},
-                "theory": theory,
-                "parity": {
-                    "loss": row.per_step["loss"],
-                    "grad": row.per_step["grad"],
-                    "param": row.per_step["param"],
-                    "worst": row.worst,
-                    "init_identical": row.init_identical,
-                    "pass": row.ok,
-                    "failures": row.failures,
-                },
-            }
-        )
+        entries.append(_entry(name, c, j, jacc, *torch_side[c]))
     say("projection: alpha-beta model, reference models with the measured bytes per parameter")
     fps = flops_per_sample(cfg)
     sent = {e["name"]: e["frameworks"]["jax"]["comm"]["total"] for e in entries}

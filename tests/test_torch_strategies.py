@@ -23,6 +23,7 @@ from .torch_helpers import (
     DISTRIBUTED,
     FLOAT32,
     GPT_CASES,
+    KEEP_GATHERED,
     as_trace,
     result,
     single,
@@ -111,6 +112,15 @@ def test_bfloat16_keeps_fp32_master_state_and_tracks_float32(strategy):
     # bf16 has 8 mantissa bits (relative precision 4e-3); the loss of a 3-layer MLP stays within 2%.
     np.testing.assert_allclose(bf16.losses, fp32.losses, rtol=2e-2)
     assert bf16.losses != fp32.losses  # bf16 compute really happened
+
+
+def test_zero3_keeping_gathered_parameters_equals_single_and_gathers_each_unit_once():
+    """--reshard-after-forward false (fully_shard(..., reshard_after_forward=False)): the same
+    numbers, and each of the MLP's 3 units all-gathered once per step, not twice."""
+    assert_matches_single(KEEP_GATHERED)
+    keep = world(2)["keep_gathered"][0]
+    regather = world(2)["comm"][0]["zero3"][1]
+    assert keep["c10d::_allgather_base_"] == 3 and regather["c10d::_allgather_base_"] == 6, (keep, regather)
 
 
 @pytest.mark.parametrize("strategy", DISTRIBUTED)

@@ -34,7 +34,10 @@ GPT_CASES = [GPT.replace(strategy=s) for s in DISTRIBUTED]
 FLOAT32 = BASE.replace(strategy="ddp-ring", devices=4, dtype="float32", optimizer="adam", lr=1e-3)
 BF16 = [BASE.replace(strategy=s, devices=2, dtype=d, optimizer="adam", lr=1e-3)
         for s in ("ddp", "zero3") for d in ("bfloat16", "float32")]
-TRAIN = CASES + GPT_CASES + [FLOAT32] + BF16
+# zero3 with FSDP2's reshard_after_forward=False, under accumulation and clipping.
+KEEP_GATHERED = BASE.replace(strategy="zero3", devices=2, accum=3, clip_norm=0.5, optimizer="adam",
+                             reshard_after_forward=False)
+TRAIN = CASES + GPT_CASES + [FLOAT32] + BF16 + [KEEP_GATHERED]
 RING_SIZES = [1, 2, 3, 5, 7, 12, 13, 100]
 
 
@@ -71,6 +74,7 @@ def world(n: int) -> dict:
     if n == 2:
         jobs.append(("comm", BASE.replace(devices=2), init_for(init_key(BASE))))
         jobs.append(("buckets", BASE.replace(strategy="ddp-bucket", devices=2, accum=3), init_for(init_key(BASE))))
+        jobs.append(("keep_gathered", KEEP_GATHERED.replace(accum=1), init_for(init_key(BASE))))
     per_rank = launch(run_jobs, n, jobs, timeout_s=600, pg_timeout_s=120)
     out = {}
     for i, job in enumerate(jobs):
@@ -102,6 +106,8 @@ def run_jobs(rank: int, n: int, jobs: list) -> list:
                             for accum in (1, 3)} for s in DISTRIBUTED})
         elif job[0] == "buckets":
             out.append(bucket_launches(rank, n, job[1], job[2]))
+        elif job[0] == "keep_gathered":
+            out.append(collectives_per_step(rank, n, job[1], job[2]))
     return out
 
 

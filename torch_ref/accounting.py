@@ -57,7 +57,8 @@ def fsdp_padded(shapes, n: int) -> int:
 
 
 def theory(
-    strategy: str, param_sizes, n: int, itemsize: int, *, clip: bool = False, backend: str = "gloo", root_params=()
+    strategy: str, param_sizes, n: int, itemsize: int, *, clip: bool = False, backend: str = "gloo", root_params=(),
+    reshard_after_forward: bool = True,
 ) -> dict:
     """Bytes each device sends per step in what torch_ref runs, by kind (conventions: module docstring).
 
@@ -72,8 +73,9 @@ def theory(
       zero2                       reduce-scatter of the flat gradient padded to P = n ceil(Psi/n):
                                   on gloo an all-reduce of P (2 (n-1)/n P b), on nccl (n-1)/n P b;
                                   all-gather of the parameters (n-1)/n P b; clipping: one scalar all-reduce
-      zero3 (FSDP2)               per layer, all-gather before forward and again before backward
-                                  (the root's own `root_params` only once): (n-1)/n (2 F - R) b with
+      zero3 (FSDP2)               per unit, all-gather before forward and again before backward
+                                  (not with reshard_after_forward=False: F once; the root's own
+                                  `root_params` only once): (n-1)/n (2 F - R) b with
                                   F = fsdp_padded(all), R = fsdp_padded(root_params); gradient
                                   reduce-scatter of F: on gloo all-reduce 2 (n-1)/n F b, on nccl
                                   (n-1)/n F b; clipping: one all-reduce of the parameter tensors'
@@ -104,7 +106,7 @@ def theory(
         out["all-gather"] = part * padded * itemsize
     elif strategy == "zero3":
         full, root = fsdp_padded(shapes, n), fsdp_padded(root_params, n)
-        out["all-gather"] = part * (2 * full - root) * itemsize
+        out["all-gather"] = part * ((2 * full - root) if reshard_after_forward else full) * itemsize
         out["all-reduce"] = loss + (ring * len(shapes) * itemsize if clip else 0.0)
         if backend == "gloo":
             out["all-reduce"] += ring * full * itemsize

@@ -28,6 +28,29 @@ def _ring(n: int) -> list[tuple[int, int]]:
     return [(i, (i + 1) % n) for i in range(n)]
 
 
+def pack(arrays, size: int | None = None) -> jax.Array:
+    """Flatten `arrays` into one vector (zero-padded to `size` elements) by dynamic-update-slices at
+    static offsets into a zeroed buffer: each array is copied once. The same vector built with
+    `jnp.concatenate` becomes one XLA:CPU loop fusion that has been measured at 50-500 ms for a
+    million elements (it dominated ddp-ring's step), where these copies take about 1 ms."""
+    total = sum(a.size for a in arrays)
+    out = jnp.zeros(total if size is None else size, arrays[0].dtype)
+    offset = 0
+    for a in arrays:
+        out = lax.dynamic_update_slice_in_dim(out, a.reshape(-1), offset, 0)
+        offset += a.size
+    return out
+
+
+def unpack(flat: jax.Array, like) -> list:
+    """The arrays `pack(like)` was built from, read back from `flat` (static slices)."""
+    out, offset = [], 0
+    for a in like:
+        out.append(flat[offset:offset + a.size].reshape(a.shape))
+        offset += a.size
+    return out
+
+
 def pad_to_multiple(x: jax.Array, n: int) -> jax.Array:
     """Flatten `x` and zero-pad it to a multiple of n elements."""
     flat = x.reshape(-1)
@@ -84,13 +107,15 @@ def ring_all_gather(chunk: jax.Array, axis_name: str) -> jax.Array:
 
 
 def ring_all_reduce(x: jax.Array, axis_name: str) -> jax.Array:
-    """Sum `x` (any shape) over the axis: ring reduce-scatter, then ring all-gather written into the
-    padded input's own buffer (no fresh zeroed buffer). Matches psum."""
+    """Sum `x` (any shape) over the axis: ring reduce-scatter, then ring all-gather. Matches psum.
+
+    The gather writes into a zero-filled buffer rather than into the input's: updating the input
+    in place would cost XLA a copy of it whenever the input is still live (a memset is cheaper)."""
     n = lax.axis_size(axis_name)
     if n == 1:
         return x
     flat = pad_to_multiple(x, n)
-    summed = _ring_gather_into(flat, ring_reduce_scatter(flat, axis_name), axis_name)
+    summed = _ring_gather_into(jnp.zeros_like(flat), ring_reduce_scatter(flat, axis_name), axis_name)
     return summed[:x.size].reshape(x.shape)
 
 

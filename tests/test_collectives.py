@@ -70,9 +70,10 @@ def test_reduce_to_root_and_broadcast_from_root(n):
 
 
 # What the compiled ring may do to arrays: move them (collective-permute, slices, updates, pads,
-# copies, bitcasts) and add the chunks it reduces. No scatter, gather, select or concatenate.
+# copies, bitcasts), zero-fill the buffer it gathers into (broadcast), and add the chunks it
+# reduces. No scatter, gather, select or concatenate.
 COPY_ONLY = {"parameter", "collective-permute", "dynamic-slice", "slice", "dynamic-update-slice", "pad", "copy",
-             "bitcast", "reshape", "fusion", "tuple", "get-tuple-element", "add"}
+             "bitcast", "reshape", "fusion", "tuple", "get-tuple-element", "add", "broadcast"}
 RING = {"all_reduce": collectives.ring_all_reduce, "reduce_scatter": collectives.ring_reduce_scatter,
         "all_gather": collectives.ring_all_gather}
 
@@ -108,4 +109,14 @@ def test_compiled_ring_is_copy_only(op, n, size):
     """On arrays, the compiled ring only moves data and adds chunks: no scatter (what
     `.at[traced index].set` becomes), gather, select or concatenate."""
     ops = array_opcodes(compiled_ring(RING[op], n, size))
-    assert "collective-permute" in ops and ops <= COPY_ONLY | ({"broadcast"} if op == "all_gather" else set()), ops
+    assert "collective-permute" in ops and ops <= COPY_ONLY, ops
+
+
+@pytest.mark.parametrize("size", [None, 40])
+def test_pack_is_concatenate_and_pad_and_unpack_inverts_it(size):
+    arrays = [jnp.arange(6.0).reshape(2, 3), jnp.ones(5), jnp.full((3, 1), 7.0)]
+    ref = np.concatenate([np.asarray(a).reshape(-1) for a in arrays])
+    flat = np.asarray(jax.jit(lambda *a: collectives.pack(a, size))(*arrays))
+    np.testing.assert_array_equal(flat, np.pad(ref, (0, 0 if size is None else size - ref.size)))
+    for a, b in zip(collectives.unpack(jnp.asarray(flat), arrays), arrays, strict=True):
+        np.testing.assert_array_equal(a, b)

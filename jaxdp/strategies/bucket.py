@@ -15,9 +15,9 @@ which neither a combiner nor a scheduler can undo, and the step disables the com
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 from jax import lax
 
+from ..collectives import pack, unpack
 from ..devices import AXIS
 from ..models import flat_names
 from .common import Strategy, replicated_data_parallel
@@ -54,13 +54,9 @@ def bucketed_all_reduce_mean(grads, buckets, n: int):
     named = flat_names(grads)
     reduced, flat = {}, None
     for bucket in buckets:
-        packed = jnp.concatenate([named[name].reshape(-1) for name in bucket]) / n
+        packed = pack([named[name] / n for name in bucket])  # one copy per gradient (no concatenate)
         flat = lax.psum(packed if flat is None else after(packed, flat), AXIS)  # one all-reduce per bucket
-        offset = 0
-        for name in bucket:
-            size = named[name].size
-            reduced[name] = flat[offset:offset + size].reshape(named[name].shape)
-            offset += size
+        reduced.update(zip(bucket, unpack(flat, [named[name] for name in bucket]), strict=True))
     return jax.tree.unflatten(jax.tree.structure(grads), [reduced[name] for name in named])
 
 

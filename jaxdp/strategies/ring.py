@@ -5,16 +5,16 @@ device sending 2(N-1)/N of the gradient bytes. Divided by N before the reduction
 from __future__ import annotations
 
 import jax
-import jax.flatten_util
 
-from ..collectives import ring_all_reduce
+from ..collectives import pack, ring_all_reduce, unpack
 from ..devices import AXIS
 from .common import Strategy, replicated_data_parallel
 
 
 def ring_all_reduce_mean(grads, n: int):
-    flat, unravel = jax.flatten_util.ravel_pytree(grads)
-    return unravel(ring_all_reduce(flat / n, AXIS))
+    leaves, treedef = jax.tree.flatten(grads)
+    flat = pack([g / n for g in leaves], size=-(-sum(g.size for g in leaves) // n) * n)  # no padding copy later
+    return jax.tree.unflatten(treedef, unpack(ring_all_reduce(flat, AXIS), leaves))
 
 
 def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:

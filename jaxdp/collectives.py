@@ -109,13 +109,13 @@ def ring_all_gather(chunk: jax.Array, axis_name: str) -> jax.Array:
 def ring_all_reduce(x: jax.Array, axis_name: str) -> jax.Array:
     """Sum `x` (any shape) over the axis: ring reduce-scatter, then ring all-gather. Matches psum.
 
-    The gather writes into a zero-filled buffer rather than into the input's: updating the input
-    in place would cost XLA a copy of it whenever the input is still live (a memset is cheaper)."""
+    The gather writes into the (padded) input's own buffer: in place when the caller is done with
+    `x` (a packed gradient, a donated argument); otherwise XLA copies `x` first."""
     n = lax.axis_size(axis_name)
     if n == 1:
         return x
     flat = pad_to_multiple(x, n)
-    summed = _ring_gather_into(jnp.zeros_like(flat), ring_reduce_scatter(flat, axis_name), axis_name)
+    summed = _ring_gather_into(flat, ring_reduce_scatter(flat, axis_name), axis_name)
     return summed[:x.size].reshape(x.shape)
 
 

@@ -13,6 +13,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxdp import accounting, collectives, devices
+from jaxdp.bench.collectives import OPS, collectives_benchmark
 
 SIZES = [1, 5, 12, 17]
 NS = [1, 2, 3, 4, 8]
@@ -120,3 +121,10 @@ def test_pack_is_concatenate_and_pad_and_unpack_inverts_it(size):
     np.testing.assert_array_equal(flat, np.pad(ref, (0, 0 if size is None else size - ref.size)))
     for a, b in zip(collectives.unpack(jnp.asarray(flat), arrays), arrays, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_collectives_benchmark_runs_every_op_size_and_n():
+    """A smoke run of the micro-benchmark (tiny sizes): one row per op, size and N; times positive."""
+    rows = collectives_benchmark(sizes_mb=(0.01,), ns=(2, 3), repeats=1)
+    assert [(r["op"], r["devices"]) for r in rows] == [(op, n) for n in (2, 3) for op in OPS]
+    assert all(r["ring_ms"] > 0 and r["xla_ms"] > 0 and r["ratio"] > 0 for r in rows)

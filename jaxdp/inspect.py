@@ -55,9 +55,10 @@ def format_inspect(r: dict) -> str:
              f"  {'#':>3} {'op':<19} {'dtype':<6} {'elements':>10} {'bytes/device':>13} {'trips':>5}"]
     lines += [f"  {i:>3} {c['op']:<19} {c['dtype']:<6} {c['elements']:>10} {c['bytes_per_device']:>13.0f} "
               f"{c['trips'] if c['trips'] is not None else '?':>5}" for i, c in enumerate(r["collectives"])]
-    lines.append(f"bytes per device per step: {r['bytes_per_device']:.0f} (theory {r['theory_bytes_per_device']:.0f})")
-    lines.append(f"memory per device: state {r['state_bytes']}, temp {r['temp_bytes']}, peak {r['peak_bytes']} "
-                 "(peak = arguments + temporaries + outputs not aliased to arguments)")
+    lines.append(f"sent per device per step: {r['bytes_per_device']:.0f} bytes "
+                 f"(theory {r['theory_bytes_per_device']:.0f})")
+    lines.append(f"bytes per device: state {r['state_bytes']}, temp {r['temp_bytes']}, peak {r['peak_bytes']} "
+                 "(state + temp + unaliased outputs)")
     if "buckets" in r:
         lines.append(f"buckets (elements, in the order reduced): {r['buckets']}")
     return "\n".join(lines)

@@ -1,6 +1,7 @@
 """`ddp-ring`: DDP whose all-reduce is the explicit ring from `jaxdp.collectives`: all gradients
-flattened into one vector, ring reduce-scatter (N-1 rounds) then ring all-gather (N-1 rounds), each
-device sending 2(N-1)/N of the gradient bytes. Divided by N before the reduction, as in `ddp`.
+packed into one vector (`pack`: copies at static offsets; a concatenate is a slow fusion on
+XLA:CPU), ring reduce-scatter (N-1 rounds) then ring all-gather (N-1 rounds), each device sending
+2(N-1)/N of the gradient bytes. Divided by N before the reduction, as in `ddp`.
 """
 from __future__ import annotations
 

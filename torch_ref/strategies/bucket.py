@@ -7,7 +7,9 @@ parameter's `main_grad` is a view into it. A post-accumulate-grad hook adds `.gr
 `main_grad` and frees `.grad`; in the step's last backward it also marks the parameter ready, and
 the moment a bucket's last parameter is ready the bucket is divided by N (pre-divide) and its
 all-reduce starts asynchronously, overlapping the rest of backward. `finish_gradient_synchronization`
-waits on every bucket before the optimizer step and points `.grad` at `main_grad`.
+waits on every bucket before the optimizer step and points `.grad` at `main_grad`. What the process
+group runs is one all-reduce per bucket, of its size, in plan order, then the loss's (the gloo
+events the profiler records; tests/test_torch_strategies.py).
 """
 from __future__ import annotations
 

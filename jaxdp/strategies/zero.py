@@ -10,16 +10,16 @@ nothing to norms; it is cut off whenever a full array is rebuilt.
   are all-gathered into full parameters.
 - zero2: gradients sharded too: reduce-scattered, so each device only ever keeps its shard of the
   mean gradient; then as zero1.
-- zero3: parameters sharded too. Each parameter is all-gathered just before the forward that uses
-  it and, because the gathered copy is not saved for backward (`jax.checkpoint` with a policy that
-  saves everything *except* the gathered parameters), all-gathered again just before backward,
-  and dropped after use. Gradients are reduce-scattered; no device ever holds full parameters
-  between steps.
+- zero3: parameters sharded too; FSDP by units (`fsdp.py`): each unit of the model (an MLP layer,
+  a transformer block, the embeddings, the head) is all-gathered just before its forward and freed
+  after it, gathered again just before its backward (not with reshard_after_forward=False), and its
+  gradient reduce-scattered as backward produces it; no device ever holds full parameters between
+  steps, nor (accum 1) more than two units' full parameters and gradients during one. Asserted on
+  the compiled program.
 
-Accumulation syncs once: the micro-batches' local gradients are summed on each device (for zero3,
-as FSDP does under no_sync: the gradient of the gathered parameters, taken through a zero `delta`
-added to them, so it stays local and unsharded until the step's one reduce-scatter), then reduced.
-Gradients are divided by N before the reduction, as in `ddp`.
+Accumulation syncs once: the micro-batches' local gradients are summed on each device, then reduced
+(zero3: FSDP's no_sync, gathers for every micro-batch and the full local gradients reduce-scattered
+once after the loop). Gradients are divided by N before the reduction, as in `ddp`.
 
 `--collectives xla` uses lax.psum / psum_scatter / all_gather; `--collectives ring` uses the
 explicit ring from `jaxdp.collectives`; both give the same trace. All run under
@@ -90,6 +90,31 @@ def host_unshard(flat_tree, shapes):
     return jax.tree.map(lambda f, shape: unpad(to_host(f), shape), flat_tree, shapes)
 
 
+def stage_grads(stage: int, problem, comm: Collectives, shapes, n: int, cfg):
+    """`(params, x, y) -> (mean loss, this device's gradient shards, the gradient for the trace)`,
+    communicating once per step (zero3: its units' gathers every micro-batch, `fsdp.unit_grads`)."""
+    tree_map = jax.tree.map
+    if stage == 3:
+        unit_grads = fsdp.unit_grads(problem, shapes, lambda s, shape: unpad(comm.all_gather(s), shape),
+                                     lambda g: comm.reduce_scatter(g.reshape(-1) / n), cfg.accum,
+                                     cfg.reshard_after_forward)
+
+        def zero3_grads(param_shards, x, y):
+            loss, shards = unit_grads(param_shards, x, y)
+            return loss, shards, shards
+        return zero3_grads
+
+    def zero12_grads(params, x, y):
+        loss, grads = local_grads(problem.loss_fn, params, x, y, cfg.accum)
+        grads = tree_map(lambda g: g / n, grads)
+        if stage == 1:
+            full = tree_map(comm.all_reduce, grads)  # every device: the whole mean gradient
+            return loss, tree_map(lambda g: my_shard(g, n), full), full
+        shards = tree_map(lambda g: comm.reduce_scatter(g.reshape(-1)), grads)  # only my shard
+        return loss, shards, shards
+    return zero12_grads
+
+
 def make_stage(stage: int):
     def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
         n = mesh.size
@@ -115,35 +140,11 @@ def make_stage(stage: int):
                 return TrainState(jax.device_put(to_numpy(params), replicated(mesh)), opt_state)
             return TrainState(flat, opt_state)
 
-        def zero12_grads(params, x, y):
-            loss, grads = local_grads(problem.loss_fn, params, x, y, cfg.accum)
-            grads = tree_map(lambda g: g / n, grads)
-            if stage == 1:
-                full = tree_map(comm.all_reduce, grads)  # every device: the whole mean gradient
-                return loss, tree_map(lambda g: my_shard(g, n), full), full
-            shards = tree_map(lambda g: comm.reduce_scatter(g.reshape(-1)), grads)  # only my shard
-            return loss, shards, shards
-
-        def gather_leaf(shard, shape):
-            return unpad(comm.all_gather(shard), shape)
-
-        def scatter_leaf(grad):
-            return comm.reduce_scatter(grad.reshape(-1) / n)
-
-        unit_grads = fsdp.unit_grads(problem, shapes, gather_leaf, scatter_leaf, cfg.accum,
-                                     cfg.reshard_after_forward) if stage == 3 else None
-
-        def zero3_grads(param_shards, x, y):
-            loss, shards = unit_grads(param_shards, x, y)
-            return loss, shards, shards
+        grads_of = stage_grads(stage, problem, comm, shapes, n, cfg)
 
         def device_step(params, opt_state, x, y):
-            if stage < 3:
-                loss, grad_shards, grads_out = zero12_grads(params, x, y)
-                param_shards = tree_map(lambda p: my_shard(p, n), params)
-            else:
-                loss, grad_shards, grads_out = zero3_grads(params, x, y)
-                param_shards = params
+            loss, grad_shards, grads_out = grads_of(params, x, y)
+            param_shards = tree_map(lambda p: my_shard(p, n), params) if stage < 3 else params
             param_shards, opt_state = apply_update(optimizer, grad_shards, opt_state, param_shards)
             if stage < 3:  # rebuild full parameters from everyone's updated shard
                 params = tree_map(lambda s, shape: unpad(comm.all_gather(s), shape), param_shards, shapes)

@@ -13,6 +13,7 @@ Keys:
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 import zipfile
@@ -22,7 +23,7 @@ import numpy as np
 
 from .config import COMPARABLE_FIELDS
 
-FIELDS = ("loss", "grad", "param", "init", "x", "y")
+FIELDS = ("loss", "grad", "param", "update", "init", "x", "y")
 
 
 class TraceError(ValueError):
@@ -113,40 +114,166 @@ def check_comparable(a: Trace, b: Trace) -> None:
         raise TraceError("traces ran different configurations: " + "; ".join(diffs))
 
 
-def relative_error(a, b) -> float:
-    """Worst element of |a - b| relative to the largest magnitude of b (the reference)."""
+def errors(a, b, floor: float = 0.0) -> tuple[float, float, float]:
+    """(relative, norm, elementwise) errors of `a` against reference `b`:
+      relative     max |a - b| / max |b|       (the worst element relative to the array's scale)
+      norm         ||a - b|| / ||b||           (2-norms over the whole array)
+      elementwise  max_i |a_i - b_i| / max(|b_i|, floor)   (every element relative to itself;
+                   those below the absolute `floor` judged against the floor)
+    each the absolute error where its scale is 0, and all inf when either array holds NaN or Inf
+    (non-finite is never agreement)."""
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     if a.shape != b.shape:
         raise TraceError(f"shape mismatch {a.shape} vs {b.shape}")
-    scale = np.max(np.abs(b)) if b.size else 0.0
-    err = np.max(np.abs(a - b)) if b.size else 0.0
-    return float(err / scale) if scale > 0 else float(err)
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return math.inf, math.inf, math.inf
+    if not b.size:
+        return 0.0, 0.0, 0.0
+    d, mag = np.abs(a - b), np.abs(b)
+    err, scale = float(d.max()), float(mag.max())
+    norm_err, norm_scale = float(np.linalg.norm(d)), float(np.linalg.norm(b))
+    elementwise = float(np.max(d / np.maximum(mag, max(floor, np.finfo(np.float64).tiny))))
+    return (err / scale if scale > 0 else err, norm_err / norm_scale if norm_scale > 0 else norm_err, elementwise)
+
+
+def relative_error(a, b) -> float:
+    """Worst element of |a - b| relative to the largest magnitude of b (the reference); inf when
+    either array holds a NaN or an Inf."""
+    return errors(a, b)[0]
+
+
+def norm_error(a, b) -> float:
+    """||a - b|| / ||b||; inf when either array is non-finite."""
+    return errors(a, b)[1]
+
+
+def ulp_distance(a, b) -> float | None:
+    """The largest distance in units in the last place between a_i and b_i, counted in the arrays'
+    own float type (float64, float32, or bfloat16 stored as such); None for other types and for
+    arrays of different types; inf when either is non-finite."""
+    a, b = np.asarray(a), np.asarray(b)
+    bits = ULP_BITS.get(a.dtype.name)
+    if bits is None or a.dtype != b.dtype or a.shape != b.shape:
+        return None
+    if not (np.isfinite(a.astype(np.float64)).all() and np.isfinite(b.astype(np.float64)).all()):
+        return math.inf
+    if not a.size:
+        return 0.0
+    ia, ib = _ordered(a, bits), _ordered(b, bits)
+    same_sign = (ia >= 0) == (ib >= 0)
+    # Same sign: an exact integer difference; opposite signs: |ia| + |ib| may pass 2^63, so in floats.
+    exact = np.where(same_sign, np.abs(ia - np.where(same_sign, ib, ia)), 0)
+    across = np.where(same_sign, 0.0, np.abs(ia).astype(np.float64) + np.abs(ib).astype(np.float64))
+    return float(max(exact.max(), across.max()))
+
+
+ULP_BITS = {"float64": 64, "float32": 32, "bfloat16": 16}
+
+
+def _ordered(x, bits: int) -> np.ndarray:
+    """Float bits as int64 counting representable values in order (+0 and -0 both 0)."""
+    raw = x.view({64: np.int64, 32: np.int32, 16: np.int16}[bits]).astype(np.int64)
+    magnitude = raw & ((1 << (bits - 1)) - 1)
+    return np.where(raw < 0, -magnitude, magnitude)
+
+
+def _pair(a, b):
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        raise TraceError(f"shape mismatch {a.shape} vs {b.shape}")
+    return a, b
 
 
 def _field(key: str) -> str:
     parts = key.split("/")
-    return parts[0] if parts[0] == "init" else parts[2]
+    return parts[0] if parts[0] in ("init", "update") else parts[2]
 
 
-def diff(a: Trace, b: Trace, check_config: bool = True) -> dict:
-    """Worst relative error per field of `a` against reference `b`:
-    {'worst': {field: err}, 'per_array': {key: err}}. Arrays present in only one trace are an error."""
+def updates(t: Trace) -> dict[str, np.ndarray]:
+    """Each step's update, `update/<k>/<name>` = param_k - param_(k-1) (the parameters before the
+    first recorded step are `init/`), in float64: exact for float32 parameters."""
+    out = {}
+    for name in t.names():
+        before = t.arrays[f"init/{name}"]
+        for k in range(t.first_step, t.steps + 1):
+            after = t.arrays.get(f"step/{k}/param/{name}")
+            if after is None:
+                break
+            with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: judged as non-finite
+                out[f"update/{k}/{name}"] = np.asarray(after, np.float64) - np.asarray(before, np.float64)
+            before = after
+    return out
+
+
+def non_finite(t: Trace) -> list[str]:
+    """The keys of `t`'s float arrays holding a NaN or an Inf."""
+    return sorted(k for k, v in t.arrays.items() if np.asarray(v).dtype.kind == "f" and not np.isfinite(v).all())
+
+
+# The absolute floor of the elementwise error, by the run's dtype (meta `dtype`): elements smaller
+# than this are judged by absolute error. About 1e4 unit roundoffs of float64; float32's unit
+# roundoff times the ~20 terms of a short sum (bf16 runs keep float32 master values).
+FLOOR = {"float64": 1e-12, "float32": 1e-6, "bfloat16": 1e-6}
+
+
+def diff(a: Trace, b: Trace, check_config: bool = True, floor: float | None = None, with_ulp: bool = True) -> dict:
+    """Errors of `a` against reference `b`, per array and per field. Arrays present in only one
+    trace are an error. Returns
+      per_array / worst:  the worst |a - b| over the largest |b| per array / per field;
+      norm:               ||a - b|| / ||b|| per array, the per-step updates (`update/<k>/<name>`) included;
+      elementwise:        max |a_i - b_i| / max(|b_i|, floor) per array (floor: FLOOR[dtype]);
+      ulp:                the largest ULP distance per float array (in its own dtype; with_ulp);
+      non_finite:         {key: 'a', 'b' or 'a and b'}: arrays holding NaN or Inf, whose errors are inf;
+      fields:             {field: {'relative', 'norm', 'elementwise', 'ulp'}}: the worst of each."""
     if check_config:
         check_comparable(a, b)
     only = sorted(set(a.arrays) ^ set(b.arrays))
     if only:
         raise TraceError(f"traces hold different arrays, e.g. {only[:3]} ({len(only)} in all)")
-    per_array = {k: relative_error(a.arrays[k], b.arrays[k]) for k in sorted(a.arrays)}
-    worst = {f: 0.0 for f in FIELDS}
+    floor = FLOOR.get(b.meta.get("dtype"), 1e-6) if floor is None else floor
+    keys = sorted(a.arrays)
+    per_array, norm, elementwise = {}, {}, {}
+    for k in keys:
+        per_array[k], norm[k], elementwise[k] = errors(a.arrays[k], b.arrays[k], floor)
+    ua, ub = updates(a), updates(b)
+    norm.update({k: norm_error(ua[k], ub[k]) for k in sorted(ub) if k in ua})
+    ulp = {k: u for k in keys if (u := ulp_distance(a.arrays[k], b.arrays[k])) is not None} if with_ulp else {}
+    bad_a, bad_b = set(non_finite(a)), set(non_finite(b))
+    nonfinite = {k: " and ".join(s for s, bad in (("a", bad_a), ("b", bad_b)) if k in bad)
+                 for k in sorted(bad_a | bad_b)}
+    worst = {f: 0.0 for f in FIELDS if f != "update"}
     for key, err in per_array.items():
         worst[_field(key)] = max(worst[_field(key)], err)
-    return {"worst": worst, "per_array": per_array}
+    fields = {f: {"relative": worst.get(f), "norm": 0.0, "elementwise": None if f == "update" else 0.0, "ulp": None}
+              for f in FIELDS}
+    for name, table in (("norm", norm), ("elementwise", elementwise), ("ulp", ulp)):
+        for key, err in table.items():
+            entry = fields[_field(key)]
+            entry[name] = err if entry[name] is None else max(entry[name], err)
+    return {"worst": worst, "per_array": per_array, "norm": norm, "elementwise": elementwise, "ulp": ulp,
+            "non_finite": nonfinite, "fields": fields, "floor": floor}
 
 
 def format_diff(result: dict, tolerance: float | None = None) -> str:
-    lines = [f"{'field':<6}  worst relative error"]
-    for field, err in result["worst"].items():
-        flag = "" if tolerance is None else ("  ok" if err <= tolerance else "  MISMATCH")
-        lines.append(f"{field:<6}  {err:.3e}{flag}")
+    """One line per field: the worst relative error (and, with `tolerance`, ok or MISMATCH), the
+    worst norm-based and elementwise errors and ULP distance; then the non-finite arrays, by key."""
+    lines = [f"{'field':<6}  {'relative':>9}  {'norm':>9}  {'elementwise':>11}  {'ulp':>9}"
+             f"   (relative: worst |a-b| / max|b|; elementwise floor {result['floor']:g})"]
+    for field, e in result["fields"].items():
+        rel = e["relative"]
+        flag = "" if tolerance is None or rel is None else ("  ok" if rel <= tolerance else "  MISMATCH")
+        lines.append(f"{field:<6}  {_num(rel, 9)}  {_num(e['norm'], 9)}  {_num(e['elementwise'], 11)}  "
+                     f"{_num(e['ulp'], 9, ulp=True)}{flag}")
+    for key, side in result["non_finite"].items():
+        lines.append(f"NON-FINITE: {key} holds NaN or Inf in {side}")
     return "\n".join(lines)
+
+
+def _num(x, width: int, ulp: bool = False) -> str:
+    if x is None:
+        return f"{'-':>{width}}"
+    if ulp and math.isfinite(x) and x < 1e6:
+        return f"{int(x):>{width}d}"
+    return f"{x:>{width}.2e}"

@@ -13,19 +13,19 @@ import jax  # noqa: E402
 jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_enable_x64", True)
 
-from jaxdp import parity, trace  # noqa: E402
+from jaxdp import pair_runs, parity, trace  # noqa: E402
 
 from .cases import ALL, sides  # noqa: E402
 
 
 @functools.cache
 def jax_run(cfg):
-    return parity.run_jax(cfg)
+    return pair_runs.run_jax(cfg)
 
 
 @functools.cache
 def torch_runs() -> dict:
-    return parity.run_torch(list(dict.fromkeys(sides(label, cfg)[1] for label, cfg in ALL)))
+    return pair_runs.run_torch(list(dict.fromkeys(sides(label, cfg)[1] for label, cfg in ALL)))
 
 
 def compare(label, cfg) -> parity.Row:

@@ -5,9 +5,12 @@ import os
 import subprocess
 import sys
 
-from jaxdp import cli, parity, trace
+import pytest
 
-from .cases import FLOAT64
+from jaxdp import cli, parity, trace
+from tests.helpers import as_trace, with_grads, with_update, with_value
+
+from .cases import BF16, FLOAT32, FLOAT64
 from .conftest import jax_run, sides, torch_runs
 
 
@@ -39,3 +42,48 @@ def test_parity_command_exits_non_zero_on_a_mismatch(monkeypatch, capsys):
 def test_parity_command_names_the_side_that_lacks_a_strategy(capsys):
     assert cli.main(["parity", "--strategies", "ddp-naive~ddp-naive"]) == 2
     assert "strategy 'ddp-naive' exists only in torch_ref; jaxdp has" in capsys.readouterr().err
+
+
+def saved_pair(tmp_path, case, edit=None):
+    """The jaxdp and torch_ref traces of a parity case, written as files (the jax one edited)."""
+    jcfg, tcfg = sides(*case)
+    j, t = as_trace(jax_run(jcfg)), as_trace(torch_runs()[tcfg])
+    j = edit(j) if edit else j
+    for name, tr in (("jax", j), ("torch", t)):
+        trace.save(tmp_path / f"{name}.npz", tr.meta, tr.arrays)
+    return str(tmp_path / "jax.npz"), str(tmp_path / "torch.npz")
+
+
+@pytest.mark.parametrize("case", [FLOAT32[1], BF16[0]], ids=["float32-adam", "bfloat16-adam"])
+def test_diff_applies_the_parity_bounds_and_exits_zero_on_an_honest_pair(tmp_path, case, capsys):
+    assert cli.main(["diff", *saved_pair(tmp_path, case)]) == 0
+    out = capsys.readouterr().out
+    assert "tolerance (" + case[1].dtype + ")" in out and out.rstrip().endswith("ok")
+    for column in ("relative", "norm", "elementwise", "ulp"):
+        assert column in out.splitlines()[0]
+
+
+EDITS = {
+    "nan-grad": (FLOAT32[1], lambda t: with_value(t, "step/4/grad/layers/1/kernel", float("nan")),
+                 "non-finite: step/4/grad/layers/1/kernel holds NaN or Inf in A"),
+    "negated-final-float32-update": (FLOAT32[1], lambda t: with_update(t, t.steps, -1.0), "step update"),
+    "doubled-bf16-gradients": (BF16[0], lambda t: with_grads(t, 7, 2.0), "grad"),
+}
+
+
+@pytest.mark.parametrize("edit", EDITS)
+def test_diff_exits_one_on_a_wrong_trace_without_a_tolerance(tmp_path, edit, capsys):
+    """Issue 13's bar: each of these passed `jaxdp diff` (exit 0) before the parity bounds applied."""
+    case, change, expected = EDITS[edit]
+    assert cli.main(["diff", *saved_pair(tmp_path, case, change)]) == 1
+    out = capsys.readouterr().out
+    assert "MISMATCH" in out and expected in out, out
+
+
+def test_diff_with_a_tolerance_keeps_its_meaning_and_fails_on_nan(tmp_path, capsys):
+    a, b = saved_pair(tmp_path, FLOAT32[1])
+    assert cli.main(["diff", a, b, "--tolerance", "1e-3"]) == 0
+    assert cli.main(["diff", a, b, "--tolerance", "1e-9"]) == 1
+    a, b = saved_pair(tmp_path, FLOAT32[1], lambda t: with_value(t, "step/1/param/layers/0/bias", float("nan")))
+    assert cli.main(["diff", a, b, "--tolerance", "1e3"]) == 1
+    assert "NON-FINITE: step/1/param/layers/0/bias holds NaN or Inf in a" in capsys.readouterr().out

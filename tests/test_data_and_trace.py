@@ -64,3 +64,82 @@ def test_truncated_trace_is_refused(tmp_path):
     trace.save(tmp_path / "partial.npz", res.meta, partial)
     with pytest.raises(trace.TraceError, match="incomplete: missing step/4/loss"):
         trace.load(tmp_path / "partial.npz")
+
+
+def tiny_trace(dtype=np.float32, steps=2, **meta) -> trace.Trace:
+    """A hand-made two-parameter trace (as a user might write one from their own code)."""
+    rng = np.random.default_rng(0)
+    arrays = {"init/w": rng.standard_normal(6).astype(dtype), "init/b": np.zeros(2, dtype)}
+    for k in range(1, steps + 1):
+        arrays[f"step/{k}/loss"] = np.asarray(1.0 / k)
+        for name in ("w", "b"):
+            before = arrays[f"init/{name}" if k == 1 else f"step/{k - 1}/param/{name}"]
+            grad = rng.standard_normal(before.shape).astype(dtype)
+            arrays[f"step/{k}/grad/{name}"] = grad
+            arrays[f"step/{k}/param/{name}"] = (before - 0.1 * grad).astype(dtype)
+    return trace.Trace({"steps": steps, "dtype": {np.float64: "float64"}.get(dtype, "float32"), **meta}, arrays)
+
+
+def edited(t, key, change):
+    arrays = dict(t.arrays)
+    arrays[key] = change(np.array(arrays[key], copy=True))
+    return trace.Trace(t.meta, arrays)
+
+
+def set_first(value):
+    def change(a):
+        a.reshape(-1)[0] = value
+        return a
+    return change
+
+
+@pytest.mark.parametrize("key", ["step/1/loss", "step/2/grad/w", "step/1/param/b", "init/w"])
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_non_finite_is_never_agreement(key, value):
+    """max(0.0, nan) is 0.0: before issue 13 a NaN scored 0. Now every measure is inf and the key is named."""
+    t = tiny_trace()
+    bad = edited(t, key, set_first(value))
+    for a, b, side in [(bad, t, "a"), (t, bad, "b"), (bad, bad, "a and b")]:
+        d = trace.diff(a, b)
+        assert d["non_finite"] == {key: side}
+        assert d["per_array"][key] == d["norm"][key] == d["elementwise"][key] == d["ulp"][key] == np.inf
+        assert max(d["worst"].values()) == np.inf  # so `v > tol` filters and --tolerance flag it
+        assert f"NON-FINITE: {key} holds NaN or Inf in {side}" in trace.format_diff(d)
+
+
+def test_elementwise_error_sees_a_small_element_that_the_relative_error_hides():
+    b = np.array([1.0, 1e-13, 0.5])
+    a = b * np.array([1.0, 2.0, 1.0])  # a doubled element of size 1e-13
+    relative, norm, elementwise = trace.errors(a, b, floor=1e-12)
+    assert relative == pytest.approx(1e-13) and norm < 1e-12
+    assert elementwise == pytest.approx(0.1)  # 1e-13 against the 1e-12 floor
+    assert trace.errors(a, b, floor=1e-15)[2] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, "bfloat16"])
+def test_ulp_distance_counts_representable_values_in_the_arrays_own_type(dtype):
+    import ml_dtypes
+
+    dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
+    x = np.array([1.0, -2.5, 0.0, 3e-3], dtype=dtype)
+    uint = {2: np.uint16, 4: np.uint32, 8: np.uint64}[x.dtype.itemsize]
+    up = (x.view(uint) + uint(1)).view(dtype)  # the next representable magnitude, element by element
+    if dtype != ml_dtypes.bfloat16:
+        np.testing.assert_array_equal(np.abs(up), np.nextafter(np.abs(x), np.inf))
+    assert trace.ulp_distance(x, x) == 0
+    assert trace.ulp_distance(up, x) == 1
+    assert trace.ulp_distance(np.array([0.0], dtype), np.array([-0.0], dtype)) == 0  # +0 and -0
+    tiny = np.array([np.finfo(np.float32).smallest_subnormal], np.float32)
+    assert trace.ulp_distance(tiny, -tiny) == 2  # across zero
+    assert trace.ulp_distance(x.astype(np.float64), x.astype(np.float32)) is None  # types differ
+
+
+def test_updates_are_each_steps_parameter_change_and_a_wrong_step_shows_in_it():
+    t = tiny_trace(np.float64, steps=3)
+    ups = trace.updates(t)
+    np.testing.assert_allclose(ups["update/1/w"], -0.1 * t.arrays["step/1/grad/w"])
+    np.testing.assert_allclose(ups["update/3/b"], -0.1 * t.arrays["step/3/grad/b"])
+    negated = edited(t, "step/3/param/w", lambda p: t.arrays["step/2/param/w"] - ups["update/3/w"])
+    d = trace.diff(negated, t)
+    assert d["norm"]["update/3/w"] == pytest.approx(2.0) and d["norm"]["update/2/w"] == 0
+    assert d["fields"]["update"]["norm"] == pytest.approx(2.0)

@@ -10,10 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxdp import trace
+from jaxdp import parity, trace
 from jaxdp.config import FRAMEWORK_STRATEGIES
 
 from .conftest import BASE, run
+from .helpers import as_trace, assert_judged_ok
 from .pairwise import pairwise
 
 TOL = 1e-12
@@ -27,11 +28,9 @@ DIMENSIONS = {
 CASES = pairwise(DIMENSIONS)
 
 
-def as_trace(result):
-    return trace.Trace(result.meta, result.arrays)
-
-
 def assert_matches_single(cfg, tol=TOL):
+    """Every array within `tol` (worst element relative to the array's scale; inf for NaN/Inf), and
+    the project's judge (per-tensor norms, each step's update, elementwise) within the float64 bounds."""
     got = run(cfg)
     ref = run(cfg.replace(strategy="single", devices=1))
     result = trace.diff(as_trace(got), as_trace(ref))
@@ -39,6 +38,7 @@ def assert_matches_single(cfg, tol=TOL):
     assert not bad, (
         f"{cfg.strategy} x{cfg.devices} differs from single: {sorted(bad.items(), key=lambda kv: -kv[1])[:5]}"
     )
+    assert_judged_ok(got, ref)
     return result
 
 
@@ -96,22 +96,24 @@ def test_the_comparison_can_fail():
     assert worst["grad"] > 1.0
 
 
-def test_float32_matches_single_to_float32_precision():
-    """float32: unit roundoff 6e-8; reordered sums over 72 samples and 4 Adam steps stay near 1e-6."""
+def test_float32_matches_single_within_the_float32_bounds():
+    """float32: per-tensor gradients and parameters within 1e-5, every step's update within 1e-4 (the
+    bounds and their derivation: jaxdp/parity.py, docs/PARITY.md)."""
     cfg = BASE.replace(strategy="ddp-ring", devices=4, dtype="float32", optimizer="adam", lr=1e-3)
     got, ref = run(cfg), run(cfg.replace(strategy="single", devices=1))
     assert got.arrays["step/4/param/layers/0/kernel"].dtype == np.float32
-    worst = trace.diff(as_trace(got), as_trace(ref))["worst"]
-    assert worst["grad"] < 1e-5 and worst["loss"] < 1e-6, worst
-    # Adam divides by sqrt(v): a gradient difference of 1e-6 relative can move a parameter by up to
-    # ~lr per step where v is tiny; 4 steps at lr 1e-3 bound the parameter error by 4e-3 of scale.
-    assert worst["param"] < 4 * cfg.lr, worst
+    assert_judged_ok(got, ref)
 
 
-def test_bfloat16_keeps_fp32_master_state_and_tracks_float32():
-    cfg = BASE.replace(strategy="ddp", devices=2, dtype="bfloat16", optimizer="adam", lr=1e-3, steps=4)
+@pytest.mark.parametrize("strategy", ["ddp", "zero2"])
+def test_bfloat16_gradients_track_single_and_float32(strategy):
+    """bf16 (fp32 master parameters and reduction): gradients per tensor within 0.25 and every step's
+    update within 0.25, against bf16 `single` and against the same strategy in float32; a factor 2
+    in a gradient is an error of 0.5 or more. The judge also checks that the reduction ran in fp32
+    (not every gradient element a bfloat16 value: `jaxdp.parity.bf16_reduced`)."""
+    cfg = BASE.replace(strategy=strategy, devices=2, dtype="bfloat16", optimizer="adam", lr=1e-3, steps=4)
     bf16, fp32 = run(cfg), run(cfg.replace(dtype="float32"))
     assert bf16.arrays["step/4/param/layers/0/kernel"].dtype == np.float32  # master parameters
-    assert bf16.arrays["step/1/grad/layers/0/kernel"].dtype == np.float32  # fp32 gradient reduction
-    # bf16 has 8 mantissa bits (relative precision 4e-3); the loss of a 3-layer MLP stays within 2%.
-    np.testing.assert_allclose(bf16.losses, fp32.losses, rtol=2e-2)
+    assert_judged_ok(bf16, run(cfg.replace(strategy="single", devices=1)))
+    row = assert_judged_ok(bf16, fp32, tol=parity.tolerance(cfg), sides=("bf16", "fp32"), check_config=False)
+    assert row.tol.why.startswith("bf16") and 0 < row.worst["grad"] < 0.1

@@ -1,0 +1,53 @@
+"""Helpers shared by the test suites (tests/ and parity_tests/): judging a run against a reference
+with the project's one judge (`jaxdp.parity.judge`), and edited copies of a trace for the tests
+that prove a check can fail (a wrong update or gradient at one step, a NaN)."""
+from __future__ import annotations
+
+import numpy as np
+
+from jaxdp import parity, trace
+
+
+def as_trace(result) -> trace.Trace:
+    return trace.Trace(result.meta, result.arrays)
+
+
+def judged(got, ref, tol=None, sides=("strategy", "single"), check_config=True) -> parity.Row:
+    """`got` (a RunResult or Trace) judged against `ref` by the bounds for its dtype (or `tol`)."""
+    got, ref = (r if isinstance(r, trace.Trace) else as_trace(r) for r in (got, ref))
+    return parity.judge(got, ref, tol, sides=sides, check_config=check_config)
+
+
+def assert_judged_ok(got, ref, **kw) -> parity.Row:
+    row = judged(got, ref, **kw)
+    assert row.ok, "; ".join(row.failures)
+    return row
+
+
+def with_update(t: trace.Trace, step: int, factor: float) -> trace.Trace:
+    """`t` as if step `step`'s update had been multiplied by `factor` (-1 negated, 0 skipped, 0.5
+    halved, 2 doubled) and every later update had been the same: parameters from `step` on move by
+    (factor - 1) x that update."""
+    arrays = dict(t.arrays)
+    for name in t.names():
+        before = t.arrays[f"init/{name}" if step == t.first_step else f"step/{step - 1}/param/{name}"]
+        delta = (factor - 1) * (t.arrays[f"step/{step}/param/{name}"].astype(np.float64) - before)
+        for k in range(step, t.steps + 1):
+            key = f"step/{k}/param/{name}"
+            arrays[key] = (arrays[key] + delta).astype(t.arrays[key].dtype)
+    return trace.Trace(t.meta, arrays)
+
+
+def with_grads(t: trace.Trace, step: int, factor: float) -> trace.Trace:
+    """`t` with step `step`'s recorded gradients multiplied by `factor`."""
+    arrays = {k: (v * factor).astype(v.dtype) if k.startswith(f"step/{step}/grad/") else v for k, v in t.arrays.items()}
+    return trace.Trace(t.meta, arrays)
+
+
+def with_value(t: trace.Trace, key: str, value: float, index=0) -> trace.Trace:
+    """`t` with one element of array `key` set to `value` (e.g. NaN or Inf)."""
+    arrays = dict(t.arrays)
+    a = np.array(arrays[key], copy=True)
+    a.reshape(-1)[index] = value
+    arrays[key] = a
+    return trace.Trace(t.meta, arrays)

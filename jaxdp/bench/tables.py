@@ -7,9 +7,9 @@ import numpy as np
 from .goals import OVERHEAD_GOAL, RING_GOAL
 
 COMM_NOTES = {
-    "zero3": "theory gathers the parameters twice (forward and again for backward: 3(N-1)/N Psi); the program "
-             "does, but XLA:CPU drops jax.checkpoint's optimization barrier and merges the two identical "
-             "all-gathers, so the executed step sends zero2's 2(N-1)/N Psi (docs/STRATEGIES.md)",
+    "zero3": "theory gathers each unit twice per micro-batch (forward and again for backward: 3(N-1)/N Psi at "
+             "accum 1; once with --reshard-after-forward false), as the compiled program does "
+             "(tests/test_zero3_compiled.py); a difference means the theory was not given accum or reshard",
     "dp": "theory: binomial tree, mean over devices 2(N-1)/N Psi; device 0 sends ceil(log2 N) Psi (comm_max)",
 }
 

@@ -15,9 +15,9 @@ NOTES = [
     "depend on the machine.",
     "JAX communication is read from the compiled step's HLO (XLA may combine several collectives into one op: "
     "counted by bytes, not by ops); torch's is counted from what the process group ran.",
-    "zero3 in JAX: the program gathers parameters again for backward (the 1.5x-DDP theory); the bytes shown are "
-    "those of the collectives in the compiled step's HLO (docs/STRATEGIES.md says what XLA:CPU does with the "
-    "re-gather).",
+    "zero3 in JAX: each unit's parameters are gathered before its forward and again before its backward, in the "
+    "compiled step too (the 1.5x-DDP theory); the bytes shown are those of the collectives in the compiled "
+    "step's HLO (docs/STRATEGIES.md).",
     "torch zero1 is ZeroRedundancyOptimizer, which partitions whole parameters (none is split) and broadcasts "
     "updated parameters from their owners; JAX's zero1 shards every parameter flat (padded to a multiple of N). "
     "Per-device optimizer memory therefore differs between the two by the partition's imbalance.",

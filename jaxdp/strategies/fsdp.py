@@ -15,6 +15,10 @@ the data that must exist before it: the forward gather on the unit's input, the 
 the incoming cotangent, and the next unit's backward on this unit's reduce-scatter (`tie`). A
 dependency by value survives every pass; the re-gather cannot be merged with the forward gather
 (its operand differs) nor hoisted above the forward (it needs the cotangent).
+
+The ties also forbid prefetching (gathering unit i+1 while unit i computes), which is what hides
+FSDP's communication on a GPU; tying each gather to the previous unit's input instead would allow it
+with at most two units gathered. Not done: on XLA:CPU collectives do not overlap compute anyway.
 """
 from __future__ import annotations
 
@@ -109,6 +113,8 @@ def unit_grads(problem, shapes, gather_leaf, scatter_leaf, accum: int, reshard_a
     gradients stay full and local, summed over the micro-batches, and are reduce-scattered once.
     """
     units = problem.units
+    if not units:
+        raise ValueError("zero3 runs a model unit by unit: give the model `unit_specs()` (jaxdp/models/units.py)")
     unit_shapes = unit_lib.split(shapes, units)
 
     def scatter(grads):

@@ -34,9 +34,10 @@ SAVE = jax.checkpoint_policies.dots_saveable  # residuals: matmul outputs (+ inp
 
 def tie(tree, dep):
     """`tree`, unchanged in value, made to depend on every leaf of `dep` (an edge the compiler keeps):
-    each leaf plus 0 x (the sum of dep's leaves' first elements). Exact for finite `dep` (a non-finite one makes the
-    loss non-finite anyway, which the run reports). XLA does not fold x * 0 for floats (NaN * 0 is
-    NaN), so the edge survives optimisation; an optimization barrier would not, on XLA:CPU."""
+    each leaf plus 0 x (the sum of dep's leaves' first elements). Exact for finite `dep` (a non-finite
+    one makes the loss non-finite anyway, which the run reports). XLA's algebraic simplifier folds
+    x * 0 only for integers (NaN * 0 is NaN), so the edge survives optimisation; an optimization
+    barrier does not, on XLA:CPU (`cse_barrier_expander` removes it)."""
     first = sum(jnp.ravel(d)[0].astype(jnp.float32) for d in jax.tree.leaves(dep))
     return jax.tree.map(lambda a: a + first.astype(a.dtype) * 0, tree)
 
@@ -101,7 +102,6 @@ def fsdp_unit(apply, gather, reduce_scatter, *, reshard_after_forward: bool, syn
 
     run.defvjp(fwd, bwd)
     return run
-
 
 
 def unit_grads(problem, shapes, gather_leaf, scatter_leaf, accum: int, reshard_after_forward: bool):

@@ -51,3 +51,12 @@ def with_value(t: trace.Trace, key: str, value: float, index=0) -> trace.Trace:
     a.reshape(-1)[index] = value
     arrays[key] = a
     return trace.Trace(t.meta, arrays)
+
+
+def assert_bitwise_equal(a, b, key: str = "") -> None:
+    """Bit for bit, and finite: two identical NaNs are not agreement (np.testing.assert_array_equal
+    passes them)."""
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.dtype == b.dtype and a.shape == b.shape, (key, a.dtype, b.dtype, a.shape, b.shape)
+    assert a.dtype.kind != "f" or (np.isfinite(a).all() and np.isfinite(b).all()), f"{key} holds NaN or Inf"
+    assert a.tobytes() == b.tobytes(), f"{key} differs"

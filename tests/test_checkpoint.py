@@ -15,6 +15,7 @@ import pytest
 from jaxdp import checkpoint, train
 
 from .conftest import BASE, run
+from .helpers import assert_bitwise_equal
 
 CFG = BASE.replace(devices=4, steps=6, optimizer="adamw", clip_norm=0.5, batch_size=24)
 
@@ -24,7 +25,7 @@ def steps_equal(resumed, full, exact=True, tol=1e-12):
     assert keys and all(int(k.split("/")[1]) > 3 for k in keys)
     for k in keys:
         if exact:
-            np.testing.assert_array_equal(resumed.arrays[k], full.arrays[k], err_msg=k)
+            assert_bitwise_equal(resumed.arrays[k], full.arrays[k], k)
         else:
             scale = np.max(np.abs(full.arrays[k])) or 1.0
             assert np.max(np.abs(resumed.arrays[k] - full.arrays[k])) / scale < tol, k
@@ -98,7 +99,7 @@ def test_sigkill_mid_training_resumes_from_the_last_complete_checkpoint(tmp_path
     assert resumed.meta["first_step"] == last + 1
     full = run(cfg.replace(steps=last + 2))
     for k in [k for k in resumed.arrays if k.startswith("step/")]:
-        np.testing.assert_array_equal(resumed.arrays[k], full.arrays[k], err_msg=k)
+        assert_bitwise_equal(resumed.arrays[k], full.arrays[k], k)
 
 
 def test_checkpoint_of_another_config_names_the_mismatch(tmp_path):

@@ -143,3 +143,14 @@ def test_updates_are_each_steps_parameter_change_and_a_wrong_step_shows_in_it():
     d = trace.diff(negated, t)
     assert d["norm"]["update/3/w"] == pytest.approx(2.0) and d["norm"]["update/2/w"] == 0
     assert d["fields"]["update"]["norm"] == pytest.approx(2.0)
+
+
+def test_the_bit_for_bit_helper_refuses_identical_nans():
+    from .helpers import assert_bitwise_equal
+
+    x = np.array([1.0, np.nan])
+    np.testing.assert_array_equal(x, x.copy())  # numpy's own check passes two NaNs
+    with pytest.raises(AssertionError, match="NaN or Inf"):
+        assert_bitwise_equal(x, x.copy(), "step/1/param/w")
+    with pytest.raises(AssertionError, match="differs"):
+        assert_bitwise_equal(np.array([0.0]), np.array([-0.0]), "k")

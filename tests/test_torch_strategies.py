@@ -12,9 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxdp import data, models, trace
+from jaxdp import data, models, parity, trace
 from jaxdp.strategies import bucket
 
+from .helpers import assert_judged_ok
 from .torch_helpers import (
     BASE,
     BF16,
@@ -42,6 +43,7 @@ def assert_matches_single(cfg, tol=TOL):
     diff = trace.diff(as_trace(got), as_trace(ref))
     bad = {k: v for k, v in diff["per_array"].items() if v > tol}
     assert not bad, f"{case_id(cfg)} differs from single: {sorted(bad.items(), key=lambda kv: -kv[1])[:5]}"
+    assert_judged_ok(got, ref)  # and the project's judge: per-tensor norms, each step's update, elementwise
     return diff
 
 
@@ -94,24 +96,25 @@ def test_the_comparison_can_fail():
     assert trace.diff(wrong, as_trace(single(cfg)))["worst"]["grad"] > 1.0
 
 
-def test_float32_matches_single_to_float32_precision():
-    """float32: unit roundoff 6e-8; reordered sums over 72 samples stay near 1e-6 (as the JAX suite)."""
+def test_float32_matches_single_within_the_float32_bounds():
+    """float32: per-tensor gradients and parameters within 1e-5, every step's update within 1e-4
+    (jaxdp/parity.py, docs/PARITY.md), as the JAX suite."""
     got, ref = result(FLOAT32), single(FLOAT32)
     assert got.arrays["step/4/param/layers/0/kernel"].dtype == np.float32
-    worst = trace.diff(as_trace(got), as_trace(ref))["worst"]
-    assert worst["grad"] < 1e-5 and worst["loss"] < 1e-6, worst
-    # Adam's g / (sqrt(v) + eps) can turn a 1e-6 relative gradient difference into up to ~lr per step.
-    assert worst["param"] < 4 * FLOAT32.lr, worst
+    assert_judged_ok(got, ref)
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "zero3"])
-def test_bfloat16_keeps_fp32_master_state_and_tracks_float32(strategy):
-    bf16, fp32 = (result(c) for c in BF16 if c.strategy == strategy)
+def test_bfloat16_gradients_track_single_and_float32(strategy):
+    """bf16 (fp32 master parameters and reduction): gradients per tensor and every step's update
+    within 0.25 of bf16 `single` and of the float32 run, which a factor 2 breaks; the reduction ran in
+    fp32 (`jaxdp.parity.bf16_reduced`; the tensors the process group receives: test_mutations.py)."""
+    cfg = next(c for c in BF16 if c.strategy == strategy and c.dtype == "bfloat16")
+    bf16, fp32 = result(cfg), result(cfg.replace(dtype="float32"))
     assert bf16.arrays["step/4/param/layers/0/kernel"].dtype == np.float32  # master parameters
-    assert bf16.arrays["step/1/grad/layers/0/kernel"].dtype == np.float32  # fp32 gradient reduction
-    # bf16 has 8 mantissa bits (relative precision 4e-3); the loss of a 3-layer MLP stays within 2%.
-    np.testing.assert_allclose(bf16.losses, fp32.losses, rtol=2e-2)
-    assert bf16.losses != fp32.losses  # bf16 compute really happened
+    assert_judged_ok(bf16, single(cfg))
+    row = assert_judged_ok(bf16, fp32, tol=parity.tolerance(cfg), sides=("bf16", "fp32"), check_config=False)
+    assert row.tol.why.startswith("bf16") and 0 < row.worst["grad"] < 0.1  # bf16 compute really happened
 
 
 def test_zero3_keeping_gathered_parameters_equals_single_and_gathers_each_unit_once():

@@ -9,7 +9,8 @@ import os
 import subprocess
 import sys
 
-ITEMS = ("step_time", "dp_overhead", "ring_vs_xla", "communication", "memory", "compile", "gpu_throughput")
+ITEMS = ("step_time", "dp_overhead", "ring_vs_xla", "communication", "memory", "compile", "gpu_throughput",
+         "collectives")
 
 
 def test_bench_quick_writes_valid_json_and_markdown(tmp_path):
@@ -48,6 +49,10 @@ def test_bench_quick_writes_valid_json_and_markdown(tmp_path):
 
     gpu = results["gpu_throughput"]
     assert "measured" in gpu and (gpu["measured"] or gpu["reason"].startswith("not measured"))
-    assert [g["item"] for g in results["goals"]] == [1, 2, 3, 4, 5, 6, 7]
-    for n in range(1, 8):
+    coll = results["collectives"]["rows"]
+    assert {r["op"] for r in coll} == {"all_reduce", "reduce_scatter", "all_gather"}
+    assert all(r["ring_ms"] > 0 and r["xla_ms"] > 0 and math.isclose(r["ratio"], r["ring_ms"] / r["xla_ms"])
+               for r in coll)
+    assert [g["item"] for g in results["goals"]] == [1, 2, 3, 4, 5, 6, 7, 8]
+    for n in range(1, 9):
         assert f"## {n}." in table

@@ -14,8 +14,10 @@ Seven measurements (the keys of the result dictionary, written to bench.json by 
    from the arrays' shards on device 0, next to the ZeRO formula.
 6. `compile`: lowering + compilation time of each JAX step, and the first step of each framework.
 7. `gpu_throughput`: on a GPU only: tokens/s, TFLOP/s and MFU of a bf16 `gpt` on one device.
+8. `collectives`: the hand-written ring all-reduce, reduce-scatter and all-gather timed alone
+   against XLA's built-ins (psum, psum_scatter, all_gather), 1-64 MB per device, N = 2 and 4.
 
-Items 1-6 run on simulated CPU devices (`--platform cpu`) on every machine: the "devices" share
+Items 1-6 and 8 run on simulated CPU devices (`--platform cpu`) on every machine: the "devices" share
 the machine's cores, and torch's ranks are processes (gloo) on the same cores, so times say how
 the programs schedule on this CPU, not how they would communicate on a GPU cluster. Bytes and
 memory do not depend on the machine.
@@ -34,6 +36,7 @@ import time
 from .. import devices, train
 from ..timing import WARMUP_STEPS
 from . import tables
+from .collectives import collectives_benchmark
 from .goals import goals
 from .gpu import gpu_throughput
 from .markdown import markdown
@@ -53,6 +56,8 @@ def run(quick: bool = False, out: str | None = None, progress=None) -> dict:
     t0 = time.perf_counter()
     times = time_strategies(p, say)
     inspected = inspect_all(p, say)
+    say(f"collectives: ring vs XLA built-ins, {p.coll_sizes_mb} MB, N = {p.time_ns}")
+    coll = collectives_benchmark(p.coll_sizes_mb, p.time_ns, p.coll_repeats)
     results = {
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "quick": quick,
@@ -65,6 +70,7 @@ def run(quick: bool = False, out: str | None = None, progress=None) -> dict:
         "memory": {"rows": tables.memory_table(inspected)},
         "compile": {"rows": tables.compile_table(inspected, times)},
         "gpu_throughput": gpu_throughput(p, say),
+        "collectives": {"rows": coll},
     }
     results["goals"] = goals(results)
     results["wall_s"] = time.perf_counter() - t0

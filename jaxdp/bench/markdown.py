@@ -26,7 +26,8 @@ def _by(rows, key, value=lambda r: r) -> dict:
 def markdown(results: dict) -> str:
     ns = sorted({r["devices"] for r in results["communication"]["rows"]})
     lines = (_header(results) + _step_time(results) + _overhead(results) + _ring(results)
-             + _communication(results, ns) + _memory(results, ns) + _compile(results, ns) + _gpu(results))
+             + _communication(results, ns) + _memory(results, ns) + _compile(results, ns) + _gpu(results)
+             + _collectives(results))
     return "\n".join(lines) + "\n"
 
 
@@ -151,3 +152,14 @@ def _model_text(c: dict) -> str:
     parts = [f"{k} {c[k]}" for k in ("n_layer", "n_head", "d_model", "seq_len", "batch_size") if k in c]
     optimizer = f", {c['optimizer']}" if "optimizer" in c else ""
     return f"{c.get('model', 'gpt')} " + ", ".join(parts) + f", {c.get('dtype')}" + optimizer
+
+
+def _collectives(results: dict) -> list:
+    lines = ["", "## 8. The hand-written ring collectives alone vs XLA's built-ins (median ms; ring/XLA, "
+             "goal <= 1.5 for the all-reduce)", "",
+             "| op | MB per device | N | ring ms | XLA ms | ring/XLA | CPU-time ratio |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in results["collectives"]["rows"]:
+        lines.append(f"| {r['op']} | {r['mb']:g} | {r['devices']} | {r['ring_ms']:.2f} | {r['xla_ms']:.2f} | "
+                     f"{r['ratio']:.2f} | {r['cpu_ratio']:.2f} |")
+    return lines

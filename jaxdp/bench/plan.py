@@ -22,6 +22,8 @@ class Plan:
     comm_model: RunConfig
     gpu_model: RunConfig
     gpu_steps: int
+    coll_sizes_mb: tuple            # item 8: MB of float32 per device; N = time_ns
+    coll_repeats: int
 
 
 def plan(quick: bool) -> Plan:
@@ -30,13 +32,13 @@ def plan(quick: bool) -> Plan:
         # A smoke run (the test suite's): one small model, one device count, every item present.
         models = {"mlp": base.replace(model="mlp", data="synthetic", hidden=(64, 64), batch_size=32)}
         return Plan(True, 4, models, (2,), ("single", "ddp", "ddp-ring"), (2,), ("ddp", "zero3"),
-                    models["mlp"], _gpu_config(base), 4)
+                    models["mlp"], _gpu_config(base), 4, (0.01,), 1)
     models = {"mlp": base.replace(model="mlp", data="synthetic", hidden=(1024, 1024), batch_size=512),
               "gpt": base.replace(model="gpt", data="text", n_layer=2, n_head=4, d_model=128, seq_len=64,
                                   batch_size=32)}
     return Plan(False, 12, models, (2, 4), SHARED, (2, 4, 8, 16), tuple(s for s in JAX_ALL if s != "single"),
                 base.replace(model="mlp", data="synthetic", hidden=(1024, 1024), batch_size=256),
-                _gpu_config(base), 30)
+                _gpu_config(base), 30, (1, 4, 16, 64), 10)
 
 
 def _gpu_config(base: RunConfig) -> RunConfig:

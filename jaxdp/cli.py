@@ -23,10 +23,7 @@ def _strategy_list(text: str) -> list[str]:
 TORCH_COMMANDS = ("compare", "parity", "bench")  # they run torch_ref too
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="jaxdp", description="Data parallelism in JAX, checked against PyTorch.")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _add_train(sub) -> None:
     train = sub.add_parser(
         "train", help="train one strategy and optionally write its trace", conflict_handler="resolve"
     )
@@ -57,6 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="progress bar (default: when stderr is a terminal)",
     )
 
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="jaxdp", description="Data parallelism in JAX, checked against PyTorch.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    _add_train(sub)
     memory = sub.add_parser("memory", help="per-device bytes of params, grads and optimizer state vs the ZeRO formula")
     config.add_arguments(memory)
     memory.add_argument("--strategies", default="ddp,zero1,zero2,zero3", help="comma-separated strategies")

@@ -154,3 +154,18 @@ def test_the_bit_for_bit_helper_refuses_identical_nans():
         assert_bitwise_equal(x, x.copy(), "step/1/param/w")
     with pytest.raises(AssertionError, match="differs"):
         assert_bitwise_equal(np.array([0.0]), np.array([-0.0]), "k")
+
+
+def test_a_no_nan_check_run_records_and_its_trace_never_agrees_even_with_itself(tmp_path, capsys):
+    """--no-nan-check: the run goes on and records the non-finite values; `jaxdp diff` of that trace
+    against itself exits 1, naming every non-finite array (before issue 13 it scored 0.0 and exited 0)."""
+    from jaxdp import cli
+
+    res = run(BASE.replace(strategy="single", devices=1, dtype="float32", optimizer="sgd", lr=1e38, steps=3,
+                           nan_check=False))
+    assert not np.isfinite(res.losses[-1])
+    trace.save(tmp_path / "nan.npz", res.meta, res.arrays)
+    assert cli.main(["diff", str(tmp_path / "nan.npz"), str(tmp_path / "nan.npz")]) == 1
+    out = capsys.readouterr().out
+    assert "non-finite: step/3/loss holds NaN or Inf in A and B" in out
+    assert cli.main(["diff", str(tmp_path / "nan.npz"), str(tmp_path / "nan.npz"), "--tolerance", "1e9"]) == 1

@@ -1,0 +1,149 @@
+"""The catalogue's bugs (`jaxdp.mutations`) in torch_ref: each a function returning the (object,
+attribute, value) patches that put the bug into the strategy code, applied in the rank that runs
+it; and `collective_dtypes`, what the process group's collectives receive (the fp32-reduction
+check on the torch side)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from jaxdp import data
+
+from . import models, optim, strategies
+from .collectives import ring_all_reduce
+from .strategies import bucket, common, ddp, ring
+
+
+def missing_one_over_n():
+    """ddp-ring's all-reduce sums the gradients and forgets to divide by N."""
+    def ring_all_reduce_mean(grads):
+        common.unflatten_into(ring_all_reduce(common.flatten(grads)), grads)
+
+    return [(ring, "ring_all_reduce_mean", ring_all_reduce_mean)]
+
+
+def _after_local_grads(then):
+    """ddp's `local_grads` (DDP has all-reduced by its end), followed by `then(model, cfg)`."""
+    local_grads = ddp.local_grads
+
+    def wrapped(model, x, y, cfg, **kw):
+        loss = local_grads(model, x, y, cfg, **kw)
+        then(model, cfg)
+        return loss
+
+    return [(ddp, "local_grads", wrapped)]
+
+
+def summed_twice():
+    """An all-reduce (sum) of every gradient on top of DDP's."""
+    return _after_local_grads(lambda model, cfg: [dist.all_reduce(p.grad) for p in model.parameters()])
+
+
+def accum_k_minus_1():
+    """The sum of the K micro-batch gradients divided by K - 1 (scaled after DDP's mean: the same)."""
+    def rescale(model, cfg):
+        for p in model.parameters():
+            p.grad.mul_(cfg.accum / max(cfg.accum - 1, 1))
+
+    return _after_local_grads(rescale)
+
+
+def clip_shard_norm():
+    """zero3 (FSDP2) clips by the norm of this rank's shards (the DTensors' local parts)."""
+    def clip_(params, max_norm):
+        if max_norm > 0:
+            params = [p for p in params if p.grad is not None]
+            norm = float(sum(p.grad.to_local().double().square().sum() for p in params) ** 0.5)
+            for p in params:
+                p.grad.mul_(min(max_norm / (norm + 1e-6), 1.0))
+
+    return [(optim, "clip_", clip_)]
+
+
+def stale_grads():
+    """The optimizer never clears the gradients: each step's `.grad` holds every earlier step's too."""
+    return [(torch.optim.Optimizer, "zero_grad", lambda self, set_to_none=True: None)]
+
+
+def decay_one_shard():
+    """Rank 1's optimizer (zero2: its shard's) built without weight decay."""
+    make = optim.make
+    return [(optim, "make", lambda cfg, params: make(cfg.replace(weight_decay=0.0) if dist.get_rank() == 1 else cfg,
+                                                    params))]
+
+
+def bucket_twice():
+    """ddp-bucket all-reduces its first bucket a second time."""
+    init, wait, first = bucket.Bucket.__init__, bucket.Bucket.wait, []
+
+    def __init__(self, *args, **kw):
+        init(self, *args, **kw)
+        if not first:  # the first bucket made: the first one all-reduced (the last layers')
+            first.append(self)
+
+    def wait_twice(self):
+        wait(self)
+        if self is first[0]:
+            dist.all_reduce(self.grad_data)
+
+    return [(bucket.Bucket, "__init__", __init__), (bucket.Bucket, "wait", wait_twice)]
+
+
+def bf16_hook(state, bucket):
+    """A DDP communication hook that all-reduces each bucket in bf16 (torch's bf16_compress_hook,
+    which wants NCCL, written for any backend)."""
+    buffer = bucket.buffer()
+    compressed = buffer.to(torch.bfloat16).div_(dist.get_world_size())
+    future = dist.all_reduce(compressed, async_op=True).get_future()
+
+    def decompress(fut):
+        return buffer.copy_(fut.value()[0])
+
+    return future.then(decompress)
+
+
+def bf16_reduction():
+    """DDP with a bf16 communication hook: buckets all-reduced in bf16."""
+    apply_ddp = ddp.apply_ddp
+
+    def with_hook(model, cfg):
+        wrapped = apply_ddp(model, cfg)
+        wrapped.register_comm_hook(None, bf16_hook)
+        return wrapped
+
+    return [(ddp, "apply_ddp", with_hook)]
+
+
+PATCHES = {
+    "missing-1/N": missing_one_over_n,
+    "summed-twice": summed_twice,
+    "clip-shard-norm": clip_shard_norm,
+    "accum-K-1": accum_k_minus_1,
+    "stale-grads": stale_grads,
+    "decay-one-shard": decay_one_shard,
+    "bucket-twice": bucket_twice,
+    "bf16-reduction": bf16_reduction,
+}
+
+
+def collective_dtypes(rank: int, n: int, cfg, init, steps: int = 2) -> dict[str, set[str]]:
+    """{process-group op: the dtypes of the tensors it received} over `steps` steps of `cfg` on this
+    rank: the backend's own profiler events (`gloo:all_reduce`, `nccl:...`), which carry the tensors
+    the process group was handed, DDP's reducer's buckets included."""
+    from torch.profiler import ProfilerActivity, profile
+
+    dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
+    model = models.load_flax(models.build(cfg, dataset), init)
+    strategy = strategies.make(cfg.strategy, model, cfg, return_grads=False)
+    rows = slice(rank * cfg.batch_size // n, (rank + 1) * cfg.batch_size // n)
+    seen: dict[str, set[str]] = {}
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for k in range(1, steps + 1):
+            x, y = dataset.batch(k, cfg.batch_size)
+            x = x.astype(models.numpy_master_dtype(cfg.dtype) if np.issubdtype(x.dtype, np.floating) else np.int64)
+            strategy.step(torch.from_numpy(x[rows]), torch.from_numpy(y[rows].astype(np.int64)))
+    for e in prof.events():
+        if e.name.startswith(("gloo:", "nccl:")):
+            seen.setdefault(e.name, set()).update(d for d in e.input_dtypes if d)
+    return seen

@@ -113,9 +113,11 @@ def measure_step(cfg) -> dict:
     its communication by kind (`communication`), its temporary bytes and its lowering / compile times."""
     c = compile_step(cfg)
     comm = communication(c.program.as_text(), cfg.devices)
-    trains = {"comm": comm, "temp_bytes": step_memory(c.program)["temp_bytes"], "lower_s": c.lower_s,
+    mem = step_memory(c.program)
+    trains = {"comm": comm, "temp_bytes": mem["temp_bytes"], "peak_bytes": mem["peak_bytes"], "lower_s": c.lower_s,
               "compile_s": c.compile_s}
-    return {**memory(cfg, c), **trains}
+    out = {**memory(cfg, c), **trains}
+    return {**out, "theory": theory_for(cfg, out["sizes"])}
 
 
 def format_memory(rows: list[dict]) -> str:
@@ -222,3 +224,18 @@ def theory(strategy: str, sizes: list[int], n: int, itemsize: int, loss_itemsize
         out = {k: 0.0 for k in out}
     out["total"] = sum(out.values())
     return out
+
+
+def theory_for(cfg, sizes: list[int]) -> dict:
+    """`theory` (or `dp_theory`) for a run configuration: its strategy, devices, master dtype,
+    accumulation and zero3's reshard mode. No communication for `single` or one device."""
+    from .models import MASTER_DTYPE
+
+    itemsize = np.dtype(MASTER_DTYPE[cfg.dtype]).itemsize
+    if cfg.strategy == "single" or cfg.devices == 1:
+        return {"all-reduce": 0.0, "reduce-scatter": 0.0, "all-gather": 0.0, "point-to-point": 0.0, "total": 0.0}
+    if cfg.strategy == "dp":
+        return dp_theory(sizes, cfg.devices, itemsize)
+    return theory(cfg.strategy, sizes, cfg.devices, itemsize, accum=cfg.accum,
+                  reshard_after_forward=cfg.reshard_after_forward)
+

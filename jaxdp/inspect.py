@@ -21,16 +21,6 @@ from . import accounting, models
 from .strategies import bucket
 
 
-def _theory(cfg, sizes: list[int]) -> float:
-    itemsize = np.dtype(models.MASTER_DTYPE[cfg.dtype]).itemsize
-    if cfg.strategy == "single" or cfg.devices == 1:
-        return 0.0
-    if cfg.strategy == "dp":
-        return accounting.dp_theory(sizes, cfg.devices, itemsize)["total"]
-    return accounting.theory(cfg.strategy, sizes, cfg.devices, itemsize, accum=cfg.accum,
-                             reshard_after_forward=cfg.reshard_after_forward)["total"]
-
-
 def inspect(cfg) -> dict:
     """The contract's dictionary for `cfg`'s compiled training step (the one `jaxdp train` runs)."""
     step = accounting.compile_step(cfg)
@@ -42,7 +32,7 @@ def inspect(cfg) -> dict:
     out = {"strategy": cfg.strategy, "devices": cfg.devices, "model": cfg.model, "dtype": cfg.dtype,
            "accum": cfg.accum, "collectives": ops,
            "bytes_per_device": sum(c["bytes_per_device"] * (c["trips"] or 1) for c in ops),
-           "theory_bytes_per_device": _theory(cfg, sizes), **accounting.step_memory(compiled)}
+           "theory_bytes_per_device": accounting.theory_for(cfg, sizes)["total"], **accounting.step_memory(compiled)}
     if cfg.strategy == "ddp-bucket":
         named = models.flat_names(problem.params)
         out["buckets"] = [sum(int(named[name].size) for name in b) for b in bucket.plan(problem, cfg.bucket_mb)]

@@ -38,6 +38,8 @@ def test_report_files_and_summary(report):
         jax_side = entry["frameworks"]["jax"]
         assert len(jax_side["losses"]) == 5 and jax_side["timed_steps"] == 3  # compile + 1 warm-up excluded
         assert jax_side["memory"] == entry["theory"]["memory"]               # measured == ZeRO formula
+        for side in entry["frameworks"].values():  # the in-step peak holds at least the state, both sides
+            assert side["peak_bytes"] >= sum(side["memory"].values()) - side["memory"].get("grads", 0) > 0
     ddp = summary["strategies"][0]
     assert ddp["frameworks"]["jax"]["comm"]["total"] == pytest.approx(ddp["theory"]["comm"]["total"], rel=1e-12)
     proj = summary["projection"]

@@ -94,3 +94,15 @@ def test_gloo_reduce_scatter_is_counted_as_the_all_reduce_it_runs(strategy):
 def test_zero3_gathers_each_layer_twice():
     got = measured(2)[("zero3", "adam", 0.0)]
     assert got["comm_ops"]["all-gather"] == 2 * len(CFG.hidden + (1,))  # 3 Linear layers, forward and backward
+
+
+def test_peak_covers_what_each_rank_holds_and_falls_with_sharding():
+    """The in-step peak (the rank's tensors at the step's start + the highest rise of the profiler's
+    memory events) is at least the state the rank holds when its optimizer steps (gradients included,
+    which exist only inside the step: a peak without the rise would miss them), and sharding lowers it."""
+    got = measured(2)
+    for key, r in got.items():
+        m = r["memory"]
+        assert r["peak_bytes"] >= sum(m.values()), (key, r["peak_bytes"], m)
+        assert r["peak_bytes_per_rank"][0] == r["peak_bytes"]
+    assert got[("zero3", "adam", 0.0)]["peak_bytes"] < got[("ddp", "adam", 0.0)]["peak_bytes"]

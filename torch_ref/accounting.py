@@ -33,7 +33,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-KINDS = ("all-reduce", "reduce-scatter", "all-gather", "point-to-point", "broadcast", "reduce")
+from .theory import KINDS, fsdp_padded, memory_theory, theory, zero1_partition  # noqa: F401 (re-exported)
+
 BACKEND_OPS = {"all_reduce": "all-reduce", "allreduce": "all-reduce", "reduce_scatter": "reduce-scatter",
                "all_gather": "all-gather", "allgather": "all-gather", "send": "point-to-point",
                "recv": "point-to-point", "broadcast": "broadcast", "reduce": "reduce"}
@@ -42,136 +43,6 @@ REQUESTED_REDUCE_SCATTER = (
     "c10d::reduce_scatter_",
     "c10d::reduce_scatter_tensor_coalesced_",
 )
-STATE_TENSORS_PER_PARAM = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
-STEP_COUNT_BYTES = {"sgd": 0, "momentum": 0, "adam": 4, "adamw": 4}  # torch.optim's float32 `step` per tensor
-
-
-# ---- theory -------------------------------------------------------------------------------------
-def _shape(p) -> tuple[int, ...]:
-    return tuple(p) if isinstance(p, (tuple, list)) else (int(p),)
-
-
-def fsdp_padded(shapes, n: int) -> int:
-    """Elements FSDP2 all-gathers for these parameters: each is padded along dim 0 to a multiple of n."""
-    return sum(math.ceil(s[0] / n) * n * math.prod(s[1:]) for s in map(_shape, shapes))
-
-
-def theory(
-    strategy: str, param_sizes, n: int, itemsize: int, *, clip: bool = False, backend: str = "gloo", root_params=(),
-    reshard_after_forward: bool = True,
-) -> dict:
-    """Bytes each device sends per step in what torch_ref runs, by kind (conventions: module docstring).
-
-    `param_sizes`: the torch parameters' shapes (torch layout, Linear weight [out, in]) or sizes; zero3
-    needs shapes (FSDP2 pads dim 0). Psi = total elements, b = `itemsize`. Every strategy but dp adds
-    the loss's mean for the log: one scalar all-reduce (2 (n-1)/n b).
-      ddp, ddp-naive, ddp-bucket  all-reduce 2 (n-1)/n Psi b (DDP's buckets, one per parameter, ours)
-      ddp-ring                    point-to-point 2 (n-1) ceil(Psi/n) b (N-1 rounds of reduce-scatter
-                                  and N-1 of all-gather, one padded chunk each)
-      zero1                       DDP's all-reduce + ZeroRedundancyOptimizer's broadcast of every
-                                  parameter from its owner: broadcast (n-1)/n Psi b
-      zero2                       reduce-scatter of the flat gradient padded to P = n ceil(Psi/n):
-                                  on gloo an all-reduce of P (2 (n-1)/n P b), on nccl (n-1)/n P b;
-                                  all-gather of the parameters (n-1)/n P b; clipping: one scalar all-reduce
-      zero3 (FSDP2)               per unit, all-gather before forward and again before backward
-                                  (not with reshard_after_forward=False: F once; the root's own
-                                  `root_params` only once): (n-1)/n (2 F - R) b with
-                                  F = fsdp_padded(all), R = fsdp_padded(root_params); gradient
-                                  reduce-scatter of F: on gloo all-reduce 2 (n-1)/n F b, on nccl
-                                  (n-1)/n F b; clipping: one all-reduce of the parameter tensors'
-                                  norms, stacked (clip_grad_norm_ on DTensors: one element each)
-      dp                          reduce (n-1)/n (Psi + 1) b (the gradients and the loss), broadcast
-                                  (n-1)/n Psi b
-    """
-    shapes = [_shape(p) for p in param_sizes]
-    psi = sum(math.prod(s) for s in shapes)
-    ring, part = 2 * (n - 1) / n, (n - 1) / n
-    out = {k: 0.0 for k in KINDS}
-    loss = ring * itemsize
-    if strategy in ("ddp", "ddp-naive", "ddp-bucket"):
-        out["all-reduce"] = ring * psi * itemsize + loss
-    elif strategy == "ddp-ring":
-        out["point-to-point"] = 2 * (n - 1) * math.ceil(psi / n) * itemsize
-        out["all-reduce"] = loss
-    elif strategy == "zero1":
-        out["all-reduce"] = ring * psi * itemsize + loss
-        out["broadcast"] = part * psi * itemsize
-    elif strategy == "zero2":
-        padded = n * math.ceil(psi / n)
-        out["all-reduce"] = loss + (ring * itemsize if clip else 0.0)
-        if backend == "gloo":
-            out["all-reduce"] += ring * padded * itemsize
-        else:
-            out["reduce-scatter"] = part * padded * itemsize
-        out["all-gather"] = part * padded * itemsize
-    elif strategy == "zero3":
-        full, root = fsdp_padded(shapes, n), fsdp_padded(root_params, n)
-        out["all-gather"] = part * ((2 * full - root) if reshard_after_forward else full) * itemsize
-        out["all-reduce"] = loss + (ring * len(shapes) * itemsize if clip else 0.0)
-        if backend == "gloo":
-            out["all-reduce"] += ring * full * itemsize
-        else:
-            out["reduce-scatter"] = part * full * itemsize
-    elif strategy == "dp":
-        out["reduce"] = part * (psi + 1) * itemsize
-        out["broadcast"] = part * psi * itemsize
-    elif strategy != "single":
-        raise ValueError(f"no communication theory for {strategy!r}")
-    if n == 1 or strategy == "single":
-        out = {k: 0.0 for k in KINDS}
-    out["total"] = sum(out.values())
-    return out
-
-
-def zero1_partition(sizes: list[int], n: int) -> list[list[int]]:
-    """ZeroRedundancyOptimizer's partition, re-derived: parameters sorted by size (largest first, stable),
-    each given whole to the rank with the fewest elements so far (the lowest rank on a tie).
-    Returns the parameter indices of each rank."""
-    totals, owned = [0] * n, [[] for _ in range(n)]
-    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
-        r = totals.index(min(totals))
-        owned[r].append(i)
-        totals[r] += sizes[i]
-    return owned
-
-
-def memory_theory(strategy: str, param_shapes, n: int, itemsize: int, optimizer: str, rank: int = 0) -> dict:
-    """Bytes rank `rank` holds, by what each torch strategy keeps (see docs/TORCH_REF.md):
-    dp's workers (rank > 0): params only (no optimizer; their gradients are sent, never synced)
-    replicated (ddp*, dp's rank 0): params, grads Psi b; state K Psi b (+ 4 bytes per parameter tensor
-                                    for Adam's step counts)
-    zero1: params, grads Psi b; state K b x the elements of the *whole parameters* this rank owns
-           (`zero1_partition`: uneven, a rank may own nothing), step counts of those only
-    zero2: params Psi b; master shard, grads and state ceil(Psi/n) b each (K for the state) + one step
-    zero3: params, grads and state: FSDP2's local shard of each parameter, rows
-           [r c, min((r+1) c, dim0)) with c = ceil(dim0/n); step counts for every parameter tensor
-    """
-    shapes = [_shape(p) for p in param_shapes]
-    sizes = [math.prod(s) for s in shapes]
-    psi, k, step = sum(sizes), STATE_TENSORS_PER_PARAM[optimizer], STEP_COUNT_BYTES[optimizer]
-    out = {
-        "params": psi * itemsize,
-        "grads": psi * itemsize,
-        "opt_state": (k * psi * itemsize + step * len(sizes)),
-        "master_params": 0,
-    }
-    if strategy == "dp" and rank != 0:  # workers: no optimizer; their gradients are only sent
-        out.update(grads=0, opt_state=0)
-    elif strategy == "zero1":
-        mine = zero1_partition(sizes, n)[rank]
-        out["opt_state"] = sum(k * sizes[i] * itemsize + step for i in mine)
-    elif strategy == "zero2":
-        shard = math.ceil(psi / n)
-        out.update(grads=shard * itemsize, master_params=shard * itemsize, opt_state=k * shard * itemsize + step)
-    elif strategy == "zero3":
-
-        def local(s):
-            c = math.ceil(s[0] / n)
-            return max(0, min(c, s[0] - rank * c)) * math.prod(s[1:])
-
-        mine = sum(local(s) for s in shapes)
-        out.update(params=mine * itemsize, grads=mine * itemsize, opt_state=k * mine * itemsize + step * len(shapes))
-    return out
 
 
 # ---- measurement (in each rank) -----------------------------------------------------------------
@@ -180,6 +51,28 @@ def _local_bytes(t) -> int:
         return 0
     t = t.to_local() if hasattr(t, "to_local") else t
     return t.numel() * t.element_size()
+
+
+def _held_bytes(tensors, optimizer) -> int:
+    """Bytes of the tensors this rank holds between steps: parameters, gradients still held, the
+    optimizer's state."""
+    held = sum(_local_bytes(p) + _local_bytes(p.grad) for p in tensors)
+    if optimizer is not None:
+        held += sum(_local_bytes(v) for s in optimizer.state.values() for v in s.values())
+    return held
+
+
+def _peak_rise(prof) -> int:
+    """The most the step's allocations rose above what was held at its start: the running sum of
+    the profiler's memory events (`profile_memory=True`: +bytes allocated, -bytes freed), at its
+    highest, on the CPU (on a GPU the allocator's own peak is read instead)."""
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    running = peak = 0
+    for e in events:
+        running += e.nbytes()
+        peak = max(peak, running)
+    return peak
 
 
 def _events(prof) -> tuple[dict, dict, dict]:
@@ -238,7 +131,7 @@ def measure_rank(rank: int, n: int, cfg, init: dict, steps: int = 2, warmup: int
         )
     input_dtype = models.numpy_master_dtype(cfg.dtype)
     rows = slice(rank * cfg.batch_size // n, (rank + 1) * cfg.batch_size // n)
-    per_step, times = [], []
+    per_step, times, peaks = [], [], []
     for k in range(1, warmup + steps + 1):
         x, y = dataset.batch(k, cfg.batch_size)
         x = x.astype(input_dtype) if np.issubdtype(x.dtype, np.floating) else x.astype(np.int64)
@@ -246,13 +139,17 @@ def measure_rank(rank: int, n: int, cfg, init: dict, steps: int = 2, warmup: int
         if k <= warmup:
             strategy.step(xs, ys)
             continue
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        at_start = _held_bytes(tensors.values(), optimizer)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True) as prof:
             t0 = time.perf_counter()
             float(strategy.step(xs, ys)["loss"])
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             times.append(time.perf_counter() - t0)
         per_step.append(_events(prof))
+        peaks.append(torch.cuda.max_memory_allocated(device) if device.type == "cuda" else at_start + _peak_rise(prof))
     params = sum(_local_bytes(p) for p in held.model.parameters())
     master = sum(_local_bytes(p) for p in tensors.values()) - params  # zero2's main_param
     state = 0
@@ -262,6 +159,7 @@ def measure_rank(rank: int, n: int, cfg, init: dict, steps: int = 2, warmup: int
         "rank": rank,
         "per_step": per_step,
         "step_times": times,
+        "peak_bytes": max(peaks),
         "memory": {
             "params": params,
             "grads": grads_at_step[-1] if grads_at_step else 0,
@@ -269,6 +167,24 @@ def measure_rank(rank: int, n: int, cfg, init: dict, steps: int = 2, warmup: int
             "master_params": master,
         },
     }
+
+
+STRATEGY_NOTES = {  # what the report must explain about each sharded strategy
+    "zero1": [
+        "zero1: ZeroRedundancyOptimizer partitions whole parameters greedily (largest first, to "
+        "the least-loaded rank), so each rank's optimizer state is its parameters' state, "
+        "uneven across ranks (see memory_per_rank); jaxdp shards flat, padded buffers evenly"
+    ],
+    "zero2": [
+        "zero2: `master_params` is the shard of the parameters each rank updates (a copy of its "
+        "part of the flat padded vector), held next to the full parameters"
+    ],
+    "zero3": [
+        "zero3: FSDP2 shards each parameter along dim 0 (rows padded to a multiple of n), not a "
+        "flat buffer; the last ranks hold fewer rows. Each layer is all-gathered before forward "
+        "and again before backward"
+    ],
+}
 
 
 def summarise(cfg, views: list[dict]) -> dict:
@@ -302,23 +218,7 @@ def summarise(cfg, views: list[dict]) -> dict:
             f"(gloo has no reduce-scatter): 2(n-1)/n of the input's bytes instead of (n-1)/n, twice "
             f"the bytes of a true reduce-scatter; counted as the all-reduces they are"
         )
-    if cfg.strategy == "zero1":
-        notes.append(
-            "zero1: ZeroRedundancyOptimizer partitions whole parameters greedily (largest first, to "
-            "the least-loaded rank), so each rank's optimizer state is its parameters' state, "
-            "uneven across ranks (see memory_per_rank); jaxdp shards flat, padded buffers evenly"
-        )
-    if cfg.strategy == "zero2":
-        notes.append(
-            "zero2: `master_params` is the shard of the parameters each rank updates (a copy of its "
-            "part of the flat padded vector), held next to the full parameters"
-        )
-    if cfg.strategy == "zero3":
-        notes.append(
-            "zero3: FSDP2 shards each parameter along dim 0 (rows padded to a multiple of n), not a "
-            "flat buffer; the last ranks hold fewer rows. Each layer is all-gathered before forward "
-            "and again before backward"
-        )
+    notes += STRATEGY_NOTES.get(cfg.strategy, [])
     notes.append("step_times were taken with the profiler on; use torch_ref.train.RunResult.step_times for speed")
     out = {
         "strategy": cfg.strategy,
@@ -328,6 +228,8 @@ def summarise(cfg, views: list[dict]) -> dict:
         "comm_ops": comm_ops,
         "comm_requested": requested,
         "memory": view0["memory"],
+        "peak_bytes": view0["peak_bytes"],
+        "peak_bytes_per_rank": [v["peak_bytes"] for v in views],
         "memory_per_rank": [v["memory"] for v in views],
         "step_times": [max(v["step_times"][i] for v in views) for i in range(len(view0["step_times"]))],
         "notes": notes,

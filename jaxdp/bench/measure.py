@@ -84,9 +84,7 @@ def inspect(cfg: RunConfig) -> dict:
     temporaries. The gradient's bytes come from a second program that returns it (return_grads);
     the communication is the first's, which returns no grads."""
     acc = accounting.measure_step(cfg.replace(platform="cpu"))
-    comm, sizes, itemsize = acc["comm"], acc["sizes"], acc["param_bytes"]
-    theory = (accounting.dp_theory(sizes, cfg.devices, itemsize) if cfg.strategy == "dp"
-              else accounting.theory(cfg.strategy, sizes, cfg.devices, itemsize))
+    comm, itemsize, theory = acc["comm"], acc["param_bytes"], acc["theory"]
     kinds = [k for k in comm if k != "total"]
     return {"lower_s": acc["lower_s"], "compile_s": acc["compile_s"], "psi": acc["psi"], "itemsize": itemsize,
             "comm": {k: (v if k == "total" else v["sent"]) for k, v in comm.items()},
@@ -95,7 +93,7 @@ def inspect(cfg: RunConfig) -> dict:
             "comm_theory": theory,
             "memory": {**acc["measured"], "total": sum(acc["measured"].values())},
             "memory_formula": {**acc["formula"], "total": sum(acc["formula"].values())},
-            "temp_bytes": acc["temp_bytes"]}
+            "temp_bytes": acc["temp_bytes"], "peak_bytes": acc["peak_bytes"]}
 
 
 def inspect_all(p: Plan, say) -> dict:

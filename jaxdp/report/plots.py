@@ -126,20 +126,26 @@ def _stacked(ax, labels, values_by_part, parts, colors, formula=None):
 
 
 def memory(summary, path):
-    labels, values, formula = [], [], []
+    labels, values, formula, peaks = [], [], [], []
     for entry in summary["strategies"]:
         for fw in _frameworks(entry):
             mem = entry["frameworks"][fw].get("memory")
             if mem:
                 labels.append(f"{entry['name']}\n{fw}")
                 values.append(mem)
+                peaks.append(entry["frameworks"][fw].get("peak_bytes"))
                 theory = entry.get("theory", {}).get("memory")
                 formula.append(sum(theory.values()) if theory else None)
     fig, ax = plt.subplots(figsize=(max(7, 0.9 * len(labels) + 2), 4.2))
     _stacked(ax, labels, values, PARTS, PART_COLORS, formula)
+    peak = np.array([np.nan if p is None else p / 1024 for p in peaks], dtype=float)
+    if np.isfinite(peak).any():
+        ax.scatter(range(len(labels)), peak, marker="D", s=40, color="crimson", zorder=6, label="in-step peak")
+        ax.set_ylim(0, 1.12 * max(ax.get_ylim()[1] / 1.12, float(np.nanmax(peak))))
     ax.set_ylabel("KiB per device")
     ax.set_title(
-        "4. Per-device memory: parameters, gradients, optimizer state\n(measured bars; black line = ZeRO formula)",
+        "4. Per-device memory: state between steps (bars: parameters, gradients, optimizer state; black line =\n"
+        "ZeRO formula) and the in-step peak (red: JAX memory_analysis, torch profiler memory events)",
         fontsize=10,
     )
     ax.legend(fontsize=8)

@@ -25,6 +25,11 @@ NOTES = [
     "strategy's bytes per parameter measured in this run's dtype (float32 sends 4-byte gradients; bf16 halves "
     "them). The run's own model is projected only when compute-bound: a toy model's microseconds of compute "
     "against a ring's latencies would give efficiencies near 1e-5, which say nothing.",
+    "State is what a device holds between steps (parameters, gradients as the update sees them, optimizer "
+    "state); peak is the most it needs during a step. JAX: arguments + temporaries + outputs not aliased to "
+    "arguments, from the compiled step's memory_analysis(). torch: the tensors a rank holds at the step's start "
+    "plus the highest rise of the profiler's memory events (allocations minus frees) during the step (on a GPU, "
+    "the allocator's max_memory_allocated); torch's peak also counts what its kernels allocate and free inside.",
     "gloo has no native reduce-scatter: torch's reduce-scatter runs as an all-reduce underneath and is counted "
     "as what runs (twice the ideal bytes).",
 ]
@@ -49,13 +54,14 @@ def _rows(summary) -> list[list[str]]:
             f"{_kib(j['comm']['total'])} / {_kib(t.get('comm', {}).get('total'))} / {_kib(theory_comm)}",
             f"{_kib(sum(j['memory'].values()))} / {_kib(sum(t['memory'].values()) if t.get('memory') else None)} / "
             f"{_kib(sum(e['theory']['memory'].values()))}",
+            f"{_kib(j.get('peak_bytes'))} / {_kib(t.get('peak_bytes'))}",
         ])
     return rows
 
 
 HEADER = ["strategy", "parity", "worst grad / param rel. diff", "step ms (JAX / torch, median)",
           "first step s (JAX / torch)", "comm KiB/device/step (JAX / torch / theory)",
-          "state KiB/device (JAX / torch / ZeRO formula)"]
+          "state KiB/device (JAX / torch / ZeRO formula)", "in-step peak KiB/device (JAX / torch)"]
 
 
 def _title(summary) -> str:

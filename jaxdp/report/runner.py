@@ -50,11 +50,12 @@ def jax_accounting(cfg: RunConfig) -> dict:
     """Memory, communication and temporaries of the compiled step (`accounting.measure_step`), with theory."""
     acc = accounting.measure_step(cfg)
     comm, sizes, itemsize = acc["comm"], acc["sizes"], acc["param_bytes"]
-    theory = accounting.theory(cfg.strategy, sizes, cfg.devices, itemsize) if cfg.strategy != "dp" else None
+    theory = acc["theory"] if cfg.strategy != "dp" else None
     return {
         "memory": acc["measured"],
         "memory_formula": acc["formula"],
         "temp_bytes": acc["temp_bytes"],
+        "peak_bytes": acc["peak_bytes"],
         "comm": {k: v["sent"] for k, v in comm.items() if k != "total"} | {"total": comm["total"]},
         "comm_ops": {k: v["ops"] for k, v in comm.items() if k != "total"},
         "comm_theory": theory,
@@ -96,6 +97,7 @@ def _entry(name: str, c: RunConfig, j, jacc: dict, t, tacc: dict) -> dict:
         "comm_ops": jacc["comm_ops"],
         "memory": jacc["memory"],
         "temp_bytes": jacc["temp_bytes"],
+        "peak_bytes": jacc["peak_bytes"],
     }
     torch_entry = {
         "losses": t.losses,
@@ -103,6 +105,7 @@ def _entry(name: str, c: RunConfig, j, jacc: dict, t, tacc: dict) -> dict:
         "comm": tacc["comm"],
         "comm_ops": tacc.get("comm_ops", {}),
         "memory": tacc["memory"],
+        "peak_bytes": tacc.get("peak_bytes"),
         "notes": tacc.get("notes", []),
     }
     theory = {"memory": jacc["memory_formula"]}

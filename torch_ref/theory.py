@@ -1,0 +1,141 @@
+"""What torch_ref's strategies should communicate and hold, by formula: the theory that
+`torch_ref.accounting` (the measurement) is set against. The torch twin of the theory half of
+`jaxdp/accounting.py`; conventions (bytes each device sends by the ring algorithm) in that module's
+docstring and in `torch_ref/accounting.py`'s.
+"""
+from __future__ import annotations
+
+import math
+
+KINDS = ("all-reduce", "reduce-scatter", "all-gather", "point-to-point", "broadcast", "reduce")
+STATE_TENSORS_PER_PARAM = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
+STEP_COUNT_BYTES = {"sgd": 0, "momentum": 0, "adam": 4, "adamw": 4}  # torch.optim's float32 `step` per tensor
+
+
+def _shape(p) -> tuple[int, ...]:
+    return tuple(p) if isinstance(p, (tuple, list)) else (int(p),)
+
+
+def fsdp_padded(shapes, n: int) -> int:
+    """Elements FSDP2 all-gathers for these parameters: each is padded along dim 0 to a multiple of n."""
+    return sum(math.ceil(s[0] / n) * n * math.prod(s[1:]) for s in map(_shape, shapes))
+
+
+def theory(
+    strategy: str, param_sizes, n: int, itemsize: int, *, clip: bool = False, backend: str = "gloo", root_params=(),
+    reshard_after_forward: bool = True,
+) -> dict:
+    """Bytes each device sends per step in what torch_ref runs, by kind (conventions: module docstring).
+
+    `param_sizes`: the torch parameters' shapes (torch layout, Linear weight [out, in]) or sizes; zero3
+    needs shapes (FSDP2 pads dim 0). Psi = total elements, b = `itemsize`. Every strategy but dp adds
+    the loss's mean for the log: one scalar all-reduce (2 (n-1)/n b).
+      ddp, ddp-naive, ddp-bucket  all-reduce 2 (n-1)/n Psi b (DDP's buckets, one per parameter, ours)
+      ddp-ring                    point-to-point 2 (n-1) ceil(Psi/n) b (N-1 rounds of reduce-scatter
+                                  and N-1 of all-gather, one padded chunk each)
+      zero1                       DDP's all-reduce + ZeroRedundancyOptimizer's broadcast of every
+                                  parameter from its owner: broadcast (n-1)/n Psi b
+      zero2                       reduce-scatter of the flat gradient padded to P = n ceil(Psi/n):
+                                  on gloo an all-reduce of P (2 (n-1)/n P b), on nccl (n-1)/n P b;
+                                  all-gather of the parameters (n-1)/n P b; clipping: one scalar all-reduce
+      zero3 (FSDP2)               per unit, all-gather before forward and again before backward
+                                  (not with reshard_after_forward=False: F once; the root's own
+                                  `root_params` only once): (n-1)/n (2 F - R) b with
+                                  F = fsdp_padded(all), R = fsdp_padded(root_params); gradient
+                                  reduce-scatter of F: on gloo all-reduce 2 (n-1)/n F b, on nccl
+                                  (n-1)/n F b; clipping: one all-reduce of the parameter tensors'
+                                  norms, stacked (clip_grad_norm_ on DTensors: one element each)
+      dp                          reduce (n-1)/n (Psi + 1) b (the gradients and the loss), broadcast
+                                  (n-1)/n Psi b
+    """
+    shapes = [_shape(p) for p in param_sizes]
+    psi = sum(math.prod(s) for s in shapes)
+    ring, part = 2 * (n - 1) / n, (n - 1) / n
+    out = {k: 0.0 for k in KINDS}
+    loss = ring * itemsize
+    if strategy in ("ddp", "ddp-naive", "ddp-bucket"):
+        out["all-reduce"] = ring * psi * itemsize + loss
+    elif strategy == "ddp-ring":
+        out["point-to-point"] = 2 * (n - 1) * math.ceil(psi / n) * itemsize
+        out["all-reduce"] = loss
+    elif strategy == "zero1":
+        out["all-reduce"] = ring * psi * itemsize + loss
+        out["broadcast"] = part * psi * itemsize
+    elif strategy == "zero2":
+        padded = n * math.ceil(psi / n)
+        out["all-reduce"] = loss + (ring * itemsize if clip else 0.0)
+        _reduce_scatter(out, padded * itemsize, n, backend)
+        out["all-gather"] = part * padded * itemsize
+    elif strategy == "zero3":
+        full, root = fsdp_padded(shapes, n), fsdp_padded(root_params, n)
+        out["all-gather"] = part * ((2 * full - root) if reshard_after_forward else full) * itemsize
+        out["all-reduce"] = loss + (ring * len(shapes) * itemsize if clip else 0.0)
+        _reduce_scatter(out, full * itemsize, n, backend)
+    elif strategy == "dp":
+        out["reduce"] = part * (psi + 1) * itemsize
+        out["broadcast"] = part * psi * itemsize
+    elif strategy != "single":
+        raise ValueError(f"no communication theory for {strategy!r}")
+    if n == 1 or strategy == "single":
+        out = {k: 0.0 for k in KINDS}
+    out["total"] = sum(out.values())
+    return out
+
+
+def _reduce_scatter(out: dict, nbytes: float, n: int, backend: str) -> None:
+    """Add a reduce-scatter of `nbytes` as it runs: gloo has none and all-reduces the whole input."""
+    if backend == "gloo":
+        out["all-reduce"] += 2 * (n - 1) / n * nbytes
+    else:
+        out["reduce-scatter"] += (n - 1) / n * nbytes
+
+
+def zero1_partition(sizes: list[int], n: int) -> list[list[int]]:
+    """ZeroRedundancyOptimizer's partition, re-derived: parameters sorted by size (largest first, stable),
+    each given whole to the rank with the fewest elements so far (the lowest rank on a tie).
+    Returns the parameter indices of each rank."""
+    totals, owned = [0] * n, [[] for _ in range(n)]
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        r = totals.index(min(totals))
+        owned[r].append(i)
+        totals[r] += sizes[i]
+    return owned
+
+
+def memory_theory(strategy: str, param_shapes, n: int, itemsize: int, optimizer: str, rank: int = 0) -> dict:
+    """Bytes rank `rank` holds, by what each torch strategy keeps (see docs/TORCH_REF.md):
+    dp's workers (rank > 0): params only (no optimizer; their gradients are sent, never synced)
+    replicated (ddp*, dp's rank 0): params, grads Psi b; state K Psi b (+ 4 bytes per parameter tensor
+                                    for Adam's step counts)
+    zero1: params, grads Psi b; state K b x the elements of the *whole parameters* this rank owns
+           (`zero1_partition`: uneven, a rank may own nothing), step counts of those only
+    zero2: params Psi b; master shard, grads and state ceil(Psi/n) b each (K for the state) + one step
+    zero3: params, grads and state: FSDP2's local shard of each parameter, rows
+           [r c, min((r+1) c, dim0)) with c = ceil(dim0/n); step counts for every parameter tensor
+    """
+    shapes = [_shape(p) for p in param_shapes]
+    sizes = [math.prod(s) for s in shapes]
+    psi, k, step = sum(sizes), STATE_TENSORS_PER_PARAM[optimizer], STEP_COUNT_BYTES[optimizer]
+    out = {
+        "params": psi * itemsize,
+        "grads": psi * itemsize,
+        "opt_state": (k * psi * itemsize + step * len(sizes)),
+        "master_params": 0,
+    }
+    if strategy == "dp" and rank != 0:  # workers: no optimizer; their gradients are only sent
+        out.update(grads=0, opt_state=0)
+    elif strategy == "zero1":
+        mine = zero1_partition(sizes, n)[rank]
+        out["opt_state"] = sum(k * sizes[i] * itemsize + step for i in mine)
+    elif strategy == "zero2":
+        shard = math.ceil(psi / n)
+        out.update(grads=shard * itemsize, master_params=shard * itemsize, opt_state=k * shard * itemsize + step)
+    elif strategy == "zero3":
+
+        def local(s):
+            c = math.ceil(s[0] / n)
+            return max(0, min(c, s[0] - rank * c)) * math.prod(s[1:])
+
+        mine = sum(local(s) for s in shapes)
+        out.update(params=mine * itemsize, grads=mine * itemsize, opt_state=k * mine * itemsize + step * len(shapes))
+    return out

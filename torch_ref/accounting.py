@@ -105,12 +105,26 @@ def _events(prof) -> tuple[dict, dict, dict]:
     return sent, ops, requested
 
 
+def _profiled_step(strategy, xs, ys, device, at_start: int) -> tuple:
+    """One step under the profiler: (its collectives as `_events`, its seconds, its peak bytes)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True) as prof:
+        t0 = time.perf_counter()
+        float(strategy.step(xs, ys)["loss"])
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else at_start + _peak_rise(prof)
+    return _events(prof), seconds, peak
+
+
 def measure_rank(rank: int, n: int, cfg, init: dict, steps: int = 2, warmup: int = 1) -> dict:
     """Run `warmup` steps, then `steps` steps of `cfg` on this rank under the profiler; return this
     rank's view. The warm-up steps hold what happens once: DDP's broadcast of its bucket layout
     (int64 indices, in its first forward here), FSDP2's lazy initialisation."""
-    from torch.profiler import ProfilerActivity, profile
-
     from jaxdp import data
 
     from . import launch, models, strategies
@@ -139,17 +153,10 @@ def measure_rank(rank: int, n: int, cfg, init: dict, steps: int = 2, warmup: int
         if k <= warmup:
             strategy.step(xs, ys)
             continue
-        at_start = _held_bytes(tensors.values(), optimizer)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True) as prof:
-            t0 = time.perf_counter()
-            float(strategy.step(xs, ys)["loss"])
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - t0)
-        per_step.append(_events(prof))
-        peaks.append(torch.cuda.max_memory_allocated(device) if device.type == "cuda" else at_start + _peak_rise(prof))
+        events, seconds, peak = _profiled_step(strategy, xs, ys, device, _held_bytes(tensors.values(), optimizer))
+        per_step.append(events)
+        times.append(seconds)
+        peaks.append(peak)
     params = sum(_local_bytes(p) for p in held.model.parameters())
     master = sum(_local_bytes(p) for p in tensors.values()) - params  # zero2's main_param
     state = 0

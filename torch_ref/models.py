@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import convert
+
 LN_EPS = 1e-5  # as jaxdp/models/gpt.py and torch.nn.LayerNorm
 MASTER_DTYPE = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.float32}
 COMPUTE_DTYPE = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -130,50 +132,22 @@ def loss_fn(model, x, y, dtype: str):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
-# ---- Flax names and layouts ---------------------------------------------------------------------
-_FLAX_LEAF = {nn.Linear: {"weight": "kernel", "bias": "bias"},
-              nn.Embedding: {"weight": "embedding"},
-              nn.LayerNorm: {"weight": "scale", "bias": "bias"}}
+# ---- Flax names and layouts (the general mapping lives in torch_ref.convert) ----------------------
+def flax_names(model: nn.Module) -> dict[str, tuple[str, tuple[int, ...] | None]]:
+    """{torch name: (Flax name, layout)} in `parameters()` order (then mapped buffers), e.g.
+    'layers.0.weight' -> ('layers/0/kernel', (1, 0)): layout is the torch -> Flax axis permutation,
+    None where the layouts agree (truthy exactly where a transpose is needed)."""
+    return {name: tuple(m) for name, m in convert.mapping(model).items()}
 
 
-def flax_names(model: nn.Module) -> dict[str, tuple[str, bool]]:
-    """{torch name: (Flax name, transpose?)} in `parameters()` order, e.g.
-    'layers.0.weight' -> ('layers/0/kernel', True). Call it on the unwrapped model."""
-    out = {}
-    for mod_name, module in model.named_modules():
-        leaves = next((v for k, v in _FLAX_LEAF.items() if isinstance(module, k)), None)
-        if leaves is None:
-            continue
-        for leaf, _ in module.named_parameters(recurse=False):
-            path = (mod_name.replace(".", "/") + "/" if mod_name else "") + leaves[leaf]
-            out[f"{mod_name}.{leaf}" if mod_name else leaf] = (path, isinstance(module, nn.Linear) and leaf == "weight")
-    order = [name for name, _ in model.named_parameters()]
-    assert sorted(order) == sorted(out), f"parameters without a Flax name: {set(order) ^ set(out)}"
-    return {name: out[name] for name in order}
-
-
-def to_flax(tensors: dict[str, torch.Tensor], names: dict[str, tuple[str, bool]]) -> dict[str, np.ndarray]:
+def to_flax(tensors: dict[str, torch.Tensor], names: dict[str, tuple]) -> dict[str, np.ndarray]:
     """Torch-named full tensors -> Flax-named NumPy arrays in Flax layout (Linear weights transposed)."""
-    out = {}
-    for name, t in tensors.items():
-        flax, transpose = names[name]
-        t = t.detach().cpu()
-        out[flax] = (t.T if transpose else t).numpy().copy()  # a copy: never a view of a live parameter
-    return out
+    return {names[name][0]: convert.flax_array(t, names[name][1]) for name, t in tensors.items()}
 
 
-@torch.no_grad()
 def load_flax(model: nn.Module, flat: dict[str, np.ndarray]) -> nn.Module:
     """Copy Flax-named NumPy parameters (from `jaxdp.models.init`) into `model`, bit for bit."""
-    names = flax_names(model)
-    for name, p in model.named_parameters():
-        flax, transpose = names[name]
-        src = torch.from_numpy(np.ascontiguousarray(flat[flax]))
-        src = src.T if transpose else src
-        if src.shape != p.shape or src.dtype != p.dtype:
-            raise ValueError(f"{flax}: JAX {tuple(src.shape)} {src.dtype} vs torch {tuple(p.shape)} {p.dtype}")
-        p.copy_(src)
-    return model
+    return convert.load_flax(model, flat)
 
 
 def jax_init(cfg, dataset) -> dict[str, np.ndarray]:

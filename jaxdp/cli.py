@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from . import config
+from . import cli_diff, config
 
 
 def _strategy_list(text: str) -> list[str]:
@@ -87,12 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated; a name both sides have, ddp-pmap / ddp-naive (against ddp), or JAX~TORCH",
     )
 
-    diff = sub.add_parser("diff", help="errors per field of trace A against reference B, judged by the parity bounds")
-    diff.add_argument("a")
-    diff.add_argument("b")
-    diff.add_argument("--tolerance", type=float, default=None,
-                      help="exit 1 when any field's worst relative error exceeds it (default: exit 1 on any "
-                           "failure of the parity bounds for the traces' dtype, docs/PARITY.md)")
+    cli_diff.add_parser(sub)
     return parser
 
 
@@ -118,7 +113,7 @@ def main(argv=None) -> int:
             return _compare(args)
         if args.command == "bench":
             return _bench(args)
-        return _diff(args)
+        return cli_diff.main(args)
     except (config.ConfigError, DeviceError, TraceError, NonFiniteLoss, CheckpointError) as e:
         print(f"jaxdp: error: {e}", file=sys.stderr)
         return 2
@@ -286,14 +281,6 @@ def _parity(args) -> int:
     )
     print(parity.format_table(rows))
     return 0 if all(r.ok for r in rows) else 1
-
-
-def _diff(args) -> int:
-    from . import parity
-
-    text, code = parity.diff_report(args.a, args.b, args.tolerance)
-    print(text)
-    return code
 
 
 if __name__ == "__main__":

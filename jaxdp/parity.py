@@ -1,7 +1,8 @@
 """Cross-framework parity: the same configuration trained by jaxdp and by torch_ref gives the same
 losses, gradients and parameters, strategy by strategy; and the one judge (`judge`) that every
-trace comparison of the project uses: `jaxdp parity`, `jaxdp diff`, `compare`'s report, the
-strategy tests (a strategy against `single`) and the mutation tests.
+trace comparison of the project uses: `jaxdp parity`, `jaxdp diff` (through `jaxdp.divergence`, which
+localises its verdict), `compare`'s report, the strategy tests (a strategy against `single`) and the
+mutation tests.
 
 `check(cfg, pairs)` trains every pair (JAX in this process, torch in one spawned world per device
 count, running all its configurations), judges the two traces step by step, and returns one row per
@@ -274,18 +275,3 @@ def format_table(rows: list[Row]) -> str:
 def format_tolerance(tol: Tolerance, dtype: str = "") -> str:
     bounds = ", ".join(f"{f} {tol.bound(f):g}" for f in FIELDS + ("elementwise",) if math.isfinite(tol.bound(f)))
     return f"tolerance ({dtype}): {bounds}; {tol.why}"
-
-
-def diff_report(a_path, b_path, tolerance: float | None = None) -> tuple[str, int]:
-    """`jaxdp diff A B`: the per-field table of `trace.diff`, and the exit status: with `tolerance`,
-    1 when any field's worst relative error exceeds it (or any array is non-finite); without, the
-    verdict of `judge` under the parity bounds for the traces' dtype and optimizer (meta)."""
-    a, b = trace_mod.load(a_path), trace_mod.load(b_path)
-    if tolerance is not None:
-        result = trace_mod.diff(a, b)
-        return trace_mod.format_diff(result, tolerance), int(max(result["worst"].values()) > tolerance)
-    row = judge(a, b, sides=("A", "B"), with_ulp=True)
-    verdict = "ok" if row.ok else "MISMATCH:\n  " + "\n  ".join(row.failures)
-    text = "\n".join([trace_mod.format_diff(row.diff), format_tolerance(row.tol, b.meta.get("dtype", "")),
-                      f"step update (all tensors) worst {row.worst['step update']:.2e}", verdict])
-    return text, int(not row.ok)

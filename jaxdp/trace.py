@@ -8,6 +8,8 @@ Keys:
   step/<k>/x, step/<k>/y  step k's whole global batch
   step/<k>/grad/<name>    the full averaged gradient the update used (before clipping)
   step/<k>/param/<name>   every parameter after step k's update
+  state/<name>            optional: every non-trainable variable (e.g. running statistics) before step 1
+  step/<k>/state/<name>   optional: every non-trainable variable after step k
 <name> is the Flax path joined with '/', in Flax layout (a kernel is [in, out]), unsharded.
 """
 from __future__ import annotations
@@ -23,7 +25,7 @@ import numpy as np
 
 from .config import COMPARABLE_FIELDS
 
-FIELDS = ("loss", "grad", "param", "update", "init", "x", "y")
+FIELDS = ("loss", "grad", "param", "update", "init", "x", "y", "state")
 
 
 class TraceError(ValueError):
@@ -37,12 +39,20 @@ class Trace:
 
     @property
     def steps(self) -> int:
-        return int(self.meta["steps"])
+        """meta `steps`, or (a user's trace without it) the last step with a loss."""
+        return int(self.meta["steps"]) if "steps" in self.meta else max(self._loss_steps(), default=0)
 
     @property
     def first_step(self) -> int:
-        """1, or the step after the checkpoint a resumed run started from."""
-        return int(self.meta.get("first_step", 1))
+        """1, or the step after the checkpoint a resumed run started from (without meta `steps`: the
+        first step with a loss)."""
+        if "first_step" in self.meta or "steps" in self.meta:
+            return int(self.meta.get("first_step", 1))
+        return min(self._loss_steps(), default=1)
+
+    def _loss_steps(self) -> list[int]:
+        parts = [k.split("/") for k in self.arrays if k.startswith("step/") and k.endswith("/loss")]
+        return [int(p[1]) for p in parts if len(p) == 3 and p[1].isdigit()]
 
     def names(self) -> list[str]:
         return sorted(k[len("init/"):] for k in self.arrays if k.startswith("init/"))
@@ -104,14 +114,20 @@ def load(path) -> Trace:
     return trace
 
 
+def shared_config_fields(a: Trace, b: Trace) -> list[str]:
+    """The configuration fields (`config.COMPARABLE_FIELDS`) that both traces' meta carry: a user's
+    trace may carry few of them."""
+    return [k for k in COMPARABLE_FIELDS if k in a.meta and k in b.meta]
+
+
 def check_comparable(a: Trace, b: Trace) -> None:
     """Two traces are comparable when they ran the same configuration (strategy, devices and
-    framework may differ). Otherwise raise, naming every field that differs."""
-    diffs = [
-        f"{k}: {a.meta.get(k)!r} vs {b.meta.get(k)!r}" for k in COMPARABLE_FIELDS if a.meta.get(k) != b.meta.get(k)
-    ]
+    framework may differ), judged on the fields both carry. Otherwise raise, naming every field
+    that differs."""
+    diffs = [f"{k}: {a.meta[k]!r} vs {b.meta[k]!r}" for k in shared_config_fields(a, b) if a.meta[k] != b.meta[k]]
     if diffs:
-        raise TraceError("traces ran different configurations: " + "; ".join(diffs))
+        raise TraceError("traces ran different configurations: " + "; ".join(diffs)
+                         + " (compare them anyway with --no-config-check)")
 
 
 def errors(a, b, floor: float = 0.0) -> tuple[float, float, float]:
@@ -178,17 +194,11 @@ def _ordered(x, bits: int) -> np.ndarray:
     return np.where(raw < 0, -magnitude, magnitude)
 
 
-def _pair(a, b):
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    if a.shape != b.shape:
-        raise TraceError(f"shape mismatch {a.shape} vs {b.shape}")
-    return a, b
-
-
 def _field(key: str) -> str:
+    """The field of a key: `init` for init/ and state/ (the values before step 1), `update`, or
+    step/<k>/<field>."""
     parts = key.split("/")
-    return parts[0] if parts[0] in ("init", "update") else parts[2]
+    return {"init": "init", "state": "init", "update": "update"}.get(parts[0]) or parts[2]
 
 
 def updates(t: Trace) -> dict[str, np.ndarray]:

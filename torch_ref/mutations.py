@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from jaxdp import data
 
-from . import models, optim, strategies
+from . import models, optim, train
 from .collectives import ring_all_reduce
 from .strategies import bucket, common, ddp, ring
 
@@ -24,27 +24,27 @@ def missing_one_over_n():
 
 
 def _after_local_grads(then):
-    """ddp's `local_grads` (DDP has all-reduced by its end), followed by `then(model, cfg)`."""
-    local_grads = ddp.local_grads
+    """The step's `local_grads` (DDP has all-reduced by its end), followed by `then(model, accum)`."""
+    local_grads = common.local_grads
 
-    def wrapped(model, x, y, cfg, **kw):
-        loss = local_grads(model, x, y, cfg, **kw)
-        then(model, cfg)
+    def wrapped(model, x, y, loss_fn, accum, *args, **kw):
+        loss = local_grads(model, x, y, loss_fn, accum, *args, **kw)
+        then(model, accum)
         return loss
 
-    return [(ddp, "local_grads", wrapped)]
+    return [(common, "local_grads", wrapped)]
 
 
 def summed_twice():
     """An all-reduce (sum) of every gradient on top of DDP's."""
-    return _after_local_grads(lambda model, cfg: [dist.all_reduce(p.grad) for p in model.parameters()])
+    return _after_local_grads(lambda model, accum: [dist.all_reduce(p.grad) for p in model.parameters()])
 
 
 def accum_k_minus_1():
     """The sum of the K micro-batch gradients divided by K - 1 (scaled after DDP's mean: the same)."""
-    def rescale(model, cfg):
+    def rescale(model, accum):
         for p in model.parameters():
-            p.grad.mul_(cfg.accum / max(cfg.accum - 1, 1))
+            p.grad.mul_(accum / max(accum - 1, 1))
 
     return _after_local_grads(rescale)
 
@@ -107,8 +107,8 @@ def bf16_reduction():
     """DDP with a bf16 communication hook: buckets all-reduced in bf16."""
     apply_ddp = ddp.apply_ddp
 
-    def with_hook(model, cfg):
-        wrapped = apply_ddp(model, cfg)
+    def with_hook(model, bucket_mb):
+        wrapped = apply_ddp(model, bucket_mb)
         wrapped.register_comm_hook(None, bf16_hook)
         return wrapped
 
@@ -135,7 +135,7 @@ def collective_dtypes(rank: int, n: int, cfg, init, steps: int = 2) -> dict[str,
 
     dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
     model = models.load_flax(models.build(cfg, dataset), init)
-    strategy = strategies.make(cfg.strategy, model, cfg, return_grads=False)
+    strategy = train.strategy(model, cfg)
     rows = slice(rank * cfg.batch_size // n, (rank + 1) * cfg.batch_size // n)
     seen: dict[str, set[str]] = {}
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:

@@ -32,3 +32,8 @@ def clip_(params, max_norm: float):
     """torch.nn.utils.clip_grad_norm_ when `--clip-norm` > 0 (coef = max_norm / (norm + 1e-6), at most 1)."""
     if max_norm > 0:
         torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+
+def factory(cfg):
+    """`cfg`'s optimizer as `torch_ref.parallelize` takes it: a callable from parameters to the optimizer."""
+    return lambda params: make(cfg, params)

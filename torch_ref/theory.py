@@ -46,7 +46,7 @@ def theory(
                                   (n-1)/n F b; clipping: one all-reduce of the parameter tensors'
                                   norms, stacked (clip_grad_norm_ on DTensors: one element each)
       dp                          reduce (n-1)/n (Psi + 1) b (the gradients and the loss), broadcast
-                                  (n-1)/n Psi b
+                                  (n-1)/n (Psi + 1) b (the parameters and the global loss)
     """
     shapes = [_shape(p) for p in param_sizes]
     psi = sum(math.prod(s) for s in shapes)
@@ -73,7 +73,7 @@ def theory(
         _reduce_scatter(out, full * itemsize, n, backend)
     elif strategy == "dp":
         out["reduce"] = part * (psi + 1) * itemsize
-        out["broadcast"] = part * psi * itemsize
+        out["broadcast"] = part * (psi + 1) * itemsize
     elif strategy != "single":
         raise ValueError(f"no communication theory for {strategy!r}")
     if n == 1 or strategy == "single":

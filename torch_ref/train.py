@@ -1,9 +1,11 @@
-"""The torch training loop, top to bottom: data -> model (JAX's initial bits) -> strategy -> steps ->
-trace. `run` is the entry point: one process (`single`, or any strategy with --devices 1), N
-spawned ranks (`--devices N`), or one rank of a world that torchrun started.
+"""The torch training loop, top to bottom: data -> model (JAX's initial bits) -> `parallelize` ->
+`train_step`s -> `Recorder` (the library API, `torch_ref/api.py`: the CLI has no other path). `run`
+is the entry point: one process (`single`, or any strategy with --devices 1), N spawned ranks
+(`--devices N`), or one rank of a world that torchrun started.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -11,12 +13,14 @@ import time
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from jaxdp import data
 from jaxdp.config import ConfigError, RunConfig
 from jaxdp.train import NonFiniteLoss, RunResult  # one error type and one result for both frameworks
 
-from . import checkpoint, launch, models, strategies
+from . import api, checkpoint, launch, models, optim, strategies
+from .trace import Recorder
 
 FAIL_ENV = "TORCH_REF_FAIL_AT"  # "RANK:STEP": that rank raises at that step (tests the failure path)
 
@@ -29,46 +33,76 @@ def versions() -> dict:
     return {"torch": torch.__version__, "numpy": np.__version__}
 
 
+def cross_entropy(outputs, y):
+    """The CLI's loss: mean softmax cross-entropy over every row (and position), taken in fp32 from
+    bf16 logits."""
+    logits = outputs.float() if outputs.dtype == torch.bfloat16 else outputs
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def autocast_forward(module: torch.nn.Module, device_type: str) -> None:
+    """--dtype bfloat16: the module's forward runs under autocast (bf16 compute, fp32 master
+    parameters); the loss and backward stay outside it, as torch's AMP recipe has them."""
+    forward = module.forward
+
+    @functools.wraps(forward)
+    def autocast(*args, **kwargs):
+        with torch.autocast(device_type, dtype=torch.bfloat16):
+            return forward(*args, **kwargs)
+
+    module.forward = autocast
+
+
+def configured(module: torch.nn.Module, cfg: RunConfig):
+    """`module` parallelized as `cfg` says: (model, optimizer) for `torch_ref.train_step`."""
+    if cfg.dtype == "bfloat16":
+        autocast_forward(module, next(module.parameters()).device.type)
+    return api.parallelize(module, strategy=cfg.strategy, optimizer=optim.factory(cfg), accum=cfg.accum,
+                           **strategies.options_of(cfg))
+
+
+def strategy(module: torch.nn.Module, cfg: RunConfig, return_grads: bool = False) -> strategies.Strategy:
+    """`cfg`'s run as one value with `step(x, y)` (accounting, mutation checks and tests drive it)."""
+    model, optimizer = configured(module, cfg)
+    par = api.state_of(model)
+    par.keep_grads = return_grads
+
+    def step(x, y):
+        loss = api.train_step(model, optimizer, x, y, cross_entropy, clip_norm=cfg.clip_norm)
+        return {"loss": loss, "grads": par.grads} if return_grads else {"loss": loss}
+
+    return strategies.Strategy(par.name, step, par.full_params, par.wrapped, par.checkpoint)
+
+
 def train_rank(rank: int, world: int, cfg: RunConfig, init: dict[str, np.ndarray], record: bool,
                device: torch.device | None = None) -> RunResult | None:
     """Train `cfg` as rank `rank` of `world` (the process group is up unless world is 1 and the
-    strategy is `single`); with `record`, the trace's arrays go into the result (as jaxdp.train.run's
-    `record`). Returns the result on rank 0, None elsewhere."""
+    strategy is `single`) through `parallelize` + `train_step` (+ a `Recorder` with `record`, whose
+    arrays go into the result as jaxdp.train.run's `record`). Returns the result on rank 0, None elsewhere."""
     device = device or launch.rank_device(cfg.platform, rank)
     dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
-    model = models.load_flax(models.build(cfg, dataset).to(device), init)
-    names = models.flax_names(model)
-    result = RunResult(cfg)
+    model, optimizer = configured(models.load_flax(models.build(cfg, dataset).to(device), init), cfg)
+    start = checkpoint.restore(cfg.checkpoint_dir, api.state_of(model).checkpoint, cfg) if cfg.resume else 0
+    result = RunResult(cfg)  # a resumed run's init/ is what it resumed from
     result.meta = {"framework": "torch", **cfg.to_dict(), "platform": "gpu" if device.type == "cuda" else "cpu",
-                   "backend": dist.get_backend() if dist.is_initialized() else None, "versions": versions()}
-    if record and not cfg.resume:
-        result.arrays.update({f"init/{k}": v for k, v in models.to_flax(dict(model.named_parameters()), names).items()})
-    strategy = strategies.make(cfg.strategy, model, cfg, return_grads=record)  # the trace holds the grads
-    start = 0
-    if cfg.resume:  # every rank loads its part; a resumed run's init/ is what it resumed from
-        start = checkpoint.restore(cfg.checkpoint_dir, strategy.checkpoint, cfg)
-        if record:
-            params = strategy.full_params()  # a collective for sharded strategies
-            if rank == 0:
-                result.arrays.update({f"init/{k}": v for k, v in models.to_flax(params, names).items()})
-    result.meta["first_step"] = start + 1
+                   "backend": dist.get_backend() if dist.is_initialized() else None, "versions": versions(),
+                   "first_step": start + 1}
+    recorder = Recorder(None, result.meta, model) if record else None
+    if recorder:
+        recorder.init()  # every rank: a collective for sharded strategies
     input_dtype = models.numpy_master_dtype(cfg.dtype)
     rows = slice(rank * cfg.batch_size // world, (rank + 1) * cfg.batch_size // world)
     fail_at = _fail_at()
-
     t0 = t1 = time.perf_counter()
     for k in range(start + 1, cfg.steps + 1):
         t_step = time.perf_counter()
         x, y = dataset.batch(k, cfg.batch_size)
-        floating = np.issubdtype(x.dtype, np.floating)
-        if floating:
-            x = x.astype(input_dtype)
+        x = x.astype(input_dtype) if np.issubdtype(x.dtype, np.floating) else x
         if fail_at == (rank, k):
             raise InjectedFailure(f"injected failure on rank {rank} at step {k} ({FAIL_ENV})")
-        xs = torch.from_numpy(x[rows] if floating else x[rows].astype(np.int64)).to(device)
-        ys = torch.from_numpy(y[rows].astype(np.int64)).to(device)
-        out = strategy.step(xs, ys)
-        loss = float(out["loss"]) if rank == 0 else math.nan
+        xs, ys = (torch.from_numpy(a[rows].astype(np.int64) if a.dtype.kind in "iu" else a[rows]).to(device)
+                  for a in (x, y))
+        loss = api.train_step(model, optimizer, xs, ys, cross_entropy, clip_norm=cfg.clip_norm)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         result.step_times.append(time.perf_counter() - t_step)
@@ -76,17 +110,18 @@ def train_rank(rank: int, world: int, cfg: RunConfig, init: dict[str, np.ndarray
             raise NonFiniteLoss(f"loss is {loss} at step {k} ({cfg.strategy}, lr {cfg.lr}); lower --lr, "
                                 f"set --clip-norm, or pass --no-nan-check to continue anyway")
         result.losses.append(loss)
-        if record:
-            params = strategy.full_params()  # every rank: a collective for sharded strategies
-            if rank == 0:
-                _record(result.arrays, k, loss, x, y, out["grads"], params, names)
+        if recorder:
+            recorder.step(k, loss, x, y)  # every rank: a collective for sharded strategies
         if cfg.checkpoint_every > 0 and k % cfg.checkpoint_every == 0:
-            checkpoint.save(cfg.checkpoint_dir, k, strategy.checkpoint, cfg)
+            checkpoint.save(cfg.checkpoint_dir, k, api.state_of(model).checkpoint, cfg)
         if k == start + 1:
             t1 = time.perf_counter()
             result.first_step_s = t1 - t0
     if cfg.steps - start > 1:
         result.steps_per_s = (cfg.steps - start - 1) / max(time.perf_counter() - t1, 1e-9)
+    if recorder:
+        result.arrays = recorder.arrays
+        recorder.close(write=False)
     return result if rank == 0 else None
 
 
@@ -147,13 +182,3 @@ def _fail_at() -> tuple[int, int] | None:
         return None
     rank, step = spec.split(":")
     return int(rank), int(step)
-
-
-def _record(arrays, k, loss, x, y, grads, params, names):
-    arrays[f"step/{k}/loss"] = np.asarray(loss, dtype=np.float64)
-    arrays[f"step/{k}/x"] = np.asarray(x)
-    arrays[f"step/{k}/y"] = np.asarray(y)
-    for name, g in models.to_flax(grads, names).items():
-        arrays[f"step/{k}/grad/{name}"] = g
-    for name, p in models.to_flax(params, names).items():
-        arrays[f"step/{k}/param/{name}"] = p

@@ -1,10 +1,17 @@
-"""The torch strategies, one small module each, with the JAX side's names (`jaxdp.strategies`)."""
+"""The torch strategies, one small module each, with the JAX side's names (`jaxdp.strategies`).
+
+Each module's `make(model, optimizer, opts)` wraps `model` (on its device, parameters loaded),
+builds the optimizer from the user's factory and returns a `common.Parallel`; `torch_ref.parallelize`
+is the public door (`torch_ref/api.py`).
+"""
 from __future__ import annotations
 
-from jaxdp.config import FRAMEWORK_STRATEGIES, ConfigError
+from typing import NamedTuple
+
+from jaxdp.config import ALIASES, FRAMEWORK_STRATEGIES, ConfigError
 
 from . import bucket, ddp, dp, naive, ring, single, zero1, zero2, zero3
-from .common import Strategy
+from .common import Options, Parallel
 
 FACTORIES = {
     "single": single.make,
@@ -18,13 +25,53 @@ FACTORIES = {
     "zero3": zero3.make,
 }
 assert tuple(FACTORIES) == FRAMEWORK_STRATEGIES["torch"]
+# The options each strategy takes (besides accum), as `parallelize(..., **options)` names them.
+OPTIONS = {name: () for name in FACTORIES} | {
+    "ddp": ("bucket_mb",), "zero1": ("bucket_mb",), "ddp-bucket": ("bucket_mb",),
+    "zero3": ("reshard_after_forward", "units"),
+}
+
+
+def canonical(name: str) -> str:
+    """`name` with aliases resolved (fsdp -> zero3); an unknown name is an error listing the valid ones."""
+    name = ALIASES.get(name, name)
+    if name not in FACTORIES:
+        raise ConfigError(f"unknown strategy {name!r}; valid: {', '.join(FACTORIES)} (or {', '.join(ALIASES)})")
+    return name
+
+
+def build(name: str, model, optimizer, accum: int = 1, **options) -> Parallel:
+    """Wrap `model` for strategy `name` with the optimizer factory `optimizer`; every rank calls it."""
+    name = canonical(name)
+    unknown = sorted(set(options) - set(OPTIONS[name]))
+    if unknown:
+        takes = ", ".join(OPTIONS[name]) or "none"
+        raise ConfigError(f"strategy {name!r} takes no option {', '.join(map(repr, unknown))}; its options: {takes}")
+    return FACTORIES[name](model, optimizer, Options(accum=accum, **options))
+
+
+def options_of(cfg) -> dict:
+    """The strategy options of a RunConfig (`--bucket-mb`, `--reshard-after-forward`)."""
+    values = {"bucket_mb": cfg.bucket_mb, "reshard_after_forward": cfg.reshard_after_forward}
+    return {k: values[k] for k in OPTIONS[canonical(cfg.strategy)] if k in values}
+
+
+class Strategy(NamedTuple):
+    """The CLI's configuration as one value (what `torch_ref.accounting` and the tests drive):
+    `step(x, y)` -> {'loss': float, 'grads': {torch name: tensor} when return_grads}, and the
+    `Parallel`'s `full_params`, `wrapped` and `checkpoint`."""
+    name: str
+    step: object
+    full_params: object
+    wrapped: object = None
+    checkpoint: object = None
 
 
 def make(name, model, cfg, return_grads: bool = False) -> Strategy:
-    """Wrap `model` (on its device, parameters loaded) for strategy `name`; every rank calls it."""
-    if name not in FACTORIES:
-        raise ConfigError(f"unknown strategy {name!r}; valid: {', '.join(FACTORIES)}")
-    return FACTORIES[name](model, cfg, return_grads)
+    """`model` trained as `python -m torch_ref train` trains it (`torch_ref.train.configured`)."""
+    from .. import train  # train is built on this package: imported when called, not at import time
+
+    return train.strategy(model, cfg.replace(strategy=name), return_grads)
 
 
-__all__ = ["FACTORIES", "Strategy", "make"]
+__all__ = ["FACTORIES", "OPTIONS", "Options", "Parallel", "Strategy", "build", "canonical", "make", "options_of"]

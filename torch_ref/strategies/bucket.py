@@ -1,7 +1,7 @@
 """`ddp-bucket`: hand-written bucketed DDP (Picotron's DataParallelBucket idea).
 
 Parameters are grouped, in reverse `parameters()` order (the order backward produces gradients),
-into buckets of at most `--bucket-mb` MB (a larger parameter gets a bucket of its own; the same
+into buckets of at most `bucket_mb` MB (`--bucket-mb`) (a larger parameter gets a bucket of its own; the same
 plan as `jaxdp.strategies.bucket.plan_buckets`). Each bucket owns one flat gradient buffer and each
 parameter's `main_grad` is a view into it. A post-accumulate-grad hook adds `.grad` into
 `main_grad` and frees `.grad`; in the step's last backward it also marks the parameter ready, and
@@ -20,8 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import optim
-from ..checkpoint import ModelOptimizer
-from .common import Strategy, grads_of, local_grads, mean_over_ranks, metrics, params_of
+from .common import Parallel, make_parallel
 
 MB = 2 ** 20
 
@@ -115,19 +114,15 @@ class DataParallelBucket(nn.Module):
             bucket.reset()
 
 
-def make(model, cfg, return_grads: bool) -> Strategy:
-    dp_model = DataParallelBucket(model, cfg.bucket_mb)
-    optimizer = optim.make(cfg, model.parameters())
+def make(model, optimizer, opts) -> Parallel:
+    dp_model = DataParallelBucket(model, opts.bucket_mb)
+    built = optimizer(model.parameters())
 
-    def step(x, y):
-        loss = local_grads(dp_model, x, y, cfg, no_sync=dp_model.no_sync)  # buckets launch in the last backward
-        dp_model.finish_gradient_synchronization()
-        loss = mean_over_ranks(loss)
-        grads = grads_of(model) if return_grads else None
-        optim.clip_(model.parameters(), cfg.clip_norm)
-        optimizer.step()
+    def update(clip_norm):
+        optim.clip_(model.parameters(), clip_norm)
+        built.step()
         dp_model.zero_grad()
-        return metrics(loss, grads)
 
-    return Strategy("ddp-bucket", step, lambda: params_of(model), wrapped=dp_model,
-                    checkpoint=ModelOptimizer(model, optimizer))
+    # buckets launch in the last backward; finish_gradient_synchronization waits for them
+    return make_parallel("ddp-bucket", dp_model, model, built, opts.accum, no_sync=dp_model.no_sync,
+                      sync=dp_model.finish_gradient_synchronization, update=update, wrapped=dp_model)

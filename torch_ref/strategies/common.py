@@ -1,55 +1,120 @@
-"""What every torch strategy shares: the strategy value, local gradients with accumulation, and
-small helpers. A strategy wraps the model and its optimizer (as torchtitan's `apply_ddp` /
-`apply_fsdp` do) and returns a `Strategy`, the torch twin of `jaxdp.strategies.common.Strategy`.
+"""What every torch strategy shares: `Parallel` (the state `torch_ref.parallelize` keeps for a
+wrapped model), the one training step every strategy runs (`train`), local gradients with
+accumulation, and small helpers. A strategy wraps the model and builds its optimizer (as
+torchtitan's `apply_ddp` / `apply_fsdp` do) and returns a `Parallel`, the torch twin of
+`jaxdp.strategies.common.Strategy`; the strategies differ only in their hooks (`no_sync`, `sync`,
+`reduce_loss`, `full_grads`, `update`, `full_params`).
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
+from jaxdp.config import ConfigError
+
 from .. import optim
-from ..models import loss_fn
+from ..checkpoint import ModelOptimizer
 
 
-class Strategy(NamedTuple):
-    """- `step(x, y)`: one optimizer step on this rank's rows of the global batch; returns metrics:
-      `loss` (the mean over the global batch; on rank 0 at least) and, when built with
-      return_grads=True, `grads` ({torch name: full averaged gradient, before clipping}; on rank 0 at least);
-    - `full_params()`: {torch name: full tensor}. A collective for sharded strategies: call it on
-      every rank.
-    - `checkpoint`: what `torch_ref.checkpoint` saves and loads, a DCP Stateful (`state_dict()`,
-      `load_state_dict(sd)`): the model and this rank's optimizer, keyed by parameter name.
+class Options(NamedTuple):
+    """What a strategy is built with besides the model and the optimizer factory."""
+    accum: int = 1
+    bucket_mb: float = 25.0  # ddp, zero1 (DDP's bucket_cap_mb), ddp-bucket
+    reshard_after_forward: bool = True  # zero3 (FSDP2's name)
+    units: list | None = None  # zero3: the submodules (or lists of them) sharded one by one
+
+
+def _nothing() -> None:
+    return None
+
+
+@dataclasses.dataclass(eq=False)
+class Parallel:
+    """A model wrapped for one strategy. `model` and `optimizer` are what `parallelize` returns
+    (the DDP / FSDP2 / hand-written wrapper and the optimizer the user's factory built);
+    `module` is the user's unwrapped model. The hooks, in the order `train` calls them:
+    - `no_sync()`: a context manager around every micro-batch's backward but the last;
+    - `sync()`: after the last backward, make the gradients the mean over all ranks' rows;
+    - `reduce_loss(loss)`: the local mean loss -> the global mean (a tensor);
+    - `full_grads()`: {torch name: the full averaged gradient}, a collective under sharding
+      (only called while a Recorder is attached: `keep_grads`);
+    - `update(clip_norm)`: clip (torch's clip_grad_norm_ semantics), step, clear the gradients;
+    - `full_params()`: {torch name: full tensor}, a collective under sharding: every rank calls it.
+    `checkpoint` is the DCP Stateful `torch_ref.checkpoint` saves: the model and this rank's optimizer.
     """
     name: str
-    step: Callable
+    model: torch.nn.Module
+    module: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    accum: int
+    update: Callable
     full_params: Callable
-    wrapped: object = None  # the wrapped model or optimizer, for inspection (tests, reports)
-    checkpoint: object = None
+    full_grads: Callable
+    checkpoint: object
+    no_sync: Callable = contextlib.nullcontext
+    sync: Callable = _nothing
+    reduce_loss: Callable = None
+    wrapped: object = None  # the wrapper or sharded optimizer, for inspection (tests, reports)
+    keep_grads: bool = False  # a Recorder is attached: keep each step's averaged gradient
+    grads: dict | None = None  # the last step's, when kept
+
+    def __post_init__(self):
+        if self.reduce_loss is None:
+            self.reduce_loss = mean_over_ranks
+
+
+def make_parallel(name, model, module, optimizer, accum, **hooks) -> Parallel:
+    """A `Parallel` with the default hooks for those not given: `update` clips, steps and clears
+    (`apply_update`), parameters and gradients are read from `module` (a DTensor's full value is
+    the strategy's to gather), the checkpoint is `ModelOptimizer(module, optimizer)`."""
+    hooks.setdefault("update", lambda clip_norm: apply_update(module.parameters(), optimizer, clip_norm))
+    hooks.setdefault("full_params", lambda: params_of(module))
+    hooks.setdefault("full_grads", lambda: grads_of(module))
+    hooks.setdefault("checkpoint", ModelOptimizer(module, optimizer))
+    return Parallel(name, model, module, optimizer, accum, **hooks)
+
+
+def train(par: Parallel, x, y, loss_fn: Callable, clip_norm: float) -> float:
+    """One optimizer step on this rank's rows `x, y` (all micro-batches): local gradients, the
+    strategy's sync (once), the global mean loss, the kept gradient (before clipping), the update."""
+    loss = local_grads(par.model, x, y, loss_fn, par.accum, par.no_sync)
+    par.sync()
+    loss = par.reduce_loss(loss)
+    par.grads = par.full_grads() if par.keep_grads else None
+    par.update(clip_norm)
+    return float(loss)
 
 
 def micro_batches(x, y, accum: int):
     """`accum` contiguous equal micro-batches of this rank's rows (unequal ones are an error)."""
-    if x.shape[0] % accum:
-        raise ValueError(f"{x.shape[0]} rows do not split into {accum} equal micro-batches")
-    return zip(x.chunk(accum), y.chunk(accum), strict=False)
+    if x.shape[0] % accum or x.shape[0] == 0:
+        raise ConfigError(f"this rank's {x.shape[0]} rows do not split into {accum} equal micro-batches; "
+                          f"give each rank a multiple of accum={accum} rows")
+    return zip(x.chunk(accum), y.chunk(accum), strict=True)
 
 
-def local_grads(model, x, y, cfg, no_sync: Callable = contextlib.nullcontext) -> torch.Tensor:
-    """Forward and backward over `cfg.accum` micro-batches, accumulating into `.grad`; returns the
+def local_grads(model, x, y, loss_fn: Callable, accum: int, no_sync: Callable = contextlib.nullcontext):
+    """Forward and backward over `accum` micro-batches, accumulating into `.grad`; returns the
     local mean loss (detached).
 
-    Each micro-batch loss is scaled by 1/accum before backward, so the accumulated gradient is the
-    mean over this rank's rows. Every micro-batch but the last runs under `no_sync()`, so the
-    strategy communicates once per step, after the last backward.
+    Each micro-batch loss (`loss_fn(model(x), y)`, a mean) is scaled by 1/accum before backward, so
+    the accumulated gradient is the mean over this rank's rows. Every micro-batch but the last runs
+    under `no_sync()`, so the strategy communicates once per step, after the last backward.
     """
     total = None
-    for i, (xm, ym) in enumerate(micro_batches(x, y, cfg.accum)):
-        with no_sync() if i < cfg.accum - 1 else contextlib.nullcontext():
-            loss = loss_fn(model, xm, ym, cfg.dtype) / cfg.accum
+    for i, (xm, ym) in enumerate(micro_batches(x, y, accum)):
+        with no_sync() if i < accum - 1 else contextlib.nullcontext():
+            loss = loss_fn(model(xm), ym)
+            if not torch.is_tensor(loss) or loss.numel() != 1:
+                shape = tuple(loss.shape) if torch.is_tensor(loss) else type(loss).__name__
+                raise ConfigError(f"loss_fn returned {shape}, not a scalar tensor; return the mean loss of the "
+                                  f"rows, e.g. torch.nn.functional.cross_entropy(outputs, y)")
+            loss = loss.reshape(()) / accum
             loss.backward()
         total = loss.detach() if total is None else total + loss.detach()
     return total
@@ -71,15 +136,11 @@ def params_of(model) -> dict[str, torch.Tensor]:
     return {name: p.detach() for name, p in model.named_parameters()}
 
 
-def metrics(loss, grads=None) -> dict:
-    return {"loss": loss} if grads is None else {"loss": loss, "grads": grads}
-
-
-def apply_update(model, optimizer, clip_norm: float) -> None:
+def apply_update(params, optimizer, clip_norm: float) -> None:
     """After the sync: the optimizer's update from the averaged `.grad`s, clipping included (as
     torch.nn.utils.clip_grad_norm_), then the gradients cleared. The twin of
     jaxdp.strategies.common.apply_update, whose optax chain clips."""
-    optim.clip_(model.parameters(), clip_norm)
+    optim.clip_(params, clip_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 

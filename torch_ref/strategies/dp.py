@@ -3,7 +3,8 @@
 Every rank computes the gradient of its rows; the gradients are *reduced to rank 0* (`dist.reduce`,
 a sum); rank 0 alone divides by N (post-divide), clips and runs the optimizer, which exists only
 there; the new parameters are *broadcast* from rank 0 (`dist.broadcast`). Every byte passes
-through rank 0: the bottleneck DDP removed. The loss and the traced gradient are true on rank 0.
+through rank 0: the bottleneck DDP removed. The traced gradient is true on rank 0; the
+global loss is broadcast with the parameters (one more scalar).
 """
 from __future__ import annotations
 
@@ -12,35 +13,40 @@ import torch.distributed as dist
 
 from .. import optim
 from ..checkpoint import ModelOptimizer
-from .common import Strategy, grads_of, local_grads, metrics, params_of
+from .common import Parallel, grads_of, make_parallel
 
 SERVER = 0
 
 
-def make(model, cfg, return_grads: bool) -> Strategy:
+def make(model, optimizer, opts) -> Parallel:
     n, on_server = dist.get_world_size(), dist.get_rank() == SERVER
     params = list(model.parameters())
-    optimizer = optim.make(cfg, params) if on_server else None
+    built = optimizer(params)  # every rank gets one (lazy state: nothing held); only the server's steps
+    loss_box = []
 
-    def step(x, y):
-        loss = local_grads(model, x, y, cfg)
+    def sync():
         for p in params:
             dist.reduce(p.grad, dst=SERVER)  # the sum arrives on the server only
-        dist.reduce(loss, dst=SERVER)
-        grads = None
         if on_server:
             for p in params:
                 p.grad /= n
-            loss = loss / n
-            grads = grads_of(model) if return_grads else None
-            optim.clip_(params, cfg.clip_norm)
-            optimizer.step()
+
+    def reduce_loss(loss):
+        loss = loss.clone()
+        dist.reduce(loss, dst=SERVER)
+        loss_box[:] = [loss / n if on_server else loss]
+        return loss_box[0]
+
+    def update(clip_norm):
+        if on_server:
+            optim.clip_(params, clip_norm)
+            built.step()
         model.zero_grad(set_to_none=True)
         with torch.no_grad():
             for p in params:
                 dist.broadcast(p, src=SERVER)
-        return metrics(loss, grads)
+            dist.broadcast(loss_box.pop(), src=SERVER)  # every rank returns the global loss
 
-    return Strategy(
-        "dp", step, lambda: params_of(model), checkpoint=ModelOptimizer(model, optimizer)
-    )  # optimizer: server only
+    return make_parallel("dp", model, model, built, opts.accum, sync=sync, reduce_loss=reduce_loss, update=update,
+                      full_grads=lambda: grads_of(model) if on_server else None,  # true on the server only
+                      checkpoint=ModelOptimizer(model, built if on_server else None))

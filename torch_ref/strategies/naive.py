@@ -13,9 +13,7 @@ import contextlib
 import torch.distributed as dist
 from torch import nn
 
-from .. import optim
-from ..checkpoint import ModelOptimizer
-from .common import Strategy, apply_update, grads_of, local_grads, mean_over_ranks, metrics, params_of
+from .common import Parallel, make_parallel
 
 
 class DataParallelNaive(nn.Module):
@@ -47,15 +45,7 @@ class DataParallelNaive(nn.Module):
             self.require_backward_grad_sync = True
 
 
-def make(model, cfg, return_grads: bool) -> Strategy:
+def make(model, optimizer, opts) -> Parallel:
     dp_model = DataParallelNaive(model)
-    optimizer = optim.make(cfg, model.parameters())
-
-    def step(x, y):
-        loss = local_grads(dp_model, x, y, cfg, no_sync=dp_model.no_sync)
-        loss = mean_over_ranks(loss)
-        grads = grads_of(model) if return_grads else None  # the averaged gradient, before clipping
-        apply_update(model, optimizer, cfg.clip_norm)
-        return metrics(loss, grads)
-
-    return Strategy("ddp-naive", step, lambda: params_of(model), checkpoint=ModelOptimizer(model, optimizer))
+    return make_parallel("ddp-naive", dp_model, model, optimizer(model.parameters()), opts.accum,
+                      no_sync=dp_model.no_sync, wrapped=dp_model)

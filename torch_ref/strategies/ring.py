@@ -9,20 +9,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .. import optim
-from ..checkpoint import ModelOptimizer
 from ..collectives import ring_all_reduce
-from .common import (
-    Strategy,
-    apply_update,
-    flatten,
-    grads_of,
-    local_grads,
-    mean_over_ranks,
-    metrics,
-    params_of,
-    unflatten_into,
-)
+from .common import Parallel, flatten, make_parallel, unflatten_into
 
 
 def ring_all_reduce_mean(grads: list[torch.Tensor]) -> None:
@@ -30,15 +18,8 @@ def ring_all_reduce_mean(grads: list[torch.Tensor]) -> None:
     unflatten_into(ring_all_reduce(flat), grads)
 
 
-def make(model, cfg, return_grads: bool) -> Strategy:
-    optimizer = optim.make(cfg, model.parameters())
-
-    def step(x, y):
-        loss = local_grads(model, x, y, cfg)
+def make(model, optimizer, opts) -> Parallel:
+    def sync():  # looked up when called: the mutation tests replace ring_all_reduce_mean
         ring_all_reduce_mean([p.grad for p in model.parameters()])
-        loss = mean_over_ranks(loss)
-        grads = grads_of(model) if return_grads else None  # the averaged gradient, before clipping
-        apply_update(model, optimizer, cfg.clip_norm)
-        return metrics(loss, grads)
 
-    return Strategy("ddp-ring", step, lambda: params_of(model), checkpoint=ModelOptimizer(model, optimizer))
+    return make_parallel("ddp-ring", model, model, optimizer(model.parameters()), opts.accum, sync=sync)

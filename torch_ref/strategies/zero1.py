@@ -5,31 +5,37 @@ state is partitioned: each rank's ZeroRedundancyOptimizer runs the wrapped torch
 own partition only, then broadcasts the updated parameters from their owners. The partition is of
 *whole parameters* (greedy by size, no parameter split), unlike the flat, padded shards of `zero2`
 and of the JAX side, so the per-rank state is only roughly 1/N.
+
+ZeroRedundancyOptimizer wants a class and its keyword arguments, the user gives a factory: the
+factory is called once on a throwaway one-element parameter, and its class and `defaults` (every
+hyperparameter the constructor accepts) build the real one. A factory that makes parameter groups
+or an optimizer whose constructor does not take its `defaults` back is not supported here.
 """
 from __future__ import annotations
 
+import inspect
+
+import torch
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from .. import optim
 from ..checkpoint import ModelOptimizer
-from .common import Strategy, apply_update, grads_of, local_grads, mean_over_ranks, metrics, params_of
+from .common import Parallel, make_parallel
 from .ddp import apply_ddp
 
 
-def make(model, cfg, return_grads: bool) -> Strategy:
-    ddp = apply_ddp(model, cfg)
-    optimizer_class, kwargs = optim.optimizer_class(cfg)
-    optimizer = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=optimizer_class, **kwargs)
+def class_and_defaults(optimizer, like: torch.Tensor) -> tuple[type, dict]:
+    """The torch.optim class `optimizer(params)` builds and the keyword arguments that rebuild it."""
+    probe = optimizer([torch.nn.Parameter(torch.zeros(1, dtype=like.dtype, device=like.device))])
+    accepted = inspect.signature(type(probe).__init__).parameters
+    return type(probe), {k: v for k, v in probe.defaults.items() if k in accepted}
 
-    def step(x, y):
-        loss = local_grads(ddp, x, y, cfg, no_sync=ddp.no_sync)
-        loss = mean_over_ranks(loss)
-        # full gradients, so the usual clip is the global one; each rank updates its partition and
-        # ZeroRedundancyOptimizer broadcasts it from the owner (ddp.parameters() are model's)
-        grads = grads_of(model) if return_grads else None  # the averaged gradient, before clipping
-        apply_update(model, optimizer, cfg.clip_norm)
-        return metrics(loss, grads)
 
-    # The checkpoint holds this rank's partition of the state (the inner torch optimizer `optim`).
-    return Strategy("zero1", step, lambda: params_of(model), wrapped=optimizer,
-                    checkpoint=ModelOptimizer(model, optimizer.optim))
+def make(model, optimizer, opts) -> Parallel:
+    ddp = apply_ddp(model, opts.bucket_mb)
+    optimizer_class, kwargs = class_and_defaults(optimizer, next(model.parameters()))
+    zero = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=optimizer_class, **kwargs)
+    # full gradients, so the usual clip is the global one; each rank updates its partition and
+    # ZeroRedundancyOptimizer broadcasts it from the owner. The checkpoint holds this rank's
+    # partition of the state (the inner torch optimizer `optim`).
+    return make_parallel("zero1", ddp, model, zero, opts.accum, no_sync=ddp.no_sync, wrapped=zero,
+                      checkpoint=ModelOptimizer(model, zero.optim))

@@ -24,9 +24,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .. import optim
 from ..checkpoint import materialise
-from .common import Strategy, flatten, local_grads, mean_over_ranks, metrics, params_of, unflatten_into
+from .common import Parallel, flatten, params_of, unflatten_into
 
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -51,15 +50,23 @@ def padded_flat(tensors, n: int) -> torch.Tensor:
     return torch.nn.functional.pad(flat, (0, -flat.numel() % n))
 
 
-def make(model, cfg, return_grads: bool) -> Strategy:
+def make(model, optimizer, opts) -> Parallel:
     n, rank = dist.get_world_size(), dist.get_rank()
-    names, params = zip(*model.named_parameters(), strict=False)
+    names, params = zip(*model.named_parameters(), strict=True)
     numel = sum(p.numel() for p in params)
     with torch.no_grad():
         flat = padded_flat(params, n)
     shard_size = flat.numel() // n
     main_param = nn.Parameter(flat[rank * shard_size:(rank + 1) * shard_size].clone())  # this rank's master shard
-    optimizer = optim.make(cfg, [main_param])
+    built = optimizer([main_param])
+
+    def sync():
+        main_param.grad = reduce_scatter(padded_flat([p.grad for p in params], n) / n)
+        model.zero_grad(set_to_none=True)  # only the shard of the gradient stays
+
+    def full_grads():  # the trace wants the full gradient: gather it (extra traffic, only when tracing)
+        full = all_gather(main_param.grad)[:numel]
+        return {name: g for name, g in zip(names, _split(full, params), strict=True)}
 
     def clip_shard_(max_norm: float) -> None:
         if max_norm > 0:
@@ -67,24 +74,16 @@ def make(model, cfg, return_grads: bool) -> Strategy:
             dist.all_reduce(sum_sq)  # the whole gradient's norm, never the shard's
             torch.nn.utils.clip_grads_with_norm_([main_param], max_norm, sum_sq.sqrt())
 
-    def step(x, y):
-        loss = local_grads(model, x, y, cfg)
-        main_param.grad = reduce_scatter(padded_flat([p.grad for p in params], n) / n)
-        model.zero_grad(set_to_none=True)  # only the shard of the gradient stays
-        loss = mean_over_ranks(loss)
-        grads = None
-        if return_grads:  # the trace wants the full gradient: gather it (extra traffic, only when tracing)
-            full = all_gather(main_param.grad)[:numel]
-            grads = {name: g for name, g in zip(names, _split(full, params), strict=False)}
-        clip_shard_(cfg.clip_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    def update(clip_norm):
+        clip_shard_(clip_norm)
+        built.step()
+        built.zero_grad(set_to_none=True)
         with torch.no_grad():
             unflatten_into(all_gather(main_param.detach())[:numel], params)
-        return metrics(loss, grads)
 
-    return Strategy("zero2", step, lambda: params_of(model), wrapped=optimizer,
-                    checkpoint=ShardState(model, main_param, optimizer, numel))
+    return Parallel("zero2", model, model, built, opts.accum, update=update, sync=sync, full_grads=full_grads,
+                    full_params=lambda: params_of(model), wrapped=built,
+                    checkpoint=ShardState(model, main_param, built, numel))
 
 
 class ShardState:

@@ -1,0 +1,78 @@
+"""`Recorder`: write a torch training run as a jaxdp trace (docs/TRACE.md), for `jaxdp diff`.
+
+    model, optimizer = torch_ref.parallelize(MyModel(), strategy="ddp", optimizer=make_optimizer)
+    with torch_ref.trace.Recorder("run.npz", {"model": "mine", "steps": 10}, model) as rec:
+        rec.init()
+        for k in range(1, 11):
+            loss = torch_ref.train_step(model, optimizer, x_rows, y_rows, loss_fn)
+            rec.step(k, loss, x_global, y_global)
+
+Every rank calls `init` and `step` (under FSDP2 and ZeRO they gather); rank 0 keeps the arrays and
+writes the file on a clean exit, atomically (`jaxdp.trace.save`). While a Recorder is attached,
+`train_step` keeps each step's synchronised averaged gradient (as the update used it, before
+clipping); at no other time does it pay for that copy (or, sharded, for that gather).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch.distributed as dist
+
+from jaxdp import trace as jax_trace
+from jaxdp.config import ConfigError
+
+from . import api, models
+
+
+class Recorder:
+    """Records `init/<name>`, `step/<k>/{loss,x,y}`, `step/<k>/grad/<name>` and `step/<k>/param/<name>`
+    in Flax names and layout (`names`: {torch name: (Flax name, transpose?)}, by default derived from
+    the layer types, `torch_ref.models.flax_names`). `path=None` keeps the arrays in memory
+    (`arrays`, on rank 0) without writing. `meta` is written as given, with `framework: torch` added
+    when absent."""
+
+    def __init__(self, path, meta: dict, model, names=None):
+        self.par = api.state_of(model)  # a model parallelize did not return is an error naming the fix
+        self.path, self.meta = path, {"framework": "torch", **meta}
+        self.names = names if names is not None else models.flax_names(self.par.module)
+        self.writer = not dist.is_initialized() or dist.get_rank() == 0
+        self.arrays: dict[str, np.ndarray] = {}
+        self.par.keep_grads = True  # train_step now keeps the averaged gradient for `step`
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, exc_type, *_) -> None:
+        self.close(write=exc_type is None)
+
+    def init(self) -> None:
+        """The parameters before the first step (every rank calls it)."""
+        self._put("init", self.par.full_params())
+
+    def step(self, k: int, loss: float, x=None, y=None) -> None:
+        """Step `k`'s loss (`train_step`'s return), its global batch (optional), the gradient the
+        update used and the parameters after it. Every rank calls it, after `train_step`."""
+        grads = self.par.grads
+        params = self.par.full_params()  # a collective under sharding: before any rank-0-only work
+        if not self.writer:
+            return
+        if grads is None:
+            raise ConfigError("Recorder.step found no gradient: call train_step on the recorded model "
+                                  "(after creating the Recorder) before each Recorder.step")
+        self.arrays[f"step/{k}/loss"] = np.asarray(loss, dtype=np.float64)
+        for key, value in (("x", x), ("y", y)):
+            if value is not None:
+                self.arrays[f"step/{k}/{key}"] = np.asarray(value.cpu() if hasattr(value, "cpu") else value)
+        self._put(f"step/{k}/grad", grads)
+        self._put(f"step/{k}/param", params)
+        self.par.grads = None
+
+    def close(self, write: bool = True) -> None:
+        """Detach (train_step stops keeping gradients) and, on rank 0, write the trace."""
+        self.par.keep_grads, self.par.grads = False, None
+        if write and self.writer and self.path is not None:
+            jax_trace.save(self.path, self.meta, self.arrays)
+
+    def _put(self, prefix: str, tensors: dict) -> None:
+        if self.writer:
+            for name, value in models.to_flax(tensors, self.names).items():
+                self.arrays[f"{prefix}/{name}"] = value

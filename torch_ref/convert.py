@@ -121,11 +121,8 @@ def _override(inner, prefix, mapped, unknown, names, problems) -> dict[str, Mapp
     return out
 
 
-def mapping(model: nn.Module, names: Mapping | None = None) -> dict[str, Mapped]:
-    """{torch name: Mapped(Flax name, axes)} for every parameter (in `named_parameters()` order), then
-    the mapped buffers (in `named_buffers()` order). Torch names are `model`'s own (wrappers' prefixes
-    included). Raises ConvertError listing every parameter without a Flax name and every Flax name
-    claimed twice."""
+def _plan(model: nn.Module, names: Mapping | None) -> tuple[dict[str, Mapped], list[str]]:
+    """`mapping` without raising: the mapping and the problems found."""
     inner, prefix = unwrap(model)
     mapped, unknown = _by_rules(inner)
     problems: list[str] = []
@@ -137,9 +134,18 @@ def mapping(model: nn.Module, names: Mapping | None = None) -> dict[str, Mapped]
             claimed.setdefault(m.flax, []).append(name)
     problems += [f"Flax {flax!r} claimed by torch {', '.join(map(repr, torch_names))}"
                  for flax, torch_names in claimed.items() if len(torch_names) > 1]
-    _raise(problems)
     order = [n for n, _ in inner.named_parameters()] + [n for n, _ in inner.named_buffers()]
-    return {prefix + n: out[n] for n in order if out.get(n) is not None}
+    return {prefix + n: out[n] for n in order if out.get(n) is not None}, problems
+
+
+def mapping(model: nn.Module, names: Mapping | None = None) -> dict[str, Mapped]:
+    """{torch name: Mapped(Flax name, axes)} for every parameter (in `named_parameters()` order), then
+    the mapped buffers (in `named_buffers()` order). Torch names are `model`'s own (wrappers' prefixes
+    included). Raises ConvertError listing every parameter without a Flax name and every Flax name
+    claimed twice."""
+    plan, problems = _plan(model, names)
+    _raise(problems)
+    return plan
 
 
 def flax_names(model: nn.Module, names: Mapping | None = None) -> dict[str, str]:
@@ -167,6 +173,7 @@ def flax_array(tensor: torch.Tensor, axes: tuple[int, ...] | None) -> np.ndarray
 def torch_tensor(array, axes: tuple[int, ...] | None) -> torch.Tensor:
     """The inverse of `flax_array`: a Flax-layout array as a CPU tensor in torch layout, same bits."""
     a = np.ascontiguousarray(np.asarray(array))
+    a = a if a.flags.writeable else a.copy()  # torch.from_numpy warns on read-only (JAX's) arrays
     if a.dtype.name == "bfloat16":
         t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     else:
@@ -177,16 +184,18 @@ def torch_tensor(array, axes: tuple[int, ...] | None) -> torch.Tensor:
 def tensors_to_flax(model: nn.Module, tensors: Mapping[str, torch.Tensor],
                     names: Mapping | None = None) -> dict[str, np.ndarray]:
     """{torch name: tensor} (parameters, gradients, any subset; names with or without the wrappers'
-    prefix) -> {Flax name: NumPy array in Flax layout}."""
-    plan = mapping(model, names)
+    prefix) -> {Flax name: NumPy array in Flax layout}. Tensors deliberately left out (`names=` None,
+    unmapped buffers such as `num_batches_tracked`) are dropped."""
+    plan, problems = _plan(model, names)
     _, prefix = unwrap(model)
-    out, problems = {}, []
+    known = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+    out = {}
     for name, t in tensors.items():
         m = plan.get(name) or plan.get(prefix + name)
-        if m is None:
-            problems.append(f"torch {name!r} has no Flax name")
-        else:
+        if m is not None:
             out[m.flax] = flax_array(t, m.axes)
+        elif name not in known and prefix + name not in known:
+            problems.append(f"torch {name!r} is no parameter or buffer of the model")
     _raise(problems)
     return out
 
@@ -202,10 +211,10 @@ def to_flax(model: nn.Module, names: Mapping | None = None) -> dict:
 def load_flax(model: nn.Module, params: Mapping, names: Mapping | None = None) -> nn.Module:
     """Copy Flax parameters into `model` bit for bit and return it. `params`: nested (as
     `nnx.to_pure_dict(nnx.state(m))`, or an `nnx.State`) or flat ({'layers/0/kernel': array})."""
-    plan = mapping(model, names)
+    plan, problems = _plan(model, names)
     flat = flatten(params)
     tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-    problems = [f"torch {name!r} has no Flax {m.flax!r} in the parameters given"
+    problems += [f"torch {name!r} has no Flax {m.flax!r} in the parameters given"
                 for name, m in plan.items() if m.flax not in flat]
     used = {m.flax for m in plan.values()}
     problems += [f"Flax {flax!r} has no torch tensor" for flax in flat if flax not in used]
@@ -214,8 +223,9 @@ def load_flax(model: nn.Module, params: Mapping, names: Mapping | None = None) -
         if m.flax in flat:
             src, dst = torch_tensor(flat[m.flax], m.axes), tensors[name]
             if src.shape != dst.shape or src.dtype != dst.dtype:
+                cast = " (cast one side: a bit-for-bit copy needs equal dtypes)" if src.dtype != dst.dtype else ""
                 problems.append(f"Flax {m.flax!r} {tuple(src.shape)} {src.dtype} (in torch layout) vs torch "
-                                f"{name!r} {tuple(dst.shape)} {dst.dtype}")
+                                f"{name!r} {tuple(dst.shape)} {dst.dtype}{cast}")
             sources[name] = src
     _raise(problems)
     for name, src in sources.items():

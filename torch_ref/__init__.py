@@ -1,7 +1,9 @@
 """torch_ref: the PyTorch reference of jaxdp's strategies (single, dp, ddp, ddp-naive, ddp-bucket,
 ddp-ring, zero1, zero2, zero3/fsdp), with the same flags and the same trace format.
 
-`python -m torch_ref train ...`; from Python: `torch_ref.train.run(RunConfig(...), trace_path=...)`.
+`python -m torch_ref train ...`; from Python: `torch_ref.train.run(RunConfig(...), trace_path=...)`; as a
+library for your own model: `torch_ref.parallelize`, `torch_ref.train_step`, `torch_ref.trace.Recorder`
+(torch_ref/api.py).
 """
 import os
 
@@ -11,3 +13,13 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"
+
+_LAZY = {"parallelize": "api", "train_step": "api"}  # torch loads on first use, not on `import torch_ref`
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

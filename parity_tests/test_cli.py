@@ -59,25 +59,31 @@ def test_diff_applies_the_parity_bounds_and_exits_zero_on_an_honest_pair(tmp_pat
     assert cli.main(["diff", *saved_pair(tmp_path, case)]) == 0
     out = capsys.readouterr().out
     assert "tolerance (" + case[1].dtype + ")" in out and out.rstrip().endswith("ok")
+    assert out.startswith("first divergence: none\n")
+    header = next(line for line in out.splitlines() if line.startswith("field "))
     for column in ("relative", "norm", "elementwise", "ulp"):
-        assert column in out.splitlines()[0]
+        assert column in header
 
 
 EDITS = {
     "nan-grad": (FLOAT32[1], lambda t: with_value(t, "step/4/grad/layers/1/kernel", float("nan")),
-                 "non-finite: step/4/grad/layers/1/kernel holds NaN or Inf in A"),
-    "negated-final-float32-update": (FLOAT32[1], lambda t: with_update(t, t.steps, -1.0), "step update"),
-    "doubled-bf16-gradients": (BF16[0], lambda t: with_grads(t, 7, 2.0), "grad"),
+                 "non-finite: step/4/grad/layers/1/kernel holds NaN or Inf in A",
+                 "first divergence: step 4, grad, layers/1/kernel at [0, 0]: A nan"),
+    "negated-final-float32-update": (FLOAT32[1], lambda t: with_update(t, t.steps, -1.0), "step update",
+                                     f"first divergence: step {FLOAT32[1][1].steps}, param, "),
+    "doubled-bf16-gradients": (BF16[0], lambda t: with_grads(t, 7, 2.0), "grad", "first divergence: step 7, grad, "),
 }
 
 
 @pytest.mark.parametrize("edit", EDITS)
 def test_diff_exits_one_on_a_wrong_trace_without_a_tolerance(tmp_path, edit, capsys):
-    """Issue 13's bar: each of these passed `jaxdp diff` (exit 0) before the parity bounds applied."""
-    case, change, expected = EDITS[edit]
+    """Issue 13's bar: each of these passed `jaxdp diff` (exit 0) before the parity bounds applied; and
+    the first divergence is the planted step (issue 14)."""
+    case, change, expected, first = EDITS[edit]
     assert cli.main(["diff", *saved_pair(tmp_path, case, change)]) == 1
     out = capsys.readouterr().out
     assert "MISMATCH" in out and expected in out, out
+    assert out.startswith(first), out
 
 
 def test_diff_with_a_tolerance_keeps_its_meaning_and_fails_on_nan(tmp_path, capsys):

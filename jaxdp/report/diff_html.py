@@ -63,7 +63,8 @@ def heatmap(report: divergence.Report) -> str:
                        f'transform="rotate(-60 {LABEL + j * CELL + CELL / 2} {TOP - 6})">{label}</text>')
     for i, row in enumerate(rows):
         y = TOP + i * CELL
-        out.append(f'<text x="{LABEL - 4}" y="{y + CELL - 4}" text-anchor="end">{html.escape(" ".join(row))}</text>')
+        label = row[1] if row[0] == row[1] else " ".join(row)
+        out.append(f'<text x="{LABEL - 4}" y="{y + CELL - 4}" text-anchor="end">{html.escape(label)}</text>')
         for j, s in enumerate(steps):
             c = grid.get((row, s))
             if c is None:
@@ -85,8 +86,8 @@ def heatmap(report: divergence.Report) -> str:
 
 def legend() -> str:
     stops = [(LOW, "1e-8"), (-4, "1e-4"), (0, "1 (bound)"), (HIGH, "1e3")]
-    parts = [f'<span style="background:{colour(10 ** v)};padding:2px 8px;margin-right:4px">{t}</span>'
-             for v, t in stops]
+    parts = [f'<span style="background:{colour(10 ** v)};color:{"#fff" if v > 0 else "#222"};padding:2px 8px;'
+             f'margin-right:4px">{t}</span>' for v, t in stops]
     parts += ['<span style="background:#000;color:#fff;padding:2px 8px">non-finite / missing</span>',
               '<span style="background:#e0e0e0;padding:2px 8px;margin-left:4px">not judged</span>']
     return "<p>error / bound: " + "".join(parts) + "</p>"

@@ -15,6 +15,7 @@ from jaxdp import data
 from jaxdp import models as jax_models
 from torch_ref import convert, models
 
+from .convert_ranks import Net, fsdp2_round_trip
 from .torch_helpers import BASE, GPT, init_for, init_key
 
 DTYPES = {"float64": (jnp.float64, torch.float64), "float32": (jnp.float32, torch.float32),
@@ -103,16 +104,6 @@ def test_round_trip_is_exact(name, dtype):
     model = convert.load_flax(LAYERS[name][0]().to(DTYPES[dtype][1]), pure)
     assert_same_tree(convert.to_flax(model), pure)
     assert_same_tree(convert.to_flax(convert.load_flax(model, convert.flatten(pure))), pure)  # flat input too
-
-
-class Net(nn.Module):
-    """A small user model: a conv stack in a list, BatchNorm, a head; and its NNX twin below."""
-
-    def __init__(self):
-        super().__init__()
-        self.convs = nn.ModuleList([nn.Conv2d(3, 4, 3), nn.Conv2d(4, 4, 3)])
-        self.norm = nn.BatchNorm2d(4)
-        self.head = nn.Linear(4, 2)
 
 
 class FlaxNet(nnx.Module):
@@ -250,3 +241,13 @@ def test_wrapped_models_are_seen_through(wrap):
     named = dict(convert.unwrap(wrapped)[0].named_parameters())
     assert_same_tree(convert.tensors_to_flax(wrapped, named),  # names without the wrapper's prefix too
                      convert.tensors_to_flax(wrapped, dict(wrapped.named_parameters())))
+
+
+def test_fsdp2_shards_load_and_gather_exactly():
+    from torch_ref.launch import launch
+
+    params = flax_net_params(np.float64)
+    per_rank = launch(fsdp2_round_trip, 2, params, platform="cpu", timeout_s=120, pg_timeout_s=60)
+    for back, _ in per_rank:
+        assert_same_tree(back, params)
+    assert per_rank[0][1]["convs.1.weight"] == per_rank[1][1]["convs.1.weight"] == 4 * 4 * 3 * 3 // 2  # sharded

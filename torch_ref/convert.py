@@ -229,7 +229,12 @@ def load_flax(model: nn.Module, params: Mapping, names: Mapping | None = None) -
             sources[name] = src
     _raise(problems)
     for name, src in sources.items():
-        tensors[name].copy_(src)
+        dst = tensors[name]
+        if hasattr(dst, "device_mesh"):  # a DTensor (FSDP2): every rank calls, rank 0's values are kept
+            from torch.distributed.tensor import distribute_tensor
+
+            src = distribute_tensor(src.to(dst.device), dst.device_mesh, dst.placements)
+        dst.copy_(src)
     return model
 
 

@@ -119,6 +119,17 @@ def test_a_key_missing_on_one_side_is_a_divergence_named_by_side():
     assert report.ok and any("batches recorded by one side only" in n for n in report.notes)
 
 
+def test_a_shorter_trace_and_a_different_shape_are_divergences():
+    short = trace.Trace(GOOD.meta, {k: v for k, v in GOOD.arrays.items() if not k.startswith(f"step/{STEPS}/")})
+    for (a, b), side in (((short, GOOD), "a"), ((GOOD, short), "b")):
+        first = divergence.compare(a, b).first
+        assert (first.step, first.field, first.missing) == (STEPS, "loss", side)
+    wide = trace.Trace(GOOD.meta, {**GOOD.arrays, "step/2/grad/dense/bias": np.zeros(5)})
+    first = divergence.compare(wide, GOOD).first
+    assert (first.step, first.field, first.name, first.measure) == (2, "grad", "dense/bias", "shape")
+    assert "has shape (5,) in A, (4,) in B" in first.describe()
+
+
 def test_the_config_check_compares_only_the_fields_both_metas_carry(tmp_path, capsys):
     full = trace.Trace({**GOOD.meta, "model": "mlp", "steps": STEPS, "dtype": "float64", "optimizer": "sgd"},
                        GOOD.arrays)

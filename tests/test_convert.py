@@ -179,6 +179,9 @@ def test_two_tensors_on_one_flax_name_and_unknown_names_are_errors():
         convert.flax_names(model, names={"b.weight": "a/kernel"})
     with pytest.raises(convert.ConvertError, match=r"names= has 'c.weight': no such torch parameter"):
         convert.flax_names(model, names={"c.weight": "c/kernel"})
+    with pytest.raises(convert.ConvertError, match=r"names= has 'a.weight': \('a/k', \(0, 2\)\) is not a Flax name, "
+                       r"\(Flax name, axes\) with axes a permutation of \(0, 1\), or None"):
+        convert.flax_names(model, names={"a.weight": ("a/k", (0, 2))})
     with pytest.raises(convert.ConvertError, match=r"torch 'c.weight' is no parameter or buffer"):
         convert.tensors_to_flax(model, {"c.weight": torch.zeros(2)})
 

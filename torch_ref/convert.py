@@ -111,14 +111,21 @@ def _override(inner, prefix, mapped, unknown, names, problems) -> dict[str, Mapp
             problems.append(f"names= has {key!r}: no such torch parameter or buffer")
             continue
         unknown.pop(name, None)
-        if value is None:
-            out[name] = None
-        elif isinstance(value, str):
-            out[name] = Mapped(value, mapped[name].axes if name in mapped else None)
+        if value is None or isinstance(value, str):
+            out[name] = None if value is None else Mapped(value, mapped[name].axes if name in mapped else None)
+        elif _is_entry(value, tensors[name].ndim):
+            out[name] = Mapped(value[0], tuple(value[1]) if value[1] is not None else None)
         else:
-            flax, axes = value
-            out[name] = Mapped(flax, tuple(axes) if axes is not None else None)
+            problems.append(f"names= has {key!r}: {value!r} is not a Flax name, (Flax name, axes) with axes a "
+                            f"permutation of {tuple(range(tensors[name].ndim))}, or None")
     return out
+
+
+def _is_entry(value, ndim: int) -> bool:
+    """(Flax name, axes): axes None or a permutation of the tensor's axes."""
+    if not (isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[0], str)):
+        return False
+    return value[1] is None or sorted(value[1]) == list(range(ndim))
 
 
 def _plan(model: nn.Module, names: Mapping | None) -> tuple[dict[str, Mapped], list[str]]:

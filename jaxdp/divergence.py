@@ -147,7 +147,7 @@ def compare(a: trace_mod.Trace, b: trace_mod.Trace, tolerance: float | None = No
         measures = {k: [("relative", d["per_array"][k], tolerance)] for k in same_shape}
         bounds = {"relative": tolerance, "source": "--tolerance"}
     cells, beyond = _cells(d, measures, pos)
-    divergences += beyond + _step_updates(step_update, tol, cells)
+    divergences += beyond + _step_updates(step_update, tol, d["norm"])
     divergences.sort(key=lambda v: (v.step, ORDER.index(v.field), -v.ratio, v.name))
     first = divergences[0] if divergences else None
     if first is not None and first.key in a.arrays and first.key in b.arrays and not first.detail:
@@ -223,14 +223,14 @@ def _cells(d, measures, pos) -> tuple[list[dict], list[Divergence]]:
     return cells, beyond
 
 
-def _step_updates(step_update: dict, tol, cells) -> list[Divergence]:
+def _step_updates(step_update: dict, tol, norm: dict) -> list[Divergence]:
     """A step whose update over all tensors is beyond bound.step_update, named by its tensor with the
     largest update error (Adam in bf16 is judged only this way)."""
     out = []
     for step, err in step_update.items():
         if err > tol.step_update:
-            params = [c for c in cells if c["step"] == step and c["field"] == "param"]
-            name = max(params, key=lambda c: c["error"])["name"] if params else "(all)"
+            updates = {k[len(f"update/{step}/"):]: e for k, e in norm.items() if k.startswith(f"update/{step}/")}
+            name = max(updates, key=lambda n: (updates[n], n)) if updates else "(all)"
             out.append(Divergence(step, "param", name, f"step/{step}/param/{name}", "step update", err,
                                   tol.step_update))
     return out

@@ -70,6 +70,19 @@ def test_a_planted_bug_is_the_first_divergence_at_its_step_field_tensor_and_elem
     assert first.error > first.bound
 
 
+def test_a_negated_update_under_bounds_that_judge_only_whole_steps_is_named_by_its_tensor():
+    """bf16 Adam: per-tensor parameters and updates are not judged (PARITY.md), the step's update is."""
+    meta = {**GOOD.meta, "dtype": "bfloat16", "optimizer": "adam"}
+    arrays = dict(GOOD.arrays)
+    du = GOOD.arrays["step/3/param/dense/kernel"] - GOOD.arrays["step/2/param/dense/kernel"]
+    for k in (3, 4):
+        arrays[f"step/{k}/param/dense/kernel"] = GOOD.arrays[f"step/{k}/param/dense/kernel"] - 2 * du
+    report = divergence.compare(trace.Trace(meta, arrays), trace.Trace(meta, GOOD.arrays))
+    first = report.first
+    assert (first.step, first.field, first.name, first.measure) == (3, "param", "dense/kernel", "step update")
+    assert first.index == np.unravel_index(np.argmax(np.abs(du)), du.shape) and len(report.divergences) == 1
+
+
 def test_the_earliest_step_wins_and_within_a_step_the_field_order():
     bad = planted(planted(GOOD, "step/3/grad/dense/bias", (0,)), "step/2/param/norm/scale", (1,))
     assert (bad_first := divergence.compare(bad, GOOD).first).step == 2 and bad_first.field == "param"

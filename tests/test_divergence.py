@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from jaxdp import cli, divergence, parity, trace
+from jaxdp.report import diff_html
 
 SHAPES = {"dense/kernel": (3, 4), "dense/bias": (4,), "norm/scale": (4,)}
 STATE = {"norm/mean": (4,)}
@@ -220,3 +221,29 @@ def test_a_bad_tolerance_or_unwritable_output_is_one_line(tmp_path, capsys):
     (tmp_path / "file").write_text("")
     assert cli.main(["diff", a, b, "--json", str(tmp_path / "file" / "d.json")]) == 2
     assert "cannot write --json" in capsys.readouterr().err
+
+
+def test_html_renders_in_headless_chromium_with_the_first_divergence_outlined(written, tmp_path):
+    """Optional (as tests/test_compare.py): the page draws, and the outline of the first divergence
+    (#1565c0) and a cell beyond its bound (red) are on screen."""
+    import os
+    import shutil
+    import subprocess
+
+    from matplotlib.image import imread
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("Debian's chromium is not installed on this machine (.ci/run installs it for CI)")
+    page, shot = tmp_path / "d.html", tmp_path / "shot.png"
+    page.write_text(written[2])
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                    f"--user-data-dir={tmp_path / 'profile'}", "--window-size=900,1100", f"--screenshot={shot}",
+                    f"file://{os.path.abspath(page)}"], capture_output=True, timeout=120)
+    pixels = (imread(shot)[..., :3] * 255).round().astype(int)
+
+    def count(hex_colour):
+        return int((pixels == [int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)]).all(-1).sum())
+
+    assert count("#1565c0") > 40 and count(diff_html.colour(1e3)) > 50

@@ -1,0 +1,230 @@
+"""torch_ref as a library (`parallelize`, `train_step`, `trace.Recorder`) on a model the project
+never saw: every torch strategy, N in {1, 2, 3}, accumulation 1 and 3, with and without clipping,
+SGD with momentum and AdamW (a pairwise covering set; every strategy meets every N). Each step's
+loss, gradient (before clipping) and parameters, as the Recorder wrote them in Flax names and
+layout, equal an independent single-process torch reference written here, in float64, to 1e-10.
+
+Why 1e-10: the strategies only reorder sums (ranks, micro-batches, buckets, shards), which moves
+float64 results by ~1e-15 per step; a wrong algorithm (a missing 1/N, a shard's clipping norm, a
+summed instead of averaged micro-batch) is off by O(1e-3) or more (test_a_wrong_step_is_caught).
+One spawned world per N in {2, 3} runs all of that N's cases; N = 1 runs in this process.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+import torch_ref
+from jaxdp import trace
+from jaxdp.config import FRAMEWORK_STRATEGIES
+from torch_ref import launch
+from torch_ref.trace import Recorder
+
+BATCH, FEATURES, HIDDEN, CLASSES, STEPS, TOL = 18, 5, 7, 3, 3, 1e-10  # 18 rows: N x accum divide it
+DIMENSIONS = {"strategy": list(FRAMEWORK_STRATEGIES["torch"]), "devices": [1, 2, 3], "accum": [1, 3],
+              "optimizer": ["momentum", "adamw"], "clip_norm": [0.0, 0.2]}
+# Every strategy with every N (27 cases), the other values alternating so that every pair meets.
+CASES = [(s, n, DIMENSIONS["accum"][(i + n) % 2], DIMENSIONS["optimizer"][(n // 2 + i // 2) % 2],
+          DIMENSIONS["clip_norm"][(n // 2 + i // 4) % 2])
+         for i, s in enumerate(DIMENSIONS["strategy"]) for n in DIMENSIONS["devices"]]
+UNITS = ("zero3", 2, 3, "adamw", 0.2, "units")  # zero3 with units= given: the first two layers as one group
+OPTIMIZERS = {"momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01),
+              "adamw": lambda ps: torch.optim.AdamW(ps, lr=0.02, weight_decay=0.1)}
+
+
+class Net(nn.Module):
+    """Linear -> LayerNorm -> tanh -> Linear without bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(FEATURES, HIDDEN)
+        self.norm = nn.LayerNorm(HIDDEN)
+        self.out = nn.Linear(HIDDEN, CLASSES, bias=False)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.norm(self.inp(x))))
+
+
+def fresh_net() -> Net:
+    torch.manual_seed(7)
+    net = Net().double()
+    with torch.no_grad():  # LayerNorm starts at (1, 0): move it, so a wrong scale/bias gradient shows
+        net.norm.weight.add_(torch.linspace(-0.3, 0.3, HIDDEN, dtype=torch.float64))
+        net.norm.bias.add_(0.1)
+    return net
+
+
+def batch(k: int):
+    rng = np.random.default_rng(k)
+    return rng.standard_normal((BATCH, FEATURES)), rng.integers(0, CLASSES, BATCH)
+
+
+def flax(named: dict) -> dict:
+    """This test's own torch -> Flax mapping (kernels transposed), independent of torch_ref's."""
+    out = {}
+    for name, t in named.items():
+        module, leaf = name.split(".")
+        leaf = {"weight": "kernel" if module != "norm" else "scale"}.get(leaf, leaf)
+        t = t.detach().numpy()
+        out[f"{module}/{leaf}"] = t.T.copy() if leaf == "kernel" else t.copy()
+    return out
+
+
+@functools.cache
+def reference(optimizer: str, clip_norm: float) -> dict:
+    """Plain torch, one process, the whole batch per step: the trace arrays it implies."""
+    net = fresh_net()
+    opt = OPTIMIZERS[optimizer](net.parameters())
+    arrays = {f"init/{k}": v for k, v in flax(dict(net.named_parameters())).items()}
+    for k in range(1, STEPS + 1):
+        x, y = batch(k)
+        opt.zero_grad()
+        loss = F.cross_entropy(net(torch.from_numpy(x)), torch.from_numpy(y))
+        loss.backward()
+        arrays[f"step/{k}/loss"] = np.float64(loss.item())
+        grads = flax({n: p.grad for n, p in net.named_parameters()})
+        arrays.update({f"step/{k}/grad/{n}": g for n, g in grads.items()})
+        if clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), clip_norm)
+        opt.step()
+        arrays.update({f"step/{k}/param/{n}": v for n, v in flax(dict(net.named_parameters())).items()})
+    return arrays
+
+
+# ---- in the ranks (spawned, or this process for N = 1) ------------------------------------------
+def train_case(rank: int, n: int, case: tuple, path=None) -> dict:
+    strategy, _, accum, optimizer, clip_norm, *extra = case
+    net = fresh_net()
+    options = {"units": [[net.inp, net.norm]]} if extra else {}
+    model, opt = torch_ref.parallelize(net, strategy=strategy, optimizer=OPTIMIZERS[optimizer], accum=accum,
+                                       **options)
+    rows = slice(None) if strategy == "single" else slice(rank * BATCH // n, (rank + 1) * BATCH // n)
+    losses = []
+    with Recorder(path, {"strategy": strategy, "devices": n}, model) as rec:
+        rec.init()
+        for k in range(1, STEPS + 1):
+            x, y = batch(k)
+            loss = torch_ref.train_step(model, opt, torch.from_numpy(x[rows]), torch.from_numpy(y[rows]),
+                                        F.cross_entropy, clip_norm=clip_norm)
+            losses.append(loss)
+            rec.step(k, loss, x, y)
+    return {"arrays": rec.arrays, "losses": losses}
+
+
+def run_cases(rank: int, n: int, cases: list, path) -> dict:
+    return {case: train_case(rank, n, case, path if case == cases[0] else None) for case in cases}
+
+
+@functools.cache
+def world(n: int, path: str | None = None) -> list[dict]:
+    """Every rank's results for the cases of world size n."""
+    cases = [c for c in CASES + [UNITS] if c[1] == n]
+    if n > 1:
+        return launch.launch(run_cases, n, cases, path, timeout_s=300, pg_timeout_s=60)
+    launch.init_process_group(torch.device("cpu"), 0, 1, 60, store=dist.HashStore())
+    try:
+        return [run_cases(0, 1, cases, path)]
+    finally:
+        dist.destroy_process_group()
+
+
+def worst_error(arrays: dict, ref: dict) -> tuple[float, str]:
+    assert set(arrays) >= set(ref), sorted(set(ref) - set(arrays))[:5]
+    errors = {k: float(np.max(np.abs(arrays[k] - ref[k])) / max(np.max(np.abs(ref[k])), 1e-300)) for k in ref}
+    return max((v, k) for k, v in errors.items())
+
+
+# ---- the checks ----------------------------------------------------------------------------------
+def test_cases_cover_every_strategy_with_every_n_and_every_pair():
+    assert len(CASES) == len(DIMENSIONS["strategy"]) * len(DIMENSIONS["devices"])
+    for a in DIMENSIONS:
+        for b in DIMENSIONS:
+            if a < b:
+                met = {(c[list(DIMENSIONS).index(a)], c[list(DIMENSIONS).index(b)]) for c in CASES}
+                assert met == {(x, y) for x in DIMENSIONS[a] for y in DIMENSIONS[b]}, (a, b)
+
+
+@pytest.mark.parametrize("case", CASES + [UNITS], ids=lambda c: "-".join(map(str, c)))
+def test_every_step_equals_the_plain_torch_reference(case, tmp_path_factory):
+    per_rank = world(case[1], str(tmp_path_factory.getbasetemp() / f"api-{case[1]}.npz"))
+    got = per_rank[0][case]
+    error, key = worst_error(got["arrays"], reference(case[3], case[4]))
+    assert error <= TOL, f"{case}: {key} off by {error:.2e}"
+    for other in per_rank[1:]:  # the global mean loss, the same float on every rank
+        assert other[case]["losses"] == got["losses"]
+
+
+def test_the_recorder_wrote_a_trace_jaxdp_reads(tmp_path_factory):
+    world(2, str(tmp_path_factory.getbasetemp() / "api-2.npz"))
+    t = trace.load(tmp_path_factory.getbasetemp() / "api-2.npz")
+    assert t.meta["framework"] == "torch" and t.meta["devices"] == 2
+    assert t.arrays["init/inp/kernel"].shape == (FEATURES, HIDDEN) and "init/out/bias" not in t.arrays
+    assert t.arrays["step/3/x"].shape == (BATCH, FEATURES) and f"step/{STEPS}/grad/norm/scale" in t.arrays
+
+
+def test_clipping_was_active():
+    ref = reference("momentum", 0.2)
+    norm = np.sqrt(sum(np.sum(v ** 2) for k, v in ref.items() if k.startswith("step/1/grad/")))
+    assert norm > 0.2
+
+
+def _single(loss_fn=F.cross_entropy, accum=3, recorder=True):
+    model, opt = torch_ref.parallelize(fresh_net(), strategy="single", optimizer=OPTIMIZERS["adamw"], accum=accum)
+    rec = Recorder(None, {}, model) if recorder else None
+    if rec:
+        rec.init()
+    for k in range(1, STEPS + 1):
+        x, y = batch(k)
+        loss = torch_ref.train_step(model, opt, torch.from_numpy(x), torch.from_numpy(y), loss_fn, clip_norm=0.2)
+        if rec:
+            rec.step(k, loss, x, y)
+    return model, rec
+
+
+def test_a_wrong_step_is_caught():
+    """The harness can fail: micro-batch losses summed, not averaged (F.cross_entropy with
+    reduction='sum' / rows: each micro-batch's mean, but accum times too large a step's gradient)."""
+    def summed(out, y):
+        return F.cross_entropy(out, y) * 3
+    _, rec = _single(summed)
+    error, key = worst_error(rec.arrays, reference("adamw", 0.2))
+    assert error > 1e-3 and "grad" in key
+
+
+def test_gradients_are_kept_only_while_a_recorder_is_attached():
+    model, _ = _single(recorder=False)
+    assert torch_ref.api.state_of(model).grads is None
+    model, rec = _single()
+    rec.close(write=False)
+    state = torch_ref.api.state_of(model)
+    assert not state.keep_grads and state.grads is None
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: torch_ref.parallelize(Net(), strategy="ddp", optimizer=OPTIMIZERS["adamw"]),
+     "strategy 'ddp' needs an initialised process group: call torch.distributed.init_process_group"),
+    (lambda: torch_ref.parallelize(Net(), strategy="zero4", optimizer=OPTIMIZERS["adamw"]),
+     "unknown strategy 'zero4'; valid: single, dp, ddp"),
+    (lambda: torch_ref.parallelize(Net(), strategy="single", optimizer=OPTIMIZERS["adamw"], bucket_mb=1),
+     "strategy 'single' takes no option 'bucket_mb'; its options: none"),
+    (lambda: torch_ref.parallelize(Net(), strategy="single", optimizer=OPTIMIZERS["adamw"], accum=0),
+     "accum must be a positive int"),
+    (lambda: torch_ref.parallelize(Net(), strategy="single", optimizer=torch.optim.SGD([torch.zeros(1)], lr=1)),
+     "optimizer must be a callable from parameters to a torch.optim.Optimizer"),
+    (lambda: _single(accum=4), "this rank's 18 rows do not split into 4 equal micro-batches"),
+    (lambda: _single(lambda out, y: F.cross_entropy(out, y, reduction="none")),
+     "loss_fn returned (6,), not a scalar tensor; return the mean loss"),
+    (lambda: Recorder(None, {}, Net()), "Net was not returned by torch_ref.parallelize; call model, optimizer = "),
+    (lambda: torch_ref.train_step(Net(), None, torch.zeros(1), torch.zeros(1), F.cross_entropy),
+     "Net was not returned by torch_ref.parallelize"),
+])
+def test_bad_input_is_one_line_naming_the_fix(call, message):
+    with pytest.raises(ValueError) as e:
+        call()
+    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)

@@ -18,7 +18,7 @@ svg text{font-family:monospace;font-size:11px}"""
 
 
 def colour(ratio: float, judged: bool = True) -> str:
-    """Light green (error 1e-8 of its bound) to amber (at the bound), then red to dark red (1e3 x
+    """Light green (error 1e-8 of its bound) to pale yellow (at the bound), then orange to dark red (1e3 x
     beyond); black for non-finite, missing or infinitely beyond; grey when not judged."""
     if not judged:
         return "#e0e0e0"
@@ -26,7 +26,7 @@ def colour(ratio: float, judged: bool = True) -> str:
         return "#000000"
     v = min(max(math.log10(ratio) if ratio > 0 else LOW, LOW), HIGH)
     if v <= 0:
-        return _mix((232, 245, 233), (255, 213, 79), (v - LOW) / -LOW)
+        return _mix((232, 245, 233), (255, 241, 118), (v - LOW) / -LOW)
     return _mix((255, 138, 101), (183, 28, 28), v / HIGH)
 
 

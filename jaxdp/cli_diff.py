@@ -74,5 +74,7 @@ def text(report: divergence.Report) -> str:
     if report.ok:
         lines.append("ok")
     else:
-        lines.append("MISMATCH:\n  " + "\n  ".join(failures or [v.describe() for v in report.divergences[:10]]))
+        failures = failures or [v.describe() for v in report.divergences[:10]] + (
+            [f"... and {len(report.divergences) - 10} more"] if len(report.divergences) > 10 else [])
+        lines.append("MISMATCH:\n  " + "\n  ".join(failures))
     return "\n".join(lines)

@@ -59,7 +59,7 @@ class Divergence:
             return f"{where}: {self.key} is missing in {self.missing.upper()}"
         if self.detail:
             return f"{where}: {self.detail}"
-        at = f" at {list(self.index)}: A {self.a:.6g}, B {self.b:.6g}" if self.index is not None else ""
+        at = f" at {list(self.index)}: A {self.a!r}, B {self.b!r}" if self.index is not None else ""
         bound = "identical" if self.bound == 0 else f"bound {self.bound:g}"
         return f"{where}{at} ({self.measure} error {self.error:.2e}, {bound})"
 

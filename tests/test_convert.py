@@ -143,8 +143,8 @@ def test_every_mismatch_is_listed_in_one_error():
             self.fc = nn.Linear(3, 2)
             self.norm = nn.BatchNorm1d(2)
 
-    params = {"fc": {"kernel": np.zeros((2, 2), np.float32), "bias": np.zeros(2, np.float64)},
-              "norm": {"scale": np.ones(2, np.float32), "bias": np.zeros(2, np.float32),
+    params = {"fc": {"kernel": np.zeros(2, np.float32), "bias": np.zeros(2, np.float64)},
+              "norm": {"scale": np.ones(3, np.float32), "bias": np.zeros(2, np.float32),
                        "mean": np.zeros(2, np.float32)},
               "extra": {"x": np.zeros(1, np.float32)}}
     model = Odd()
@@ -152,9 +152,9 @@ def test_every_mismatch_is_listed_in_one_error():
     with pytest.raises(convert.ConvertError) as err:
         convert.load_flax(model, params)
     message = str(err.value)
-    assert "\n" not in message and message.startswith("5 tensor(s) do not match") and "pass names=" in message
-    for part in ("torch 'w' (Odd has no rule) has no Flax name", "Flax 'fc/kernel' (2, 2)",
-                 "Flax 'fc/bias' (2,) torch.float64", "cast one side",
+    assert "\n" not in message and message.startswith("6 tensor(s) do not match") and "pass names=" in message
+    for part in ("torch 'w' (Odd has no rule) has no Flax name", "Flax 'fc/kernel' (2,) vs torch 'fc.weight' (2, 3)",
+                 "Flax 'fc/bias' (2,) torch.float64", "cast one side", "Flax 'norm/scale' (3,) torch.float32",
                  "torch 'norm.running_var' has no Flax 'norm/var'",
                  "Flax 'extra/x' has no torch tensor"):
         assert part in message, part

@@ -228,7 +228,11 @@ def load_flax(model: nn.Module, params: Mapping, names: Mapping | None = None) -
     sources = {}
     for name, m in plan.items():
         if m.flax in flat:
-            src, dst = torch_tensor(flat[m.flax], m.axes), tensors[name]
+            dst, array = tensors[name], np.asarray(flat[m.flax])
+            if m.axes is not None and array.ndim != len(m.axes):
+                problems.append(f"Flax {m.flax!r} {array.shape} vs torch {name!r} {tuple(dst.shape)}")
+                continue
+            src = torch_tensor(array, m.axes)
             if src.shape != dst.shape or src.dtype != dst.dtype:
                 cast = " (cast one side: a bit-for-bit copy needs equal dtypes)" if src.dtype != dst.dtype else ""
                 problems.append(f"Flax {m.flax!r} {tuple(src.shape)} {src.dtype} (in torch layout) vs torch "

@@ -19,38 +19,33 @@ TORCH_CLIP_EPS = 1e-6
 MOMENTUM = 0.9
 
 
-def global_norm(grads, axis_name=None) -> jax.Array:
-    """The L2 norm of the whole gradient. When each device holds a disjoint shard (ZeRO), pass the
-    mesh axis: the shards' sums of squares are psum'd, so the norm is the whole gradient's, never a
-    shard's (zero padding adds nothing)."""
-    sum_of_squares = sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads))
-    if axis_name is not None:
-        sum_of_squares = jax.lax.psum(sum_of_squares, axis_name)
-    return jnp.sqrt(sum_of_squares)
+def global_norm(grads) -> jax.Array:
+    """The L2 norm of the whole gradient. Under ZeRO the optimizer sees the global flat arrays
+    (sharded over `data`), so this is the whole gradient's norm there too: XLA adds the shards' sums
+    of squares (the zero padding adds nothing)."""
+    return jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
 
 
-def clip_grad_norm(max_norm: float, axis_name=None) -> optax.GradientTransformation:
+def clip_grad_norm(max_norm: float) -> optax.GradientTransformation:
     """torch.nn.utils.clip_grad_norm_ as an optax transformation."""
 
     def init_fn(params):
         return optax.EmptyState()
 
     def update_fn(updates, state, params=None):
-        norm = global_norm(updates, axis_name)
+        norm = global_norm(updates)
         coef = jnp.minimum(max_norm / (norm + TORCH_CLIP_EPS), 1.0)
         return jax.tree.map(lambda g: g * coef.astype(g.dtype), updates), state
 
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def make(name: str, lr: float, weight_decay: float = 0.0, clip_norm: float = 0.0,
-         axis_name=None) -> optax.GradientTransformation:
-    """The optax chain for `--optimizer name`. `axis_name`: the gradient it sees is sharded over
-    that mesh axis (ZeRO), so clipping must take the norm over all shards. Every other step of the
-    chain is element-wise, so it runs unchanged on a shard."""
+def make(name: str, lr: float, weight_decay: float = 0.0, clip_norm: float = 0.0) -> optax.GradientTransformation:
+    """The optax chain for `--optimizer name`: the same under every strategy (ZeRO applies it to
+    the global sharded arrays, so clipping sees the whole gradient)."""
     parts = []
     if clip_norm > 0:
-        parts.append(clip_grad_norm(clip_norm, axis_name))
+        parts.append(clip_grad_norm(clip_norm))
     if name == "adamw":
         parts.append(optax.adamw(lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=weight_decay))
         return optax.chain(*parts)
@@ -67,12 +62,6 @@ def make(name: str, lr: float, weight_decay: float = 0.0, clip_norm: float = 0.0
     return optax.chain(*parts)
 
 
-SHARDED_GRADIENT_STRATEGIES = ("zero1", "zero2", "zero3")
-
-
 def for_config(cfg) -> optax.GradientTransformation:
-    """The optimizer of a run: sharded over the `data` axis for the ZeRO strategies."""
-    from .devices import AXIS
-
-    axis = AXIS if cfg.strategy in SHARDED_GRADIENT_STRATEGIES else None
-    return make(cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.clip_norm, axis_name=axis)
+    """The optimizer of a run (the same chain for every strategy)."""
+    return make(cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.clip_norm)

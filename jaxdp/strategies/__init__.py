@@ -1,9 +1,23 @@
-"""The strategies, one small module each, all with the same interface (`common.Strategy`)."""
+"""The strategies, one small module each, all with the same interface (`common.Strategy`).
+
+A factory is `make(problem, optimizer, mesh, options, return_grads)`; `options` is a
+`StrategyOptions`: the few values strategies read, with `jaxdp train`'s defaults.
+"""
 from __future__ import annotations
 
-from ..config import FRAMEWORK_STRATEGIES, ConfigError
+from typing import NamedTuple
+
+from ..config import ALIASES, FRAMEWORK_STRATEGIES, ConfigError
 from . import bucket, ddp, ddp_pmap, dp, ring, single, zero
 from .common import Strategy, TrainState
+
+
+class StrategyOptions(NamedTuple):
+    accum: int = 1                      # micro-batches per step, one sync per step
+    bucket_mb: float = 25.0             # ddp-bucket: bucket capacity in MB (2**20 bytes)
+    collectives: str = "xla"            # zero1/2/3: "xla" (built-ins) or "ring" (jaxdp.collectives)
+    reshard_after_forward: bool = True  # zero3: free each unit's gathered parameters after its forward
+
 
 FACTORIES = {
     "single": single.make,
@@ -18,11 +32,39 @@ FACTORIES = {
 }
 assert tuple(FACTORIES) == FRAMEWORK_STRATEGIES["jax"]
 
+# The options each strategy reads besides `accum` (every one accumulates).
+OPTIONS = {name: () for name in FACTORIES} | {
+    "ddp-bucket": ("bucket_mb",),
+    "zero1": ("collectives",),
+    "zero2": ("collectives",),
+    "zero3": ("collectives", "reshard_after_forward"),
+}
 
-def make(name, problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
+
+def canonical(name: str) -> str:
+    """`name` with its alias resolved (`fsdp` -> `zero3`); an unknown name is one line listing the valid."""
+    name = ALIASES.get(name, name)
     if name not in FACTORIES:
-        raise ConfigError(f"unknown strategy {name!r}; valid: {', '.join(FACTORIES)}")
-    return FACTORIES[name](problem, optimizer, mesh, cfg, return_grads=return_grads)
+        raise ConfigError(f"unknown strategy {name!r}; valid: {', '.join(FACTORIES)}, fsdp (= zero3)")
+    return name
 
 
-__all__ = ["FACTORIES", "Strategy", "TrainState", "make"]
+def options(name: str, accum: int = 1, **given) -> StrategyOptions:
+    """The options of strategy `name`: `given` checked against the ones it reads."""
+    name = canonical(name)
+    unknown = sorted(set(given) - set(OPTIONS[name]))
+    if unknown:
+        valid = ", ".join(OPTIONS[name]) or "none"
+        raise ConfigError(f"strategy {name!r} takes no option {', '.join(unknown)}; its options: {valid}")
+    if given.get("collectives", "xla") not in ("xla", "ring"):
+        raise ConfigError(f"collectives={given['collectives']!r}; valid: xla, ring")
+    if isinstance(accum, bool) or not isinstance(accum, int) or accum < 1:
+        raise ConfigError(f"accum={accum!r}; give a whole number of micro-batches >= 1")
+    return StrategyOptions(accum=accum, **given)
+
+
+def make(name, problem, optimizer, mesh, opts: StrategyOptions, return_grads=True) -> Strategy:
+    return FACTORIES[canonical(name)](problem, optimizer, mesh, opts, return_grads=return_grads)
+
+
+__all__ = ["FACTORIES", "OPTIONS", "Strategy", "StrategyOptions", "TrainState", "canonical", "make", "options"]

@@ -66,9 +66,9 @@ def plan(problem, bucket_mb: float) -> list[list[str]]:
     return plan_buckets(nbytes, problem.order, bucket_mb * MB)
 
 
-def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
+def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
     n = mesh.size
-    buckets = plan(problem, cfg.bucket_mb)
-    return replicated_data_parallel("ddp-bucket", problem, optimizer, mesh, cfg.accum,
+    buckets = plan(problem, opts.bucket_mb)
+    return replicated_data_parallel("ddp-bucket", problem, optimizer, mesh, opts.accum,
                                     lambda grads: bucketed_all_reduce_mean(grads, buckets, n),
                                     check_vma=True, return_grads=return_grads, compiler_options=NO_COMBINER)

@@ -15,8 +15,8 @@ def all_reduce_mean(grads, n: int):
     return lax.psum(jax.tree.map(lambda g: g / n, grads), AXIS)
 
 
-def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
+def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
     n = mesh.size
-    return replicated_data_parallel("ddp", problem, optimizer, mesh, cfg.accum,
+    return replicated_data_parallel("ddp", problem, optimizer, mesh, opts.accum,
                                     lambda grads: all_reduce_mean(grads, n),
                                     check_vma=True, return_grads=return_grads)

@@ -14,7 +14,7 @@ from .common import Strategy, TrainState, apply_update, local_grads, to_numpy
 from .ddp import all_reduce_mean
 
 
-def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
+def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
     n = mesh.size
     stacked = NamedSharding(mesh, P(AXIS))
     pmap_devices = list(mesh.devices.flat)
@@ -30,7 +30,7 @@ def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
                         devices=pmap_devices)(copies(params))
 
     def device_step(state, x, y):
-        loss, grads = local_grads(problem.loss_fn, state.params, x, y, cfg.accum)
+        loss, grads = local_grads(problem.loss_fn, state.params, x, y, opts.accum)
         grads = all_reduce_mean(grads, n)
         loss = jax.lax.pmean(loss, AXIS)
         params, opt_state = apply_update(optimizer, grads, state.opt_state, state.params)

@@ -19,12 +19,12 @@ from ..devices import AXIS
 from .common import Strategy, TrainState, apply_update, init_replicated, local_grads, put_sharded
 
 
-def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
+def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
     n = mesh.size
     tree_map = jax.tree.map
 
     def device_step(params, opt_state, x, y):
-        loss, grads = local_grads(problem.loss_fn, params, x, y, cfg.accum)
+        loss, grads = local_grads(problem.loss_fn, params, x, y, opts.accum)
         grads = tree_map(lambda g: reduce_to_root(g, AXIS) / n, grads)  # the sum is valid on device 0 only
         loss = broadcast_from_root(reduce_to_root(loss, AXIS) / n, AXIS)  # every process logs it
         on_server = lax.axis_index(AXIS) == 0

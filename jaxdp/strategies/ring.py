@@ -18,9 +18,9 @@ def ring_all_reduce_mean(grads, n: int):
     return jax.tree.unflatten(treedef, unpack(ring_all_reduce(flat, AXIS), leaves))
 
 
-def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
+def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
     n = mesh.size
     # check_vma=False: ppermute results are "varying" to JAX even though the ring makes them equal.
-    return replicated_data_parallel("ddp-ring", problem, optimizer, mesh, cfg.accum,
+    return replicated_data_parallel("ddp-ring", problem, optimizer, mesh, opts.accum,
                                     lambda grads: ring_all_reduce_mean(grads, n),
                                     check_vma=False, return_grads=return_grads)

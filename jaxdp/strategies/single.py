@@ -6,7 +6,7 @@ import jax
 from .common import Strategy, TrainState, apply_update, local_grads, to_numpy
 
 
-def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
+def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
     device = mesh.devices.flat[0]
     on_device = jax.sharding.SingleDeviceSharding(device)
 
@@ -18,7 +18,7 @@ def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
 
     @jax.jit
     def step(state, x, y):
-        loss, grads = local_grads(problem.loss_fn, state.params, x, y, cfg.accum)
+        loss, grads = local_grads(problem.loss_fn, state.params, x, y, opts.accum)
         params, opt_state = apply_update(optimizer, grads, state.opt_state, state.params)
         metrics = {"loss": loss, "grads": grads} if return_grads else {"loss": loss}
         return TrainState(params, opt_state), metrics

@@ -24,8 +24,13 @@ once after the loop). Gradients are divided by N before the reduction, as in `dd
 `--collectives xla` uses lax.psum / psum_scatter / all_gather; `--collectives ring` uses the
 explicit ring from `jaxdp.collectives`; both give the same trace. All run under
 shard_map(check_vma=False): gradients of replicated inputs are then local, with no implicit psum.
-The optimizer must be built with `optim.make(..., axis_name='data')` (`optim.for_config` does it)
-so that global-norm clipping sums squares over all shards: the norm of the whole gradient.
+
+The optimizer runs outside the shard_map, in the same jit, on the global flat arrays ([N x S],
+sharded over `data`): any optax transformation then has global semantics, and XLA inserts the
+reductions it needs (a `clip_by_global_norm` in a user's chain takes the norm of the whole gradient,
+not the shard's; the zero padding adds nothing to it). A transformation whose update depends on
+the parameters' shapes (matrix orthogonalisation, masks by rank) cannot run on this layout:
+`check_elementwise` probes for it and names it.
 """
 from __future__ import annotations
 
@@ -90,14 +95,14 @@ def host_unshard(flat_tree, shapes):
     return jax.tree.map(lambda f, shape: unpad(to_host(f), shape), flat_tree, shapes)
 
 
-def stage_grads(stage: int, problem, comm: Collectives, shapes, n: int, cfg):
+def stage_grads(stage: int, problem, comm: Collectives, shapes, n: int, opts):
     """`(params, x, y) -> (mean loss, this device's gradient shards, the gradient for the trace)`,
     communicating once per step (zero3: its units' gathers every micro-batch, `fsdp.unit_grads`)."""
     tree_map = jax.tree.map
     if stage == 3:
         unit_grads = fsdp.unit_grads(problem, shapes, lambda s, shape: unpad(comm.all_gather(s), shape),
-                                     lambda g: comm.reduce_scatter(g.reshape(-1) / n), cfg.accum,
-                                     cfg.reshard_after_forward)
+                                     lambda g: comm.reduce_scatter(g.reshape(-1) / n), opts.accum,
+                                     opts.reshard_after_forward)
 
         def zero3_grads(param_shards, x, y):
             loss, shards = unit_grads(param_shards, x, y)
@@ -105,7 +110,7 @@ def stage_grads(stage: int, problem, comm: Collectives, shapes, n: int, cfg):
         return zero3_grads
 
     def zero12_grads(params, x, y):
-        loss, grads = local_grads(problem.loss_fn, params, x, y, cfg.accum)
+        loss, grads = local_grads(problem.loss_fn, params, x, y, opts.accum)
         grads = tree_map(lambda g: g / n, grads)
         if stage == 1:
             full = tree_map(comm.all_reduce, grads)  # every device: the whole mean gradient
@@ -115,50 +120,54 @@ def stage_grads(stage: int, problem, comm: Collectives, shapes, n: int, cfg):
     return zero12_grads
 
 
+def apply_global_update(optimizer, grad_flat, opt_state, param_flat):
+    """The optimizer's step on the global flat arrays (outside the shard_map): XLA partitions it."""
+    return apply_update(optimizer, grad_flat, opt_state, param_flat)
+
+
 def make_stage(stage: int):
-    def make(problem, optimizer, mesh, cfg, return_grads=True) -> Strategy:
+    def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
         n = mesh.size
-        comm = Collectives(cfg.collectives)
+        comm = Collectives(opts.collectives)
         tree_map = jax.tree.map
         shapes = tree_map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), problem.params)  # leaves, not tuples
         sharded = NamedSharding(mesh, P(AXIS))
-        shard_shapes = tree_map(lambda p: jax.ShapeDtypeStruct((shard_size(p.size, n),), p.dtype), problem.params)
-        # Optimizer-state leaves shaped like a shard are sharded; scalars (step counts) are replicated.
-        opt_specs = tree_map(lambda leaf: P(AXIS) if leaf.ndim else P(), jax.eval_shape(optimizer.init, shard_shapes))
         param_spec = P(AXIS) if stage == 3 else P()
+        opt_init = jax.jit(optimizer.init)
 
         def init(params, opt_state=None):
             flat = jax.device_put(host_shards(params, n), sharded)
-            if opt_state is None:
-                opt_init = jax.shard_map(optimizer.init, mesh=mesh, in_specs=P(AXIS), out_specs=opt_specs,
-                                         check_vma=False)
-                opt_state = jax.jit(opt_init)(flat)
-            else:
-                opt_state = jax.device_put(host_shards(opt_state, n),
-                                           tree_map(lambda spec: NamedSharding(mesh, spec), opt_specs))
+            with jax.set_mesh(mesh):  # new arrays (a step count) need the mesh: explicit sharding
+                state = opt_init(flat)  # optimizer state on the flat layout, sharded as XLA propagates it
+            if opt_state is not None:  # a full (canonical) state: laid out as the fresh one
+                state = tree_map(lambda a, like: jax.device_put(a, like.sharding), host_shards(opt_state, n), state)
             if stage < 3:
-                return TrainState(jax.device_put(to_numpy(params), replicated(mesh)), opt_state)
-            return TrainState(flat, opt_state)
+                return TrainState(jax.device_put(to_numpy(params), replicated(mesh)), state)
+            return TrainState(flat, state)
 
-        grads_of = stage_grads(stage, problem, comm, shapes, n, cfg)
+        grads_of = stage_grads(stage, problem, comm, shapes, n, opts)
 
-        def device_step(params, opt_state, x, y):
+        def device_grads(params, x, y):
             loss, grad_shards, grads_out = grads_of(params, x, y)
             param_shards = tree_map(lambda p: my_shard(p, n), params) if stage < 3 else params
-            param_shards, opt_state = apply_update(optimizer, grad_shards, opt_state, param_shards)
-            if stage < 3:  # rebuild full parameters from everyone's updated shard
-                params = tree_map(lambda s, shape: unpad(comm.all_gather(s), shape), param_shards, shapes)
-            else:
-                params = param_shards
             loss = lax.psum(loss, AXIS) / n  # one scalar all-reduce, for the log
+            return loss, grad_shards, grads_out, param_shards
+
+        grad_spec = P() if stage == 1 else P(AXIS)
+        sharded_grads = jax.shard_map(device_grads, mesh=mesh, in_specs=(param_spec, P(AXIS), P(AXIS)),
+                                      out_specs=(P(), P(AXIS), grad_spec, P(AXIS)), check_vma=False)
+        # Rebuild full parameters from everyone's updated shard (zero1/2).
+        gather = jax.shard_map(lambda flat: tree_map(lambda s, shape: unpad(comm.all_gather(s), shape), flat, shapes),
+                               mesh=mesh, in_specs=P(AXIS), out_specs=P(), check_vma=False)
+
+        def train_step(state, x, y):
+            loss, grad_flat, grads_out, param_flat = sharded_grads(state.params, x, y)
+            param_flat, opt_state = apply_global_update(optimizer, grad_flat, state.opt_state, param_flat)
+            params = gather(param_flat) if stage < 3 else param_flat
             metrics = {"loss": loss, "grads": grads_out} if return_grads else {"loss": loss}
             return TrainState(params, opt_state), metrics
 
-        grad_spec = P() if stage == 1 else P(AXIS)
-        metric_specs = {"loss": P(), "grads": grad_spec} if return_grads else {"loss": P()}
-        sharded_step = jax.shard_map(device_step, mesh=mesh, in_specs=(param_spec, opt_specs, P(AXIS), P(AXIS)),
-                                     out_specs=(TrainState(param_spec, opt_specs), metric_specs), check_vma=False)
-        jit_step = jax.jit(lambda state, x, y: sharded_step(state.params, state.opt_state, x, y), donate_argnums=0)
+        jit_step = jax.jit(train_step, donate_argnums=0)
 
         def step(state, x, y):
             state, metrics = jit_step(state, x, y)

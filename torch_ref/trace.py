@@ -20,20 +20,21 @@ import torch.distributed as dist
 from jaxdp import trace as jax_trace
 from jaxdp.config import ConfigError
 
-from . import api, models
+from . import api, convert
 
 
 class Recorder:
-    """Records `init/<name>`, `step/<k>/{loss,x,y}`, `step/<k>/grad/<name>` and `step/<k>/param/<name>`
-    in Flax names and layout (`names`: {torch name: (Flax name, transpose?)}, by default derived from
-    the layer types, `torch_ref.models.flax_names`). `path=None` keeps the arrays in memory
-    (`arrays`, on rank 0) without writing. `meta` is written as given, with `framework: torch` added
-    when absent."""
+    """Records `init/<name>`, `step/<k>/{loss,x,y}`, `step/<k>/grad/<name>` and `step/<k>/param/<name>` in
+    Flax names and layout (`torch_ref.convert`: by module path and layer type; `names=` overrides it
+    as `convert.tensors_to_flax` takes it; an unmapped parameter is an error here, at construction).
+    `path=None` keeps the arrays in memory (`arrays`, on rank 0) without writing. `meta` is written
+    as given, with `framework: torch` added when absent."""
 
     def __init__(self, path, meta: dict, model, names=None):
         self.par = api.state_of(model)  # a model parallelize did not return is an error naming the fix
         self.path, self.meta = path, {"framework": "torch", **meta}
-        self.names = names if names is not None else models.flax_names(self.par.module)
+        self.names = names
+        convert.mapping(self.par.module, names)  # every parameter maps (else one error listing them)
         self.writer = not dist.is_initialized() or dist.get_rank() == 0
         self.arrays: dict[str, np.ndarray] = {}
         self.par.keep_grads = True  # train_step now keeps the averaged gradient for `step`
@@ -74,5 +75,5 @@ class Recorder:
 
     def _put(self, prefix: str, tensors: dict) -> None:
         if self.writer:
-            for name, value in models.to_flax(tensors, self.names).items():
+            for name, value in convert.tensors_to_flax(self.par.module, tensors, self.names).items():
                 self.arrays[f"{prefix}/{name}"] = value

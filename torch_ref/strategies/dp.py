@@ -1,10 +1,11 @@
 """`dp`: parameter-server data parallelism (torch.nn.DataParallel's scheme, across processes).
 
 Every rank computes the gradient of its rows; the gradients are *reduced to rank 0* (`dist.reduce`,
-a sum); rank 0 alone divides by N (post-divide), clips and steps the optimizer (every rank builds one
-from the factory, only the server's ever steps or holds state); the new parameters are *broadcast* from rank 0 (`dist.broadcast`). Every byte passes
-through rank 0: the bottleneck DDP removed. The traced gradient is true on rank 0; the
-global loss is broadcast with the parameters (one more scalar).
+a sum); rank 0 alone divides by N (post-divide), clips and steps the optimizer (every rank builds
+one from the factory, only the server's ever steps or holds state); the new parameters are
+*broadcast* from rank 0 (`dist.broadcast`). Every byte passes through rank 0: the bottleneck DDP
+removed. The traced gradient is true on rank 0; the global loss is broadcast with the parameters
+(one more scalar).
 """
 from __future__ import annotations
 

@@ -1,6 +1,22 @@
-"""jaxdp: data parallelism in JAX (DP, DDP, bucketed and ring all-reduce), checked against PyTorch.
+"""jaxdp: data parallelism in JAX (DP, DDP, bucketed and ring all-reduce, ZeRO), checked against PyTorch.
 
-Importing jaxdp does not initialise JAX's backends, so `jaxdp.devices.setup(n)` can still ask for
-n simulated CPU devices afterwards.
+The library API (docs/LIBRARY.md): `jaxdp.setup_devices(n)`, `jaxdp.parallelize(loss_fn, params,
+optimizer, strategy=...)`, `jaxdp.trace.Recorder(path, meta)`.
+
+Importing jaxdp does not initialise JAX's backends (nor import JAX): the API is loaded on first
+use, so `jaxdp.setup_devices(n)` can still ask for n simulated CPU devices afterwards.
 """
 __version__ = "0.1.0"
+
+_LAZY = {"setup_devices": "api", "parallelize": "api", "Parallel": "api"}
+__all__ = ["Parallel", "parallelize", "setup_devices"]
+
+
+def __getattr__(name):
+    import importlib
+
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    if name == "trace":  # `jaxdp.trace.Recorder` after a bare `import jaxdp`
+        return importlib.import_module(".trace", __name__)
+    raise AttributeError(f"module 'jaxdp' has no attribute {name!r}")

@@ -39,9 +39,10 @@ def versions() -> dict:
 
 
 def prepare(cfg: RunConfig, return_grads: bool = False, distributed: devices_mod.Distributed | None = None):
-    """Everything a run of `cfg` is built from: (devices, dataset, problem, optimizer, strategy).
-    Sets up the devices first (before any JAX computation) and makes the initial parameters on the
-    CPU, so that every platform starts from the same bits."""
+    """Everything a run of `cfg` is built from: (devices, dataset, problem, optimizer, parallel), the
+    last from `jaxdp.parallelize` (the library API: one path). Sets up the devices first (before any
+    JAX computation) and makes the initial parameters on the CPU, so every platform starts from the
+    same bits."""
     cfg.validate()
     devices = devices_mod.setup(cfg.devices, cfg.platform, distributed)
     import jax
@@ -50,15 +51,16 @@ def prepare(cfg: RunConfig, return_grads: bool = False, distributed: devices_mod
         raise devices_mod.DeviceError("strategy 'single' runs on one device of one process; drop --processes")
     if cfg.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
-    from . import data, models, optim, strategies
+    from . import api, data, models, optim, strategies
 
     dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
     with jax.default_device(jax.local_devices(backend="cpu")[0]):
-        problem = models.init(cfg, dataset)
+        model = models.build(cfg, dataset)
     optimizer = optim.for_config(cfg)
-    strategy = strategies.make(cfg.strategy, problem, optimizer, devices_mod.mesh(devices), cfg,
-                               return_grads=return_grads)
-    return devices, dataset, problem, optimizer, strategy
+    options = {k: getattr(cfg, k) for k in strategies.OPTIONS[strategies.canonical(cfg.strategy)]}
+    par = api.parallelize(model, None, optimizer, loss=models.cross_entropy, strategy=cfg.strategy, devices=devices,
+                          accum=cfg.accum, return_grads=return_grads, **options)
+    return devices, dataset, par.problem, optimizer, par
 
 
 def host_batch(cfg: RunConfig, dataset, step: int, rows: slice = slice(None)):
@@ -76,38 +78,51 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
     With `distributed`, this is one process of a multi-process run: it feeds only the rows of the
     global batch that belong to its own devices, and only process 0 writes the trace."""
     record = trace_path is not None if record is None else record
-    devices, dataset, problem, optimizer, strategy = prepare(cfg, record, distributed)
+    devices, dataset, problem, optimizer, par = prepare(cfg, record, distributed)
     import jax
 
-    from . import models
+    from .recorder import Recorder
 
-    state, start, saver = _start(cfg, strategy, problem, optimizer)
+    state, start, saver = _start(cfg, par, problem, optimizer)
     result = RunResult(cfg, meta={"framework": "jax", **cfg.to_dict(), "platform": devices[0].platform,
                                   "processes": jax.process_count(), "versions": versions(), "first_step": start + 1})
-    if record:  # a resumed run's init/ is what it resumed from
-        initial = problem.params if start == 0 else strategy.full_params(state)
-        result.arrays.update({f"init/{k}": _read(v, devices[0]) for k, v in models.flat_names(initial).items()})
+    recorder = Recorder(trace_path if jax.process_index() == 0 else None, result.meta) if record else None
+    if recorder is not None:  # a resumed run's init/ is what it resumed from
+        recorder.init(problem.params if start == 0 else par.params(state))
+    _train(cfg, dataset, par, state, start, saver, recorder, result, progress)
+    if recorder is not None:
+        recorder.close()  # process 0 writes the trace (atomically)
+        result.arrays = recorder.arrays
+    elif trace_path is not None and jax.process_index() == 0:
+        from . import trace
+
+        trace.save(trace_path, result.meta, result.arrays)
+    return result
+
+
+def _train(cfg, dataset, par, state, start, saver, recorder, result, progress):
+    """Steps start+1..cfg.steps: batch -> step -> log -> trace -> checkpoint."""
+    import jax
 
     # Devices are ordered by process, so process p owns rows [p B/P, (p+1) B/P) of every batch.
     per_process = cfg.batch_size // jax.process_count()
     rows = slice(jax.process_index() * per_process, (jax.process_index() + 1) * per_process)
-
     bar = _progress_bar(cfg, progress) if jax.process_index() == 0 else None
     t0 = t1 = time.perf_counter()
     for k in range(start + 1, cfg.steps + 1):
         t_step = time.perf_counter()
         x, y = host_batch(cfg, dataset, k, rows)
-        state, metrics = strategy.step(state, *strategy.put_batch(x, y))
-        loss = float(_read(metrics["loss"], devices[0]))
+        state, metrics = par.step(state, x, y)
+        loss = float(metrics["loss"])
         if cfg.nan_check and not math.isfinite(loss):
             raise NonFiniteLoss(f"loss is {loss} at step {k} ({cfg.strategy}, lr {cfg.lr}); lower --lr, "
                                 f"set --clip-norm, or pass --no-nan-check to continue anyway")
         result.losses.append(loss)
         result.step_times.append(time.perf_counter() - t_step)  # float(loss) waited for the step
-        if record:
+        if recorder is not None:
             if jax.process_count() > 1:  # the trace holds the whole global batch
                 x, y = host_batch(cfg, dataset, k)
-            _record(result.arrays, k, loss, x, y, metrics, strategy.full_params(state), devices[0])
+            recorder.step(k, loss, metrics["grads"], par.params(state), x, y)
         if saver is not None:
             saver.maybe_save(k, state, cfg)
         if k == start + 1:
@@ -122,16 +137,11 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
         saver.close()
     if cfg.steps - start > 1:
         result.steps_per_s = (cfg.steps - start - 1) / max(time.perf_counter() - t1, 1e-9)
-    if trace_path is not None and jax.process_index() == 0:
-        from . import trace
-
-        trace.save(trace_path, result.meta, result.arrays)
-    return result
 
 
 def _start(cfg: RunConfig, strategy, problem, optimizer):
     """(train state, steps already done, checkpointer or None): fresh, or restored with --resume."""
-    state, start = strategy.init(problem.params), 0
+    state, start = strategy.init(), 0
     if not (cfg.resume or cfg.checkpoint_every > 0):
         return state, start, None
     from . import checkpoint  # orbax: loaded only when checkpointing
@@ -146,29 +156,6 @@ def summary(result: RunResult) -> str:
     return (f"{cfg.strategy} on {cfg.devices} {result.meta.get('platform', '?')} device(s), {cfg.model}/{cfg.data}, "
             f"{cfg.dtype}: {cfg.steps} steps, loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}, "
             f"first step (compile) {result.first_step_s:.2f}s, {result.steps_per_s:.1f} steps/s after")
-
-
-def _read(a, device):
-    """The value of `a` as device 0 of the mesh holds it (dp's gradients are true only there)."""
-    from .strategies.common import to_host
-
-    if getattr(a, "is_fully_replicated", False):
-        for shard in a.addressable_shards:
-            if shard.device == device:
-                return np.asarray(shard.data)
-    return to_host(a)
-
-
-def _record(arrays, k, loss, x, y, metrics, params, device):
-    from .models import flat_names
-
-    arrays[f"step/{k}/loss"] = np.asarray(loss, dtype=np.float64)
-    arrays[f"step/{k}/x"] = np.asarray(x)
-    arrays[f"step/{k}/y"] = np.asarray(y)
-    for name, g in flat_names(metrics["grads"]).items():
-        arrays[f"step/{k}/grad/{name}"] = _read(g, device)
-    for name, p in flat_names(params).items():
-        arrays[f"step/{k}/param/{name}"] = _read(p, device)
 
 
 def _progress_bar(cfg, progress):

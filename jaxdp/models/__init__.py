@@ -1,7 +1,8 @@
 """Models in Flax NNX and the pure functions the strategies train.
 
-A strategy never sees an NNX object: it gets `params`, a nested dict of arrays (the NNX state as a
-pure dict), and `loss_fn(params, x, y)`, the mean softmax cross-entropy over the batch it is given.
+A strategy never sees an NNX object: it gets a `Problem`: `params`, a nested dict of arrays (the NNX
+state as a pure dict), and `loss_fn(params, x, y)`, the mean loss over the batch it is given (the
+built-in models: softmax cross-entropy). `from_module` and `from_loss` build one for any model.
 """
 from __future__ import annotations
 
@@ -34,11 +35,12 @@ def build(cfg, dataset) -> nnx.Module:
 
 class Problem(NamedTuple):
     """What a strategy trains: a pure loss, its parameters, and their names in definition order."""
-    loss_fn: Callable       # (params, x, y) -> mean cross-entropy over the rows of x
-    params: dict            # nested dict of arrays (the NNX state as a pure dict), Flax layout
+    loss_fn: Callable       # (params, x, y) -> mean loss over the rows of x
+    params: dict            # nested dict (any pytree) of arrays; for NNX, the Flax layout
     order: tuple[str, ...]  # parameter names in the order the model defines them (forward order)
-    apply: Callable         # (params, x) -> logits
-    units: tuple = ()       # the model's FSDP units in forward order (`units.Unit`), for zero3
+    apply: Callable | None  # (params, x) -> outputs (None for a plain loss function)
+    units: tuple = ()       # FSDP units in forward order (`units.Unit`), for zero3
+    head: Callable | None = None  # (last unit's output, y) -> loss; None: the units take (x, y), give the loss
 
 
 def definition_order(node, prefix=()):
@@ -56,22 +58,38 @@ def definition_order(node, prefix=()):
 
 def init(cfg, dataset) -> Problem:
     """The model of `cfg` as a pure loss over a nested dict of parameters, and those parameters."""
-    model = build(cfg, dataset)
-    order = tuple(definition_order(model))
-    graphdef, state = nnx.split(model)
+    return from_module(build(cfg, dataset), cross_entropy)
+
+
+def from_module(model: nnx.Module, loss: Callable) -> Problem:
+    """An NNX module and `loss(outputs, y)` as a Problem. Its parameters (`nnx.Param`) are trained;
+    any other variable (e.g. BatchNorm statistics) is held at its current value. zero3's units are
+    the model's `unit_specs()` when it has them, else the whole loss is one unit."""
+    graphdef, state, rest = nnx.split(model, nnx.Param, ...)
     params = nnx.to_pure_dict(state)
 
     def apply(params, x):
-        return nnx.merge(graphdef, params)(x)
+        return nnx.merge(graphdef, params, rest)(x)
 
     def loss_fn(params, x, y):
-        return cross_entropy(apply(params, x), y)
+        return loss(apply(params, x), y)
 
-    assert sorted(order) == sorted(flat_names(params)), "definition_order missed a parameter"
+    order = tuple(definition_order(model))
+    if sorted(order) != sorted(flat_names(params)):  # parameters outside modules/lists: pytree order
+        order = tuple(flat_names(params))
+    if not hasattr(model, "unit_specs"):
+        return Problem(loss_fn, params, order, apply, (units.whole(loss_fn),), None)
     pure = units.pure_units(model)
     owned = [name for unit in pure for name in flat_names(units.split(params, [unit]))]
-    assert len(owned) == len(order), "the FSDP units do not own every parameter exactly once"
-    return Problem(loss_fn, params, order, apply, pure)
+    if len(owned) != len(order):
+        raise ValueError(f"{type(model).__name__}.unit_specs() must own every parameter exactly once; "
+                         f"owned {len(owned)} of {len(order)}: fix the specs' paths")
+    return Problem(loss_fn, params, order, apply, pure, loss)
+
+
+def from_loss(loss_fn: Callable, params) -> Problem:
+    """A pure `loss_fn(params, x, y)` and its parameters as a Problem: one zero3 unit, the whole loss."""
+    return Problem(loss_fn, params, tuple(flat_names(params)), None, (units.whole(loss_fn),), None)
 
 
 def cross_entropy(logits, y):
@@ -84,7 +102,7 @@ def flat_names(tree) -> dict[str, object]:
     """{'layers/0/kernel': leaf, ...}: the Flax path joined with '/', as the trace names parameters."""
     out = {}
     for path, leaf in jax.tree.flatten_with_path(tree)[0]:
-        out["/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)] = leaf
+        out["/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)] = leaf
     return out
 
 

@@ -56,6 +56,12 @@ def pure_units(model) -> tuple[Unit, ...]:
     return tuple(units)
 
 
+def whole(loss_fn) -> Unit:
+    """The whole loss as one unit: its parameters are the whole tree (path `()`), its input `(x, y)`,
+    its output the loss. zero3 then gathers the whole model at once."""
+    return Unit("loss", ((),), lambda params, xy: loss_fn(params[0], *xy))
+
+
 def split(tree, units) -> list[tuple]:
     """A parameter-shaped tree -> per unit, the tuple of its subtrees."""
     return [tuple(at(tree, p) for p in unit.paths) for unit in units]
@@ -66,6 +72,8 @@ def join(parts, units) -> dict:
     out: dict = {}
     for unit, subtrees in zip(units, parts, strict=True):
         for path, sub in zip(unit.paths, subtrees, strict=True):
+            if not path:  # the whole tree
+                return sub
             node = out
             for key in path[:-1]:
                 node = node.setdefault(key, {})

@@ -62,6 +62,15 @@ def to_host(a) -> np.ndarray:
     return np.asarray(jax.device_get(a))
 
 
+def read_on(a, device) -> np.ndarray:
+    """The value of `a` as `device` holds it (dp's gradients are true only on device 0 of the mesh)."""
+    if getattr(a, "is_fully_replicated", False):
+        for shard in a.addressable_shards:
+            if shard.device == device:
+                return np.asarray(shard.data)
+    return to_host(a)
+
+
 def local_grads(loss_fn, params, x, y, accum: int):
     """Mean loss and mean gradient over `accum` equal micro-batches of this device's batch.
 

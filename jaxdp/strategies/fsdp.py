@@ -25,7 +25,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .. import models
 from ..models import units as unit_lib
 from .common import local_grads
 
@@ -96,8 +95,8 @@ def fsdp_unit(apply, gather, reduce_scatter, *, reshard_after_forward: bool, syn
         if not sync:
             return jax.tree.map(jnp.zeros_like, shards), dfull, dx
         dshards = reduce_scatter(dfull)
-        if jnp.issubdtype(dx.dtype, jnp.inexact):
-            dx = tie(dx, dshards)  # the unit's reduce-scatter runs before the next unit's backward
+        # the unit's reduce-scatter runs before the next unit's backward (integer inputs: no cotangent)
+        dx = jax.tree.map(lambda d: tie(d, dshards) if jnp.issubdtype(d.dtype, jnp.inexact) else d, dx)
         return dshards, None, dx
 
     run.defvjp(fwd, bwd)
@@ -105,7 +104,9 @@ def fsdp_unit(apply, gather, reduce_scatter, *, reshard_after_forward: bool, syn
 
 
 def unit_grads(problem, shapes, gather_leaf, scatter_leaf, accum: int, reshard_after_forward: bool):
-    """zero3's `(param shards, x, y) -> (mean loss, gradient shards)`, unit by unit.
+    """zero3's `(param shards, x, y) -> (mean loss, gradient shards)`, unit by unit: the units in
+    order, then `problem.head(output, y)`; with no head, the units take `(x, y)` and give the loss
+    (a plain loss function is one unit, `units.whole`: the whole model gathered at once).
 
     `gather_leaf(shard, shape)` -> the full parameter; `scatter_leaf(grad)` -> this device's shard of
     the summed gradient / N. accum == 1: each unit's gradient is reduce-scattered inside its
@@ -127,9 +128,10 @@ def unit_grads(problem, shapes, gather_leaf, scatter_leaf, accum: int, reshard_a
                       sync=accum == 1) for unit, shape in zip(units, unit_shapes, strict=True)]
 
     def loss(parts, sinks, x, y):
+        h = x if problem.head is not None else (x, y)  # head None: the units compute the loss
         for run, shards, sink in zip(runs, parts, sinks, strict=True):
-            x = run(shards, sink, x)
-        return models.cross_entropy(x, y)
+            h = run(shards, sink, h)
+        return h if problem.head is None else problem.head(h, y)
 
     def grads(param_shards, x, y):
         parts = unit_lib.split(param_shards, units)

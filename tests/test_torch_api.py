@@ -24,6 +24,7 @@ import torch_ref
 from jaxdp import trace
 from jaxdp.config import FRAMEWORK_STRATEGIES
 from torch_ref import launch
+from torch_ref.strategies import zero3
 from torch_ref.trace import Recorder
 
 BATCH, FEATURES, HIDDEN, CLASSES, STEPS, TOL = 18, 5, 7, 3, 3, 1e-10  # 18 rows: N x accum divide it
@@ -220,6 +221,8 @@ def test_gradients_are_kept_only_while_a_recorder_is_attached():
     (lambda: _single(accum=4), "this rank's 18 rows do not split into 4 equal micro-batches"),
     (lambda: _single(lambda out, y: F.cross_entropy(out, y, reduction="none")),
      "loss_fn returned (6,), not a scalar tensor; return the mean loss"),
+    (lambda: zero3.apply_fsdp(Net(), units=[nn.Linear(2, 2)]),  # checked before any process group is used
+     "units= holds Linear, not a submodule of the model being parallelized; pass its own submodules"),
     (lambda: Recorder(None, {}, Net()), "Net was not returned by torch_ref.parallelize; call model, optimizer = "),
     (lambda: torch_ref.train_step(Net(), None, torch.zeros(1), torch.zeros(1), F.cross_entropy),
      "Net was not returned by torch_ref.parallelize"),

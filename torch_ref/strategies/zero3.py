@@ -22,6 +22,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
+from jaxdp.config import ConfigError
+
 from .. import models
 from .common import Parallel, make_parallel
 
@@ -39,10 +41,15 @@ def units_of(model) -> list[list]:
 
 def apply_fsdp(model, reshard_after_forward: bool = True, units=None):
     """fully_shard each unit (a submodule, or a list of submodules sharded as one group), then the root."""
+    units = [list(u) if isinstance(u, (list, tuple)) else [u] for u in (units_of(model) if units is None else units)]
+    own = {id(m) for m in model.modules()}
+    foreign = [type(m).__name__ for unit in units for m in unit if id(m) not in own or m is model]
+    if foreign:
+        raise ConfigError(f"units= holds {', '.join(foreign)}, not a submodule of the model being parallelized; "
+                          f"pass its own submodules (the root is sharded last by itself)")
     device_type = next(model.parameters()).device.type
     mesh = init_device_mesh(device_type, (dist.get_world_size(),))
-    for unit in units_of(model) if units is None else units:
-        unit = list(unit) if isinstance(unit, (list, tuple)) else [unit]
+    for unit in units:
         fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh)  # the root: whatever parameters no unit took
     return model

@@ -6,11 +6,12 @@ import jax
 import jax.numpy as jnp
 import optax
 from jax import lax
+from jax.sharding import PartitionSpec as P
 
 from .. import optim
 from ..devices import AXIS
 from ..models import flat_names
-from ..strategies import bucket, common, ddp
+from ..strategies import bucket, common, ddp, zero
 
 
 def missing_one_over_n():
@@ -26,8 +27,20 @@ def summed_twice():
 
 
 def clip_shard_norm():
-    """ZeRO's optimizer built without the mesh axis: clipping takes the norm of the device's shard."""
-    return [(optim, "SHARDED_GRADIENT_STRATEGIES", ())]
+    """ZeRO's optimizer applied to each device's shard alone (inside a shard_map, as before the
+    update moved out): clipping takes the norm of the device's shard, not of the whole gradient."""
+    def shard_local(optimizer, grads, opt_state, params):
+        mesh = jax.typeof(jax.tree.leaves(params)[0]).sharding.mesh
+
+        def specs(tree):
+            return jax.tree.map(lambda a: P(AXIS) if a.ndim else P(), tree)
+
+        local = jax.shard_map(lambda g, s, p: common.apply_update(optimizer, g, s, p), mesh=mesh,
+                              in_specs=(specs(grads), specs(opt_state), specs(params)),
+                              out_specs=(specs(params), specs(opt_state)), check_vma=False)
+        return local(grads, opt_state, params)
+
+    return [(zero, "apply_global_update", shard_local)]
 
 
 def accum_k_minus_1():
@@ -56,12 +69,18 @@ def stale_grads():
 
 
 def decay_one_shard():
-    """Coupled weight decay that device 1 skips (in a ZeRO optimizer, its shard; in a replicated
-    strategy, its replica)."""
+    """Coupled weight decay that device 1 skips (in a ZeRO optimizer, which runs on the global flat
+    arrays, the elements of its shard; in a replicated strategy, its replica)."""
+    def skip_device_1(p):
+        try:  # inside a shard_map: this device's replica
+            return (lax.axis_index(AXIS) != 1).astype(p.dtype)
+        except NameError:  # ZeRO's global flat array [N x S]: device 1 owns elements [S, 2S)
+            n = jax.typeof(p).sharding.mesh.shape.get(AXIS, 1)  # (1: no mesh, e.g. parallelize's probe)
+            return (jnp.arange(p.size).reshape(p.shape) // (p.size // n) != 1).astype(p.dtype)
+
     def add_decayed_weights(weight_decay, mask=None):
         def update(updates, state, params):
-            keep = (lax.axis_index(AXIS) != 1).astype(jax.tree.leaves(params)[0].dtype)
-            return jax.tree.map(lambda u, p: u + weight_decay * keep * p, updates, params), state
+            return jax.tree.map(lambda u, p: u + weight_decay * skip_device_1(p) * p, updates, params), state
 
         return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 

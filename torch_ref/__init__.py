@@ -22,4 +22,8 @@ def __getattr__(name):
         import importlib
 
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    if name in ("trace", "convert"):  # `torch_ref.trace.Recorder` after a bare `import torch_ref`
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,7 +17,8 @@ PROBE_DIM = 6  # each dimension cut to at most this: small, but a matrix stays a
 # State types of transformations known to be element-wise (not named in the error).
 ELEMENTWISE_STATES = {"EmptyState", "ScaleByAdamState", "ScaleByScheduleState", "TraceState", "ScaleByRmsState",
                       "ScaleByRStdDevState", "ScaleByBeliefState", "ScaleByLionState", "MaskedState",
-                      "InjectHyperparamsState", "InjectStatefulHyperparamsState", "ScaleByAmsgradState"}
+                      "InjectHyperparamsState", "InjectStatefulHyperparamsState", "ScaleByAmsgradState",
+                      "PartitionState", "MaskedNode"}  # (the last two: structure, named by what they hold)
 
 
 class ShapeDependentOptimizer(ConfigError):

@@ -1,0 +1,191 @@
+"""`jaxdp.parallelize` on a model the project never saw: a pure JAX function written here (a tanh
+layer, a LayerNorm-like normalisation, a bias-free output layer; squared error against float
+targets), trained under every strategy with a user's optax clipping chain, each step equal to an
+independent reference (`jax.value_and_grad` + the same chain, no jaxdp) in float64 to 1e-10; the
+clipping check shown to fail when ZeRO clips by the shard's norm; bad input, one line each."""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import jaxdp
+from jaxdp import mutations
+from jaxdp.config import ConfigError
+from jaxdp.optax_check import ShapeDependentOptimizer
+
+FEATURES, HIDDEN, OUT, ROWS, STEPS = 5, 7, 3, 36, 3  # 36 rows: N in {1, 2, 3} x accum in {1, 3} divide it
+CLIP, LR = 0.05, 0.02
+TOL = 1e-10
+
+
+def forward(params, x):
+    h = jnp.tanh(x @ params["hidden"]["w"] + params["hidden"]["b"])
+    mean = h.mean(-1, keepdims=True)
+    h = (h - mean) / jnp.sqrt(((h - mean) ** 2).mean(-1, keepdims=True) + 1e-5) * params["norm"]["scale"]
+    return h @ params["out"]["w"]  # no bias
+
+
+def loss_fn(params, x, y):
+    return jnp.mean(jnp.sum((forward(params, x) - y) ** 2, -1))
+
+
+def initial_params():
+    rng = np.random.default_rng(0)
+    return {"hidden": {"w": rng.normal(size=(FEATURES, HIDDEN)) / 2, "b": rng.normal(size=HIDDEN) / 10},
+            "norm": {"scale": 1 + rng.normal(size=HIDDEN) / 10},
+            "out": {"w": rng.normal(size=(HIDDEN, OUT)) / 3}}
+
+
+def batch(k: int):
+    rng = np.random.default_rng(100 + k)
+    return rng.normal(size=(ROWS, FEATURES)), rng.normal(size=(ROWS, OUT))
+
+
+def chain():
+    return optax.chain(optax.clip_by_global_norm(CLIP), optax.adam(LR))
+
+
+@functools.cache
+def reference():
+    """[(grads, params after the step)] per step: plain JAX, the whole batch at once."""
+    params, opt = initial_params(), chain()
+    state, out = opt.init(params), []
+    grad_fn = jax.jit(jax.grad(loss_fn))
+    for k in range(1, STEPS + 1):
+        grads = grad_fn(params, *batch(k))
+        assert optax.tree.norm(grads) > 2 * CLIP  # the clipping bites at every step
+        updates, state = opt.update(grads, state, params)
+        params = optax.apply_updates(params, updates)
+        out.append(jax.tree.map(np.asarray, (grads, params)))
+    return out
+
+
+def train(strategy, n, accum, **options):
+    par = jaxdp.parallelize(loss_fn, initial_params(), chain(), strategy=strategy, devices=n, accum=accum,
+                            return_grads=True, **options)
+    state, out = par.init(), []
+    for k in range(1, STEPS + 1):
+        state, metrics = par.step(state, *batch(k))
+        out.append((metrics["grads"], par.params(state)))
+    return out
+
+
+def worst_error(got, ref) -> float:
+    errors = [np.abs(np.asarray(a) - b).max() / np.abs(b).max() for step_got, step_ref in zip(got, ref, strict=True)
+              for a, b in zip(jax.tree.leaves(step_got), jax.tree.leaves(step_ref), strict=True)]
+    assert len(errors) == 2 * 4 * STEPS
+    return max(errors)
+
+
+# Every strategy (fsdp: zero3's alias) and every N, accumulation with and without; single only N = 1.
+CASES = [("single", 1, 3, {}), ("dp", 3, 1, {}), ("ddp", 2, 3, {}), ("ddp-pmap", 3, 3, {}),
+         ("ddp-bucket", 3, 1, {"bucket_mb": 1e-4}), ("ddp-ring", 2, 1, {}), ("zero1", 3, 3, {}),
+         ("zero2", 2, 1, {"collectives": "ring"}), ("zero2", 1, 3, {}), ("zero3", 3, 1, {}),
+         ("fsdp", 2, 3, {"reshard_after_forward": False})]
+
+
+@pytest.mark.parametrize(("strategy", "n", "accum", "options"), CASES,
+                         ids=[f"{s}-x{n}-accum{a}" for s, n, a, _ in CASES])
+def test_every_step_equals_the_independent_reference(strategy, n, accum, options):
+    assert worst_error(train(strategy, n, accum, **options), reference()) < TOL
+
+
+def test_zero_clipping_by_the_shards_norm_fails_the_check():
+    """The mutation: ZeRO's optimizer applied to each device's shard alone (clipping by the shard's
+    norm). Step 1's gradient still agrees; the parameters do not."""
+    with mutations.inject("jax", "clip-shard-norm"):
+        got = train("zero2", 2, 1)
+    (grads, _), (want, _) = got[0], reference()[0]
+    assert worst_error([(grads, grads)] * STEPS, [(want, want)] * STEPS) < TOL
+    assert worst_error(got, reference()) > 1e-4
+
+
+def test_an_nnx_module_with_a_loss_trains_as_its_pure_function():
+    """An NNX module (no unit_specs: zero3 runs it as one unit) with loss=, equal to the same module
+    trained as a plain loss_fn on one device."""
+    model = nnx.Linear(FEATURES, OUT, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+    def mse(out, y):
+        return jnp.mean(jnp.sum((out - y) ** 2, -1))
+
+    def plain(p, x, y):
+        return mse(x @ p["kernel"] + p["bias"], y)
+
+    results = []
+    for fn, p, strategy, kw in ((model, None, "zero3", {"loss": mse}), (plain, params, "single", {})):
+        par = jaxdp.parallelize(fn, p, optax.sgd(0.1), strategy=strategy, devices=3 if strategy == "zero3" else 1,
+                                **kw)
+        state = par.init()
+        state, metrics = par.step(state, *batch(1))
+        results.append((float(metrics["loss"]), par.params(state)))
+    assert abs(results[0][0] - results[1][0]) < 1e-12
+    for a, b in zip(jax.tree.leaves(results[0][1]), jax.tree.leaves(results[1][1]), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+
+
+def parallelize(**kw):
+    args = {"loss_fn": loss_fn, "params": initial_params(), "optimizer": optax.sgd(0.1), "strategy": "ddp",
+            "devices": 2} | kw
+    return jaxdp.parallelize(args.pop("loss_fn"), args.pop("params"), args.pop("optimizer"), **args)
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"strategy": "ddp-fast"}, "unknown strategy 'ddp-fast'; valid: single, dp, ddp"),
+    ({"bucket_mb": 1.0}, "strategy 'ddp' takes no option bucket_mb; its options: none"),
+    ({"strategy": "zero3", "bucket_mb": 1.0}, "its options: collectives, reshard_after_forward"),
+    ({"devices": 9}, "devices=9 but JAX has 8 cpu device(s); call jaxdp.setup_devices(9) first"),
+    ({"strategy": "single"}, "strategy 'single' runs on one device, not 2: pass devices=1"),
+    ({"accum": 0}, "accum=0; give a whole number of micro-batches >= 1"),
+    ({"loss": jnp.mean}, "loss= is for an NNX module"),
+])
+def test_bad_arguments_are_one_line_naming_the_fix(kw, message):
+    with pytest.raises(ConfigError, match=None) as info:
+        parallelize(**kw)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("loss", "rows", "message"), [
+    (lambda p, x, y: jnp.sum((forward(p, x) - y) ** 2, -1), 36, "the loss must be a scalar (the mean over the rows"),
+    (loss_fn, 35, "a batch of 35 rows does not divide over 2 device(s) x accum 3 = 6; valid sizes near it: 30, 36"),
+])
+def test_bad_batches_and_losses_fail_before_compiling(loss, rows, message):
+    par = parallelize(loss_fn=loss, accum=3)
+    x, y = batch(1)
+    with pytest.raises(ConfigError) as info:
+        par.step(par.init(), x[:rows], y[:rows])
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_params_that_disagree_with_the_nnx_module_are_named():
+    model = nnx.Linear(FEATURES, OUT, rngs=nnx.Rngs(0))
+    for params, message in (({"kernel": np.zeros((FEATURES, OUT + 1)), "bias": np.zeros(OUT)},
+                             "'kernel' has shape (5, 4), the module's (5, 3)"),
+                            ({"kernel": np.zeros((FEATURES, OUT))}, "missing ['bias'], unexpected []")):
+        with pytest.raises(ConfigError, match="params do not match Linear") as info:
+            jaxdp.parallelize(model, params, optax.sgd(0.1), strategy="ddp", devices=2, loss=jnp.mean)
+        assert message in str(info.value)
+
+
+def test_a_shape_dependent_optimizer_is_named_under_zero_and_accepted_elsewhere():
+    muon = optax.contrib.muon(0.01)
+    for strategy in ("zero1", "zero2", "zero3"):
+        with pytest.raises(ShapeDependentOptimizer, match=r"shape-dependent \(state types: MuonState"):
+            parallelize(optimizer=muon, strategy=strategy)
+    parallelize(optimizer=muon, strategy="ddp")  # true shapes: fine
+    parallelize(optimizer=optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3)), strategy="zero2")
+
+
+def test_importing_jaxdp_does_not_start_jax():
+    import subprocess
+    import sys
+
+    code = "import sys, jaxdp, jaxdp.trace; assert 'jax' not in sys.modules; print(jaxdp.trace.Recorder.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "Recorder", out.stderr

@@ -167,8 +167,9 @@ def _mesh(name: str, devices, mesh: Mesh | None) -> Mesh:
             found = available[:1] if name == "single" else available
         elif isinstance(devices, int):
             if devices > len(available):
-                raise ConfigError(f"devices={devices} but JAX has {len(available)} {available[0].platform} device(s); "
-                                  f"call jaxdp.setup_devices({devices}) first in the process, before any JAX computation")
+                kind = available[0].platform
+                raise ConfigError(f"devices={devices} but JAX has {len(available)} {kind} device(s); call "
+                                  f"jaxdp.setup_devices({devices}) first in the process, before any JAX computation")
             found = available[:devices]
         else:
             found = list(devices)
@@ -189,7 +190,8 @@ def _check_batch(problem, mesh: Mesh, accum: int, x, y) -> None:
         raise ConfigError(f"a batch of {rows} rows does not divide over {local} device(s) x accum {accum} = {per}; "
                           f"valid sizes near it: {near}")
     micro = rows // per
-    shapes = jax.tree.map(lambda p: jax.ShapeDtypeStruct(np.shape(p), p.dtype), problem.params)
+    shapes = jax.tree.map(lambda p: jax.ShapeDtypeStruct(np.shape(p), getattr(p, "dtype", None) or np.result_type(p)),
+                          problem.params)
     out = jax.eval_shape(problem.loss_fn, shapes, jax.ShapeDtypeStruct((micro, *x.shape[1:]), x.dtype),
                          jax.ShapeDtypeStruct((micro, *y.shape[1:]), y.dtype))
     if not hasattr(out, "shape") or out.shape != ():

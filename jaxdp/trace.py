@@ -287,3 +287,6 @@ def _num(x, width: int, ulp: bool = False) -> str:
     if ulp and math.isfinite(x) and x < 1e6:
         return f"{int(x):>{width}d}"
     return f"{x:>{width}.2e}"
+
+
+from .recorder import Recorder  # noqa: E402,F401

@@ -175,8 +175,12 @@ def test_clipping_was_active():
     assert norm > 0.2
 
 
+def _single_model(accum=1):
+    return torch_ref.parallelize(fresh_net(), strategy="single", optimizer=OPTIMIZERS["adamw"], accum=accum)
+
+
 def _single(loss_fn=F.cross_entropy, accum=3, recorder=True):
-    model, opt = torch_ref.parallelize(fresh_net(), strategy="single", optimizer=OPTIMIZERS["adamw"], accum=accum)
+    model, opt = _single_model(accum)
     rec = Recorder(None, {}, model) if recorder else None
     if rec:
         rec.init()
@@ -221,6 +225,10 @@ def test_gradients_are_kept_only_while_a_recorder_is_attached():
     (lambda: _single(accum=4), "this rank's 18 rows do not split into 4 equal micro-batches"),
     (lambda: _single(lambda out, y: F.cross_entropy(out, y, reduction="none")),
      "loss_fn returned (6,), not a scalar tensor; return the mean loss"),
+    (lambda: torch_ref.train_step(*_single_model(), torch.zeros(4, FEATURES), torch.zeros(3), F.cross_entropy),
+     "x has 4 rows but y has 3; pass this rank's rows of both"),
+    (lambda: torch_ref.train_step(_single_model()[0], None, torch.zeros(1), torch.zeros(1), F.cross_entropy),
+     "optimizer is not the one parallelize returned with this model; pass that optimizer"),
     (lambda: zero3.apply_fsdp(Net(), units=[nn.Linear(2, 2)]),  # checked before any process group is used
      "units= holds Linear, not a submodule of the model being parallelized; pass its own submodules"),
     (lambda: Recorder(None, {}, Net()), "Net was not returned by torch_ref.parallelize; call model, optimizer = "),

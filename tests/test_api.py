@@ -182,10 +182,22 @@ def test_a_shape_dependent_optimizer_is_named_under_zero_and_accepted_elsewhere(
     parallelize(optimizer=optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3)), strategy="zero2")
 
 
-def test_importing_jaxdp_does_not_start_jax():
+SETUP = """
+import sys, jaxdp, jaxdp.trace
+assert "jax" not in sys.modules  # importing jaxdp starts nothing
+print(len(jaxdp.setup_devices(3, "cpu")), jaxdp.trace.Recorder.__name__)
+try:
+    jaxdp.setup_devices(5)
+except Exception as e:
+    print(type(e).__name__, e)
+"""
+
+
+def test_setup_devices_in_a_fresh_process_and_its_error_once_jax_started():
     import subprocess
     import sys
 
-    code = "import sys, jaxdp, jaxdp.trace; assert 'jax' not in sys.modules; print(jaxdp.trace.Recorder.__name__)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and out.stdout.strip() == "Recorder", out.stderr
+    out = subprocess.run([sys.executable, "-c", SETUP], capture_output=True, text=True, timeout=120)
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0 and lines[0] == "3 Recorder", out.stderr
+    assert lines[1].startswith("DeviceError --devices 5: JAX was already initialised with 3 CPU device(s)"), lines

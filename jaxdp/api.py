@@ -90,8 +90,8 @@ def parallelize(loss_fn, params, optimizer, *, strategy: str, devices=None, mesh
     zero3 gathers, runs and frees one FSDP unit at a time. An NNX module with `unit_specs()`
     (jaxdp/models/units.py: units in forward order, `__call__` their fold) gives its units; otherwise,
     and always for a plain loss_fn, the whole loss is one unit: the whole model is gathered at once
-    (gathered again for backward, its gradient reduce-scattered), so zero3 then saves no memory in
-    the step over zero2. Give an NNX module `unit_specs()` to shard by layer.
+    (gathered again for backward, its gradient reduce-scattered): parameters are sharded between
+    steps, but the step's peak is about zero2's. Give an NNX module `unit_specs()` to shard by layer.
     """
     loss = strategy_options.pop("loss", None)
     name = strategies.canonical(strategy)

@@ -7,7 +7,8 @@ layout, equal an independent single-process torch reference written here, in flo
 Why 1e-10: the strategies only reorder sums (ranks, micro-batches, buckets, shards), which moves
 float64 results by ~1e-15 per step; a wrong algorithm (a missing 1/N, a shard's clipping norm, a
 summed instead of averaged micro-batch) is off by O(1e-3) or more (test_a_wrong_step_is_caught).
-One spawned world per N in {2, 3} runs all of that N's cases; N = 1 runs in this process.
+The suite's shared torch world of N ranks (tests/torch_helpers.py) runs all of that N's cases; the
+rank side is tests/torch_api_ranks.py.
 """
 from __future__ import annotations
 
@@ -16,54 +17,30 @@ import functools
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 import torch_ref
 from jaxdp import trace
-from jaxdp.config import FRAMEWORK_STRATEGIES
-from torch_ref import launch
 from torch_ref.strategies import zero3
 from torch_ref.trace import Recorder
 
-BATCH, FEATURES, HIDDEN, CLASSES, STEPS, TOL = 18, 5, 7, 3, 3, 1e-10  # 18 rows: N x accum divide it
-DIMENSIONS = {"strategy": list(FRAMEWORK_STRATEGIES["torch"]), "devices": [1, 2, 3], "accum": [1, 3],
-              "optimizer": ["momentum", "adamw"], "clip_norm": [0.0, 0.2]}
-# Every strategy with every N (27 cases), the other values alternating so that every pair meets.
-CASES = [(s, n, DIMENSIONS["accum"][(i + n) % 2], DIMENSIONS["optimizer"][(n // 2 + i // 2) % 2],
-          DIMENSIONS["clip_norm"][(n // 2 + i // 4) % 2])
-         for i, s in enumerate(DIMENSIONS["strategy"]) for n in DIMENSIONS["devices"]]
-UNITS = ("zero3", 2, 3, "adamw", 0.2, "units")  # zero3 with units= given: the first two layers as one group
-OPTIMIZERS = {"momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01),
-              "adamw": lambda ps: torch.optim.AdamW(ps, lr=0.02, weight_decay=0.1)}
+from .torch_api_ranks import (
+    BATCH,
+    CASES,
+    DIMENSIONS,
+    FEATURES,
+    HIDDEN,
+    OPTIMIZERS,
+    STEPS,
+    UNITS,
+    Net,
+    batch,
+    fresh_net,
+)
+from .torch_helpers import world
 
-
-class Net(nn.Module):
-    """Linear -> LayerNorm -> tanh -> Linear without bias."""
-
-    def __init__(self):
-        super().__init__()
-        self.inp = nn.Linear(FEATURES, HIDDEN)
-        self.norm = nn.LayerNorm(HIDDEN)
-        self.out = nn.Linear(HIDDEN, CLASSES, bias=False)
-
-    def forward(self, x):
-        return self.out(torch.tanh(self.norm(self.inp(x))))
-
-
-def fresh_net() -> Net:
-    torch.manual_seed(7)
-    net = Net().double()
-    with torch.no_grad():  # LayerNorm starts at (1, 0): move it, so a wrong scale/bias gradient shows
-        net.norm.weight.add_(torch.linspace(-0.3, 0.3, HIDDEN, dtype=torch.float64))
-        net.norm.bias.add_(0.1)
-    return net
-
-
-def batch(k: int):
-    rng = np.random.default_rng(k)
-    return rng.standard_normal((BATCH, FEATURES)), rng.integers(0, CLASSES, BATCH)
+TOL = 1e-10
 
 
 def flax(named: dict) -> dict:
@@ -98,41 +75,9 @@ def reference(optimizer: str, clip_norm: float) -> dict:
     return arrays
 
 
-# ---- in the ranks (spawned, or this process for N = 1) ------------------------------------------
-def train_case(rank: int, n: int, case: tuple, path=None) -> dict:
-    strategy, _, accum, optimizer, clip_norm, *extra = case
-    net = fresh_net()
-    options = {"units": [[net.inp, net.norm]]} if extra else {}
-    model, opt = torch_ref.parallelize(net, strategy=strategy, optimizer=OPTIMIZERS[optimizer], accum=accum,
-                                       **options)
-    rows = slice(None) if strategy == "single" else slice(rank * BATCH // n, (rank + 1) * BATCH // n)
-    losses = []
-    with Recorder(path, {"strategy": strategy, "devices": n}, model) as rec:
-        rec.init()
-        for k in range(1, STEPS + 1):
-            x, y = batch(k)
-            loss = torch_ref.train_step(model, opt, torch.from_numpy(x[rows]), torch.from_numpy(y[rows]),
-                                        F.cross_entropy, clip_norm=clip_norm)
-            losses.append(loss)
-            rec.step(k, loss, x, y)
-    return {"arrays": rec.arrays, "losses": losses}
-
-
-def run_cases(rank: int, n: int, cases: list, path) -> dict:
-    return {case: train_case(rank, n, case, path if case == cases[0] else None) for case in cases}
-
-
-@functools.cache
-def world(n: int, path: str | None = None) -> list[dict]:
-    """Every rank's results for the cases of world size n."""
-    cases = [c for c in CASES + [UNITS] if c[1] == n]
-    if n > 1:
-        return launch.launch(run_cases, n, cases, path, timeout_s=300, pg_timeout_s=60)
-    launch.init_process_group(torch.device("cpu"), 0, 1, 60, store=dist.HashStore())
-    try:
-        return [run_cases(0, 1, cases, path)]
-    finally:
-        dist.destroy_process_group()
+def api_results(n: int) -> list[dict]:
+    """Every rank's results of world size n's cases (run in the suite's shared torch world of n ranks)."""
+    return world(n)["api"]
 
 
 def worst_error(arrays: dict, ref: dict) -> tuple[float, str]:
@@ -152,8 +97,8 @@ def test_cases_cover_every_strategy_with_every_n_and_every_pair():
 
 
 @pytest.mark.parametrize("case", CASES + [UNITS], ids=lambda c: "-".join(map(str, c)))
-def test_every_step_equals_the_plain_torch_reference(case, tmp_path_factory):
-    per_rank = world(case[1], str(tmp_path_factory.getbasetemp() / f"api-{case[1]}.npz"))
+def test_every_step_equals_the_plain_torch_reference(case):
+    per_rank = api_results(case[1])
     got = per_rank[0][case]
     error, key = worst_error(got["arrays"], reference(case[3], case[4]))
     assert error <= TOL, f"{case}: {key} off by {error:.2e}"
@@ -161,9 +106,8 @@ def test_every_step_equals_the_plain_torch_reference(case, tmp_path_factory):
         assert other[case]["losses"] == got["losses"]
 
 
-def test_the_recorder_wrote_a_trace_jaxdp_reads(tmp_path_factory):
-    world(2, str(tmp_path_factory.getbasetemp() / "api-2.npz"))
-    t = trace.load(tmp_path_factory.getbasetemp() / "api-2.npz")
+def test_the_recorder_wrote_a_trace_jaxdp_reads():
+    t = trace.load(world(2)["api_trace"])
     assert t.meta["framework"] == "torch" and t.meta["devices"] == 2
     assert t.arrays["init/inp/kernel"].shape == (FEATURES, HIDDEN) and "init/out/bias" not in t.arrays
     assert t.arrays["step/3/x"].shape == (BATCH, FEATURES) and f"step/{STEPS}/grad/norm/scale" in t.arrays

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import collections
 import functools
+import os
+import tempfile
 
 import numpy as np
 import torch
@@ -14,6 +16,7 @@ import torch.distributed as dist
 from jaxdp import data, trace
 from jaxdp.config import FRAMEWORK_STRATEGIES, RunConfig
 
+from . import torch_api_ranks
 from .pairwise import pairwise
 
 # The JAX suite's problem (tests/conftest.py BASE) with a bucket small enough for several buckets.
@@ -39,6 +42,7 @@ KEEP_GATHERED = BASE.replace(strategy="zero3", devices=2, accum=3, clip_norm=0.5
                              reshard_after_forward=False)
 TRAIN = CASES + GPT_CASES + [FLOAT32] + BF16 + [KEEP_GATHERED]
 RING_SIZES = [1, 2, 3, 5, 7, 12, 13, 100]
+API_SIZES = (1, 2, 3)  # the world sizes tests/test_torch_api.py's cases need
 
 
 # ---- in the pytest process ----------------------------------------------------------------------
@@ -71,6 +75,9 @@ def world(n: int) -> dict:
 
     jobs = [("train", cfg, init_for(init_key(cfg))) for cfg in TRAIN if cfg.devices == n]
     jobs.append(("ring", RING_SIZES))
+    api_trace = os.path.join(tempfile.mkdtemp(prefix="torch_api_"), f"api-{n}.npz")
+    if n in API_SIZES:  # tests/test_torch_api.py: its model through the library API
+        jobs.append(("api", api_trace))
     if n == 2:
         jobs.append(("comm", BASE.replace(devices=2), init_for(init_key(BASE))))
         jobs.append(("buckets", BASE.replace(strategy="ddp-bucket", devices=2, accum=3), init_for(init_key(BASE))))
@@ -80,6 +87,7 @@ def world(n: int) -> dict:
     for i, job in enumerate(jobs):
         key = job[1] if job[0] == "train" else job[0]
         out[key] = per_rank[0][i] if job[0] == "train" else [r[i] for r in per_rank]
+    out["api_trace"] = api_trace
     return out
 
 
@@ -101,6 +109,8 @@ def run_jobs(rank: int, n: int, jobs: list) -> list:
             out.append(train_rank(rank, n, job[1], job[2], record=True))
         elif job[0] == "ring":
             out.append(ring_errors(rank, n, job[1]))
+        elif job[0] == "api":
+            out.append(torch_api_ranks.run_cases(rank, n, job[1]))
         elif job[0] == "comm":
             out.append({s: {accum: collectives_per_step(rank, n, job[1].replace(strategy=s, accum=accum), job[2])
                             for accum in (1, 3)} for s in DISTRIBUTED})
@@ -154,17 +164,28 @@ def collectives_per_step(rank, n, cfg, init) -> dict:
 
 
 def bucket_launches(rank, n, cfg, init) -> dict:
-    """Each bucket's launches over two steps, its elements, and what the process group ran in the
-    second step: the element count of every `gloo:all_reduce` (profiler events, in the order they
-    started)."""
+    """Each bucket's launches over two steps, its elements, and in the second step: the element
+    count of every all-reduce the strategy launched (`dist.all_reduce` calls, in order) and of every
+    one the process group ran (`gloo:all_reduce` profiler events, by start time: gloo runs them on
+    two worker threads, so two buckets in flight at once may start in either order)."""
     from torch.profiler import ProfilerActivity, profile
 
     strategy, x, y = _strategy_and_batch(rank, n, cfg, init)
     strategy.step(x, y)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        strategy.step(x, y)
+    launched, all_reduce = [], dist.all_reduce
+
+    def spy(tensor, *args, **kwargs):
+        launched.append(tensor.numel())
+        return all_reduce(tensor, *args, **kwargs)
+
+    dist.all_reduce = spy
+    try:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            strategy.step(x, y)
+    finally:
+        dist.all_reduce = all_reduce
     ran = sorted((e for e in prof.events() if e.name == "gloo:all_reduce"), key=lambda e: e.time_range.start)
     buckets = strategy.wrapped.buckets
     return {"launches": [b.launches for b in buckets], "sizes": [len(b.params) for b in buckets],
-            "elements": [b.grad_data.numel() for b in buckets],
+            "elements": [b.grad_data.numel() for b in buckets], "launched": launched,
             "all_reduces": [int(np.prod(e.input_shapes[0])) if e.input_shapes else None for e in ran]}

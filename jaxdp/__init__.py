@@ -17,6 +17,6 @@ def __getattr__(name):
 
     if name in _LAZY:
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    if name == "trace":  # `jaxdp.trace.Recorder` after a bare `import jaxdp`
-        return importlib.import_module(".trace", __name__)
+    if name in ("trace", "optim", "divergence"):  # `jaxdp.trace.Recorder` after a bare `import jaxdp`
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'jaxdp' has no attribute {name!r}")

@@ -155,6 +155,15 @@ def test_gradients_are_kept_only_while_a_recorder_is_attached():
     assert not state.keep_grads and state.grads is None
 
 
+def test_recorder_names_override_the_automatic_mapping():
+    model, _ = _single_model()
+    rec = Recorder(None, {}, model, names={"inp.weight": "first/w"})
+    rec.init()
+    assert rec.arrays["init/first/w"].shape == (FEATURES, HIDDEN) and "init/inp/kernel" not in rec.arrays
+    with pytest.raises(ValueError, match="names= has 'nope.weight': no such torch parameter"):
+        Recorder(None, {}, model, names={"nope.weight": "x"})  # refused at construction, not at the first step
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda: torch_ref.parallelize(Net(), strategy="ddp", optimizer=OPTIMIZERS["adamw"]),
      "strategy 'ddp' needs an initialised process group: call torch.distributed.init_process_group"),

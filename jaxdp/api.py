@@ -18,11 +18,12 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
+from . import data, models, strategies
 from . import devices as devices_mod
-from . import models, strategies
 from .config import ConfigError
 from .optax_check import check_elementwise
-from .strategies.common import read_on
+from .strategies import stats
+from .strategies.common import put_sharded, read_on
 
 
 class Parallel(NamedTuple):
@@ -31,8 +32,10 @@ class Parallel(NamedTuple):
     - `init(params=None, opt_state=None)` -> the train state on the devices (the given or the
       parallelized parameters; a fresh optimizer state, or the given full one to resume);
     - `step(state, x, y)` -> (state, metrics): x and y the global batch as NumPy (in a multi-process
-      run, this process's rows); `metrics["loss"]` the global mean loss, `metrics["grads"]` (with
-      return_grads) the full averaged gradient before the optimizer, a NumPy pytree like params;
+      run, this process's rows: `jaxdp.data.part_rows(x, process, processes, accum)`);
+      `metrics["loss"]` the global mean loss, `metrics["grads"]` (with return_grads) the full
+      averaged gradient before the optimizer, a NumPy pytree like params; `metrics["state"]` (a
+      model with `nnx.BatchStat` variables) the running statistics after the step, in the Flax layout;
     - `params(state)` -> the full parameters as NumPy.
     `strategy` is the device-level `Strategy` (its `put_batch` and `compiled_step` lower and inspect
     the compiled program), `problem` what it trains, `mesh` where.
@@ -103,9 +106,11 @@ def parallelize(loss_fn, params, optimizer, *, strategy: str, devices=None, mesh
     strat = strategies.make(name, problem, optimizer, mesh, opts, return_grads=return_grads)
     first = mesh.devices.flat[0]
     checked: set = set()
+    train_step = _with_state(name, strat, stats.make(name, problem, mesh, accum), mesh)
 
     def init(params=None, opt_state=None):
-        return strat.init(problem.params if params is None else params, opt_state)
+        state = strat.init(problem.params if params is None else params, opt_state)
+        return state if problem.state is None else state._replace(batch_stats=stats.place(name, problem.state, mesh))
 
     def step(state, x, y):
         x, y = np.asarray(x), np.asarray(y)
@@ -113,13 +118,35 @@ def parallelize(loss_fn, params, optimizer, *, strategy: str, devices=None, mesh
         if signature not in checked:  # before compiling: one line naming the fix
             _check_batch(problem, mesh, accum, x, y)
             checked.add(signature)
-        state, metrics = strat.step(state, *strat.put_batch(x, y))
+        # Micro-batch j is rows [j B/A, (j+1) B/A) on every strategy and N; each device its chunk of it.
+        x, y = (data.micro_major(a, len(mesh.local_devices), accum) for a in (x, y))
+        state, metrics = train_step(state, x, y)
         return state, jax.tree.map(lambda a: read_on(a, first), metrics)
 
     def full(state):
         return jax.tree.map(lambda a: read_on(a, first), strat.full_params(state))
 
     return Parallel(init, step, full, strat, problem, mesh, accum)
+
+
+def _with_state(name: str, strat, stats_step, mesh: Mesh):
+    """The strategy's step, and with a model's running statistics (`stats_step`, not None) their
+    forward-only program on the same rows and parameters before it (jaxdp/strategies/stats.py)."""
+    if stats_step is None:
+        return lambda state, x, y: strat.step(state, *strat.put_batch(x, y))
+
+    def step(state, x, y):
+        xb, yb = strat.put_batch(x, y)
+        if name == "ddp-pmap":  # stacked per device: the stats program takes them replicated
+            params = jax.device_put(strat.full_params(state), devices_mod.replicated(mesh))
+            x_rows = put_sharded(mesh)(x, y)[0]
+        else:
+            params, x_rows = state.params, xb
+        batch_stats = jax.block_until_ready(stats_step(params, state.batch_stats, x_rows))  # before step donates params
+        state, metrics = strat.step(state._replace(batch_stats=None), xb, yb)
+        return state._replace(batch_stats=batch_stats), {**metrics, "state": batch_stats}
+
+    return step
 
 
 def _problem(loss_fn, params, loss) -> models.Problem:

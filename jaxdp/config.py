@@ -9,10 +9,11 @@ import argparse
 import dataclasses
 from dataclasses import dataclass, field
 
-MODELS = ("mlp", "gpt")
-DATASETS = ("synthetic", "digits", "text")
+MODELS = ("mlp", "gpt", "cnn", "gpt2")
+DATASETS = ("synthetic", "digits", "text", "tokens")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 DTYPES = ("float64", "float32", "bfloat16")
+BATCHNORMS = ("sync", "local")
 PLATFORMS = ("auto", "cpu", "gpu")
 COLLECTIVES = ("xla", "ring")
 # Strategy names per framework; a name means the same algorithm on both sides.
@@ -22,6 +23,8 @@ FRAMEWORK_STRATEGIES = {
 }
 ALL_STRATEGIES = tuple(dict.fromkeys(FRAMEWORK_STRATEGIES["jax"] + FRAMEWORK_STRATEGIES["torch"]))
 ALIASES = {"fsdp": "zero3"}
+# --preset: sets these fields (over their flags); gpt2-124m is GPT-2 small on the package's token data.
+PRESETS = {"gpt2-124m": dict(model="gpt2", data="tokens", n_layer=12, n_head=12, d_model=768, seq_len=1024)}
 PACKAGE = {"jax": "jaxdp", "torch": "torch_ref"}
 
 
@@ -87,11 +90,19 @@ class RunConfig:
     )
     seed: int = _flag(0, "seed for parameters and data")
     hidden: tuple = _flag((64, 64), "mlp hidden widths, comma separated", type=_int_list)
+    channels: tuple = _flag((8, 16), "cnn: output channels of its two 3x3 convolutions, comma separated",
+                            type=_int_list)
+    batchnorm: str = _flag(
+        "sync", "cnn: BatchNorm statistics under data parallelism: sync (over the global micro-batch, every "
+        "strategy equals single) or local (each device its own rows, torch DDP's default; rank 0's running "
+        "statistics)", BATCHNORMS)
     bucket_mb: float = _flag(25.0, "ddp-bucket: bucket capacity in MB (2**20 bytes)")
     n_layer: int = _flag(2, "gpt: transformer blocks")
     n_head: int = _flag(2, "gpt: attention heads")
     d_model: int = _flag(32, "gpt: embedding width")
     seq_len: int = _flag(32, "gpt: context length in characters")
+    preset: str = _flag("", "gpt2-124m: GPT-2 small (12 layers, 12 heads, width 768, context 1024, vocabulary "
+                        "50304) on --data tokens; sets --model, --data and those sizes", tuple(PRESETS))
     collectives: str = _flag("xla", "zero1/2/3: XLA's built-in collectives or the explicit ring", COLLECTIVES)
     reshard_after_forward: bool = _flag(
         True, "zero3 (FSDP2's name): true frees each unit's gathered parameters after its forward and gathers "
@@ -107,6 +118,8 @@ class RunConfig:
     def __post_init__(self):
         if self.strategy in ALIASES:
             object.__setattr__(self, "strategy", ALIASES[self.strategy])
+        for name, value in PRESETS.get(self.preset, {}).items():
+            object.__setattr__(self, name, value)
 
     # ---- validation -------------------------------------------------------------------------
     def validate(self, framework: str = "jax") -> RunConfig:
@@ -118,6 +131,7 @@ class RunConfig:
             ("dtype", DTYPES),
             ("platform", PLATFORMS),
             ("collectives", COLLECTIVES),
+            ("batchnorm", BATCHNORMS),
         ):
             value = getattr(self, name)
             if value not in valid:
@@ -144,10 +158,21 @@ class RunConfig:
             )
         if self.model == "gpt" and self.data != "text":
             raise ConfigError("model 'gpt' trains on characters: use --data text")
+        if self.preset and self.preset not in PRESETS:
+            raise ConfigError(f"unknown preset {self.preset!r}; valid: {', '.join(PRESETS)}")
+        if self.model == "gpt2" and self.data not in ("text", "tokens"):
+            raise ConfigError("model 'gpt2' trains on tokens: use --data text or --data tokens")
+        if self.data == "tokens" and self.model != "gpt2":
+            raise ConfigError("data 'tokens' (vocabulary 50304) is for --model gpt2")
         if self.model == "mlp" and self.data == "text":
             raise ConfigError("data 'text' is for --model gpt; use --data synthetic or digits for mlp")
-        if self.model == "gpt" and self.d_model % self.n_head:
+        if self.model in ("gpt", "gpt2") and self.d_model % self.n_head:
             raise ConfigError(f"--d-model {self.d_model} must divide by --n-head {self.n_head}")
+        if self.model == "cnn" and self.data != "digits":
+            raise ConfigError("model 'cnn' trains on 8x8 images: use --data digits")
+        if len(self.channels) != 2:
+            raise ConfigError(f"--channels takes two widths (conv1,conv2), got {len(self.channels)}; "
+                              f"e.g. --channels 8,16")
         if (self.resume or self.checkpoint_every > 0) and not self.checkpoint_dir:
             raise ConfigError("--resume and --checkpoint-every need --checkpoint-dir DIR")
         if self.checkpoint_every < 0:
@@ -162,6 +187,7 @@ class RunConfig:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["hidden"] = list(self.hidden)
+        d["channels"] = list(self.channels)
         return d
 
     @classmethod
@@ -170,6 +196,8 @@ class RunConfig:
         d = {k: v for k, v in d.items() if k in known}
         if "hidden" in d:
             d["hidden"] = tuple(d["hidden"])
+        if "channels" in d:
+            d["channels"] = tuple(d["channels"])
         return cls(**d)
 
 
@@ -213,6 +241,8 @@ COMPARABLE_FIELDS = (
     "dtype",
     "seed",
     "hidden",
+    "channels",
+    "batchnorm",
     "n_layer",
     "n_head",
     "d_model",

@@ -7,6 +7,7 @@ dtype); labels are int32.
 - `synthetic`: Gaussian inputs, labels from a fixed random linear teacher (learnable, 10 classes).
 - `digits`: the 8x8 handwritten digits that scikit-learn ships (1797 images, no download).
 - `text`: characters of a text file shipped with the package; x is a window, y the next characters.
+- `tokens`: GPT-2-sized token ids (vocabulary 50304) made by the package (`token_stream`), as text.
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import numpy as np
 
 SYNTHETIC_FEATURES = 32
 SYNTHETIC_CLASSES = 10
+TOKENS_VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64 (jaxdp/models/gpt2.py)
+TOKENS_LENGTH = 1 << 15
 
 
 @dataclass(frozen=True)
@@ -51,9 +54,40 @@ class Dataset:
         return np.random.default_rng([self.seed, 0x7EAC]).standard_normal((self.n_features, self.n_classes))
 
 
+def micro_major(a: np.ndarray, parts: int, accum: int) -> np.ndarray:
+    """The rows of a global batch reordered for `parts` devices (or ranks, or processes) x `accum`
+    micro-batches, the one batch layout of both frameworks: micro-batch j is rows [j B/A, (j+1) B/A)
+    of the batch whatever the strategy and N (`single`'s micro-batch j), and part d's share of it
+    is its d-th contiguous chunk. After the reorder part d's rows are one contiguous block, its
+    shares of micro-batches 0..A-1 in order (`part_rows`). With one part or one micro-batch, `a`."""
+    if parts == 1 or accum == 1:
+        return a
+    return a.reshape(accum, parts, -1, *a.shape[1:]).swapaxes(0, 1).reshape(a.shape)
+
+
+def part_rows(a: np.ndarray, part: int, parts: int, accum: int) -> np.ndarray:
+    """Part `part`'s rows of the global batch `a` (its block of `micro_major`): what a torch rank, or
+    a process of a multi-process JAX run, passes to its step."""
+    return a.reshape(accum, parts, -1, *a.shape[1:])[:, part].reshape(-1, *a.shape[1:])
+
+
 def text_corpus() -> str:
     """The character-level corpus shipped in `jaxdp/assets/` (never downloaded)."""
     return resources.files("jaxdp").joinpath("assets/data_parallel.txt").read_text(encoding="utf-8")
+
+
+def token_stream(vocab: int = TOKENS_VOCAB, length: int = TOKENS_LENGTH) -> np.ndarray:
+    """Made, never downloaded: a fixed stream of `length` token ids in [0, vocab) (its own seed, not the
+    run's), in which each token is followed by its fixed successor (a permutation) 3 times in 4 and by
+    a uniformly drawn token otherwise: learnable, and every id of GPT-2's vocabulary can occur."""
+    rng = np.random.default_rng(0x70CE)
+    successor, fresh = rng.permutation(vocab), rng.integers(0, vocab, length)
+    jump = rng.random(length) < 0.25
+    out = np.empty(length, dtype=np.int32)
+    out[0] = fresh[0]
+    for i in range(1, length):
+        out[i] = fresh[i] if jump[i] else successor[out[i - 1]]
+    return out
 
 
 def load(name: str, seed: int, seq_len: int = 32) -> Dataset:
@@ -73,4 +107,9 @@ def load(name: str, seed: int, seq_len: int = 32) -> Dataset:
         if len(tokens) <= seq_len + 1:
             raise ValueError(f"--seq-len {seq_len} is longer than the text corpus ({len(tokens)} characters)")
         return Dataset(name, seed, seq_len, len(vocab), _tokens=tokens, vocab=vocab)
-    raise ValueError(f"unknown data {name!r}; valid: synthetic, digits, text")
+    if name == "tokens":
+        tokens = token_stream()
+        if len(tokens) <= seq_len + 1:
+            raise ValueError(f"--seq-len {seq_len} is longer than the token stream ({len(tokens)} tokens)")
+        return Dataset(name, seed, seq_len, TOKENS_VOCAB, _tokens=tokens)
+    raise ValueError(f"unknown data {name!r}; valid: synthetic, digits, text, tokens")

@@ -88,7 +88,7 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
                                   "processes": jax.process_count(), "versions": versions(), "first_step": start + 1})
     recorder = Recorder(trace_path if jax.process_index() == 0 else None, result.meta) if record else None
     if recorder is not None:  # a resumed run's init/ is what it resumed from
-        recorder.init(problem.params if start == 0 else par.params(state))
+        recorder.init(problem.params if start == 0 else par.params(state), state=problem.state)
     _train(cfg, dataset, par, state, start, saver, recorder, result, progress)
     if recorder is not None:
         recorder.close()  # process 0 writes the trace (atomically)
@@ -104,15 +104,12 @@ def _train(cfg, dataset, par, state, start, saver, recorder, result, progress):
     """Steps start+1..cfg.steps: batch -> step -> log -> trace -> checkpoint."""
     import jax
 
-    # Devices are ordered by process, so process p owns rows [p B/P, (p+1) B/P) of every batch.
-    per_process = cfg.batch_size // jax.process_count()
-    rows = slice(jax.process_index() * per_process, (jax.process_index() + 1) * per_process)
     bar = _progress_bar(cfg, progress) if jax.process_index() == 0 else None
     t0 = t1 = time.perf_counter()
     for k in range(start + 1, cfg.steps + 1):
         t_step = time.perf_counter()
-        x, y = host_batch(cfg, dataset, k, rows)
-        state, metrics = par.step(state, x, y)
+        x, y = host_batch(cfg, dataset, k)  # the global batch; a process steps on its rows of it
+        state, metrics = par.step(state, *(_process_rows(a, cfg.accum) for a in (x, y)))
         loss = float(metrics["loss"])
         if cfg.nan_check and not math.isfinite(loss):
             raise NonFiniteLoss(f"loss is {loss} at step {k} ({cfg.strategy}, lr {cfg.lr}); lower --lr, "
@@ -120,9 +117,7 @@ def _train(cfg, dataset, par, state, start, saver, recorder, result, progress):
         result.losses.append(loss)
         result.step_times.append(time.perf_counter() - t_step)  # float(loss) waited for the step
         if recorder is not None:
-            if jax.process_count() > 1:  # the trace holds the whole global batch
-                x, y = host_batch(cfg, dataset, k)
-            recorder.step(k, loss, metrics["grads"], par.params(state), x, y)
+            recorder.step(k, loss, metrics["grads"], par.params(state), x, y, state=metrics.get("state"))
         if saver is not None:
             saver.maybe_save(k, state, cfg)
         if k == start + 1:
@@ -137,6 +132,16 @@ def _train(cfg, dataset, par, state, start, saver, recorder, result, progress):
         saver.close()
     if cfg.steps - start > 1:
         result.steps_per_s = (cfg.steps - start - 1) / max(time.perf_counter() - t1, 1e-9)
+
+
+def _process_rows(a, accum: int):
+    """This process's rows of the global batch (devices are ordered by process, so process p owns
+    the p-th share of every micro-batch: `data.part_rows`); all of it in a single-process run."""
+    import jax
+
+    from . import data
+
+    return data.part_rows(a, jax.process_index(), jax.process_count(), accum) if jax.process_count() > 1 else a
 
 
 def _start(cfg: RunConfig, strategy, problem, optimizer):

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import convert
+from .gpt2 import GPT2
 
 LN_EPS = 1e-5  # as jaxdp/models/gpt.py and torch.nn.LayerNorm
 MASTER_DTYPE = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.float32}
@@ -116,8 +117,15 @@ def build(cfg, dataset) -> nn.Module:
     elif cfg.model == "gpt":
         model = GPT(vocab=dataset.n_classes, seq_len=cfg.seq_len, n_layer=cfg.n_layer, n_head=cfg.n_head,
                     d_model=cfg.d_model)
+    elif cfg.model == "cnn":
+        from .cnn import CNN
+
+        model = CNN(cfg.channels, dataset.n_classes, cfg.batchnorm)
+    elif cfg.model == "gpt2":
+        model = GPT2(vocab=dataset.n_classes, seq_len=cfg.seq_len, n_layer=cfg.n_layer, n_head=cfg.n_head,
+                     d_model=cfg.d_model)
     else:
-        raise ValueError(f"unknown model {cfg.model!r}; valid: mlp, gpt")
+        raise ValueError(f"unknown model {cfg.model!r}; valid: mlp, gpt, cnn, gpt2")
     return model.to(MASTER_DTYPE[cfg.dtype])
 
 
@@ -161,4 +169,5 @@ def jax_init(cfg, dataset) -> dict[str, np.ndarray]:
 
     with jax.default_device(jax.devices("cpu")[0]):
         problem = jax_models.init(cfg, dataset)
-    return {k: np.array(v) for k, v in jax_models.flat_names(problem.params).items()}
+    flat = {**jax_models.flat_names(problem.params), **jax_models.flat_names(problem.state or {})}  # + BatchNorm's
+    return {k: np.array(v) for k, v in flat.items()}

@@ -24,9 +24,11 @@ from . import api, convert
 
 
 class Recorder:
-    """Records `init/<name>`, `step/<k>/{loss,x,y}`, `step/<k>/grad/<name>` and `step/<k>/param/<name>` in
-    Flax names and layout (`torch_ref.convert`: by module path and layer type; `names=` overrides it
-    as `convert.tensors_to_flax` takes it; an unmapped parameter is an error here, at construction).
+    """Records `init/<name>`, `step/<k>/{loss,x,y}`, `step/<k>/grad/<name>` and `step/<k>/param/<name>`,
+    and the mapped buffers (BatchNorm's running statistics, rank 0's) as `state/<name>` before the
+    first step and `step/<k>/state/<name>` after each, in Flax names and layout (`torch_ref.convert`:
+    by module path and layer type; `names=` overrides it as `convert.tensors_to_flax` takes it; an
+    unmapped parameter is an error here, at construction).
     `path=None` keeps the arrays in memory (`arrays`, on rank 0) without writing. `meta` is written
     as given, with `framework: torch` added when absent."""
 
@@ -46,8 +48,9 @@ class Recorder:
         self.close(write=exc_type is None)
 
     def init(self) -> None:
-        """The parameters before the first step (every rank calls it)."""
+        """The parameters and buffers before the first step (every rank calls it)."""
         self._put("init", self.par.full_params())
+        self._put("state", self._buffers())
 
     def step(self, k: int, loss: float, x=None, y=None) -> None:
         """Step `k`'s loss (`train_step`'s return), its global batch (optional), the gradient the
@@ -65,6 +68,7 @@ class Recorder:
                 self.arrays[f"step/{k}/{key}"] = np.asarray(value.cpu() if hasattr(value, "cpu") else value)
         self._put(f"step/{k}/grad", grads)
         self._put(f"step/{k}/param", params)
+        self._put(f"step/{k}/state", self._buffers())
         self.par.grads = None
 
     def close(self, write: bool = True) -> None:
@@ -72,6 +76,10 @@ class Recorder:
         self.par.keep_grads, self.par.grads = False, None
         if write and self.writer and self.path is not None:
             jax_trace.save(self.path, self.meta, self.arrays)
+
+    def _buffers(self) -> dict:
+        """The module's buffers (`convert` keeps the mapped ones: running_mean/var -> mean/var)."""
+        return {name: b.detach() for name, b in self.par.module.named_buffers()}
 
     def _put(self, prefix: str, tensors: dict) -> None:
         if self.writer:

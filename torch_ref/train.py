@@ -19,7 +19,7 @@ from jaxdp import data
 from jaxdp.config import ConfigError, RunConfig
 from jaxdp.train import NonFiniteLoss, RunResult  # one error type and one result for both frameworks
 
-from . import api, checkpoint, launch, models, optim, strategies
+from . import api, checkpoint, cnn, launch, models, optim, strategies
 from .trace import Recorder
 
 FAIL_ENV = "TORCH_REF_FAIL_AT"  # "RANK:STEP": that rank raises at that step (tests the failure path)
@@ -81,7 +81,8 @@ def train_rank(rank: int, world: int, cfg: RunConfig, init: dict[str, np.ndarray
     arrays go into the result as jaxdp.train.run's `record`). Returns the result on rank 0, None elsewhere."""
     device = device or launch.rank_device(cfg.platform, rank)
     dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
-    model, optimizer = configured(models.load_flax(models.build(cfg, dataset).to(device), init), cfg)
+    module = cnn.for_device(models.load_flax(models.build(cfg, dataset).to(device), init), device)
+    model, optimizer = configured(module, cfg)
     start = checkpoint.restore(cfg.checkpoint_dir, api.state_of(model).checkpoint, cfg) if cfg.resume else 0
     result = RunResult(cfg)  # a resumed run's init/ is what it resumed from
     result.meta = {"framework": "torch", **cfg.to_dict(), "platform": "gpu" if device.type == "cuda" else "cpu",
@@ -91,7 +92,6 @@ def train_rank(rank: int, world: int, cfg: RunConfig, init: dict[str, np.ndarray
     if recorder:
         recorder.init()  # every rank: a collective for sharded strategies
     input_dtype = models.numpy_master_dtype(cfg.dtype)
-    rows = slice(rank * cfg.batch_size // world, (rank + 1) * cfg.batch_size // world)
     fail_at = _fail_at()
     t0 = t1 = time.perf_counter()
     for k in range(start + 1, cfg.steps + 1):
@@ -100,8 +100,8 @@ def train_rank(rank: int, world: int, cfg: RunConfig, init: dict[str, np.ndarray
         x = x.astype(input_dtype) if np.issubdtype(x.dtype, np.floating) else x
         if fail_at == (rank, k):
             raise InjectedFailure(f"injected failure on rank {rank} at step {k} ({FAIL_ENV})")
-        xs, ys = (torch.from_numpy(a[rows].astype(np.int64) if a.dtype.kind in "iu" else a[rows]).to(device)
-                  for a in (x, y))
+        rows = (data.part_rows(a, rank, world, cfg.accum) for a in (x, y))  # micro-batch j: the same rows as single's
+        xs, ys = (torch.from_numpy(a.astype(np.int64) if a.dtype.kind in "iu" else a).to(device) for a in rows)
         loss = api.train_step(model, optimizer, xs, ys, cross_entropy, clip_norm=cfg.clip_norm)
         if device.type == "cuda":
             torch.cuda.synchronize(device)

@@ -15,7 +15,9 @@ import optax
 from flax import nnx
 
 from . import units
+from .cnn import CNN
 from .gpt import GPT
+from .gpt2 import GPT2
 from .mlp import MLP
 
 MASTER_DTYPE = {"float64": jnp.float64, "float32": jnp.float32, "bfloat16": jnp.float32}
@@ -30,7 +32,12 @@ def build(cfg, dataset) -> nnx.Module:
     if cfg.model == "gpt":
         return GPT(vocab=dataset.n_classes, seq_len=cfg.seq_len, n_layer=cfg.n_layer, n_head=cfg.n_head,
                    d_model=cfg.d_model, **kw)
-    raise ValueError(f"unknown model {cfg.model!r}; valid: mlp, gpt")
+    if cfg.model == "cnn":
+        return CNN(cfg.channels, dataset.n_classes, batchnorm=cfg.batchnorm, **kw)
+    if cfg.model == "gpt2":
+        return GPT2(vocab=dataset.n_classes, seq_len=cfg.seq_len, n_layer=cfg.n_layer, n_head=cfg.n_head,
+                    d_model=cfg.d_model, **kw)
+    raise ValueError(f"unknown model {cfg.model!r}; valid: mlp, gpt, cnn, gpt2")
 
 
 class Problem(NamedTuple):
@@ -41,6 +48,8 @@ class Problem(NamedTuple):
     apply: Callable | None  # (params, x) -> outputs (None for a plain loss function)
     units: tuple = ()       # FSDP units in forward order (`units.Unit`), for zero3
     head: Callable | None = None  # (last unit's output, y) -> loss; None: the units take (x, y), give the loss
+    state: dict | None = None  # non-trainable variables (NNX `BatchStat`: running statistics), a pure dict
+    update_state: Callable | None = None  # (params, state, x) -> state after one training forward on x
 
 
 def definition_order(node, prefix=()):
@@ -63,13 +72,22 @@ def init(cfg, dataset) -> Problem:
 
 def from_module(model: nnx.Module, loss: Callable) -> Problem:
     """An NNX module and `loss(outputs, y)` as a Problem. Its parameters (`nnx.Param`) are trained;
-    any other variable (e.g. BatchNorm statistics) is held at its current value. zero3's units are
-    the model's `unit_specs()` when it has them, else the whole loss is one unit."""
-    graphdef, state, rest = nnx.split(model, nnx.Param, ...)
-    params = nnx.to_pure_dict(state)
+    its `nnx.BatchStat` variables (running statistics) are the Problem's `state`, which the loss
+    does not read (a training-mode forward normalises with the batch's statistics) and
+    `update_state` advances (jaxdp/strategies/stats.py); any other variable is held at its current
+    value. zero3's units are the model's `unit_specs()` when it has them, else the whole loss is one unit."""
+    graphdef, state, stats, rest = nnx.split(model, nnx.Param, nnx.BatchStat, ...)
+    params, stats = nnx.to_pure_dict(state), nnx.to_pure_dict(stats)
 
-    def apply(params, x):
-        return nnx.merge(graphdef, params, rest)(x)
+    def apply(params, x):  # its statistics' update is dropped: fresh variables in this trace
+        return nnx.merge(graphdef, params, stats, rest)(x)
+
+    def update_state(params, state, x):
+        module = nnx.merge(graphdef, params, state, rest)
+        module(x)  # a training forward updates the statistics in place
+        return nnx.to_pure_dict(nnx.state(module, nnx.BatchStat))
+
+    with_state = dict(state=stats, update_state=update_state) if jax.tree.leaves(stats) else {}
 
     def loss_fn(params, x, y):
         return loss(apply(params, x), y)
@@ -78,13 +96,14 @@ def from_module(model: nnx.Module, loss: Callable) -> Problem:
     if sorted(order) != sorted(flat_names(params)):  # parameters outside modules/lists: pytree order
         order = tuple(flat_names(params))
     if not hasattr(model, "unit_specs"):
-        return Problem(loss_fn, params, order, apply, (units.whole(loss_fn),), None)
+        return Problem(loss_fn, params, order, apply, (units.whole(loss_fn),), None, **with_state)
     pure = units.pure_units(model)
-    owned = [name for unit in pure for name in flat_names(units.split(params, [unit]))]
+    paths = list(dict.fromkeys(p for unit in pure for p in unit.paths))  # a tied one: listed by several units
+    owned = flat_names([units.at(params, p) for p in paths])
     if len(owned) != len(order):
         raise ValueError(f"{type(model).__name__}.unit_specs() must own every parameter exactly once; "
                          f"owned {len(owned)} of {len(order)}: fix the specs' paths")
-    return Problem(loss_fn, params, order, apply, pure, loss)
+    return Problem(loss_fn, params, order, apply, pure, loss, **with_state)
 
 
 def from_loss(loss_fn: Callable, params) -> Problem:

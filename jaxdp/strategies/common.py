@@ -20,6 +20,7 @@ from ..devices import AXIS, batch_sharded, replicated
 class TrainState(NamedTuple):
     params: dict
     opt_state: optax.OptState
+    batch_stats: dict | None = None  # running statistics (a model with nnx.BatchStat), replicated: stats.py
 
 
 class Strategy(NamedTuple):

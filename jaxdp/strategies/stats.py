@@ -1,0 +1,68 @@
+"""Non-trainable state through a step, for every strategy: BatchNorm's running statistics.
+
+A model with `nnx.BatchStat` variables gives its `Problem` a `state` (their values, a pure dict) and
+`update_state(params, state, x)` (one training-mode forward on the rows `x`, returning the updated
+statistics). The running statistics do not enter the loss (training-mode BatchNorm normalises with
+the batch's statistics), so the strategies' gradient steps stay as they are, and the statistics are
+advanced by a second, forward-only program per step (`make`): on each device, one forward per
+micro-batch, in order, on the same rows and the same parameters (before the update) as the
+gradient step, with the same statistics (`sync`: over the `data` axis). That costs one extra forward
+per micro-batch (zero3: one more all-gather of the parameters); the strategies' compiled steps are
+unchanged.
+
+Afterwards every device takes device 0's statistics: torch DDP's `broadcast_buffers=True` (rank 0's
+buffers are broadcast before each forward, so rank 0's running statistics are the run's). Under
+`sync` BatchNorm they are the same on every device anyway; under `local` they are rank 0's.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+from ..devices import AXIS, replicated
+from .common import to_numpy
+from .zero import unpad
+
+SHARDED_PARAMS = ("zero3",)  # the train state holds flat shards: gathered for the forward
+
+
+def advance(problem, params, state, x, accum: int):
+    """`state` after one forward on each of this device's `accum` micro-batches, in order."""
+    xs = x.reshape(accum, x.shape[0] // accum, *x.shape[1:])
+    state, _ = lax.scan(lambda s, xb: (problem.update_state(params, s, xb), None), state, xs)
+    return state
+
+
+def from_root(a):
+    """Device 0's value of `a` on every device (a psum of it and zeros: exact)."""
+    return lax.psum(jnp.where(lax.axis_index(AXIS) == 0, a, jnp.zeros_like(a)), AXIS)
+
+
+def make(name: str, problem, mesh, accum: int):
+    """`(params as the train state holds them, state, x placed as put_sharded places it) -> state`,
+    jitted; None for a problem without state. ddp-pmap's stacked parameters are passed unstacked
+    (`strategy.full_params`)."""
+    if problem.update_state is None:
+        return None
+    if name == "single":
+        return jax.jit(lambda params, state, x: advance(problem, params, state, x, accum))
+    shapes = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), problem.params)
+
+    def device(params, state, x):
+        if name in SHARDED_PARAMS:
+            params = jax.tree.map(lambda s, like: unpad(lax.all_gather(s, AXIS, tiled=True), like), params, shapes)
+        return jax.tree.map(from_root, advance(problem, params, state, x, accum))
+
+    param_spec = P(AXIS) if name in SHARDED_PARAMS else P()
+    return jax.jit(jax.shard_map(device, mesh=mesh, in_specs=(param_spec, P(), P(AXIS)), out_specs=P(),
+                                 check_vma=False))
+
+
+def place(name: str, state, mesh):
+    """The initial state on the devices: on the one device (`single`), else replicated."""
+    state = to_numpy(state)
+    if name == "single":
+        return jax.device_put(state, mesh.devices.flat[0])
+    return jax.device_put(state, replicated(mesh))

@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from . import hlo, models, train
+from .models import units
 
 STAGE = {"single": 0, "dp": 0, "ddp": 0, "ddp-pmap": 0, "ddp-bucket": 0, "ddp-ring": 0,
          "zero1": 1, "zero2": 2, "zero3": 3}
@@ -117,7 +118,7 @@ def measure_step(cfg) -> dict:
     trains = {"comm": comm, "temp_bytes": mem["temp_bytes"], "peak_bytes": mem["peak_bytes"], "lower_s": c.lower_s,
               "compile_s": c.compile_s}
     out = {**memory(cfg, c), **trains}
-    return {**out, "theory": theory_for(cfg, out["sizes"])}
+    return {**out, "theory": theory_for(cfg, out["sizes"], root_sizes(c.problem))}
 
 
 def format_memory(rows: list[dict]) -> str:
@@ -196,12 +197,13 @@ def dp_theory(sizes: list[int], n: int, itemsize: int) -> dict:
 
 
 def theory(strategy: str, sizes: list[int], n: int, itemsize: int, loss_itemsize: int | None = None,
-           accum: int = 1, reshard_after_forward: bool = True) -> dict:
+           accum: int = 1, reshard_after_forward: bool = True, root_sizes: list[int] = ()) -> dict:
     """Bytes each device sends per step by the textbook algorithms (ring collectives), by kind.
     Psi = sum(sizes); Psi_N = sum(ceil(size / n)) (ZeRO pads each parameter to a multiple of n).
     The loss is averaged for the log by one scalar all-reduce (not for `dp`, whose tree is counted
     separately, nor for one device). zero3 gathers every micro-batch (`accum`) for forward and,
-    with `reshard_after_forward`, again for backward; the others sync once per step whatever accum."""
+    with `reshard_after_forward`, again for backward, except `root_sizes` (its root's: a tied weight,
+    `root_sizes` among `sizes` once), gathered once per micro-batch; the others sync once per step."""
     psi = sum(sizes)
     psi_n = sum(math.ceil(s / n) for s in sizes)
     loss = 2 * (n - 1) / n * (loss_itemsize or itemsize)
@@ -217,7 +219,9 @@ def theory(strategy: str, sizes: list[int], n: int, itemsize: int, loss_itemsize
     elif strategy in ("zero2", "zero3"):
         out["reduce-scatter"] = (n - 1) * psi_n * itemsize
         gathers = accum * (2 if reshard_after_forward else 1) if strategy == "zero3" else 1
-        out["all-gather"] = (n - 1) * psi_n * itemsize * gathers
+        root_n = sum(math.ceil(s / n) for s in root_sizes) if strategy == "zero3" else 0
+        regathered = (gathers - accum) * root_n  # the root is gathered for forward only
+        out["all-gather"] = (n - 1) * (psi_n * gathers - regathered) * itemsize
     else:
         raise ValueError(f"no communication theory for {strategy!r}")
     if n == 1:
@@ -226,7 +230,13 @@ def theory(strategy: str, sizes: list[int], n: int, itemsize: int, loss_itemsize
     return out
 
 
-def theory_for(cfg, sizes: list[int]) -> dict:
+def root_sizes(problem) -> list[int]:
+    """Sizes of the parameters zero3's root owns: those several units share (a tied weight)."""
+    return [int(np.prod(leaf.shape)) for path in units.shared_paths(problem.units)
+            for leaf in jax.tree.leaves(units.at(problem.params, path))]
+
+
+def theory_for(cfg, sizes: list[int], root: list[int] = ()) -> dict:
     """`theory` (or `dp_theory`) for a run configuration: its strategy, devices, master dtype,
     accumulation and zero3's reshard mode. No communication for `single` or one device."""
     from .models import MASTER_DTYPE
@@ -237,5 +247,5 @@ def theory_for(cfg, sizes: list[int]) -> dict:
     if cfg.strategy == "dp":
         return dp_theory(sizes, cfg.devices, itemsize)
     return theory(cfg.strategy, sizes, cfg.devices, itemsize, accum=cfg.accum,
-                  reshard_after_forward=cfg.reshard_after_forward)
+                  reshard_after_forward=cfg.reshard_after_forward, root_sizes=root)
 

@@ -29,10 +29,12 @@ def inspect(cfg) -> dict:
     ops = [{"op": c["op"], "dtype": c["dtype"], "elements": c["elements"], "bytes_per_device": c["sent"],
             "trips": c["trips"]} for c in found]
     sizes = [int(np.prod(p.shape)) for p in jax.tree.leaves(problem.params)]
+    root = accounting.root_sizes(problem)  # zero3: a tied weight, gathered once per micro-batch
     out = {"strategy": cfg.strategy, "devices": cfg.devices, "model": cfg.model, "dtype": cfg.dtype,
            "accum": cfg.accum, "collectives": ops,
            "bytes_per_device": sum(c["bytes_per_device"] * (c["trips"] or 1) for c in ops),
-           "theory_bytes_per_device": accounting.theory_for(cfg, sizes)["total"], **accounting.step_memory(compiled)}
+           "theory_bytes_per_device": accounting.theory_for(cfg, sizes, root)["total"],
+           **accounting.step_memory(compiled)}
     if cfg.strategy == "ddp-bucket":
         named = models.flat_names(problem.params)
         out["buckets"] = [sum(int(named[name].size) for name in b) for b in bucket.plan(problem, cfg.bucket_mb)]

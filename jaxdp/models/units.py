@@ -56,6 +56,14 @@ def pure_units(model) -> tuple[Unit, ...]:
     return tuple(units)
 
 
+def shared_paths(units) -> tuple[tuple, ...]:
+    """Parameter subtrees listed by more than one unit (a tied weight: GPT-2's `wte`, the token
+    embedding and the output head), in first-use order. zero3 gives them to the root: gathered once
+    for all their uses, their summed gradient reduce-scattered once (`strategies/fsdp.py`)."""
+    listed = [p for unit in units for p in unit.paths]
+    return tuple(p for p in dict.fromkeys(listed) if listed.count(p) > 1)
+
+
 def whole(loss_fn) -> Unit:
     """The whole loss as one unit: its parameters are the whole tree (path `()`), its input `(x, y)`,
     its output the loss. zero3 then gathers the whole model at once."""

@@ -7,6 +7,10 @@ runs as one `jax.custom_vjp`:
 - backward: all-gather the shards again, run the unit's backward, and reduce-scatter its parameter
   gradient at once (or, under accumulation, hand the full local gradient out unreduced: no_sync).
 With `reshard_after_forward=False` the full parameters are kept as residuals instead: no re-gather.
+A parameter listed by several units (a tied weight: GPT-2's `wte`, embedding and head) belongs to the
+root, as in torch FSDP2 when it is left to the root module: gathered once per micro-batch before the
+first unit, handed to each unit that uses it with the unit's input (so autodiff sums its uses'
+gradients), never re-gathered, and its summed gradient reduce-scattered once after the last backward.
 
 Why this shape (docs/STRATEGIES.md has the measurements): XLA:CPU removes optimization barriers
 (`cse_barrier_expander`) and then merges identical computations (CSE), and its scheduler is free to
@@ -103,20 +107,60 @@ def fsdp_unit(apply, gather, reduce_scatter, *, reshard_after_forward: bool, syn
     return run
 
 
+def root_gather(gather, reduce_scatter, *, sync: bool):
+    """`run(shards, sink, x) -> full`: the root's shared parameters, as FSDP2 treats a tied weight
+    left to the root module: gathered once (per micro-batch) before the first unit, kept for every
+    use through backward (never re-gathered), and the sum of all uses' gradients reduce-scattered
+    once, after the last unit's backward (sync=False: handed out unreduced as `sink`'s gradient)."""
+
+    @jax.custom_vjp
+    def run(shards, sink, x):
+        return gather(shards)
+
+    def fwd(shards, sink, x):
+        return gather(tie(shards, x)), shards
+
+    def bwd(shards, dfull):
+        if not sync:
+            return jax.tree.map(jnp.zeros_like, shards), dfull, None
+        return reduce_scatter(dfull), None, None
+
+    run.defvjp(fwd, bwd)
+    return run
+
+
+def without_shared(unit, shared) -> tuple[unit_lib.Unit, bool]:
+    """`unit` owning only its own paths; if it also uses shared ones, it takes `(x, shared full params)`
+    as input and puts them back in place (True: it uses them)."""
+    own = tuple(p for p in unit.paths if p not in shared)
+    if len(own) == len(unit.paths):
+        return unit, False
+
+    def apply(params, x_root):
+        x, root = x_root
+        by_path = {**dict(zip(own, params, strict=True)), **dict(zip(shared, root, strict=True))}
+        return unit.apply(tuple(by_path[p] for p in unit.paths), x)
+
+    return unit_lib.Unit(unit.name, own, apply), True
+
+
 def unit_grads(problem, shapes, gather_leaf, scatter_leaf, accum: int, reshard_after_forward: bool):
     """zero3's `(param shards, x, y) -> (mean loss, gradient shards)`, unit by unit: the units in
     order, then `problem.head(output, y)`; with no head, the units take `(x, y)` and give the loss
-    (a plain loss function is one unit, `units.whole`: the whole model gathered at once).
+    (a plain loss function is one unit, `units.whole`: the whole model gathered at once). Parameters
+    listed by several units (tied) belong to the root: `root_gather`, before the units.
 
     `gather_leaf(shard, shape)` -> the full parameter; `scatter_leaf(grad)` -> this device's shard of
     the summed gradient / N. accum == 1: each unit's gradient is reduce-scattered inside its
     backward. accum > 1 (FSDP's no_sync): every micro-batch gathers forward and backward, but the
     gradients stay full and local, summed over the micro-batches, and are reduce-scattered once.
     """
-    units = problem.units
-    if not units:
+    if not problem.units:
         raise ValueError("zero3 runs a model unit by unit: give the model `unit_specs()` (jaxdp/models/units.py)")
-    unit_shapes = unit_lib.split(shapes, units)
+    shared = unit_lib.shared_paths(problem.units)
+    units, uses_root = zip(*(without_shared(unit, shared) for unit in problem.units), strict=True)
+    groups = ((unit_lib.Unit("root", shared, None),) if shared else ()) + units  # disjoint paths
+    group_shapes = unit_lib.split(shapes, groups)
 
     def scatter(grads):
         return jax.tree.map(scatter_leaf, grads)
@@ -125,21 +169,26 @@ def unit_grads(problem, shapes, gather_leaf, scatter_leaf, accum: int, reshard_a
         return lambda shards: jax.tree.map(gather_leaf, shards, shape)
 
     runs = [fsdp_unit(unit.apply, gatherer(shape), scatter, reshard_after_forward=reshard_after_forward,
-                      sync=accum == 1) for unit, shape in zip(units, unit_shapes, strict=True)]
+                      sync=accum == 1) for unit, shape in zip(units, group_shapes[len(groups) - len(units):],
+                                                              strict=True)]
+    if shared:
+        runs.insert(0, root_gather(gatherer(group_shapes[0]), scatter, sync=accum == 1))
 
     def loss(parts, sinks, x, y):
-        h = x if problem.head is not None else (x, y)  # head None: the units compute the loss
-        for run, shards, sink in zip(runs, parts, sinks, strict=True):
-            h = run(shards, sink, h)
+        h = x if problem.head is not None else (x, y)  # head None: the units take (x, y), give the loss
+        root = runs[0](parts[0], sinks[0], x) if shared else None
+        k = len(groups) - len(units)
+        for run, shards, sink, uses in zip(runs[k:], parts[k:], sinks[k:], uses_root, strict=True):
+            h = run(shards, sink, (h, root) if uses else h)
         return h if problem.head is None else problem.head(h, y)
 
     def grads(param_shards, x, y):
-        parts = unit_lib.split(param_shards, units)
+        parts = unit_lib.split(param_shards, groups)
         if accum == 1:
-            value, part_grads = jax.value_and_grad(loss)(parts, [None] * len(units), x, y)
-            return value, unit_lib.join(part_grads, units)
-        sinks = [jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shape) for shape in unit_shapes]
+            value, part_grads = jax.value_and_grad(loss)(parts, [None] * len(groups), x, y)
+            return value, unit_lib.join(part_grads, groups)
+        sinks = [jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shape) for shape in group_shapes]
         value, full = local_grads(lambda sinks, xb, yb: loss(parts, sinks, xb, yb), sinks, x, y, accum)
-        return value, unit_lib.join(scatter(full), units)
+        return value, unit_lib.join(scatter(full), groups)
 
     return grads

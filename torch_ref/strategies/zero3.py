@@ -24,7 +24,7 @@ from torch.distributed.fsdp import fully_shard
 
 from jaxdp.config import ConfigError
 
-from .. import models
+from .. import gpt2, models
 from .common import Parallel, make_parallel
 
 
@@ -34,6 +34,8 @@ def units_of(model) -> list[list]:
     any other model each direct child that owns parameters."""
     if isinstance(model, models.GPT):
         return [[model.tok_embed, model.pos_embed], *([b] for b in model.blocks), [model.ln_f, model.head]]
+    if isinstance(model, gpt2.GPT2):  # the tied wte in no unit: the root's (gathered once per step)
+        return gpt2.fsdp_units(model)
     if isinstance(model, models.MLP):
         return [[layer] for layer in model.layers]
     return [[child] for child in model.children() if any(True for _ in child.parameters())]

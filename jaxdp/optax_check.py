@@ -13,7 +13,8 @@ import numpy as np
 
 from .config import ConfigError
 
-PROBE_DIM = 6  # each dimension cut to at most this: small, but a matrix stays a matrix
+PROBE_DIM = 512  # a dimension above this is cut to it: shape thresholds (adafactor's 128) stay visible
+WHOLE = 1 << 20  # a parameter of at most this many elements is probed at its true shape (padding included)
 # State types of transformations known to be element-wise (not named in the error).
 ELEMENTWISE_STATES = {"EmptyState", "ScaleByAdamState", "ScaleByScheduleState", "TraceState", "ScaleByRmsState",
                       "ScaleByRStdDevState", "ScaleByBeliefState", "ScaleByLionState", "MaskedState",
@@ -63,7 +64,10 @@ def check_elementwise(optimizer, params, n: int) -> None:
     rng = np.random.default_rng(0)
 
     def small(p):
-        return rng.standard_normal(tuple(min(d, PROBE_DIM) for d in np.shape(p))).astype(np.float32)
+        shape = np.shape(p)
+        if np.prod(shape) > WHOLE:
+            shape = tuple(min(d, PROBE_DIM) for d in shape)
+        return rng.standard_normal(shape).astype(np.float32)
 
     probe = jax.tree.map(small, params)
     grads = [jax.tree.map(small, params) for _ in range(2)]

@@ -18,19 +18,21 @@ recorded, for a caller that wants to save it under another name.)
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 
 def flat(tree, prefix: str = "") -> dict[str, np.ndarray]:
     """{'layers/0/kernel': array, ...} from nested dicts/lists/tuples (or a flat name dict)."""
-    if isinstance(tree, dict):
+    if isinstance(tree, Mapping):  # dicts, and flax's nnx.State
         items = tree.items()
     elif isinstance(tree, tuple) and hasattr(tree, "_fields"):  # a NamedTuple: by field name
         items = zip(tree._fields, tree, strict=True)
     elif isinstance(tree, (list, tuple)) and not hasattr(tree, "shape"):
         items = enumerate(tree)
     else:
-        return {prefix: np.asarray(tree)}
+        return {prefix: np.asarray(getattr(tree, "value", tree))}  # an nnx.Variable holds its array
     out: dict[str, np.ndarray] = {}
     for key, child in items:
         out.update(flat(child, f"{prefix}/{key}" if prefix else str(key)))

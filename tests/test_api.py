@@ -18,7 +18,7 @@ import jaxdp
 from jaxdp import devices as jaxdp_devices
 from jaxdp import mutations
 from jaxdp.config import ConfigError
-from jaxdp.optax_check import ShapeDependentOptimizer
+from jaxdp.optax_check import ShapeDependentOptimizer, check_elementwise
 
 FEATURES, HIDDEN, OUT, ROWS, STEPS = 5, 7, 3, 36, 3  # 36 rows: N in {1, 2, 3} x accum in {1, 3} divide it
 CLIP, LR = 0.05, 0.02
@@ -184,6 +184,15 @@ def test_a_shape_dependent_optimizer_is_named_under_zero_and_accepted_elsewhere(
             parallelize(optimizer=muon, strategy=strategy)
     parallelize(optimizer=muon, strategy="ddp")  # true shapes: fine
     parallelize(optimizer=optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3)), strategy="zero2")
+
+
+@pytest.mark.parametrize("shape", [(256, 256), (5, 7)], ids=["factored-above-128", "padding-in-a-mean"])
+def test_the_probe_sees_the_true_shapes(shape):
+    """Adafactor factors matrices whose dimensions reach 128, and scales by each parameter's RMS (the
+    padding of a (5, 7) kernel over N = 2 enters that mean): both differ on ZeRO's flat layout, so a
+    probe on shrunken shapes would pass them silently."""
+    with pytest.raises(ShapeDependentOptimizer, match="shape-dependent"):
+        check_elementwise(optax.adafactor(1e-2), {"w": np.ones(shape, np.float32)}, 2)
 
 
 SETUP = """

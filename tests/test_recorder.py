@@ -61,3 +61,14 @@ def test_steps_out_of_order_are_refused():
     rec.step(2, 0.1, None, PARAMS)
     with pytest.raises(ValueError, match="step 2 recorded after step 2; record steps in increasing order"):
         rec.step(2, 0.1, None, PARAMS)
+
+
+def test_an_nnx_state_is_recorded_as_its_arrays():
+    """`rec.init(nnx.state(model, nnx.Param))`: a State of Variables, recorded as the arrays they hold."""
+    from flax import nnx
+
+    model = nnx.Linear(2, 3, rngs=nnx.Rngs(0))
+    rec = trace.Recorder(None, {})
+    rec.init(nnx.state(model, nnx.Param))
+    assert set(rec.arrays) == {"init/kernel", "init/bias"}
+    np.testing.assert_array_equal(rec.arrays["init/kernel"], np.asarray(model.kernel.value))

@@ -175,7 +175,7 @@ def test_recorder_names_override_the_automatic_mapping():
      "accum must be a positive int"),
     (lambda: torch_ref.parallelize(Net(), strategy="single", optimizer=torch.optim.SGD([torch.zeros(1)], lr=1)),
      "optimizer must be a callable from parameters to a torch.optim.Optimizer"),
-    (lambda: _single(accum=4), "this rank's 18 rows do not split into 4 equal micro-batches"),
+    (lambda: _single(accum=4), "the ranks got [18] rows; give every rank the same multiple of accum=4 rows"),
     (lambda: _single(lambda out, y: F.cross_entropy(out, y, reduction="none")),
      "loss_fn returned (6,), not a scalar tensor; return the mean loss"),
     (lambda: torch_ref.train_step(*_single_model(), torch.zeros(4, FEATURES), torch.zeros(3), F.cross_entropy),
@@ -192,3 +192,11 @@ def test_bad_input_is_one_line_naming_the_fix(call, message):
     with pytest.raises(ValueError) as e:
         call()
     assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_unequal_rows_across_ranks_are_one_error_on_every_rank():
+    """6 rows on rank 0, 7 on rank 1: DDP would average the ranks' means into a wrong gradient, and a
+    rank refusing its rows alone would leave the others waiting in a collective."""
+    messages = [r["unequal_rows"] for r in api_results(2)]
+    assert messages == [messages[0]] * 2, messages
+    assert "the ranks got [6, 7] rows; give every rank the same multiple of accum=1 rows" in messages[0]

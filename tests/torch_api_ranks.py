@@ -74,4 +74,19 @@ def train_case(rank: int, n: int, case: tuple, path=None) -> dict:
 def run_cases(rank: int, n: int, path: str) -> dict:
     """Every case of world size n; the first one's trace is also written to `path` (by rank 0)."""
     cases = [c for c in CASES + [UNITS] if c[1] == n]
-    return {case: train_case(rank, n, case, path if case == cases[0] else None) for case in cases}
+    out = {case: train_case(rank, n, case, path if case == cases[0] else None) for case in cases}
+    if n > 1:
+        out["unequal_rows"] = unequal_rows(rank)
+    return out
+
+
+def unequal_rows(rank: int) -> str:
+    """Rank 0 gets 6 rows, the others 7: every rank must raise the same error (none may hang)."""
+    model, opt = torch_ref.parallelize(fresh_net(), strategy="ddp", optimizer=OPTIMIZERS["adamw"])
+    x, y = batch(1)
+    rows = 6 if rank == 0 else 7
+    try:
+        torch_ref.train_step(model, opt, torch.from_numpy(x[:rows]), torch.from_numpy(y[:rows]), F.cross_entropy)
+    except ValueError as e:
+        return str(e)
+    return "no error"

@@ -62,6 +62,7 @@ class Parallel:
     wrapped: object = None  # the wrapper or sharded optimizer, for inspection (tests, reports)
     keep_grads: bool = False  # a Recorder is attached: keep each step's averaged gradient
     grads: dict | None = None  # the last step's, when kept
+    rows_checked: bool = False  # the first step checked that every rank got the same rows
 
     def __post_init__(self):
         if self.reduce_loss is None:
@@ -82,12 +83,31 @@ def make_parallel(name, model, module, optimizer, accum, **hooks) -> Parallel:
 def train(par: Parallel, x, y, loss_fn: Callable, clip_norm: float) -> float:
     """One optimizer step on this rank's rows `x, y` (all micro-batches): local gradients, the
     strategy's sync (once), the global mean loss, the kept gradient (before clipping), the update."""
+    if not par.rows_checked:
+        check_rows(len(x), par.accum, next(par.module.parameters()).device)
+        par.rows_checked = True
     loss = local_grads(par.model, x, y, loss_fn, par.accum, par.no_sync)
     par.sync()
     loss = par.reduce_loss(loss)
     par.grads = par.full_grads() if par.keep_grads else None
     par.update(clip_norm)
     return float(loss)
+
+
+def check_rows(rows: int, accum: int, device) -> None:
+    """On the first step, every rank: the same number of rows, a multiple of accum. Unequal rows
+    would make the mean of the ranks' means a wrong gradient (or, where one rank refuses its rows,
+    leave the others waiting in a collective): every rank sees every count and raises the same
+    error. One small all-gather, once per parallelized model."""
+    counts = [rows]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        gathered = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, torch.tensor([rows], dtype=torch.int64, device=device))
+        counts = [int(c) for c in gathered]
+    if len(set(counts)) > 1 or counts[0] % accum or counts[0] == 0:
+        world = len(counts)
+        raise ConfigError(f"the ranks got {counts} rows; give every rank the same multiple of accum={accum} rows "
+                          f"(a global batch divisible by ranks x accum = {world} x {accum} = {world * accum})")
 
 
 def micro_batches(x, y, accum: int):

@@ -85,11 +85,16 @@ def worst_error(got, ref) -> float:
     return max(errors)
 
 
-# Every strategy (fsdp: zero3's alias) and every N, accumulation with and without; single only N = 1.
-CASES = [("single", 1, 3, {}), ("dp", 3, 1, {}), ("ddp", 2, 3, {}), ("ddp-pmap", 3, 3, {}),
-         ("ddp-bucket", 3, 1, {"bucket_mb": 1e-4}), ("ddp-ring", 2, 1, {"on_mesh": True}), ("zero1", 3, 3, {}),
-         ("zero2", 2, 1, {"collectives": "ring"}), ("zero2", 1, 3, {}), ("zero3", 3, 1, {}),
-         ("fsdp", 2, 3, {"reshard_after_forward": False})]
+# Every strategy with every N in {1, 2, 3} (single: N = 1), each strategy with and without
+# accumulation (accum alternates with N), and the options: tiny buckets, the ring collectives, FSDP2's
+# reshard_after_forward=False under the `fsdp` alias, a mesh given instead of a count.
+EXTRA = {("ddp-bucket", 1): {"bucket_mb": 1e-4}, ("ddp-bucket", 3): {"bucket_mb": 1e-4},
+         ("ddp-ring", 2): {"on_mesh": True}, ("zero2", 2): {"collectives": "ring"},
+         ("zero3", 2): {"reshard_after_forward": False}}
+CASES = [("single", 1, 3, {})] + [
+    ("fsdp" if (s, n) == ("zero3", 2) else s, n, 3 if (i + n) % 2 else 1, EXTRA.get((s, n), {}))
+    for i, s in enumerate(("dp", "ddp", "ddp-pmap", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3"))
+    for n in (1, 2, 3)]
 
 
 @pytest.mark.parametrize(("strategy", "n", "accum", "options"), CASES,

@@ -240,6 +240,7 @@ def _compare(args) -> int:
         print(
             f"{e['name']:<12} parity {'pass' if p['pass'] else 'FAIL'} (worst grad {p['worst']['grad']:.1e}, "
             f"param {p['worst']['param']:.1e}); comm JAX {e['frameworks']['jax']['comm']['total'] / 1024:.1f} KiB/step"
+            + render.finding(e)
         )
     print(f"report: {paths['html']} ({paths['md']}, {paths['json']}) in {time.perf_counter() - t0:.0f}s")
     return 0 if all(e["parity"]["pass"] for e in summary["strategies"]) else 1

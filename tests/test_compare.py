@@ -163,3 +163,17 @@ def test_examples_run(script, tmp_path):
     expect = {"train_mlp_digits.py": "of the digits correctly", "train_gpt_text.py": "holds per device",
               "compare_frameworks.py": "parity pass", "multi_process.py": "param  "}[script]
     assert expect in out.stdout, out.stdout
+
+
+def test_local_batchnorm_is_a_finding_next_to_the_verdict_not_a_failure():
+    """`--batchnorm local` on N > 1 is measured against jaxdp `single` and reported as a difference
+    by design; the parity verdict (jaxdp against torch_ref) stays what it is."""
+    from jaxdp.config import RunConfig
+
+    entry = {"parity": {"pass": True}, "vs_single": {"finding": runner.BY_DESIGN, "differs": True,
+                                                     "worst": {"grad": 0.29}}}
+    assert render.finding(entry) == "; local BatchNorm: differs from single by design (worst grad 2.9e-01 from single)"
+    assert render.finding({"parity": {"pass": True}}) == ""
+    local = RunConfig(model="cnn", data="digits", batchnorm="local", devices=2)
+    assert runner.by_design_reference(local.replace(batchnorm="sync"), print) is None
+    assert runner.by_design_reference(local.replace(devices=1), print) is None

@@ -47,7 +47,7 @@ def _rows(summary) -> list[list[str]]:
         theory_comm = e["theory"].get("comm", {}).get("total")
         rows.append([
             e["name"],
-            "pass" if p["pass"] else "FAIL",
+            ("pass" if p["pass"] else "FAIL") + finding(e),
             f"{p['worst']['grad']:.1e} / {p['worst']['param']:.1e}",
             f"{1e3 * j['median_step_s']:.2f} / {1e3 * t['median_step_s']:.2f}",
             f"{j['first_step_s']:.2f} / {t['first_step_s']:.2f}",
@@ -57,6 +57,15 @@ def _rows(summary) -> list[list[str]]:
             f"{_kib(j.get('peak_bytes'))} / {_kib(t.get('peak_bytes'))}",
         ])
     return rows
+
+
+def finding(entry) -> str:
+    """A difference from `single` that the configuration makes on purpose (local BatchNorm)."""
+    v = entry.get("vs_single")
+    if not v:
+        return ""
+    how = f"worst grad {v['worst']['grad']:.1e} from single" if v["differs"] else "yet equal to single here"
+    return f"; {v['finding']} ({how})"
 
 
 HEADER = ["strategy", "parity", "worst grad / param rel. diff", "step ms (JAX / torch, median)",

@@ -127,6 +127,26 @@ def _entry(name: str, c: RunConfig, j, jacc: dict, t, tacc: dict) -> dict:
     }
 
 
+BY_DESIGN = "local BatchNorm: differs from single by design"
+
+
+def by_design_reference(cfg: RunConfig, say):
+    """jaxdp `single` on the whole batch, when the configuration is meant to differ from it: local
+    BatchNorm statistics on more than one device (each device normalises by its own rows, as torch
+    DDP does by default). None otherwise."""
+    if getattr(cfg, "batchnorm", "sync") != "local" or cfg.devices == 1 or "cnn" not in cfg.model:
+        return None
+    say("jaxdp: training single on one device (local BatchNorm differs from it by design: measured, not failed)")
+    return train.run(cfg.replace(strategy="single", devices=1), record=True, progress=False)
+
+
+def versus_single(j, reference, c: RunConfig, name: str) -> dict:
+    """How far a strategy's trace is from `single`'s: a finding reported next to the verdict."""
+    row = parity.compare(trace_mod.Trace(j.meta, j.arrays), trace_mod.Trace(reference.meta, reference.arrays), c,
+                         f"{name}~single")
+    return {"finding": BY_DESIGN, "differs": not row.ok, "worst": row.worst}
+
+
 def compare(cfg: RunConfig, strategies: list[str], progress=None) -> dict:
     """Run and measure everything; returns the summary dictionary."""
     check_strategies(strategies)
@@ -138,12 +158,15 @@ def compare(cfg: RunConfig, strategies: list[str], progress=None) -> dict:
     say(f"torch_ref: training and measuring {len(strategies)} strategies on {cfg.devices} ranks (one world)")
     torch_side = run_torch_side(list(cfgs.values()))
     entries = []
+    reference = by_design_reference(cfg, say)
     for name, c in cfgs.items():
         say(f"jaxdp: training {name}")
         j = train.run(c, record=True, progress=False)
         say(f"jaxdp: accounting {name} (compiled HLO, arrays)")
         jacc = jax_accounting(c)
         entries.append(_entry(name, c, j, jacc, *torch_side[c]))
+        if reference is not None:
+            entries[-1]["vs_single"] = versus_single(j, reference, c, name)
     say("projection: alpha-beta model, reference models with the measured bytes per parameter")
     fps = flops_per_sample(cfg)
     sent = {e["name"]: e["frameworks"]["jax"]["comm"]["total"] for e in entries}

@@ -118,8 +118,10 @@ class RunConfig:
     def __post_init__(self):
         if self.strategy in ALIASES:
             object.__setattr__(self, "strategy", ALIASES[self.strategy])
-        for name, value in PRESETS.get(self.preset, {}).items():
-            object.__setattr__(self, name, value)
+        if self.preset in PRESETS:  # applied once, then cleared: a later replace(n_layer=...) is not undone
+            for name, value in PRESETS[self.preset].items():
+                object.__setattr__(self, name, value)
+            object.__setattr__(self, "preset", "")
 
     # ---- validation -------------------------------------------------------------------------
     def validate(self, framework: str = "jax") -> RunConfig:

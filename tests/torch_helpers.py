@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from jaxdp import data, trace
-from jaxdp.config import FRAMEWORK_STRATEGIES, RunConfig
+from jaxdp.config import ALL_STRATEGIES, FRAMEWORK_STRATEGIES, RunConfig
 
 from . import torch_api_ranks
 from .pairwise import pairwise
@@ -34,6 +34,12 @@ CASES = [BASE.replace(**case) for case in pairwise(DIMENSIONS)]
 GPT = BASE.replace(model="gpt", data="text", devices=2, steps=2, batch_size=8, accum=2, n_layer=1, d_model=16,
                    n_head=2, seq_len=8, optimizer="adamw", lr=1e-2, clip_norm=1.0, bucket_mb=0.005)
 GPT_CASES = [GPT.replace(strategy=s) for s in DISTRIBUTED]
+# GPT-2 (tests/test_gpt2.py): strategies of both frameworks x N x accum, pairwise; momentum SGD (why: there).
+GPT2_SMALL = BASE.replace(model="gpt2", data="text", steps=2, batch_size=36, n_layer=1, n_head=2, d_model=8,
+                          seq_len=8, optimizer="momentum", lr=0.05, strategy="single", devices=1)
+GPT2_DIMENSIONS = {"strategy": [s for s in ALL_STRATEGIES if s != "single"], "devices": [1, 2, 3, 4],
+                   "accum": [1, 3]}
+GPT2_CASES = [GPT2_SMALL.replace(**case) for case in pairwise(GPT2_DIMENSIONS)]
 FLOAT32 = BASE.replace(strategy="ddp-ring", devices=4, dtype="float32", optimizer="adam", lr=1e-3)
 BF16 = [BASE.replace(strategy=s, devices=2, dtype=d, optimizer="adam", lr=1e-3)
         for s in ("ddp", "zero3") for d in ("bfloat16", "float32")]
@@ -41,6 +47,7 @@ BF16 = [BASE.replace(strategy=s, devices=2, dtype=d, optimizer="adam", lr=1e-3)
 KEEP_GATHERED = BASE.replace(strategy="zero3", devices=2, accum=3, clip_norm=0.5, optimizer="adam",
                              reshard_after_forward=False)
 TRAIN = CASES + GPT_CASES + [FLOAT32] + BF16 + [KEEP_GATHERED]
+TRAIN += [c for c in GPT2_CASES if c.strategy in DISTRIBUTED]
 RING_SIZES = [1, 2, 3, 5, 7, 12, 13, 100]
 API_SIZES = (1, 2, 3)  # the world sizes tests/test_torch_api.py's cases need
 
@@ -82,6 +89,7 @@ def world(n: int) -> dict:
         jobs.append(("comm", BASE.replace(devices=2), init_for(init_key(BASE))))
         jobs.append(("buckets", BASE.replace(strategy="ddp-bucket", devices=2, accum=3), init_for(init_key(BASE))))
         jobs.append(("keep_gathered", KEEP_GATHERED.replace(accum=1), init_for(init_key(BASE))))
+        jobs.append(("gpt2_comm", GPT2_SMALL.replace(strategy="zero3", devices=2), init_for(init_key(GPT2_SMALL))))
     per_rank = launch(run_jobs, n, jobs, timeout_s=600, pg_timeout_s=120)
     out = {}
     for i, job in enumerate(jobs):
@@ -116,7 +124,7 @@ def run_jobs(rank: int, n: int, jobs: list) -> list:
                             for accum in (1, 3)} for s in DISTRIBUTED})
         elif job[0] == "buckets":
             out.append(bucket_launches(rank, n, job[1], job[2]))
-        elif job[0] == "keep_gathered":
+        elif job[0] in ("keep_gathered", "gpt2_comm"):
             out.append(collectives_per_step(rank, n, job[1], job[2]))
     return out
 

@@ -111,6 +111,7 @@ def test_preset_gives_gpt2_124m_on_token_data():
 @pytest.mark.parametrize("change,message", [
     (dict(data="synthetic"), "model 'gpt2' trains on tokens: use --data text or --data tokens"),
     (dict(d_model=10, n_head=4), "--d-model 10 must divide by --n-head 4"),
+    (dict(model="mlp", data="tokens"), r"data 'tokens' \(vocabulary 50304\) is for --model gpt2"),
 ])
 def test_bad_gpt2_flags_name_the_fix(change, message):
     with pytest.raises(ConfigError, match=message):
@@ -259,10 +260,12 @@ def _hidden(model, tokens):
 
 
 # ---- the 124M preset: one step in each framework (opt-in: JAXDP_GPT2_124M=1) ---------------------
-@pytest.mark.skipif(not os.environ.get("JAXDP_GPT2_124M"), reason="the 124M step takes minutes on CPU: set "
-                    "JAXDP_GPT2_124M=1 to run it")
+@pytest.mark.skipif(not os.environ.get("JAXDP_GPT2_124M"), reason="the 124M step takes ~70 s (JAX) + ~35 s "
+                    "(torch) on 2 CPU cores: set JAXDP_GPT2_124M=1 to run it")
 @pytest.mark.parametrize("framework", ["jax", "torch"])
 def test_gpt2_124m_trains_one_step(framework):
+    """float32, batch 1 x 1024 tokens, AdamW: measured 71 s in jaxdp (mostly compilation) and 34 s in
+    torch_ref (the JAX init included), both loss 10.941 (ln 50304 = 10.83), on a loaded 2-core CPU."""
     cfg = RunConfig(preset="gpt2-124m", strategy="single", steps=1, batch_size=1, dtype="float32",
                     optimizer="adamw", lr=6e-4, weight_decay=0.1).validate(framework)
     t0 = time.perf_counter()

@@ -46,7 +46,27 @@ BF16 = [BASE.replace(strategy=s, devices=2, dtype=d, optimizer="adam", lr=1e-3)
 # zero3 with FSDP2's reshard_after_forward=False, under accumulation and clipping.
 KEEP_GATHERED = BASE.replace(strategy="zero3", devices=2, accum=3, clip_norm=0.5, optimizer="adam",
                              reshard_after_forward=False)
-TRAIN = CASES + GPT_CASES + [FLOAT32] + BF16 + [KEEP_GATHERED]
+# `--model cnn` (tests/test_cnn.py): pairwise over the strategies x N x accum x batchnorm, in JAX's names; the
+# torch side runs each case under the same name, but JAX's ddp-pmap as its own ddp-naive (the other framework-only
+# strategy, the same algorithm): 32 cases cover every strategy of both frameworks.
+CNN = BASE.replace(model="cnn", data="digits", channels=(4, 4), steps=2, batch_size=36, optimizer="adamw", lr=0.01,
+                   bucket_mb=0.0005)
+CNN_DIMENSIONS = {
+    "strategy": [s for s in FRAMEWORK_STRATEGIES["jax"] if s != "single"],
+    "devices": [1, 2, 3, 4],
+    "accum": [1, 3],
+    "batchnorm": ["sync", "local"],
+}
+CNN_CASES = [CNN.replace(**case) for case in pairwise(CNN_DIMENSIONS)]
+
+
+def cnn_torch(cfg: RunConfig) -> RunConfig:
+    """A CNN case as the torch side runs it (ddp-pmap -> ddp-naive)."""
+    return cfg.replace(strategy="ddp-naive") if cfg.strategy == "ddp-pmap" else cfg
+
+
+CNN_TORCH = [cnn_torch(c) for c in CNN_CASES]
+TRAIN = CASES + GPT_CASES + [FLOAT32] + BF16 + [KEEP_GATHERED] + CNN_TORCH
 TRAIN += [c for c in GPT2_CASES if c.strategy in DISTRIBUTED]
 RING_SIZES = [1, 2, 3, 5, 7, 12, 13, 100]
 API_SIZES = (1, 2, 3)  # the world sizes tests/test_torch_api.py's cases need
@@ -63,7 +83,8 @@ def init_for(cfg: RunConfig) -> dict:
 
 def init_key(cfg: RunConfig) -> RunConfig:
     return RunConfig(model=cfg.model, data=cfg.data, dtype=cfg.dtype, seed=cfg.seed, hidden=cfg.hidden,
-                     n_layer=cfg.n_layer, n_head=cfg.n_head, d_model=cfg.d_model, seq_len=cfg.seq_len)
+                     n_layer=cfg.n_layer, n_head=cfg.n_head, d_model=cfg.d_model, seq_len=cfg.seq_len,
+                     channels=cfg.channels)
 
 
 @functools.cache

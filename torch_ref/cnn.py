@@ -1,7 +1,7 @@
 """`cnn` in torch (NCHW), the mirror of jaxdp/models/cnn.py: conv1 -> bn1 -> relu -> conv2 -> bn2 ->
 relu -> mean over H, W -> head; initialised from the JAX side's bits (`torch_ref.convert`: a Conv2d
 weight [O, I, kh, kw] is the Flax kernel [kh, kw, I, O]; BatchNorm running_mean / running_var are
-the Flax `mean` / `var`)."""
+the Flax `mean` / `var`). No bias in the convolutions (BatchNorm cancels it: jaxdp/models/cnn.py)."""
 from __future__ import annotations
 
 import torch.nn.functional as F

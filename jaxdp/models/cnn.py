@@ -1,5 +1,8 @@
 """`cnn`: conv 3x3 -> BatchNorm -> ReLU -> conv 3x3 -> BatchNorm -> ReLU -> global average pool ->
 dense, on 8x8 single-channel images (the `digits` rows, reshaped NHWC; torch_ref/cnn.py is NCHW).
+The convolutions have no bias, as is usual before BatchNorm: its mean subtraction cancels a bias
+exactly, so a bias's gradient would be rounding noise only, which Adam's normalisation turns into
+updates that differ by O(1) between strategies (seen: relative 2.4 against `single`).
 
 BatchNorm has torch's semantics, not Flax's defaults: normalisation with the biased batch variance,
 eps 1e-5, running statistics updated as new = 0.9 old + 0.1 batch with the *unbiased* batch

@@ -3,7 +3,7 @@
 An `nn.BatchNorm2d` (torch's semantics: momentum 0.1 as new = 0.9 old + 0.1 batch, running variance
 from the unbiased batch variance, normalisation with the biased one, eps 1e-5) whose statistics,
 with `sync=True` in a process group of more than one rank, are over every rank's rows:
-- on a GPU, `nn.SyncBatchNorm`'s kernels do it (`torch_ref.cnn.build` converts the model);
+- on a GPU, `nn.SyncBatchNorm`'s kernels do it (`torch_ref.cnn.for_device` converts the model; untested here);
 - on the CPU nn.SyncBatchNorm refuses ("SyncBatchNorm expected input tensor to be on GPU"), so
   `sync_batch_norm` writes it out with all-reduces: the global mean (an all-reduce of the ranks'
   means / N), then the global biased variance (an all-reduce of the ranks' mean squared deviations

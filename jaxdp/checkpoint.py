@@ -141,7 +141,7 @@ def restore(directory, cfg, strategy, problem, optimizer):
 
     canonical = flatten(jax.eval_shape(lambda p: (p, optimizer.init(p)), problem.params))
     full = {}
-    for (_k, like), key in zip(canonical.items(), target, strict=False):
+    for (_k, like), key in zip(canonical.items(), target, strict=False):  # batch_stats last: not zipped
         a = np.asarray(arrays[key])
         if record["strategy"] == "ddp-pmap":
             a = a[0]  # one copy per device
@@ -149,6 +149,20 @@ def restore(directory, cfg, strategy, problem, optimizer):
             a = a.reshape(-1)[: math.prod(like.shape)].reshape(like.shape)
         full[key] = a
     params, opt_state = jax.tree.unflatten(
-        jax.tree.structure((problem.params, fresh.opt_state)), [full[k] for k in target]
+        jax.tree.structure((problem.params, fresh.opt_state)), [full[k] for k in target if k in full]
     )
-    return strategy.init(params, opt_state), step
+    return _with_stats(strategy.init(params, opt_state), fresh, target, arrays), step
+
+
+def _with_stats(state, fresh, target, arrays):
+    """`state` with the saved running statistics (BatchNorm), placed as this run places them: they
+    are replicated, so they carry over to any layout as they are (one copy of a ddp-pmap stack)."""
+    if getattr(fresh, "batch_stats", None) is None:
+        return state
+    keys = [k for k in target if k.startswith("batch_stats.")]
+    likes = jax.tree.leaves(fresh.batch_stats)
+    leaves = []
+    for key, like in zip(keys, likes, strict=True):
+        a = np.asarray(arrays[key])
+        leaves.append(jax.device_put(a if a.shape == like.shape else a[0], like.sharding))
+    return state._replace(batch_stats=jax.tree.unflatten(jax.tree.structure(fresh.batch_stats), leaves))

@@ -125,3 +125,14 @@ def test_missing_and_corrupt_checkpoints(tmp_path):
                 f.write(b"garbage")
     with pytest.raises(checkpoint.CheckpointError, match="corrupt"):
         train.run(CFG.replace(strategy="ddp", checkpoint_dir=folder, resume=True), progress=False)
+
+
+def test_running_statistics_resume_across_layouts(tmp_path):
+    """cnn's BatchNorm running statistics are part of the checkpoint: saved by zero3 on 2 devices,
+    resumed by ddp on 3, every later step's params and `state/` equal the uninterrupted run."""
+    cnn = CFG.replace(model="cnn", data="digits", hidden=(16, 16), optimizer="adam", clip_norm=0.0)
+    folder = checkpoint_at_3(cnn.replace(strategy="zero3", devices=2), tmp_path)
+    resumed = train.run(cnn.replace(strategy="ddp", devices=3, checkpoint_dir=folder, resume=True), record=True,
+                        progress=False)
+    assert any("/state/" in k for k in resumed.arrays)
+    steps_equal(resumed, run(cnn.replace(strategy="zero3", devices=2)), exact=False)

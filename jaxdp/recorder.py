@@ -32,7 +32,8 @@ def flat(tree, prefix: str = "") -> dict[str, np.ndarray]:
     elif isinstance(tree, (list, tuple)) and not hasattr(tree, "shape"):
         items = enumerate(tree)
     else:
-        return {prefix: np.asarray(getattr(tree, "value", tree))}  # an nnx.Variable holds its array
+        value = tree.get_value() if hasattr(tree, "get_value") else tree  # an nnx.Variable holds its array
+        return {prefix: np.asarray(value)}
     out: dict[str, np.ndarray] = {}
     for key, child in items:
         out.update(flat(child, f"{prefix}/{key}" if prefix else str(key)))

@@ -71,4 +71,4 @@ def test_an_nnx_state_is_recorded_as_its_arrays():
     rec = trace.Recorder(None, {})
     rec.init(nnx.state(model, nnx.Param))
     assert set(rec.arrays) == {"init/kernel", "init/bias"}
-    np.testing.assert_array_equal(rec.arrays["init/kernel"], np.asarray(model.kernel.value))
+    np.testing.assert_array_equal(rec.arrays["init/kernel"], np.asarray(model.kernel[...]))

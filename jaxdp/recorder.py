@@ -40,6 +40,19 @@ def flat(tree, prefix: str = "") -> dict[str, np.ndarray]:
     return out
 
 
+def unflatten(flat_names: dict) -> dict:
+    """The inverse of `flat`: {'layers/0/kernel': a} -> {'layers': {0: {'kernel': a}}} (all-digit
+    parts become int keys, as NNX numbers list items)."""
+    nested: dict = {}
+    for name, leaf in flat_names.items():
+        *parents, last = [int(p) if p.isdigit() else p for p in name.split("/")]
+        node = nested
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = leaf
+    return nested
+
+
 class Recorder:
     """A trace being recorded: `init(params, state=None)`, then `step(...)` per step; written on close.
 

@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from jaxdp.recorder import unflatten  # the trace's names -> nested dicts (JAX-free)
+
 FIX = ("fix: pass names={torch name: Flax name, (Flax name, axes) or None}, or filter the Flax state "
        "(nnx.state(model, nnx.Param, nnx.BatchStat))")
 
@@ -262,16 +264,6 @@ def flatten(tree: Mapping, prefix: str = "") -> dict:
     return out
 
 
-def unflatten(flat: Mapping[str, object]) -> dict:
-    """{'layers/0/kernel': a} -> {'layers': {0: {'kernel': a}}} (all-digit parts become int keys)."""
-    nested: dict = {}
-    for name, leaf in flat.items():
-        *parents, last = [int(p) if p.isdigit() else p for p in name.split("/")]
-        node = nested
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = leaf
-    return nested
 
 
 def _raise(problems: list[str]) -> None:

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from ..recorder import unflatten
 from . import units
 from .cnn import CNN
 from .gpt import GPT
@@ -125,13 +126,4 @@ def flat_names(tree) -> dict[str, object]:
     return out
 
 
-def unflatten_names(flat: dict) -> dict:
-    """The inverse of `flat_names`: {'layers/0/kernel': a} -> {'layers': {0: {'kernel': a}}}."""
-    nested: dict = {}
-    for name, leaf in flat.items():
-        node = nested
-        *parents, last = [int(p) if p.isdigit() else p for p in name.split("/")]
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = leaf
-    return nested
+unflatten_names = unflatten  # the inverse of `flat_names` (jaxdp/recorder.py: JAX-free)

@@ -33,6 +33,7 @@ class NotParallelized(ConfigError):
 
 
 def parallelize(model: torch.nn.Module, *, strategy: str, optimizer: Callable, accum: int = 1,
+                reduction: str = "native", shards: int | None = None,
                 **strategy_options) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """Wrap `model` (on this rank's device, parameters set) for `strategy` and build its optimizer.
 
@@ -41,7 +42,9 @@ def parallelize(model: torch.nn.Module, *, strategy: str, optimizer: Callable, a
     it once more on a throwaway parameter to learn the class and hyperparameters for
     ZeroRedundancyOptimizer). `accum`: micro-batches per step. Options: `bucket_mb` (ddp, zero1,
     ddp-bucket), `reshard_after_forward` and `units` (zero3: submodules, or lists of submodules
-    sharded as one group). Every rank calls it, inside an initialised process group (none is
+    sharded as one group). `reduction="canonical"` makes the step's bits independent of the number of
+    ranks (torch_ref/canonical.py): `shards` per micro-batch (a power of two the ranks divide; None: the
+    default of the global rows per micro-batch). Every rank calls it, inside an initialised process group (none is
     needed for 'single'). Returns (model, optimizer): pass both to `train_step`.
     """
     if not isinstance(model, torch.nn.Module):
@@ -59,7 +62,14 @@ def parallelize(model: torch.nn.Module, *, strategy: str, optimizer: Callable, a
         raise ConfigError(f"strategy {name!r} needs an initialised process group: call "
                           f"torch.distributed.init_process_group(...) first (or start under torchrun), or use "
                           f"strategy='single'")
+    if reduction not in ("native", "canonical") or (shards is not None and reduction != "canonical"):
+        raise ConfigError(f"reduction must be 'native' or 'canonical' (shards= only with 'canonical'), got "
+                          f"reduction={reduction!r}, shards={shards!r}; pass reduction='canonical', shards=S")
     par = strategies.build(name, model, _checked(optimizer), accum, **strategy_options)
+    if reduction == "canonical":
+        from .strategies.canonical_step import Canonical
+
+        par.canonical = Canonical(par, shards, strategy_options.get("bucket_mb", 25.0))
     setattr(par.model, _STATE, par)
     return par.model, par.optimizer
 

@@ -57,8 +57,10 @@ def configured(module: torch.nn.Module, cfg: RunConfig):
     """`module` parallelized as `cfg` says: (model, optimizer) for `torch_ref.train_step`."""
     if cfg.dtype == "bfloat16":
         autocast_forward(module, next(module.parameters()).device.type)
+    reduction = {"reduction": "canonical", "shards": getattr(cfg, "shards", None) or None} \
+        if getattr(cfg, "reduction", "native") == "canonical" else {}  # (fields of jaxdp's RunConfig)
     return api.parallelize(module, strategy=cfg.strategy, optimizer=optim.factory(cfg), accum=cfg.accum,
-                           **strategies.options_of(cfg))
+                           **reduction, **strategies.options_of(cfg))
 
 
 def strategy(module: torch.nn.Module, cfg: RunConfig, return_grads: bool = False) -> strategies.Strategy:

@@ -63,6 +63,7 @@ class Parallel:
     keep_grads: bool = False  # a Recorder is attached: keep each step's averaged gradient
     grads: dict | None = None  # the last step's, when kept
     rows_checked: bool = False  # the first step checked that every rank got the same rows
+    canonical: object = None  # reduction='canonical': its step (torch_ref/strategies/canonical_step.py) replaces train's
 
     def __post_init__(self):
         if self.reduce_loss is None:
@@ -83,6 +84,8 @@ def make_parallel(name, model, module, optimizer, accum, **hooks) -> Parallel:
 def train(par: Parallel, x, y, loss_fn: Callable, clip_norm: float) -> float:
     """One optimizer step on this rank's rows `x, y` (all micro-batches): local gradients, the
     strategy's sync (once), the global mean loss, the kept gradient (before clipping), the update."""
+    if par.canonical is not None:
+        return par.canonical.train(x, y, loss_fn, clip_norm)
     if not par.rows_checked:
         check_rows(len(x), par.accum, next(par.module.parameters()).device)
         par.rows_checked = True

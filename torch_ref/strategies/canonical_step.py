@@ -1,0 +1,174 @@
+"""Each strategy's step under `reduction="canonical"` (`torch_ref/canonical.py` has the definition).
+
+Every strategy computes each of its shards' gradients by its own backward, sums its subtree locally,
+then keeps its own character for the rest, with the tree in place of its sum:
+- single: nothing crosses a rank; ddp, zero1, ddp-bucket: the canonical all-reduce (all-to-all, the
+  tree, all-gather) per bucket of `bucket_mb` in backward order (ddp-bucket: its own plan), after
+  backward instead of overlapping it; ddp-naive: per parameter; ddp-ring: one all-reduce whose
+  all-to-all is isend/irecv pairs and whose all-gather is the hand-written ring;
+- dp: every rank's partial sums are *gathered* to the server, which runs the tree, clips and steps;
+- zero2: the canonical reduce-scatter (all-to-all, then the tree on this rank's chunk);
+- zero3: FSDP2's reduce-scatter of each unit is replaced (`UnitReduce`) by the same canonical
+  reduce-scatter after the step's last shard backward.
+Clipping: the canonical norm of the full gradient (zero2 and zero3 all-gather the gradient for it),
+the factor applied element-wise to what each rank holds; then the strategy's own update, unclipped.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .. import canonical as C
+from .bucket import MB, plan_buckets
+from .common import check_rows
+from .zero2 import all_gather
+
+
+class Canonical:
+    """The canonical step of one parallelized model (`Parallel.canonical`); `train` replaces common.train."""
+
+    def __init__(self, par, shards=None, bucket_mb: float = 25.0):
+        if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in par.module.modules()):
+            raise C.CanonicalError("reduction='canonical' does not cover BatchNorm (its statistics are per shard "
+                                   "here); use reduction='native' (--reduction native) for this model")
+        self.par, self.shards, self.bucket_mb = par, shards, bucket_mb
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.params = list(par.module.parameters())
+        self.s = self.local = None
+
+    def train(self, x, y, loss_fn, clip_norm: float) -> float:
+        par = self.par
+        with C.one_thread():
+            if self.s is None:
+                check_rows(len(x), par.accum, self.params[0].device)
+                self.s = C.check_shards(self.shards, self.world, len(x) * self.world // par.accum)
+                self.local = self.s // self.world
+                if par.name == "zero3":
+                    self.units = install_units(par.model, self.local, par.accum, self.s)
+            if par.name == "zero3":
+                losses = self.fsdp_backward(x, y, loss_fn)
+            else:
+                grads, losses = C.shard_grads(par.module, self.params, x, y, loss_fn, par.accum, self.local)
+                SYNC.get(par.name, sync_buckets)(self, grads)
+            loss = C.reduce_loss(losses, self.s)
+            par.grads = par.full_grads() if par.keep_grads else None
+            UPDATE.get(par.name, update_replicated)(self, clip_norm)
+        return float(loss)
+
+    def fsdp_backward(self, x, y, loss_fn) -> torch.Tensor:
+        """zero3: each shard's backward through FSDP2 (its gathers, its post-backward: `UnitReduce`)."""
+        model, losses = self.par.model, []
+        for j, (xm, ym) in enumerate(C.micro_batches(x, y, self.par.accum)):
+            tree = C.Tree()
+            for i, (xs, ys) in enumerate(zip(xm.chunk(self.local), ym.chunk(self.local), strict=True)):
+                loss = C.scalar(loss_fn(model(xs), ys))
+                loss.backward()
+                tree.push(loss.detach())
+                if (j, i) != (self.par.accum - 1, self.local - 1):
+                    model.zero_grad(set_to_none=True)  # a shard's output is not a gradient until the last
+            losses.append(tree.result())
+        return torch.stack(losses)
+
+    def groups(self) -> list[tuple[int, int]]:
+        """The flat ranges reduced one by one: buckets in backward order, parameters, or everything."""
+        if self.par.name == "ddp-naive":
+            lists = [[p] for p in reversed(self.params)]
+        elif self.par.name == "ddp-bucket":
+            lists = [b.params for b in self.par.wrapped.buckets]
+        elif self.par.name in ("ddp", "zero1"):
+            lists = plan_buckets(self.params, self.bucket_mb * MB)
+        else:
+            return [(0, sum(p.numel() for p in self.params))]
+        offsets, start = {}, 0
+        for p in self.params:
+            offsets[id(p)] = (start, start + p.numel())
+            start += p.numel()
+        return [(min(offsets[id(p)][0] for p in ps), max(offsets[id(p)][1] for p in ps)) for ps in lists]
+
+
+def sync_buckets(c: Canonical, grads: torch.Tensor) -> None:
+    """single, ddp, zero1, ddp-bucket, ddp-naive, ddp-ring: every rank gets the full canonical gradient."""
+    flat = grads.new_empty(grads.shape[1])
+    for start, end in c.groups():
+        flat[start:end] = C.finish(C.all_reduce(grads[:, start:end], ring=c.par.name == "ddp-ring"), c.s)
+    C.set_grads(c.params, flat)
+
+
+def sync_server(c: Canonical, grads: torch.Tensor) -> None:
+    """dp: the partial sums are gathered to the server (rank 0), which runs the tree across ranks."""
+    if c.world > 1:
+        stacked = [torch.empty_like(grads) for _ in range(c.world)] if c.rank == 0 else None
+        dist.gather(grads, stacked, dst=0)
+        grads = C.tree(torch.stack(stacked)) if c.rank == 0 else None
+    if c.rank == 0:
+        C.set_grads(c.params, C.finish(grads, c.s))
+
+
+def sync_zero2(c: Canonical, grads: torch.Tensor) -> None:
+    """zero2: the canonical reduce-scatter of zero2's padded flat layout: this rank's shard."""
+    padded = torch.nn.functional.pad(grads, (0, -grads.shape[1] % c.world))
+    main_param(c).grad = C.finish(C.tree_scatter(padded), c.s)
+
+
+def main_param(c: Canonical) -> torch.Tensor:
+    return c.par.optimizer.param_groups[0]["params"][0]
+
+
+def clip_(c: Canonical, clip_norm: float) -> None:
+    if clip_norm > 0:
+        coef = C.clip_coef([p.grad for p in c.params], clip_norm)
+        for p in c.params:
+            p.grad.mul_(coef)
+
+
+def update_replicated(c: Canonical, clip_norm: float) -> None:
+    clip_(c, clip_norm)
+    c.par.update(0.0)  # the strategy's own update (zero1: ZeroRedundancyOptimizer's), unclipped
+
+
+def update_server(c: Canonical, clip_norm: float) -> None:
+    """dp: the server clips and steps; the new parameters are broadcast from it."""
+    if c.rank == 0:
+        clip_(c, clip_norm)
+        c.par.optimizer.step()
+    c.par.module.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        for p in c.params:
+            dist.broadcast(p, src=0)
+
+
+def update_zero2(c: Canonical, clip_norm: float) -> None:
+    shard = main_param(c).grad
+    if clip_norm > 0:
+        full = all_gather(shard)[:sum(p.numel() for p in c.params)]
+        shard.mul_(C.clip_coef(full.split([p.numel() for p in c.params]), clip_norm))
+    c.par.update(0.0)
+
+
+def update_zero3(c: Canonical, clip_norm: float) -> None:
+    if clip_norm > 0:
+        grads = [p.grad for p in c.par.model.parameters()]
+        coef = C.clip_coef([g.full_tensor() for g in grads], clip_norm)
+        for g in grads:
+            g.to_local().mul_(coef)
+    c.par.update(0.0)
+
+
+def install_units(model, local: int, accum: int, shards: int) -> list:
+    """zero3: every FSDP2 unit's reduce-scatter and all-reduce hook replaced by a `UnitReduce`."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units = []
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            unit = C.UnitReduce(local, accum, shards)
+            module.set_custom_reduce_scatter(unit)
+            module.set_all_reduce_hook(unit.hook)
+            module.set_gradient_divide_factor(1.0)  # FSDP2 divides by nothing: the tree's /S and /A are all
+            units.append(unit)
+    return units
+
+
+SYNC = {"dp": sync_server, "zero2": sync_zero2}
+UPDATE = {"dp": update_server, "zero2": update_zero2, "zero3": update_zero3}

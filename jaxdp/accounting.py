@@ -21,8 +21,25 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from . import hlo, models, train
-from .models import units
+from . import data, hlo, models, train
+from .devices import replicated
+from .strategies import stats
+from .strategies.common import put_sharded
+from .theory import (  # noqa: F401 (the communication theory, re-exported: callers name it here)
+    BN_BACKWARD,
+    BN_FORWARD,
+    BN_RECOMPUTED,
+    batchnorm_channels,
+    batchnorm_theory,
+    batchnorm_vectors,
+    dp_theory,
+    root_sizes,
+    statistics_inputs,
+    stats_theory,
+    stats_theory_for,
+    theory,
+    theory_for,
+)
 
 STAGE = {"single": 0, "dp": 0, "ddp": 0, "ddp-pmap": 0, "ddp-bucket": 0, "ddp-ring": 0,
          "zero1": 1, "zero2": 2, "zero3": 3}
@@ -66,24 +83,51 @@ class CompiledStep(NamedTuple):
     optimizer: object
     strategy: object
     state: object      # the initial train state (the step donates it: run `program` at most once)
-    batch: tuple       # step 1's batch, placed as the step takes it
+    batch: tuple       # step 1's batch, placed as the step takes it (`step_batch`)
     program: object    # the compiled step (jax.stages.Compiled)
     lower_s: float
     compile_s: float
+    stats_program: object = None  # a model with running statistics: their forward-only program, compiled
+    stats_sizes: tuple = ()       # ... and the sizes of the parameters it reads (`statistics_inputs`)
+
+
+def step_batch(cfg, par, dataset, step: int) -> tuple:
+    """Step `step`'s global batch in the one layout of `jaxdp.parallelize`'s step, as NumPy
+    (`data.micro_major`: micro-batch j is rows [jB/A, (j+1)B/A), device d holds its d-th chunk);
+    `par.put_batch(*step_batch(...))` places it."""
+    x, y = train.host_batch(cfg, dataset, step)
+    return tuple(data.micro_major(a, len(par.mesh.local_devices), cfg.accum) for a in (x, y))
 
 
 def compile_step(cfg, return_grads: bool = False) -> CompiledStep:
     """Build `cfg`'s run (`train.prepare`), place the initial state and step 1's batch, then lower and
-    compile the jitted step, timing each."""
+    compile the jitted step, timing each; with running statistics (BatchNorm), also compile their
+    forward-only program (`strategies.stats`), which the train step runs without (`batch_stats` None)."""
     devices, dataset, problem, optimizer, strategy = train.prepare(cfg, return_grads)
     state = strategy.init(problem.params)
-    batch = strategy.put_batch(*train.host_batch(cfg, dataset, 1))
+    host = step_batch(cfg, strategy, dataset, 1)
+    batch = strategy.put_batch(*host)
+    stats_program, stats_sizes = None, ()
+    if state.batch_stats is not None:
+        stats_program = _compile_stats(strategy, state, batch[0], host)
+        stats_sizes = tuple(statistics_inputs(problem, host[0]))
+        state = state._replace(batch_stats=None)  # as parallelize's step passes it
     t0 = time.perf_counter()
     lowered = strategy.compiled_step.lower(state, *batch)
     t1 = time.perf_counter()
     program = lowered.compile()
     return CompiledStep(devices, problem, optimizer, strategy, state, batch, program, t1 - t0,
-                        time.perf_counter() - t1)
+                        time.perf_counter() - t1, stats_program, stats_sizes)
+
+
+def _compile_stats(par, state, x, host):
+    """The running statistics' program as `jaxdp.parallelize` runs it (api._with_state), compiled."""
+    program = stats.make(par.name, par.problem, par.mesh, par.accum)
+    params = state.params
+    if par.name == "ddp-pmap":  # stacked per device: the stats program takes them replicated, x unstacked
+        params = jax.device_put(par.full_params(state), replicated(par.mesh))
+        x = put_sharded(par.mesh)(*host)[0]
+    return program.lower(params, state.batch_stats, x).compile()
 
 
 def memory(cfg, trains: CompiledStep | None = None) -> dict:
@@ -118,7 +162,8 @@ def measure_step(cfg) -> dict:
     trains = {"comm": comm, "temp_bytes": mem["temp_bytes"], "peak_bytes": mem["peak_bytes"], "lower_s": c.lower_s,
               "compile_s": c.compile_s}
     out = {**memory(cfg, c), **trains}
-    return {**out, "theory": theory_for(cfg, out["sizes"], root_sizes(c.problem))}
+    out["theory"] = theory_for(cfg, out["sizes"], root_sizes(c.problem), batchnorm_channels(c.problem))
+    return out
 
 
 def format_memory(rows: list[dict]) -> str:
@@ -185,67 +230,3 @@ def communication(hlo_text: str, n_devices: int) -> dict:
 def step_communication(strategy, state, batch, n_devices: int) -> dict:
     """`communication` of a strategy's compiled step."""
     return communication(strategy.compiled_step.lower(state, *batch).compile().as_text(), n_devices)
-
-
-def dp_theory(sizes: list[int], n: int, itemsize: int) -> dict:
-    """`dp`'s binomial tree: the reduce to device 0 and the broadcast from it each move N-1
-    messages of Psi values in all, so the mean device sends 2 (N-1)/N Psi (the busiest, device 0,
-    sends ceil(log2 N) Psi in the broadcast). The loss is read on device 0: no extra collective."""
-    psi = sum(sizes) * itemsize
-    p2p = 2 * (n - 1) / n * psi if n > 1 else 0.0
-    return {"all-reduce": 0.0, "reduce-scatter": 0.0, "all-gather": 0.0, "point-to-point": p2p, "total": p2p}
-
-
-def theory(strategy: str, sizes: list[int], n: int, itemsize: int, loss_itemsize: int | None = None,
-           accum: int = 1, reshard_after_forward: bool = True, root_sizes: list[int] = ()) -> dict:
-    """Bytes each device sends per step by the textbook algorithms (ring collectives), by kind.
-    Psi = sum(sizes); Psi_N = sum(ceil(size / n)) (ZeRO pads each parameter to a multiple of n).
-    The loss is averaged for the log by one scalar all-reduce (not for `dp`, whose tree is counted
-    separately, nor for one device). zero3 gathers every micro-batch (`accum`) for forward and,
-    with `reshard_after_forward`, again for backward, except `root_sizes` (its root's: a tied weight,
-    `root_sizes` among `sizes` once), gathered once per micro-batch; the others sync once per step."""
-    psi = sum(sizes)
-    psi_n = sum(math.ceil(s / n) for s in sizes)
-    loss = 2 * (n - 1) / n * (loss_itemsize or itemsize)
-    ring = 2 * (n - 1) / n
-    out = {"all-reduce": loss, "reduce-scatter": 0.0, "all-gather": 0.0, "point-to-point": 0.0}
-    if strategy in ("ddp", "ddp-pmap", "ddp-bucket"):
-        out["all-reduce"] += ring * psi * itemsize
-    elif strategy == "ddp-ring":
-        out["point-to-point"] = 2 * (n - 1) * math.ceil(psi / n) * itemsize
-    elif strategy == "zero1":
-        out["all-reduce"] += ring * psi * itemsize
-        out["all-gather"] = (n - 1) * psi_n * itemsize
-    elif strategy in ("zero2", "zero3"):
-        out["reduce-scatter"] = (n - 1) * psi_n * itemsize
-        gathers = accum * (2 if reshard_after_forward else 1) if strategy == "zero3" else 1
-        root_n = sum(math.ceil(s / n) for s in root_sizes) if strategy == "zero3" else 0
-        regathered = (gathers - accum) * root_n  # the root is gathered for forward only
-        out["all-gather"] = (n - 1) * (psi_n * gathers - regathered) * itemsize
-    else:
-        raise ValueError(f"no communication theory for {strategy!r}")
-    if n == 1:
-        out = {k: 0.0 for k in out}
-    out["total"] = sum(out.values())
-    return out
-
-
-def root_sizes(problem) -> list[int]:
-    """Sizes of the parameters zero3's root owns: those several units share (a tied weight)."""
-    return [int(np.prod(leaf.shape)) for path in units.shared_paths(problem.units)
-            for leaf in jax.tree.leaves(units.at(problem.params, path))]
-
-
-def theory_for(cfg, sizes: list[int], root: list[int] = ()) -> dict:
-    """`theory` (or `dp_theory`) for a run configuration: its strategy, devices, master dtype,
-    accumulation and zero3's reshard mode. No communication for `single` or one device."""
-    from .models import MASTER_DTYPE
-
-    itemsize = np.dtype(MASTER_DTYPE[cfg.dtype]).itemsize
-    if cfg.strategy == "single" or cfg.devices == 1:
-        return {"all-reduce": 0.0, "reduce-scatter": 0.0, "all-gather": 0.0, "point-to-point": 0.0, "total": 0.0}
-    if cfg.strategy == "dp":
-        return dp_theory(sizes, cfg.devices, itemsize)
-    return theory(cfg.strategy, sizes, cfg.devices, itemsize, accum=cfg.accum,
-                  reshard_after_forward=cfg.reshard_after_forward, root_sizes=root)
-

@@ -7,8 +7,11 @@ as `accounting.collectives` does: ring algorithms) and `trips` (the times it run
 a loop, the loop's trip count); the totals `bytes_per_device` (the sum of bytes_per_device x trips)
 and `theory_bytes_per_device` (`accounting.theory`); the memory per device `state_bytes`,
 `temp_bytes` and `peak_bytes` (`accounting.step_memory`); for ddp-bucket, the plan as `buckets`
-(elements per bucket, in the order they are all-reduced). These keys are a contract: scripts read
-them from `--json`.
+(elements per bucket, in the order they are all-reduced). A model with running statistics
+(BatchNorm) advances them in a second, forward-only program (jaxdp/strategies/stats.py): its bytes are
+not the train step's, and are given apart as `stats_bytes_per_device` (measured from its compiled HLO)
+and `stats_theory_bytes_per_device` (`accounting.stats_theory`). These keys are a contract: scripts
+read them from `--json`.
 """
 from __future__ import annotations
 
@@ -21,20 +24,26 @@ from . import accounting, models
 from .strategies import bucket
 
 
-def inspect(cfg) -> dict:
-    """The contract's dictionary for `cfg`'s compiled training step (the one `jaxdp train` runs)."""
-    step = accounting.compile_step(cfg)
+def inspect(cfg, step: accounting.CompiledStep | None = None) -> dict:
+    """The contract's dictionary for `cfg`'s compiled training step (the one `jaxdp train` runs);
+    `step`: that step already compiled (`accounting.compile_step(cfg)`)."""
+    step = step or accounting.compile_step(cfg)
     problem, compiled = step.problem, step.program
     found = accounting.collectives(compiled.as_text(), cfg.devices)
     ops = [{"op": c["op"], "dtype": c["dtype"], "elements": c["elements"], "bytes_per_device": c["sent"],
             "trips": c["trips"]} for c in found]
     sizes = [int(np.prod(p.shape)) for p in jax.tree.leaves(problem.params)]
     root = accounting.root_sizes(problem)  # zero3: a tied weight, gathered once per micro-batch
+    channels = accounting.batchnorm_channels(problem)  # BatchNorm: its statistics' all-reduces
     out = {"strategy": cfg.strategy, "devices": cfg.devices, "model": cfg.model, "dtype": cfg.dtype,
            "accum": cfg.accum, "collectives": ops,
            "bytes_per_device": sum(c["bytes_per_device"] * (c["trips"] or 1) for c in ops),
-           "theory_bytes_per_device": accounting.theory_for(cfg, sizes, root)["total"],
+           "theory_bytes_per_device": accounting.theory_for(cfg, sizes, root, channels)["total"],
            **accounting.step_memory(compiled)}
+    if step.stats_program is not None:  # the running statistics' own program, next to the train step
+        stats_ops = accounting.collectives(step.stats_program.as_text(), cfg.devices)
+        out["stats_bytes_per_device"] = sum(c["sent"] * (c["trips"] or 1) for c in stats_ops)
+        out["stats_theory_bytes_per_device"] = accounting.stats_theory_for(cfg, step.stats_sizes, channels)["total"]
     if cfg.strategy == "ddp-bucket":
         named = models.flat_names(problem.params)
         out["buckets"] = [sum(int(named[name].size) for name in b) for b in bucket.plan(problem, cfg.bucket_mb)]
@@ -49,6 +58,9 @@ def format_inspect(r: dict) -> str:
               f"{c['trips'] if c['trips'] is not None else '?':>5}" for i, c in enumerate(r["collectives"])]
     lines.append(f"sent per device per step: {r['bytes_per_device']:.0f} bytes "
                  f"(theory {r['theory_bytes_per_device']:.0f})")
+    if "stats_bytes_per_device" in r:
+        lines.append(f"running statistics' program: {r['stats_bytes_per_device']:.0f} bytes per device per step "
+                     f"(theory {r['stats_theory_bytes_per_device']:.0f})")
     lines.append(f"bytes per device: state {r['state_bytes']}, temp {r['temp_bytes']}, peak {r['peak_bytes']} "
                  "(state + temp + unaliased outputs)")
     if "buckets" in r:

@@ -24,22 +24,46 @@ CONFIGS = ([CFG.replace(strategy=s) for s in STRATEGIES]
            + [CFG.replace(strategy=s, clip_norm=0.5, optimizer="momentum") for s in ("zero1", "zero2", "zero3")])
 
 
-def _measure_all(rank, n, cfgs, init):
-    return [accounting.measure_rank(rank, n, cfg, init, steps=2, warmup=1) for cfg in cfgs]
+# `--model cnn` (issue 15): BatchNorm's collectives (sync: the hand-written all-reduces; local: rank 0's
+# running statistics broadcast; DDP's own buffer broadcast), a few cases in the same worlds. The BatchNorm
+# term is the same for every strategy but DDP-wrapped ones (ddp, zero1: both modes below), so every N, both
+# modes and accum 1 and 3 appear, not every strategy (each case adds seconds to a world of gloo ranks).
+CNN = CFG.replace(model="cnn", data="digits", channels=(2, 3), batch_size=36)
+CNN_CASES = {2: [CNN.replace(strategy="ddp", batchnorm="sync", accum=3),
+                 CNN.replace(strategy="zero3", batchnorm="local", accum=3),
+                 CNN.replace(strategy="ddp-bucket", batchnorm="local")],
+             3: [CNN.replace(strategy="zero1", batchnorm="local"), CNN.replace(strategy="dp", batchnorm="sync")],
+             4: [CNN.replace(strategy="zero2", batchnorm="sync", accum=3)]}
+
+
+def _measure_all(rank, n, jobs):
+    return [accounting.measure_rank(rank, n, cfg, init, steps=2, warmup=1) for cfg, init in jobs]
+
+
+def _key(cfg):
+    if cfg.model == "cnn":
+        return ("cnn", cfg.strategy, cfg.batchnorm, cfg.accum)
+    return (cfg.strategy, cfg.optimizer, cfg.clip_norm)
 
 
 @functools.cache
 def measured(n: int) -> dict:
-    cfgs = [c.replace(devices=n) for c in CONFIGS]
-    views = launch(_measure_all, n, cfgs, init_for(init_key(CFG)), timeout_s=600, pg_timeout_s=120)
-    return {(c.strategy, c.optimizer, c.clip_norm): accounting.summarise(c, [v[i] for v in views])
-            for i, c in enumerate(cfgs)}
+    cfgs = [c.replace(devices=n) for c in CONFIGS + CNN_CASES.get(n, [])]
+    jobs = [(c, init_for(init_key(c))) for c in cfgs]
+    views = launch(_measure_all, n, jobs, timeout_s=600, pg_timeout_s=120)
+    return {_key(c): accounting.summarise(c, [v[i] for v in views]) for i, c in enumerate(cfgs)}
 
 
 @functools.cache
-def shapes() -> list[tuple[int, ...]]:
-    dataset = data.load(CFG.data, CFG.seed, CFG.seq_len)
-    return [tuple(p.shape) for p in models.build(CFG, dataset).parameters()]  # torch layout: Linear [out, in]
+def shapes(cfg=CFG) -> list[tuple[int, ...]]:
+    dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
+    return [tuple(p.shape) for p in models.build(cfg, dataset).parameters()]  # torch layout: Linear [out, in]
+
+
+@functools.cache
+def batchnorm(cfg) -> accounting.BatchNormCount:
+    model = models.build(cfg, data.load(cfg.data, cfg.seed, cfg.seq_len))
+    return accounting.batchnorm_count(model, sync=cfg.batchnorm == "sync")
 
 
 ITEMSIZE = 8  # float64
@@ -108,3 +132,24 @@ def test_peak_covers_what_each_rank_holds_and_falls_with_sharding():
         assert r["peak_bytes"] >= sum(m.values()), (key, r["peak_bytes"], m)
         assert r["peak_bytes_per_rank"][0] == r["peak_bytes"]
     assert got[("zero3", "adam", 0.0)]["peak_bytes"] < got[("ddp", "adam", 0.0)]["peak_bytes"]
+
+
+CNN_KEYS = [(n, c) for n, cases in CNN_CASES.items() for c in cases]
+
+
+def _assert_comm(got, expected):
+    for kind in (*accounting.KINDS, "total"):
+        assert got["comm"][kind] == pytest.approx(expected[kind], rel=1e-12, abs=1e-9), (kind, got["comm"], expected)
+
+
+@pytest.mark.parametrize("n, cfg", CNN_KEYS, ids=[f"{c.strategy}-n{n}-{c.batchnorm}-a{c.accum}" for n, c in CNN_KEYS])
+def test_cnn_batchnorm_communication_equals_theory(n, cfg):
+    """What the process group ran for a cnn step equals `theory` with its BatchNorm term; without that
+    term (the negative control) it does not."""
+    got = measured(n)[_key(cfg)]
+    bn = batchnorm(cfg)
+    assert bn == accounting.BatchNormCount(sum(cfg.channels), 2, cfg.batchnorm == "sync")
+    _assert_comm(got, accounting.theory(cfg.strategy, shapes(cfg), n, ITEMSIZE, accum=cfg.accum, batchnorm=bn))
+    without = accounting.theory(cfg.strategy, shapes(cfg), n, ITEMSIZE, accum=cfg.accum)
+    assert got["comm"]["total"] != pytest.approx(without["total"])
+    assert "comm_per_rank" not in got

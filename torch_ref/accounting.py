@@ -33,7 +33,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .theory import KINDS, fsdp_padded, memory_theory, theory, zero1_partition  # noqa: F401 (re-exported)
+from .theory import (  # noqa: F401 (re-exported)
+    KINDS,
+    BatchNormCount,
+    batchnorm_count,
+    batchnorm_theory,
+    fsdp_padded,
+    memory_theory,
+    theory,
+    zero1_partition,
+)
 
 BACKEND_OPS = {"all_reduce": "all-reduce", "allreduce": "all-reduce", "reduce_scatter": "reduce-scatter",
                "all_gather": "all-gather", "allgather": "all-gather", "send": "point-to-point",
@@ -144,12 +153,12 @@ def measure_rank(rank: int, n: int, cfg, init: dict, steps: int = 2, warmup: int
             lambda *_: grads_at_step.append(sum(_local_bytes(p.grad) for p in tensors.values()))
         )
     input_dtype = models.numpy_master_dtype(cfg.dtype)
-    rows = slice(rank * cfg.batch_size // n, (rank + 1) * cfg.batch_size // n)
     per_step, times, peaks = [], [], []
     for k in range(1, warmup + steps + 1):
         x, y = dataset.batch(k, cfg.batch_size)
         x = x.astype(input_dtype) if np.issubdtype(x.dtype, np.floating) else x.astype(np.int64)
-        xs, ys = torch.from_numpy(x[rows]).to(device), torch.from_numpy(y[rows].astype(np.int64)).to(device)
+        x, y = (data.part_rows(a, rank, n, cfg.accum) for a in (x, y))  # the one layout (jaxdp.data.micro_major)
+        xs, ys = torch.from_numpy(x).to(device), torch.from_numpy(y.astype(np.int64)).to(device)
         if k <= warmup:
             strategy.step(xs, ys)
             continue

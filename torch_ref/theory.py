@@ -6,6 +6,7 @@ docstring and in `torch_ref/accounting.py`'s.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 KINDS = ("all-reduce", "reduce-scatter", "all-gather", "point-to-point", "broadcast", "reduce")
 STATE_TENSORS_PER_PARAM = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
@@ -23,7 +24,7 @@ def fsdp_padded(shapes, n: int) -> int:
 
 def theory(
     strategy: str, param_sizes, n: int, itemsize: int, *, clip: bool = False, backend: str = "gloo", root_params=(),
-    reshard_after_forward: bool = True,
+    reshard_after_forward: bool = True, accum: int = 1, batchnorm: BatchNormCount | None = None,
 ) -> dict:
     """Bytes each device sends per step in what torch_ref runs, by kind (conventions: module docstring).
 
@@ -38,7 +39,8 @@ def theory(
       zero2                       reduce-scatter of the flat gradient padded to P = n ceil(Psi/n):
                                   on gloo an all-reduce of P (2 (n-1)/n P b), on nccl (n-1)/n P b;
                                   all-gather of the parameters (n-1)/n P b; clipping: one scalar all-reduce
-      zero3 (FSDP2)               per unit, all-gather before forward and again before backward
+      zero3 (FSDP2)               per unit and micro-batch (`accum`), all-gather before forward and again
+                                  before backward
                                   (not with reshard_after_forward=False: F once; the root's own
                                   `root_params` only once): (n-1)/n (2 F - R) b with
                                   F = fsdp_padded(all), R = fsdp_padded(root_params); gradient
@@ -47,6 +49,7 @@ def theory(
                                   norms, stacked (clip_grad_norm_ on DTensors: one element each)
       dp                          reduce (n-1)/n (Psi + 1) b (the gradients and the loss), broadcast
                                   (n-1)/n (Psi + 1) b (the parameters and the global loss)
+    plus, for a model with BatchNorm (`batchnorm`: `batchnorm_theory`), its statistics' collectives.
     """
     shapes = [_shape(p) for p in param_sizes]
     psi = sum(math.prod(s) for s in shapes)
@@ -68,7 +71,7 @@ def theory(
         out["all-gather"] = part * padded * itemsize
     elif strategy == "zero3":
         full, root = fsdp_padded(shapes, n), fsdp_padded(root_params, n)
-        out["all-gather"] = part * ((2 * full - root) if reshard_after_forward else full) * itemsize
+        out["all-gather"] = part * ((2 * full - root) if reshard_after_forward else full) * accum * itemsize
         out["all-reduce"] = loss + (ring * len(shapes) * itemsize if clip else 0.0)
         _reduce_scatter(out, full * itemsize, n, backend)
     elif strategy == "dp":
@@ -76,10 +79,54 @@ def theory(
         out["broadcast"] = part * (psi + 1) * itemsize
     elif strategy != "single":
         raise ValueError(f"no communication theory for {strategy!r}")
+    if batchnorm is not None:
+        for kind, nbytes in batchnorm_theory(strategy, batchnorm, n, itemsize, accum).items():
+            out[kind] += nbytes
     if n == 1 or strategy == "single":
         out = {k: 0.0 for k in KINDS}
     out["total"] = sum(out.values())
     return out
+
+
+class BatchNormCount(NamedTuple):
+    """A model's BatchNorm layers, as `theory` counts their collectives (`batchnorm_count(model)`)."""
+    channels: int     # over every layer
+    layers: int
+    sync: bool        # --batchnorm sync (else local)
+
+
+DDP_BUFFERS = ("ddp", "zero1")  # wrapped in DistributedDataParallel (broadcast_buffers=True)
+
+
+def batchnorm_theory(strategy: str, bn: BatchNormCount, n: int, itemsize: int, accum: int = 1) -> dict:
+    """Bytes each rank sends per step for BatchNorm (torch_ref/batchnorm.py), by kind, C = bn.channels:
+      sync     per micro-batch, all-reduces of the mean and of the biased variance (forward) and of
+               their cotangents (backward, the autograd Function's): 4 C values, 2 (n-1)/n each;
+      local    per micro-batch, rank 0's running mean and variance broadcast before each forward
+               (DDP's broadcast_buffers=True, done by the layer under every strategy): 2 C, (n-1)/n;
+      DDP      (ddp, zero1: DistributedDataParallel's own broadcast_buffers, once per step, both modes)
+               every buffer, running mean and variance and the int64 `num_batches_tracked` of each
+               layer: (2 C + layers) values, (n-1)/n, counted in the master dtype's itemsize (exact
+               for float64 runs, whose int64 counters have the same 8 bytes)."""
+    out = dict.fromkeys(KINDS, 0.0)
+    if n == 1 or strategy == "single" or not bn.layers:
+        return out
+    ring, part = 2 * (n - 1) / n, (n - 1) / n
+    if bn.sync:
+        out["all-reduce"] = ring * 4 * bn.channels * accum * itemsize
+    else:
+        out["broadcast"] = part * 2 * bn.channels * accum * itemsize
+    if strategy in DDP_BUFFERS:
+        out["broadcast"] += part * (2 * bn.channels + bn.layers) * itemsize
+    return out
+
+
+def batchnorm_count(model, sync: bool) -> BatchNormCount | None:
+    """The BatchNorm layers of a torch `model` (None without any)."""
+    from torch import nn
+
+    layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    return BatchNormCount(sum(m.num_features for m in layers), len(layers), sync) if layers else None
 
 
 def _reduce_scatter(out: dict, nbytes: float, n: int, backend: str) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ..canonical import REDUCTIONS
 from ..config import ALIASES, FRAMEWORK_STRATEGIES, ConfigError
 from . import bucket, ddp, ddp_pmap, dp, ring, single, zero
 from .common import Strategy, TrainState
@@ -17,6 +18,9 @@ class StrategyOptions(NamedTuple):
     bucket_mb: float = 25.0             # ddp-bucket: bucket capacity in MB (2**20 bytes)
     collectives: str = "xla"            # zero1/2/3: "xla" (built-ins) or "ring" (jaxdp.collectives)
     reshard_after_forward: bool = True  # zero3: free each unit's gathered parameters after its forward
+    reduction: str = "native"           # "canonical": the same bits on any N dividing `shards` (canonical.py)
+    shards: int = 0                     # canonical: shards per micro-batch (0: canonical.default_shards)
+    clip_norm: float = 0.0              # canonical: clip the canonical global norm (native: in the optax chain)
 
 
 FACTORIES = {
@@ -32,7 +36,8 @@ FACTORIES = {
 }
 assert tuple(FACTORIES) == FRAMEWORK_STRATEGIES["jax"]
 
-# The options each strategy reads besides `accum` (every one accumulates).
+# The options each strategy reads besides `accum` (every one accumulates) and the reduction's.
+REDUCTION_OPTIONS = ("reduction", "shards", "clip_norm")
 OPTIONS = {name: () for name in FACTORIES} | {
     "ddp-bucket": ("bucket_mb",),
     "zero1": ("collectives",),
@@ -52,12 +57,16 @@ def canonical(name: str) -> str:
 def options(name: str, accum: int = 1, **given) -> StrategyOptions:
     """The options of strategy `name`: `given` checked against the ones it reads."""
     name = canonical(name)
-    unknown = sorted(set(given) - set(OPTIONS[name]))
+    unknown = sorted(set(given) - set(OPTIONS[name]) - set(REDUCTION_OPTIONS))
     if unknown:
         valid = ", ".join(OPTIONS[name]) or "none"
         raise ConfigError(f"strategy {name!r} takes no option {', '.join(unknown)}; its options: {valid}")
     if given.get("collectives", "xla") not in ("xla", "ring"):
         raise ConfigError(f"collectives={given['collectives']!r}; valid: xla, ring")
+    if given.get("reduction", "native") not in REDUCTIONS:
+        raise ConfigError(f"reduction={given['reduction']!r}; valid: {', '.join(REDUCTIONS)}")
+    if given.get("clip_norm") and given.get("reduction", "native") == "native":
+        raise ConfigError("clip_norm= is for reduction='canonical'; with 'native', put the clip in the optax chain")
     if isinstance(accum, bool) or not isinstance(accum, int) or accum < 1:
         raise ConfigError(f"accum={accum!r}; give a whole number of micro-batches >= 1")
     return StrategyOptions(accum=accum, **given)
@@ -67,4 +76,5 @@ def make(name, problem, optimizer, mesh, opts: StrategyOptions, return_grads=Tru
     return FACTORIES[canonical(name)](problem, optimizer, mesh, opts, return_grads=return_grads)
 
 
-__all__ = ["FACTORIES", "OPTIONS", "Strategy", "StrategyOptions", "TrainState", "canonical", "make", "options"]
+__all__ = ["FACTORIES", "OPTIONS", "REDUCTION_OPTIONS", "Strategy", "StrategyOptions", "TrainState", "canonical", "make",
+           "options"]

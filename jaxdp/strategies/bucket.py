@@ -17,6 +17,7 @@ from __future__ import annotations
 import jax
 from jax import lax
 
+from .. import canonical
 from ..collectives import pack, unpack
 from ..devices import AXIS
 from ..models import flat_names
@@ -60,6 +61,20 @@ def bucketed_all_reduce_mean(grads, buckets, n: int):
     return jax.tree.unflatten(jax.tree.structure(grads), [reduced[name] for name in named])
 
 
+def canonical_buckets(values, buckets):
+    """(loss, grads) added by the canonical tree, bucket by bucket in the same order (`after` keeps
+    them apart), the loss after the last bucket."""
+    loss, grads = values
+    named = flat_names(grads)
+    reduced, flat = {}, None
+    for bucket in buckets:
+        packed = pack([named[name] for name in bucket])
+        flat = canonical.all_reduce(packed if flat is None else after(packed, flat), AXIS)
+        reduced.update(zip(bucket, unpack(flat, [named[name] for name in bucket]), strict=True))
+    loss = canonical.combine(after(loss.reshape(1), flat)[0], AXIS)
+    return loss, jax.tree.unflatten(jax.tree.structure(grads), [reduced[name] for name in named])
+
+
 def plan(problem, bucket_mb: float) -> list[list[str]]:
     """The buckets of `problem`'s parameters (names, in the order they are all-reduced)."""
     nbytes = {name: p.size * p.dtype.itemsize for name, p in flat_names(problem.params).items()}
@@ -69,6 +84,7 @@ def plan(problem, bucket_mb: float) -> list[list[str]]:
 def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
     n = mesh.size
     buckets = plan(problem, opts.bucket_mb)
-    return replicated_data_parallel("ddp-bucket", problem, optimizer, mesh, opts.accum,
+    return replicated_data_parallel("ddp-bucket", problem, optimizer, mesh, opts,
                                     lambda grads: bucketed_all_reduce_mean(grads, buckets, n),
-                                    check_vma=True, return_grads=return_grads, compiler_options=NO_COMBINER)
+                                    check_vma=True, return_grads=return_grads, compiler_options=NO_COMBINER,
+                                    canonical_sync=lambda values: canonical_buckets(values, buckets))

@@ -14,6 +14,7 @@ import optax
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from .. import canonical
 from ..devices import AXIS, batch_sharded, replicated
 
 
@@ -120,29 +121,57 @@ def put_sharded(mesh):
     return put_batch
 
 
-def replicated_data_parallel(name, problem, optimizer, mesh, accum, sync, *, check_vma: bool,
-                             return_grads: bool, compiler_options: dict | None = None) -> Strategy:
+def compile_options(opts, extra: dict | None = None) -> dict | None:
+    """The step's `jax.jit` compiler options: `extra`, plus canonical's passes off (lists joined)."""
+    if opts.reduction != "canonical":
+        return extra
+    merged = dict(extra or {})
+    for key, value in canonical.COMPILER_OPTIONS.items():
+        merged[key] = ",".join(filter(None, [merged.get(key, ""), value]))
+    return merged
+
+
+def shard_values_of(loss_fn):
+    """canonical's per-shard program for a plain loss: its value and gradient, shard by shard."""
+    value_and_grad = jax.value_and_grad(loss_fn)
+    return lambda params, xs, ys: canonical.shard_values(value_and_grad, params, xs, ys)
+
+
+def replicated_data_parallel(name, problem, optimizer, mesh, opts, sync, *, check_vma: bool,
+                             return_grads: bool, compiler_options: dict | None = None,
+                             canonical_sync=None) -> Strategy:
     """The DDP skeleton. `sync(grads)` must turn each device's local mean gradient into the global
-    mean (every device the same), communicating once.
+    mean (every device the same), communicating once; under `reduction="canonical"`,
+    `canonical_sync((loss, grads))` adds the devices' partial sums by the canonical tree instead.
 
     The shard_map trap: with check_vma=True, replicated params used with per-device data are
     implicitly cast to "varying", and the transpose of that cast is a psum, so jax.grad would return
     gradients already summed over devices. We cast explicitly first (`lax.pcast(..., to='varying')`),
     which makes the gradient local and leaves the one reduction to `sync`. With check_vma=False (used
-    where `sync` is built from ppermute, whose results JAX cannot prove identical) there is no
-    implicit cast and grad is local as it is. `compiler_options` go to this step's `jax.jit` only.
+    where `sync` is built from ppermute, whose results JAX cannot prove identical, and for canonical)
+    there is no implicit cast and grad is local as it is. `compiler_options` go to this step's
+    `jax.jit` only.
     """
+    n = mesh.size
+    is_canonical = opts.reduction == "canonical"
+    check_vma = check_vma and not is_canonical
+
     def device_step(params, opt_state, x, y):
-        local = lax.pcast(params, AXIS, to="varying") if check_vma else params
-        loss, grads = local_grads(problem.loss_fn, local, x, y, accum)
-        grads = sync(grads)
-        loss = lax.pmean(loss, AXIS)  # one scalar all-reduce, for the log
-        params, opt_state = apply_update(optimizer, grads, opt_state, params)
+        if is_canonical:
+            loss, grads = canonical.step_values(shard_values_of(problem.loss_fn), params, x, y, opts, n,
+                                                canonical_sync)
+        else:
+            local = lax.pcast(params, AXIS, to="varying") if check_vma else params
+            loss, grads = local_grads(problem.loss_fn, local, x, y, opts.accum)
+            grads = sync(grads)
+            loss = lax.pmean(loss, AXIS)  # one scalar all-reduce, for the log
+        clipped = canonical.clip(grads, opts.clip_norm) if is_canonical else grads
+        params, opt_state = apply_update(optimizer, clipped, opt_state, params)
         metrics = {"loss": loss, "grads": grads} if return_grads else {"loss": loss}
         return TrainState(params, opt_state), metrics
 
     sharded_step = jax.shard_map(device_step, mesh=mesh, in_specs=(P(), P(), P(AXIS), P(AXIS)),
                                  out_specs=P(), check_vma=check_vma)
     step = jax.jit(lambda state, x, y: sharded_step(state.params, state.opt_state, x, y), donate_argnums=0,
-                   compiler_options=compiler_options)
+                   compiler_options=compile_options(opts, compiler_options))
     return Strategy(name, init_replicated(optimizer, mesh), put_sharded(mesh), step, lambda s: s.params)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import jax
 from jax import lax
 
+from .. import canonical
 from ..devices import AXIS
 from .common import Strategy, replicated_data_parallel
 
@@ -17,6 +18,7 @@ def all_reduce_mean(grads, n: int):
 
 def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
     n = mesh.size
-    return replicated_data_parallel("ddp", problem, optimizer, mesh, opts.accum,
+    return replicated_data_parallel("ddp", problem, optimizer, mesh, opts,
                                     lambda grads: all_reduce_mean(grads, n),
-                                    check_vma=True, return_grads=return_grads)
+                                    check_vma=True, return_grads=return_grads,
+                                    canonical_sync=lambda values: canonical.all_reduce_tree(values, AXIS))

@@ -9,9 +9,26 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from .. import canonical
 from ..devices import AXIS
-from .common import Strategy, TrainState, apply_update, local_grads, to_numpy
+from .common import Strategy, TrainState, apply_update, compile_options, local_grads, shard_values_of, to_numpy
 from .ddp import all_reduce_mean
+
+
+def with_options(pmapped, options: dict | None):
+    """`pmapped`, compiled with XLA `options` (jax.pmap takes none: lowered and compiled once per
+    input signature instead)."""
+    if not options:
+        return pmapped
+    compiled = {}
+
+    def run(*args):
+        key = str(jax.tree.map(lambda a: (a.shape, a.dtype), args))
+        if key not in compiled:
+            compiled[key] = pmapped.lower(*args).compile(compiler_options=options)
+        return compiled[key](*args)
+
+    return run
 
 
 def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
@@ -29,18 +46,26 @@ def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
         return jax.pmap(lambda p: TrainState(p, optimizer.init(p)), axis_name=AXIS,
                         devices=pmap_devices)(copies(params))
 
+    is_canonical = opts.reduction == "canonical"
+
     def device_step(state, x, y):
-        loss, grads = local_grads(problem.loss_fn, state.params, x, y, opts.accum)
-        grads = all_reduce_mean(grads, n)
-        loss = jax.lax.pmean(loss, AXIS)
-        params, opt_state = apply_update(optimizer, grads, state.opt_state, state.params)
+        if is_canonical:
+            loss, grads = canonical.step_values(shard_values_of(problem.loss_fn), state.params, x, y, opts, n,
+                                                lambda values: canonical.all_reduce_tree(values, AXIS))
+        else:
+            loss, grads = local_grads(problem.loss_fn, state.params, x, y, opts.accum)
+            grads = all_reduce_mean(grads, n)
+            loss = jax.lax.pmean(loss, AXIS)
+        clipped = canonical.clip(grads, opts.clip_norm) if is_canonical else grads
+        params, opt_state = apply_update(optimizer, clipped, state.opt_state, state.params)
         metrics = {"loss": loss, "grads": grads} if return_grads else {"loss": loss}
         return TrainState(params, opt_state), metrics
 
     pmapped = jax.pmap(device_step, axis_name=AXIS, devices=pmap_devices, donate_argnums=0)
+    run = with_options(pmapped, compile_options(opts))
 
     def step(state, x, y):
-        state, metrics = pmapped(state, x, y)
+        state, metrics = run(state, x, y)
         return state, jax.tree.map(lambda a: a[0], metrics)
 
     def put_batch(x, y):  # this process's rows -> [local devices, rows per device, ...]

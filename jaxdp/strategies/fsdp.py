@@ -144,17 +144,9 @@ def without_shared(unit, shared) -> tuple[unit_lib.Unit, bool]:
     return unit_lib.Unit(unit.name, own, apply), True
 
 
-def unit_grads(problem, shapes, gather_leaf, scatter_leaf, accum: int, reshard_after_forward: bool):
-    """zero3's `(param shards, x, y) -> (mean loss, gradient shards)`, unit by unit: the units in
-    order, then `problem.head(output, y)`; with no head, the units take `(x, y)` and give the loss
-    (a plain loss function is one unit, `units.whole`: the whole model gathered at once). Parameters
-    listed by several units (tied) belong to the root: `root_gather`, before the units.
-
-    `gather_leaf(shard, shape)` -> the full parameter; `scatter_leaf(grad)` -> this device's shard of
-    the summed gradient / N. accum == 1: each unit's gradient is reduce-scattered inside its
-    backward. accum > 1 (FSDP's no_sync): every micro-batch gathers forward and backward, but the
-    gradients stay full and local, summed over the micro-batches, and are reduce-scattered once.
-    """
+def unit_loss(problem, shapes, gather_leaf, scatter_leaf, reshard_after_forward: bool, sync: bool):
+    """`(loss(parts, sinks, x, y), groups, group_shapes)`: the model's loss run unit by unit on the
+    param shards split by group (`parts`); see `unit_grads`."""
     if not problem.units:
         raise ValueError("zero3 runs a model unit by unit: give the model `unit_specs()` (jaxdp/models/units.py)")
     shared = unit_lib.shared_paths(problem.units)
@@ -169,10 +161,9 @@ def unit_grads(problem, shapes, gather_leaf, scatter_leaf, accum: int, reshard_a
         return lambda shards: jax.tree.map(gather_leaf, shards, shape)
 
     runs = [fsdp_unit(unit.apply, gatherer(shape), scatter, reshard_after_forward=reshard_after_forward,
-                      sync=accum == 1) for unit, shape in zip(units, group_shapes[len(groups) - len(units):],
-                                                              strict=True)]
+                      sync=sync) for unit, shape in zip(units, group_shapes[len(groups) - len(units):], strict=True)]
     if shared:
-        runs.insert(0, root_gather(gatherer(group_shapes[0]), scatter, sync=accum == 1))
+        runs.insert(0, root_gather(gatherer(group_shapes[0]), scatter, sync=sync))
 
     def loss(parts, sinks, x, y):
         h = x if problem.head is not None else (x, y)  # head None: the units take (x, y), give the loss
@@ -182,6 +173,23 @@ def unit_grads(problem, shapes, gather_leaf, scatter_leaf, accum: int, reshard_a
             h = run(shards, sink, (h, root) if uses else h)
         return h if problem.head is None else problem.head(h, y)
 
+    return loss, groups, group_shapes
+
+
+def unit_grads(problem, shapes, gather_leaf, scatter_leaf, accum: int, reshard_after_forward: bool):
+    """zero3's `(param shards, x, y) -> (mean loss, gradient shards)`, unit by unit: the units in
+    order, then `problem.head(output, y)`; with no head, the units take `(x, y)` and give the loss
+    (a plain loss function is one unit, `units.whole`: the whole model gathered at once). Parameters
+    listed by several units (tied) belong to the root: `root_gather`, before the units.
+
+    `gather_leaf(shard, shape)` -> the full parameter; `scatter_leaf(grad)` -> this device's shard of
+    the summed gradient / N. accum == 1: each unit's gradient is reduce-scattered inside its
+    backward. accum > 1 (FSDP's no_sync): every micro-batch gathers forward and backward, but the
+    gradients stay full and local, summed over the micro-batches, and are reduce-scattered once.
+    """
+    loss, groups, group_shapes = unit_loss(problem, shapes, gather_leaf, scatter_leaf, reshard_after_forward,
+                                           sync=accum == 1)
+
     def grads(param_shards, x, y):
         parts = unit_lib.split(param_shards, groups)
         if accum == 1:
@@ -189,6 +197,20 @@ def unit_grads(problem, shapes, gather_leaf, scatter_leaf, accum: int, reshard_a
             return value, unit_lib.join(part_grads, groups)
         sinks = [jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shape) for shape in group_shapes]
         value, full = local_grads(lambda sinks, xb, yb: loss(parts, sinks, xb, yb), sinks, x, y, accum)
-        return value, unit_lib.join(scatter(full), groups)
+        return value, unit_lib.join(jax.tree.map(scatter_leaf, full), groups)
 
     return grads
+
+
+def unit_value_and_grad(problem, shapes, gather_leaf, reshard_after_forward: bool):
+    """`(param shards, x, y) -> (loss, full local gradient)` unit by unit, gathering each unit forward
+    and backward and reducing nothing (no_sync): the per-shard program of `reduction="canonical"`."""
+    loss, groups, group_shapes = unit_loss(problem, shapes, gather_leaf, None, reshard_after_forward, sync=False)
+
+    def value_and_grad(param_shards, x, y):
+        parts = unit_lib.split(param_shards, groups)
+        sinks = [jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shape) for shape in group_shapes]
+        value, full = jax.value_and_grad(lambda sinks: loss(parts, sinks, x, y))(sinks)
+        return value, unit_lib.join(full, groups)
+
+    return value_and_grad

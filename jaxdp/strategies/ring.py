@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import jax
 
-from ..collectives import pack, ring_all_reduce, unpack
+from .. import canonical
+from ..collectives import pack, ring_all_gather, ring_all_reduce, unpack
 from ..devices import AXIS
 from .common import Strategy, replicated_data_parallel
 
@@ -21,6 +22,12 @@ def ring_all_reduce_mean(grads, n: int):
 def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
     n = mesh.size
     # check_vma=False: ppermute results are "varying" to JAX even though the ring makes them equal.
-    return replicated_data_parallel("ddp-ring", problem, optimizer, mesh, opts.accum,
+    return replicated_data_parallel("ddp-ring", problem, optimizer, mesh, opts,
                                     lambda grads: ring_all_reduce_mean(grads, n),
-                                    check_vma=False, return_grads=return_grads)
+                                    check_vma=False, return_grads=return_grads, canonical_sync=canonical_ring)
+
+
+def canonical_ring(values):
+    """The canonical tree with ppermutes only: the pairwise exchange, the tree, the ring all-gather."""
+    return canonical.all_reduce_tree(values, AXIS, gather=lambda chunk: ring_all_gather(chunk, AXIS),
+                                     exchange=lambda chunks: canonical.ppermute_exchange(chunks, AXIS))

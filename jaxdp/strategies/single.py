@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import jax
 
-from .common import Strategy, TrainState, apply_update, local_grads, to_numpy
+from .. import canonical
+from .common import Strategy, TrainState, apply_update, compile_options, local_grads, shard_values_of, to_numpy
 
 
 def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
@@ -16,14 +17,21 @@ def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
             return TrainState(params, jax.device_put(to_numpy(opt_state), on_device))
         return TrainState(params, jax.jit(optimizer.init, out_shardings=on_device)(params))
 
+    is_canonical = opts.reduction == "canonical"
+
     @jax.jit
     def step(state, x, y):
-        loss, grads = local_grads(problem.loss_fn, state.params, x, y, opts.accum)
-        params, opt_state = apply_update(optimizer, grads, state.opt_state, state.params)
+        if is_canonical:  # all S shards here: the whole tree on this device
+            loss, grads = canonical.step_values(shard_values_of(problem.loss_fn), state.params, x, y, opts, 1, None)
+        else:
+            loss, grads = local_grads(problem.loss_fn, state.params, x, y, opts.accum)
+        clipped = canonical.clip(grads, opts.clip_norm) if is_canonical else grads
+        params, opt_state = apply_update(optimizer, clipped, state.opt_state, state.params)
         metrics = {"loss": loss, "grads": grads} if return_grads else {"loss": loss}
         return TrainState(params, opt_state), metrics
 
     def put_batch(x, y):
         return jax.device_put((x, y), device)
 
+    step = jax.jit(step.__wrapped__, compiler_options=compile_options(opts))
     return Strategy("single", init, put_batch, step, lambda s: s.params)

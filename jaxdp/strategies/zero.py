@@ -37,15 +37,17 @@ from __future__ import annotations
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from .. import canonical
 from .. import collectives as ring
 from ..devices import AXIS, replicated
 from . import fsdp
-from .common import Strategy, TrainState, apply_update, local_grads, put_sharded, to_host, to_numpy
+from .common import Strategy, TrainState, apply_update, compile_options, local_grads, put_sharded, to_host, to_numpy
 
 
 def shard_size(size: int, n: int) -> int:
@@ -71,9 +73,10 @@ class Collectives:
         return ring.ring_all_gather(shard, AXIS) if self.kind == "ring" else lax.all_gather(shard, AXIS, tiled=True)
 
 
-def my_shard(full, n):
-    """This device's shard of a full (replicated) array: elements [i S, (i+1) S) of the padded flat."""
-    flat = ring.pad_to_multiple(full, n)
+def my_shard(full, n, multiple=None):
+    """This device's shard of a full (replicated) array: elements [i S, (i+1) S) of the flat padded to a
+    multiple of `multiple` (default n)."""
+    flat = ring.pad_to_multiple(full, multiple or n)
     s = flat.size // n
     return lax.dynamic_slice(flat, (lax.axis_index(AXIS) * s,), (s,))
 
@@ -83,10 +86,10 @@ def unpad(flat, like):
     return flat[:math.prod(like.shape)].reshape(like.shape)
 
 
-def host_shards(tree, n):
-    """Full host arrays -> the padded flat arrays ([N x S]) whose device-order shards we place
-    (scalars, such as Adam's step count, stay as they are: replicated)."""
-    return jax.tree.map(lambda p: np.pad(p.reshape(-1), (0, -p.size % n)) if p.ndim else p,
+def host_shards(tree, multiple):
+    """Full host arrays -> the flat arrays padded to a multiple of `multiple` (N; canonical: BLOCKS), whose
+    device-order shards we place (scalars, such as Adam's step count, stay as they are: replicated)."""
+    return jax.tree.map(lambda p: np.pad(p.reshape(-1), (0, -p.size % multiple)) if p.ndim else p,
                                   to_numpy(tree))
 
 
@@ -120,6 +123,39 @@ def stage_grads(stage: int, problem, comm: Collectives, shapes, n: int, opts):
     return zero12_grads
 
 
+def canonical_stage_grads(stage: int, problem, comm: Collectives, shapes, n: int, opts):
+    """`stage_grads` under reduction="canonical": per-shard values (zero3: unit by unit, nothing reduced
+    inside), the tree across devices as a canonical reduce-scatter (zero1: all-reduce) on the flat
+    layout padded to a multiple of BLOCKS, the global means, then the canonical clip; returns
+    (loss, clipped gradient shards, the unclipped gradient for the trace)."""
+    tree_map = jax.tree.map
+    if stage == 3:
+        value_and_grad = fsdp.unit_value_and_grad(problem, shapes, lambda s, shape: unpad(comm.all_gather(s), shape),
+                                                  opts.reshard_after_forward)
+    else:
+        value_and_grad = jax.value_and_grad(problem.loss_fn)
+    ring_kind = comm.kind == "ring"
+    exchange = (lambda chunks: canonical.ppermute_exchange(chunks, AXIS)) if ring_kind else None
+    gather = (lambda chunk: ring.ring_all_gather(chunk, AXIS)) if ring_kind else None
+
+    def sync(values):
+        loss, grads = values
+        loss = canonical.combine(loss, AXIS)
+        if stage == 1:  # every device: the whole gradient
+            return loss, canonical.all_reduce_tree(grads, AXIS, gather, exchange)
+        padded = tree_map(lambda g: jnp.pad(g.reshape(-1), (0, -g.size % canonical.BLOCKS)), grads)
+        return loss, tree_map(lambda g: canonical.combine_scatter(g, AXIS, exchange), padded)
+
+    def grads_of(params, x, y):
+        shard_values = lambda p, xs, ys: canonical.shard_values(value_and_grad, p, xs, ys)  # noqa: E731
+        loss, grads = canonical.step_values(shard_values, params, x, y, opts, n, sync)
+        if stage == 1:
+            clipped = canonical.clip(grads, opts.clip_norm)
+            return loss, tree_map(lambda g: my_shard(g, n, canonical.BLOCKS), clipped), grads
+        return loss, canonical.clip(grads, opts.clip_norm, AXIS, sharded=True), grads
+    return grads_of
+
+
 def apply_global_update(optimizer, grad_flat, opt_state, param_flat):
     """The optimizer's step on the global flat arrays (outside the shard_map): XLA partitions it."""
     return apply_update(optimizer, grad_flat, opt_state, param_flat)
@@ -134,23 +170,27 @@ def make_stage(stage: int):
         sharded = NamedSharding(mesh, P(AXIS))
         param_spec = P(AXIS) if stage == 3 else P()
         opt_init = jax.jit(optimizer.init)
+        is_canonical = opts.reduction == "canonical"
+        multiple = canonical.BLOCKS if is_canonical else n  # the flat layout's padding
 
         def init(params, opt_state=None):
-            flat = jax.device_put(host_shards(params, n), sharded)
+            flat = jax.device_put(host_shards(params, multiple), sharded)
             with jax.set_mesh(mesh):  # new arrays (a step count) need the mesh: explicit sharding
                 state = opt_init(flat)  # optimizer state on the flat layout, sharded as XLA propagates it
             if opt_state is not None:  # a full (canonical) state: laid out as the fresh one
-                state = tree_map(lambda a, like: jax.device_put(a, like.sharding), host_shards(opt_state, n), state)
+                state = tree_map(lambda a, like: jax.device_put(a, like.sharding), host_shards(opt_state, multiple),
+                                 state)
             if stage < 3:
                 return TrainState(jax.device_put(to_numpy(params), replicated(mesh)), state)
             return TrainState(flat, state)
 
-        grads_of = stage_grads(stage, problem, comm, shapes, n, opts)
+        grads_of = (canonical_stage_grads if is_canonical else stage_grads)(stage, problem, comm, shapes, n, opts)
 
         def device_grads(params, x, y):
             loss, grad_shards, grads_out = grads_of(params, x, y)
-            param_shards = tree_map(lambda p: my_shard(p, n), params) if stage < 3 else params
-            loss = lax.psum(loss, AXIS) / n  # one scalar all-reduce, for the log
+            param_shards = tree_map(lambda p: my_shard(p, n, multiple), params) if stage < 3 else params
+            if not is_canonical:
+                loss = lax.psum(loss, AXIS) / n  # one scalar all-reduce, for the log
             return loss, grad_shards, grads_out, param_shards
 
         grad_spec = P() if stage == 1 else P(AXIS)
@@ -167,7 +207,7 @@ def make_stage(stage: int):
             metrics = {"loss": loss, "grads": grads_out} if return_grads else {"loss": loss}
             return TrainState(params, opt_state), metrics
 
-        jit_step = jax.jit(train_step, donate_argnums=0)
+        jit_step = jax.jit(train_step, donate_argnums=0, compiler_options=compile_options(opts))
 
         def step(state, x, y):
             state, metrics = jit_step(state, x, y)

@@ -1,0 +1,213 @@
+"""`reduction="canonical"`: a step's gradient defined independently of the number of devices, so
+that a run on N devices gives the same bits as `single` (docs/CANONICAL.md).
+
+The global batch of a micro-batch is cut into S shards of equal rows (S a power of two, N | S);
+device d holds shards [d S/N, (d+1) S/N) of every micro-batch (its `data.part_rows` block). Each
+shard's mean loss and gradient come from one program (`shard_values`: the same HLO on every device
+and N, fenced by optimization barriers); each shard index folds its micro-batches in order; the S
+folded shards are added by one binary tree over shard index (`tree`), its lower levels on the device
+and its upper levels across devices (`combine` / `combine_scatter`: an all-to-all of each device's
+partial sums, the same tree on the chunk a device owns, an all-gather: an all-reduce's bytes). Then
+/ S (a power of two: exact) and / A. Addition is commutative in IEEE arithmetic, so only the
+association is fixed, and it is the same for every N.
+
+Clipping uses `global_norm`: each parameter zero-padded to a multiple of BLOCKS and cut into BLOCKS
+blocks, each block's squares summed by `pairsum`, the blocks by `tree`, the parameters by a left
+fold; a device that holds whole blocks (ZeRO's canonical layout pads to a multiple of BLOCKS) sums
+its own and the upper levels run across devices.
+
+XLA's algebraic simplifier rewrites a program differently when it is partitioned over several
+devices (measured: a division by a broadcast becomes a multiplication by a reciprocal in the
+1-device program only, inside GPT's softmax), so canonical steps compile with it disabled
+(`COMPILER_OPTIONS`).
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .config import ConfigError
+
+BLOCKS = 64          # the most shards (and devices) canonical supports; also the norm's block count
+MIN_SHARD_ROWS = 4   # the default S keeps shards at least this many rows
+REDUCTIONS = ("native", "canonical")
+COMPILER_OPTIONS = {"xla_disable_hlo_passes": "algsimp"}
+
+
+def default_shards(micro_rows: int) -> int:
+    """The largest power of two dividing the micro-batch's rows that keeps shards >= MIN_SHARD_ROWS
+    rows, at most BLOCKS (1 when the micro-batch has fewer than 2 x MIN_SHARD_ROWS rows)."""
+    s = 1
+    while s * 2 <= BLOCKS and micro_rows % (s * 2) == 0 and micro_rows // (s * 2) >= MIN_SHARD_ROWS:
+        s *= 2
+    return s
+
+
+def resolve_shards(shards: int | None, micro_rows: int, n: int) -> int:
+    """S for a micro-batch of `micro_rows` rows on `n` devices; a bad one is one line naming the fix."""
+    s = default_shards(micro_rows) if not shards else shards
+    if s & (s - 1) or not 1 <= s <= BLOCKS:
+        raise ConfigError(f"shards={s}: canonical reduction needs a power of two from 1 to {BLOCKS}")
+    if micro_rows % s:
+        raise ConfigError(f"a micro-batch of {micro_rows} rows does not cut into shards={s}; give a power "
+                          f"of two dividing it, e.g. shards={default_shards(micro_rows)}")
+    if s % n:
+        raise ConfigError(f"canonical reduction on {n} devices needs n to divide shards={s}: use a power of two "
+                          f"number of devices up to {s}, or more shards (a bigger batch, or shards=)")
+    return s
+
+
+def tree(stacked):
+    """Sum over the leading axis (a power of two) by adjacent pairs, level by level."""
+    def reduce(a):
+        while a.shape[0] > 1:
+            a = a[0::2] + a[1::2]
+        return a[0]
+    return jax.tree.map(reduce, stacked)
+
+
+def pairsum(v):
+    """Sum over the last axis: zero-pad it to a power of two, then adjacent pairs until one remains."""
+    width = v.shape[-1]
+    padded = 1 << max(width - 1, 0).bit_length()
+    v = jnp.pad(v, [(0, 0)] * (v.ndim - 1) + [(0, padded - width)])
+    while v.shape[-1] > 1:
+        v = v[..., 0::2] + v[..., 1::2]
+    return v[..., 0]
+
+
+def blocks(flat):
+    """A flat array zero-padded to a multiple of BLOCKS, as [BLOCKS, L]."""
+    return jnp.pad(flat, (0, -flat.size % BLOCKS)).reshape(BLOCKS, -1)
+
+
+def shard_values(value_and_grad, params, xs, ys):
+    """(losses [k], grads [k, ...]): each of the k shards' mean loss and gradient
+    (`value_and_grad(params, x, y)`), one shard at a time by the same program, fenced by optimization
+    barriers so that no fusion or rewrite crosses its edges."""
+    def one(batch):
+        p, xb, yb = lax.optimization_barrier((params, *batch))
+        return lax.optimization_barrier(value_and_grad(p, xb, yb))
+    return lax.map(one, (xs, ys))
+
+
+def local_partials(value_and_grad_fn, params, x, y, accum: int, local_shards: int):
+    """This device's partial sums (loss, gradient) over its `local_shards` shards of every micro-batch:
+    each shard folds its micro-batches in order, then the device's subtree. Rows of x: its shares of
+    micro-batches 0..A-1 in order, each `local_shards` shards of equal rows. Not divided: see module."""
+    def split(a):
+        return a.reshape(accum, local_shards, a.shape[0] // (accum * local_shards), *a.shape[1:])
+
+    xs, ys = split(x), split(y)
+    acc = value_and_grad_fn(params, xs[0], ys[0])
+    if accum > 1:
+        def micro(carry, batch):
+            return jax.tree.map(jnp.add, carry, value_and_grad_fn(params, *batch)), None
+        acc, _ = lax.scan(micro, acc, (xs[1:], ys[1:]))
+    return tree(acc)
+
+
+def finish(total, shards: int, accum: int):
+    """The global mean from the tree's sum: / S (exact), then / A."""
+    total = jax.tree.map(lambda a: a / shards, total)
+    return total if accum == 1 else jax.tree.map(lambda a: a / accum, total)
+
+
+def combine(partial, axis: str):
+    """Every device: the tree over the devices' partial sums (device order), for any pytree."""
+    gathered = jax.tree.map(lambda a: lax.all_gather(a, axis), partial)
+    return tree(gathered)
+
+
+def combine_scatter(flat, axis: str, exchange=None):
+    """This device's chunk of the tree over the devices' flat partial sums (flat.size % N == 0): device
+    i sends chunk j to device j (an all-to-all, or `exchange`), then each adds its N chunks by the tree."""
+    n = lax.axis_size(axis)
+    chunks = flat.reshape(n, -1)
+    received = exchange(chunks) if exchange else lax.all_to_all(chunks, axis, 0, 0)
+    return tree(received)
+
+
+def all_reduce(flat, axis: str, gather=None, exchange=None):
+    """The tree over the devices' flat partial sums, on every device: `combine_scatter` then an
+    all-gather (`gather`, default lax.all_gather): the bytes of a reduce-scatter plus an all-gather."""
+    n = lax.axis_size(axis)
+    padded = jnp.pad(flat, (0, -flat.size % n))
+    chunk = combine_scatter(padded, axis, exchange)
+    full = gather(chunk) if gather else lax.all_gather(chunk, axis, tiled=True)
+    return full[:flat.size]
+
+
+def leaf_squares(block_rows, axis: str | None):
+    """One parameter's sum of squares from the blocks this device holds ([k, L], k = BLOCKS / N):
+    `pairsum` per block, the device's subtree, then (axis given) the tree across devices."""
+    partial = tree(pairsum(jnp.square(block_rows)))
+    return partial if axis is None else tree(lax.all_gather(partial, axis))
+
+
+def global_norm(grads, axis: str | None = None, sharded: bool = False):
+    """The canonical L2 norm. `sharded`: each leaf is this device's [BLOCKS / N x L] flat shard of the
+    parameter padded to a multiple of BLOCKS; else each leaf is the full parameter (every block here)."""
+    total = None
+    for g in jax.tree.leaves(grads):
+        rows = g.reshape(BLOCKS // lax.axis_size(axis), -1) if sharded else blocks(g.reshape(-1))
+        sq = leaf_squares(rows, axis if sharded else None)
+        total = sq if total is None else total + sq
+    return jnp.sqrt(total)
+
+
+def clip(grads, max_norm: float, axis: str | None = None, sharded: bool = False):
+    """torch.nn.utils.clip_grad_norm_'s rule on the canonical norm: coef = min(1, max / (norm + 1e-6))."""
+    if not max_norm:
+        return grads
+    from .optim import TORCH_CLIP_EPS
+
+    coef = jnp.minimum(max_norm / (global_norm(grads, axis, sharded) + TORCH_CLIP_EPS), 1.0)
+    return jax.tree.map(lambda g: g * coef.astype(g.dtype), grads)
+
+
+def padded_size(size: int) -> int:
+    """ZeRO's canonical flat length of a parameter: a multiple of BLOCKS (so devices hold whole blocks)."""
+    return math.ceil(size / BLOCKS) * BLOCKS
+
+
+def all_reduce_tree(values, axis: str, gather=None, exchange=None):
+    """`all_reduce` of a pytree: its leaves packed into one vector per dtype (one exchange each)."""
+    from .collectives import pack, unpack
+
+    leaves, treedef = jax.tree.flatten(values)
+    out = list(leaves)
+    for dtype in dict.fromkeys(a.dtype for a in leaves):
+        index = [i for i, a in enumerate(leaves) if a.dtype == dtype]
+        group = [leaves[i] for i in index]
+        reduced = unpack(all_reduce(pack(group), axis, gather, exchange), group)
+        for i, a in zip(index, reduced, strict=True):
+            out[i] = a
+    return jax.tree.unflatten(treedef, out)
+
+
+def step_values(value_and_grad_fn, params, x, y, opts, n: int, sync):
+    """(loss, grads): the canonical global means of this step on a device holding x, y (its rows).
+    `value_and_grad_fn(params, xs, ys)` gives k shards' stacked (losses, grads); `sync` adds the
+    devices' partial sums by the tree (None: all shards are here)."""
+    micro_rows = x.shape[0] * n // opts.accum
+    shards = resolve_shards(opts.shards, micro_rows, n)
+    partial = local_partials(value_and_grad_fn, params, x, y, opts.accum, shards // n)
+    total = sync(partial) if sync else partial
+    return finish(total, shards, opts.accum)
+
+
+def ppermute_exchange(chunks, axis: str):
+    """`lax.all_to_all(chunks, axis, 0, 0)` as N-1 collective-permutes (device i sends its chunk
+    i+s to device i+s in round s): ddp-ring's exchange, each device sending (N-1)/N of the vector."""
+    n = lax.axis_size(axis)
+    me = lax.axis_index(axis)
+    received = lax.dynamic_update_slice_in_dim(jnp.zeros_like(chunks), lax.dynamic_slice_in_dim(chunks, me, 1), me, 0)
+    for s in range(1, n):
+        send = lax.dynamic_slice_in_dim(chunks, (me + s) % n, 1)
+        got = lax.ppermute(send, axis, [(i, (i + s) % n) for i in range(n)])
+        received = lax.dynamic_update_slice_in_dim(received, got, (me - s) % n, 0)
+    return received

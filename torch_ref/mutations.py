@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from jaxdp import data
 
-from . import models, optim, train
+from . import batchnorm, models, optim, train
 from .collectives import ring_all_reduce
 from .strategies import bucket, common, ddp, ring
 
@@ -115,6 +115,30 @@ def bf16_reduction():
     return [(ddp, "apply_ddp", with_hook)]
 
 
+def bn_local_stats():
+    """torch_ref's BatchNorm2d takes the run for one rank: under `sync`, each rank's own statistics."""
+    return [(batchnorm, "distributed", lambda: False)]
+
+
+class _AllReduceForwardOnly(torch.autograd.Function):
+    """Sum over ranks in forward; the cotangent passes back unreduced (the backward all-reduce removed)."""
+
+    @staticmethod
+    def forward(ctx, t):
+        t = t.clone()
+        dist.all_reduce(t)
+        return t
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def bn_no_backward_reduce():
+    """Sync BatchNorm's statistics all-reduced in forward only."""
+    return [(batchnorm, "_AllReduceSum", _AllReduceForwardOnly)]
+
+
 PATCHES = {
     "missing-1/N": missing_one_over_n,
     "summed-twice": summed_twice,
@@ -124,6 +148,8 @@ PATCHES = {
     "decay-one-shard": decay_one_shard,
     "bucket-twice": bucket_twice,
     "bf16-reduction": bf16_reduction,
+    "bn-local-stats": bn_local_stats,
+    "bn-no-backward-reduce": bn_no_backward_reduce,
 }
 
 
@@ -136,13 +162,13 @@ def collective_dtypes(rank: int, n: int, cfg, init, steps: int = 2) -> dict[str,
     dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
     model = models.load_flax(models.build(cfg, dataset), init)
     strategy = train.strategy(model, cfg)
-    rows = slice(rank * cfg.batch_size // n, (rank + 1) * cfg.batch_size // n)
     seen: dict[str, set[str]] = {}
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         for k in range(1, steps + 1):
             x, y = dataset.batch(k, cfg.batch_size)
             x = x.astype(models.numpy_master_dtype(cfg.dtype) if np.issubdtype(x.dtype, np.floating) else np.int64)
-            strategy.step(torch.from_numpy(x[rows]), torch.from_numpy(y[rows].astype(np.int64)))
+            x, y = (data.part_rows(a, rank, n, cfg.accum) for a in (x, y))  # the one layout, as training's
+            strategy.step(torch.from_numpy(x), torch.from_numpy(y.astype(np.int64)))
     for e in prof.events():
         if e.name.startswith(("gloo:", "nccl:")):
             seen.setdefault(e.name, set()).update(d for d in e.input_dtypes if d)

@@ -2,6 +2,8 @@
 that put the bug into the strategy code (`jaxdp.mutations.inject` applies and undoes them)."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -10,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 
 from .. import optim
 from ..devices import AXIS
-from ..models import flat_names
+from ..models import cnn, flat_names
 from ..strategies import bucket, common, ddp, zero
 
 
@@ -107,6 +109,36 @@ def bf16_reduction():
     return [(ddp, "all_reduce_mean", all_reduce_mean)]
 
 
+def bn_local_stats():
+    """cnn's BatchNorm never sees the `data` axis: under `sync` each device normalises with its own rows."""
+    return [(cnn, "data_axis_bound", lambda: False)]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _pmean_forward_only(x, axis_name):
+    return lax.pmean(x, axis_name)
+
+
+_pmean_forward_only.defvjp(lambda x, axis_name: (lax.pmean(x, axis_name), None),
+                           lambda axis_name, _, g: (g / lax.axis_size(axis_name),))
+
+
+class _LaxWithLocalBackward:
+    """`jax.lax` but `pmean`, whose backward is local (no all-reduce of the cotangent)."""
+
+    def __getattr__(self, name):
+        return getattr(lax, name)
+
+    @staticmethod
+    def pmean(x, axis_name):
+        return _pmean_forward_only(x, axis_name)
+
+
+def bn_no_backward_reduce():
+    """cnn's synchronised statistics: the forward pmean kept, its backward all-reduce removed."""
+    return [(cnn, "lax", _LaxWithLocalBackward())]
+
+
 PATCHES = {
     "missing-1/N": missing_one_over_n,
     "summed-twice": summed_twice,
@@ -117,4 +149,6 @@ PATCHES = {
     "bucket-twice": bucket_twice,
     "bf16-reduction": bf16_reduction,
     "decay-one-replica": decay_one_shard,
+    "bn-local-stats": bn_local_stats,
+    "bn-no-backward-reduce": bn_no_backward_reduce,
 }

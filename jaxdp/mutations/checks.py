@@ -15,7 +15,7 @@ import re
 import jax
 import numpy as np
 
-from .. import accounting, data, train
+from .. import accounting, data
 
 _COLLECTIVE = re.compile(r"=\s*(?P<shape>.+?)\s+(?P<op>all-reduce|reduce-scatter|all-gather|collective-permute)"
                          r"(?:-start)?\(")
@@ -81,7 +81,7 @@ def replica_mismatches(cfg, steps: int = 2, compiled=None) -> list[str]:
     state, batch, out = c.state, c.batch, []
     for k in range(1, steps + 1):
         if k > 1:
-            batch = c.strategy.put_batch(*train.host_batch(cfg, dataset, k))
+            batch = c.strategy.put_batch(*accounting.step_batch(cfg, c.strategy, dataset, k))  # the one layout
         state, _ = c.program(state, *batch)
         out += [f"step {k}: {what}" for what in differing(state, cfg.strategy)]
     return out

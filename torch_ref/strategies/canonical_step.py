@@ -52,7 +52,7 @@ class Canonical:
                 grads, losses = C.shard_grads(par.module, self.params, x, y, loss_fn, par.accum, self.local)
                 SYNC.get(par.name, sync_buckets)(self, grads)
             loss = C.reduce_loss(losses, self.s)
-            par.grads = par.full_grads() if par.keep_grads else None
+            par.grads = kept(par.full_grads()) if par.keep_grads else None
             UPDATE.get(par.name, update_replicated)(self, clip_norm)
         return float(loss)
 
@@ -85,6 +85,11 @@ class Canonical:
             offsets[id(p)] = (start, start + p.numel())
             start += p.numel()
         return [(min(offsets[id(p)][0] for p in ps), max(offsets[id(p)][1] for p in ps)) for ps in lists]
+
+
+def kept(grads: dict | None) -> dict | None:
+    """A copy (zero3's full_tensor at N = 1 is the gradient itself, which clipping scales in place)."""
+    return None if grads is None else {name: g.clone() for name, g in grads.items()}
 
 
 def sync_buckets(c: Canonical, grads: torch.Tensor) -> None:

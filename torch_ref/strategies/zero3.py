@@ -71,7 +71,7 @@ def make(model, optimizer, opts) -> Parallel:
     built = optimizer(model.parameters())  # over the local shards: 1/N of the state
 
     def full_grads():  # all-gather, tracing only
-        return {name: p.grad.full_tensor() for name, p in model.named_parameters()}
+        return {name: p.grad.full_tensor().clone() for name, p in model.named_parameters()}  # (N = 1: not an alias)
 
     def full_params():  # a collective: every rank calls it
         return {name: p.full_tensor().detach() for name, p in model.named_parameters()}

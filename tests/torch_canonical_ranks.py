@@ -1,0 +1,112 @@
+"""The rank side of tests/test_torch_canonical.py: a small float32 model trained through the library API
+(`parallelize(..., reduction=...)`, `train_step`, `trace.Recorder`) for a list of cases, in one world
+per size. Nothing here asserts: the test module does."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+import torch_ref
+from torch_ref import canonical as C
+from torch_ref.trace import Recorder
+
+FEATURES, HIDDEN, CLASSES, ROWS, STEPS, SHARDS = 8, 32, 4, 16, 2, 4  # ROWS per micro-batch: 4 shards of 4
+OPTIMIZERS = {"momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01),
+              "adamw": lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1)}
+
+
+class Net(nn.Module):
+    """Linear -> LayerNorm -> tanh -> Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(FEATURES, HIDDEN)
+        self.norm = nn.LayerNorm(HIDDEN)
+        self.out = nn.Linear(HIDDEN, CLASSES)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.norm(self.inp(x))))
+
+
+def fresh_net() -> Net:
+    torch.manual_seed(11)
+    net = Net()
+    with torch.no_grad():
+        net.norm.weight.add_(torch.linspace(-0.3, 0.3, HIDDEN))
+        net.norm.bias.add_(0.1)
+    return net
+
+
+def batch(k: int, accum: int):
+    rng = np.random.default_rng(100 + k)
+    x = rng.standard_normal((ROWS * accum, FEATURES)).astype(np.float32) * 3
+    return x, rng.integers(0, CLASSES, ROWS * accum)
+
+
+def my_rows(a: np.ndarray, rank: int, n: int, accum: int) -> np.ndarray:
+    """This rank's rows: its block of every micro-batch (jaxdp.data.part_rows' layout)."""
+    return np.concatenate([m[rank * len(m) // n:(rank + 1) * len(m) // n] for m in np.split(a, accum)])
+
+
+def parallelized(strategy: str, accum: int, optimizer: str, reduction: str, shards):
+    extra = {"reduction": "canonical", "shards": shards} if reduction != "native" else {}
+    if strategy in ("ddp", "zero1", "ddp-bucket"):
+        extra["bucket_mb"] = 0.001  # a few buckets of this small model
+    return torch_ref.parallelize(fresh_net(), strategy=strategy, optimizer=OPTIMIZERS[optimizer], accum=accum,
+                                 **extra)
+
+
+def fold(rows: torch.Tensor) -> torch.Tensor:
+    """A wrong tree (the mutation): ((r0 + r1) + r2) + ..., a left fold over the ranks' partial sums."""
+    total = rows[0]
+    for r in rows[1:]:
+        total = total + r
+    return total
+
+
+def train_case(rank: int, n: int, case: tuple) -> dict:
+    """case = (strategy, n, accum, optimizer, clip_norm, reduction, shards); reduction 'canonical-fold' is
+    canonical with the tree across ranks replaced by `fold`. Rank 0's trace arrays (loss, grads, params)."""
+    strategy, _, accum, optimizer, clip_norm, reduction, shards = case
+    model, opt = parallelized(strategy, accum, optimizer, reduction, shards)
+    tree, C.tree = C.tree, (fold if reduction == "canonical-fold" else C.tree)
+    try:
+        with Recorder(None, {"strategy": strategy, "devices": n}, model) as rec:
+            rec.init()
+            for k in range(1, STEPS + 1):
+                x, y = batch(k, accum)
+                xs, ys = (torch.from_numpy(my_rows(a, rank, n, accum)) for a in (x, y))
+                loss = torch_ref.train_step(model, opt, xs, ys, F.cross_entropy, clip_norm=clip_norm)
+                rec.step(k, loss)
+    finally:
+        C.tree = tree
+    return rec.arrays
+
+
+def run_cases(rank: int, n: int, cases: list) -> dict:
+    """Every case on this world; rank 0 returns {case: arrays}, and at N = 2 the refused settings'
+    messages (every rank must raise, none may hang)."""
+    out = {case: train_case(rank, n, case) for case in cases}
+    if n == 2:
+        out["errors"] = errors(rank, n)
+    return out if rank == 0 else {}
+
+
+REFUSED = [(3, ROWS), (1, ROWS), (8, 12)]  # (shards, rows per micro-batch) that canonical refuses at N = 2
+
+
+def errors(rank: int, n: int) -> list[str]:
+    messages = []
+    for shards, rows in REFUSED:
+        model, opt = parallelized("ddp", 1, "momentum", "canonical", shards)
+        x, y = (a[rank * rows // n:(rank + 1) * rows // n] for a in batch(1, 1))
+        try:
+            torch_ref.train_step(model, opt, torch.from_numpy(x), torch.from_numpy(y), F.cross_entropy)
+            messages.append("no error")
+        except ValueError as e:
+            messages.append(str(e))
+    dist.barrier()
+    return messages

@@ -22,6 +22,7 @@ from . import data, models, strategies
 from . import devices as devices_mod
 from .config import ConfigError
 from .optax_check import check_elementwise
+from .reduction import resolve_shards
 from .strategies import stats
 from .strategies.common import put_sharded, read_on
 
@@ -66,11 +67,13 @@ class Parallel(NamedTuple):
         return self.strategy.full_params
 
 
-def setup_devices(n: int, platform: str = "auto") -> list:
+def setup_devices(n: int, platform: str = "auto", reduction: str = "native") -> list:
     """The first `n` devices of `platform` ('auto': the accelerators when present, else `n` simulated
     CPU devices). Call it first in the process, before any JAX computation: the count of simulated
-    devices is fixed when JAX starts (asking for more afterwards is an error naming the fix)."""
-    return devices_mod.setup(n, platform)
+    devices is fixed when JAX starts (asking for more afterwards is an error naming the fix).
+    `reduction="canonical"`: also sets what `parallelize(reduction="canonical")` needs (no fused
+    multiply-adds on XLA:CPU: `jaxdp.devices.request_no_fma`)."""
+    return devices_mod.setup(n, platform, reduction=reduction)
 
 
 def parallelize(loss_fn, params, optimizer, *, strategy: str, devices=None, mesh: Mesh | None = None,
@@ -103,6 +106,8 @@ def parallelize(loss_fn, params, optimizer, *, strategy: str, devices=None, mesh
     mesh = _mesh(name, devices, mesh)
     if name.startswith("zero"):
         check_elementwise(optimizer, problem.params, mesh.size)
+    if opts.reduction == "canonical":
+        _check_canonical(problem, mesh)
     strat = strategies.make(name, problem, optimizer, mesh, opts, return_grads=return_grads)
     first = mesh.devices.flat[0]
     checked: set = set()
@@ -117,6 +122,8 @@ def parallelize(loss_fn, params, optimizer, *, strategy: str, devices=None, mesh
         signature = (x.shape, x.dtype, y.shape, y.dtype)
         if signature not in checked:  # before compiling: one line naming the fix
             _check_batch(problem, mesh, accum, x, y)
+            if opts.reduction == "canonical":
+                resolve_shards(opts.shards, x.shape[0] * jax.process_count() // accum, mesh.size)
             checked.add(signature)
         # Micro-batch j is rows [j B/A, (j+1) B/A) on every strategy and N; each device its chunk of it.
         x, y = (data.micro_major(a, len(mesh.local_devices), accum) for a in (x, y))
@@ -147,6 +154,16 @@ def _with_state(name: str, strat, stats_step, mesh: Mesh):
         return state._replace(batch_stats=batch_stats), {**metrics, "state": batch_stats}
 
     return step
+
+
+def _check_canonical(problem, mesh: Mesh) -> None:
+    """What reduction="canonical" needs before compiling; one line naming the fix."""
+    if problem.state is not None:
+        raise ConfigError("reduction='canonical' does not cover running statistics (BatchNorm) yet; "
+                          "use reduction='native' for this model")
+    if mesh.devices.flat[0].platform == "cpu" and not devices_mod.no_fma_flag_set():
+        raise ConfigError(f"reduction='canonical' on CPU needs XLA_FLAGS={devices_mod.NO_FMA} set before JAX "
+                          f"starts: call jaxdp.setup_devices(n, reduction='canonical') first in the process")
 
 
 def _problem(loss_fn, params, loss) -> models.Problem:

@@ -108,6 +108,12 @@ class RunConfig:
         True, "zero3 (FSDP2's name): true frees each unit's gathered parameters after its forward and gathers "
         "them again for backward (3 x (N-1)/N Psi sent); false keeps them until backward (2 x, more memory)",
         type=_bool_text)
+    reduction: str = _flag(
+        "native", "gradient reduction: native (each N sums in its own order) or canonical (the same bits on any "
+        "N dividing --shards: docs/CANONICAL.md)", ("native", "canonical"))
+    shards: int = _flag(
+        0, "canonical: shards per micro-batch, a power of two that --devices divides (0: the largest power of two "
+        "dividing batch/accum that keeps >= 4 rows per shard, at most 64)")
     nan_check: bool = _flag(True, "stop with the step number on a NaN or Inf loss")
     checkpoint_dir: str = _flag(
         "", "directory for checkpoints (orbax in jaxdp, torch.distributed.checkpoint in torch_ref)"
@@ -179,9 +185,24 @@ class RunConfig:
             raise ConfigError("--resume and --checkpoint-every need --checkpoint-dir DIR")
         if self.checkpoint_every < 0:
             raise ConfigError(f"--checkpoint-every must be 0 (off) or positive, got {self.checkpoint_every}")
+        self._validate_reduction()
         if self.lr <= 0 or self.weight_decay < 0 or self.clip_norm < 0 or self.bucket_mb <= 0:
             raise ConfigError("--lr and --bucket-mb must be positive; --weight-decay and --clip-norm non-negative")
         return self
+
+    def _validate_reduction(self) -> None:
+        if self.reduction not in ("native", "canonical"):
+            raise ConfigError(f"unknown reduction {self.reduction!r}; valid: native, canonical")
+        if self.reduction == "native":
+            if self.shards:
+                raise ConfigError("--shards is for --reduction canonical")
+            return
+        from .reduction import resolve_shards
+
+        resolve_shards(self.shards, self.batch_size // self.accum, self.devices)
+        if self.model == "cnn":
+            raise ConfigError("--reduction canonical does not cover BatchNorm's statistics yet (issue 16): use "
+                              "--model mlp, gpt or gpt2, or --reduction native")
 
     def replace(self, **changes) -> RunConfig:
         return dataclasses.replace(self, **changes)

@@ -31,6 +31,29 @@ def request_cpu_devices(n: int) -> bool:
         return False
 
 
+NO_FMA = "--xla_cpu_max_isa=AVX"  # XLA:CPU emits no fused multiply-add: reduction="canonical" needs it
+
+
+def no_fma_flag_set() -> bool:
+    return NO_FMA in os.environ.get("XLA_FLAGS", "")
+
+
+def request_no_fma() -> None:
+    """Turn off XLA:CPU's fused multiply-adds for this process (before JAX starts): whether LLVM
+    contracts a * b + c into one rounding depends on how a program was fused, which differs between the
+    1-device and the N-device programs of the same step (measured: Adam's moments), so
+    `reduction="canonical"` needs every program without them. The flag is read when JAX starts."""
+    if no_fma_flag_set():
+        return
+    from jax._src import xla_bridge
+
+    if xla_bridge.backends_are_initialized():
+        raise DeviceError(f"reduction='canonical' needs XLA_FLAGS={NO_FMA} before JAX starts (fused multiply-adds "
+                          f"differ between programs): call jaxdp.setup_devices(n, reduction='canonical') first in "
+                          f"the process, or set the environment variable")
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {NO_FMA}".strip()
+
+
 @dataclass(frozen=True)
 class Distributed:
     """One process of a multi-process run (`jax.distributed`): where the coordinator listens, how
@@ -63,11 +86,14 @@ def _initialize_distributed(n: int, platform: str, dist: Distributed) -> None:
                                initialization_timeout=120, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
 
 
-def setup(n: int, platform: str = "auto", distributed: Distributed | None = None) -> list:
+def setup(n: int, platform: str = "auto", distributed: Distributed | None = None, reduction: str = "native") -> list:
     """The first `n` devices of `platform` ('auto': the default backend, GPU when present), over all
-    processes when `distributed` is given (each process then contributes n / P local devices)."""
+    processes when `distributed` is given (each process then contributes n / P local devices);
+    `reduction="canonical"` first turns XLA:CPU's fused multiply-adds off (`request_no_fma`)."""
     if platform not in ("auto", "cpu", "gpu"):
         raise DeviceError(f"unknown platform {platform!r}; valid: auto, cpu, gpu")
+    if reduction == "canonical":
+        request_no_fma()
     if distributed is not None and not jax.distributed.is_initialized():
         _initialize_distributed(n, platform, distributed)
     elif platform in ("auto", "cpu"):

@@ -44,7 +44,7 @@ def prepare(cfg: RunConfig, return_grads: bool = False, distributed: devices_mod
     JAX computation) and makes the initial parameters on the CPU, so every platform starts from the
     same bits."""
     cfg.validate()
-    devices = devices_mod.setup(cfg.devices, cfg.platform, distributed)
+    devices = devices_mod.setup(cfg.devices, cfg.platform, distributed, reduction=cfg.reduction)
     import jax
 
     if jax.process_count() > 1 and cfg.strategy == "single":
@@ -58,6 +58,9 @@ def prepare(cfg: RunConfig, return_grads: bool = False, distributed: devices_mod
         model = models.build(cfg, dataset)
     optimizer = optim.for_config(cfg)
     options = {k: getattr(cfg, k) for k in strategies.OPTIONS[strategies.canonical(cfg.strategy)]}
+    if cfg.reduction == "canonical":  # the clip is the strategy's (the canonical norm), not the chain's
+        optimizer = optim.make(cfg.optimizer, cfg.lr, cfg.weight_decay)
+        options |= {"reduction": "canonical", "shards": cfg.shards, "clip_norm": cfg.clip_norm}
     par = api.parallelize(model, None, optimizer, loss=models.cross_entropy, strategy=cfg.strategy, devices=devices,
                           accum=cfg.accum, return_grads=return_grads, **options)
     return devices, dataset, par.problem, optimizer, par

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..canonical import REDUCTIONS
 from ..config import ALIASES, FRAMEWORK_STRATEGIES, ConfigError
+from ..reduction import REDUCTIONS
 from . import bucket, ddp, ddp_pmap, dp, ring, single, zero
 from .common import Strategy, TrainState
 
@@ -76,5 +76,5 @@ def make(name, problem, optimizer, mesh, opts: StrategyOptions, return_grads=Tru
     return FACTORIES[canonical(name)](problem, optimizer, mesh, opts, return_grads=return_grads)
 
 
-__all__ = ["FACTORIES", "OPTIONS", "REDUCTION_OPTIONS", "Strategy", "StrategyOptions", "TrainState", "canonical", "make",
-           "options"]
+__all__ = ["FACTORIES", "OPTIONS", "REDUCTION_OPTIONS", "Strategy", "StrategyOptions", "TrainState", "canonical",
+           "make", "options"]

@@ -69,7 +69,7 @@ def parallelize(model: torch.nn.Module, *, strategy: str, optimizer: Callable, a
     if reduction == "canonical":
         from .strategies.canonical_step import Canonical
 
-        par.canonical = Canonical(par, shards, strategy_options.get("bucket_mb", 25.0))
+        par.canonical = Canonical(par, shards)
     setattr(par.model, _STATE, par)
     return par.model, par.optimizer
 

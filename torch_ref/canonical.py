@@ -177,12 +177,17 @@ def shard_grads(module, params, x, y, loss_fn, accum: int, local: int):
         g_tree, l_tree = Tree(), Tree()
         for xs, ys in zip(xm.chunk(local), ym.chunk(local), strict=True):
             loss = scalar(loss_fn(module(xs), ys))
-            shard = torch.autograd.grad(loss, params, allow_unused=True)
-            g_tree.push(flatten([torch.zeros_like(p) if g is None else g for p, g in zip(params, shard, strict=True)]))
+            g_tree.push(flat_grad(loss, params))
             l_tree.push(loss.detach())
         grads.append(g_tree.result())
         losses.append(l_tree.result())
     return torch.stack(grads), torch.stack(losses)
+
+
+def flat_grad(loss: torch.Tensor, params) -> torch.Tensor:
+    """d loss / d params, flat in parameter order, by `autograd.grad` (no `.grad`, no strategy hook)."""
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    return flatten([torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)])
 
 
 def scalar(loss) -> torch.Tensor:

@@ -2,10 +2,14 @@
 
 Every strategy computes each of its shards' gradients by its own backward, sums its subtree locally,
 then keeps its own character for the rest, with the tree in place of its sum:
-- single: nothing crosses a rank; ddp, zero1, ddp-bucket: the canonical all-reduce (all-to-all, the
-  tree, all-gather) per bucket of `bucket_mb` in backward order (ddp-bucket: its own plan), after
-  backward instead of overlapping it; ddp-naive: per parameter; ddp-ring: one all-reduce whose
-  all-to-all is isend/irecv pairs and whose all-gather is the hand-written ring;
+- single: nothing crosses a rank;
+- ddp, zero1: DDP's reducer with a comm hook (`bucket_hook`): every shard but the step's last is
+  computed beside DDP; the last runs through DDP, and each bucket DDP hands to the hook is completed
+  with the earlier shards' sums and reduced by the canonical all-reduce (all-to-all, the tree,
+  all-gather), in DDP's buckets and order, during that last backward;
+- ddp-bucket: the canonical all-reduce per bucket of its own plan, after backward instead of overlapping
+  it; ddp-naive: per parameter; ddp-ring: one all-reduce whose all-to-all is isend/irecv pairs and whose
+  all-gather is the hand-written ring;
 - dp: every rank's partial sums are *gathered* to the server, which runs the tree, clips and steps;
 - zero2: the canonical reduce-scatter (all-to-all, then the tree on this rank's chunk);
 - zero3: FSDP2's reduce-scatter of each unit is replaced (`UnitReduce`) by the same canonical
@@ -19,7 +23,6 @@ import torch
 import torch.distributed as dist
 
 from .. import canonical as C
-from .bucket import MB, plan_buckets
 from .common import check_rows
 from .zero2 import all_gather
 
@@ -27,15 +30,21 @@ from .zero2 import all_gather
 class Canonical:
     """The canonical step of one parallelized model (`Parallel.canonical`); `train` replaces common.train."""
 
-    def __init__(self, par, shards=None, bucket_mb: float = 25.0):
+    def __init__(self, par, shards=None):
         if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in par.module.modules()):
             raise C.CanonicalError("reduction='canonical' does not cover BatchNorm (its statistics are per shard "
                                    "here); use reduction='native' (--reduction native) for this model")
-        self.par, self.shards, self.bucket_mb = par, shards, bucket_mb
+        self.par, self.shards = par, shards
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.params = list(par.module.parameters())
         self.s = self.local = None
+        self.offsets, start = {}, 0
+        for p in self.params:
+            self.offsets[id(p)] = (start, start + p.numel())
+            start += p.numel()
+        if par.name in ("ddp", "zero1"):
+            par.model.register_comm_hook(self, bucket_hook)
 
     def train(self, x, y, loss_fn, clip_norm: float) -> float:
         par = self.par
@@ -48,6 +57,8 @@ class Canonical:
                     self.units = install_units(par.model, self.local, par.accum, self.s)
             if par.name == "zero3":
                 losses = self.fsdp_backward(x, y, loss_fn)
+            elif par.name in ("ddp", "zero1"):
+                losses = self.ddp_backward(x, y, loss_fn)
             else:
                 grads, losses = C.shard_grads(par.module, self.params, x, y, loss_fn, par.accum, self.local)
                 SYNC.get(par.name, sync_buckets)(self, grads)
@@ -70,21 +81,51 @@ class Canonical:
             losses.append(tree.result())
         return torch.stack(losses)
 
+    def ddp_backward(self, x, y, loss_fn) -> torch.Tensor:
+        """ddp, zero1: each shard by its own backward; the step's last through DDP (`bucket_hook`)."""
+        par, losses, self.done = self.par, [], []
+        for j, (xm, ym) in enumerate(C.micro_batches(x, y, par.accum)):
+            self.tree, l_tree = C.Tree(), C.Tree()
+            for i, (xs, ys) in enumerate(zip(xm.chunk(self.local), ym.chunk(self.local), strict=True)):
+                last = (j, i) == (par.accum - 1, self.local - 1)
+                loss = C.scalar(loss_fn((par.model if last else par.module)(xs), ys))
+                l_tree.push(loss.detach())
+                if last:
+                    loss.backward()  # DDP's reducer: its buckets go through bucket_hook
+                else:
+                    self.tree.push(C.flat_grad(loss, self.params))
+            if j < par.accum - 1:
+                self.done.append(self.tree.result())
+            losses.append(l_tree.result())
+        return torch.stack(losses)
+
     def groups(self) -> list[tuple[int, int]]:
         """The flat ranges reduced one by one: buckets in backward order, parameters, or everything."""
         if self.par.name == "ddp-naive":
             lists = [[p] for p in reversed(self.params)]
         elif self.par.name == "ddp-bucket":
             lists = [b.params for b in self.par.wrapped.buckets]
-        elif self.par.name in ("ddp", "zero1"):
-            lists = plan_buckets(self.params, self.bucket_mb * MB)
         else:
             return [(0, sum(p.numel() for p in self.params))]
-        offsets, start = {}, 0
-        for p in self.params:
-            offsets[id(p)] = (start, start + p.numel())
-            start += p.numel()
-        return [(min(offsets[id(p)][0] for p in ps), max(offsets[id(p)][1] for p in ps)) for ps in lists]
+        return [(min(self.offsets[id(p)][0] for p in ps), max(self.offsets[id(p)][1] for p in ps)) for ps in lists]
+
+
+def bucket_hook(c: Canonical, bucket):  # (no annotations: DDP checks them, and these are strings)
+    """DDP's comm hook: `bucket` holds the step's last shard's gradient of its parameters (in bucket
+    order); the tree of this micro-batch is completed with it, the earlier micro-batches' sums joined,
+    and the canonical all-reduce returns the bucket's step gradient, which DDP writes into `.grad`."""
+    ranges = [c.offsets[id(p)] for p in bucket.parameters()]
+
+    def part(flat):
+        return torch.cat([flat[a:b] for a, b in ranges])
+
+    tree = C.Tree()
+    tree.stack = [(level, part(t)) for level, t in c.tree.stack]
+    tree.push(bucket.buffer())
+    partials = torch.stack([part(t) for t in c.done] + [tree.result()])
+    future = torch.futures.Future()
+    future.set_result(C.finish(C.all_reduce(partials), c.s))
+    return future
 
 
 def kept(grads: dict | None) -> dict | None:

@@ -63,7 +63,7 @@ class Parallel:
     keep_grads: bool = False  # a Recorder is attached: keep each step's averaged gradient
     grads: dict | None = None  # the last step's, when kept
     rows_checked: bool = False  # the first step checked that every rank got the same rows
-    canonical: object = None  # reduction='canonical': its step (torch_ref/strategies/canonical_step.py) replaces train's
+    canonical: object = None  # reduction='canonical': its step (strategies/canonical_step.py) replaces train's
 
     def __post_init__(self):
         if self.reduce_loss is None:

@@ -162,7 +162,11 @@ def measure_step(cfg) -> dict:
     trains = {"comm": comm, "temp_bytes": mem["temp_bytes"], "peak_bytes": mem["peak_bytes"], "lower_s": c.lower_s,
               "compile_s": c.compile_s}
     out = {**memory(cfg, c), **trains}
-    out["theory"] = theory_for(cfg, out["sizes"], root_sizes(c.problem), batchnorm_channels(c.problem))
+    channels = batchnorm_channels(c.problem)
+    out["theory"] = theory_for(cfg, out["sizes"], root_sizes(c.problem), channels)
+    if c.stats_program is not None:  # the running statistics' own program, apart from the train step
+        out["stats_comm"] = communication(c.stats_program.as_text(), cfg.devices)["total"]
+        out["stats_theory"] = stats_theory_for(cfg, list(c.stats_sizes), channels)["total"]
     return out
 
 

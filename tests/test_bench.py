@@ -38,6 +38,14 @@ def test_bench_quick_writes_valid_json_and_markdown(tmp_path):
 
     comm = results["communication"]["rows"]
     assert {r["devices"] for r in comm} >= {2}
+    assert {r["model"] for r in comm} == {"mlp", "cnn", "gpt2"}  # the models users port: their own rows
+    for r in comm:  # cnn (sync BatchNorm) and gpt2 (tied wte) equal their theory exactly, as the mlp does
+        if r["model"] != "mlp":
+            assert r["equal_to_theory"], r
+            assert ("stats_measured_bytes" in r) == (r["model"] == "cnn")
+    for r in comm:
+        if "stats_measured_bytes" in r:  # BatchNorm's running statistics: their own program, next to its theory
+            assert r["stats_measured_bytes"] == r["stats_theory_bytes"] > 0
     for r in comm:
         assert r["measured_bytes"] > 0 and r["theory_bytes"] > 0
         if r["strategy"] in ("ddp", "ddp-ring"):  # these equal the ring theory exactly
@@ -56,3 +64,4 @@ def test_bench_quick_writes_valid_json_and_markdown(tmp_path):
     assert [g["item"] for g in results["goals"]] == [1, 2, 3, 4, 5, 6, 7, 8]
     for n in range(1, 9):
         assert f"## {n}." in table
+    assert "| cnn | ddp | 2 |" in table and "| gpt2 | ddp | 2 |" in table

@@ -9,7 +9,9 @@ Seven measurements (the keys of the result dictionary, written to bench.json by 
 2. `dp_overhead`: each strategy at N devices over `single` on the same global batch and cores.
 3. `ring_vs_xla`: the explicit ring (`ddp-ring`) over XLA's all-reduce (`ddp`).
 4. `communication`: bytes sent per device per step read from the compiled HLO, against the ring
-   theory (`accounting.theory`), for N = 2, 4, 8, 16.
+   theory (`accounting.theory`), for N = 2, 4, 8, 16; rows with `model` `cnn` (sync BatchNorm: its
+   statistics' all-reduces in the theory, and its running statistics' own program as
+   `stats_measured_bytes` / `stats_theory_bytes`) and `gpt2` (tied wte, counted once) besides the mlp.
 5. `memory`: per-device state bytes (parameters, gradient, optimizer state) against N, measured
    from the arrays' shards on device 0, next to the ZeRO formula.
 6. `compile`: lowering + compilation time of each JAX step, and the first step of each framework.
@@ -43,8 +45,8 @@ from .markdown import markdown
 from .measure import inspect_all, time_strategies
 from .plan import Plan, plan
 
-MODEL_FIELDS = ("model", "data", "hidden", "n_layer", "n_head", "d_model", "seq_len", "batch_size", "dtype",
-                "optimizer")
+MODEL_FIELDS = ("model", "data", "hidden", "n_layer", "n_head", "d_model", "seq_len", "channels", "batchnorm",
+                "batch_size", "dtype", "optimizer")
 
 
 def run(quick: bool = False, out: str | None = None, progress=None) -> dict:
@@ -84,7 +86,8 @@ def _setup(p: Plan, omp: str) -> dict:
             "timed_steps": p.steps - 1 - WARMUP_STEPS, "statistic": "median",
             "models": {k: {f: getattr(c, f) for f in MODEL_FIELDS} for k, c in p.models.items()},
             "comm_model": {f: getattr(p.comm_model, f)
-                           for f in ("model", "hidden", "batch_size", "dtype", "optimizer")}}
+                           for f in ("model", "hidden", "batch_size", "dtype", "optimizer")},
+            "ported_models": {label: {f: getattr(c, f) for f in MODEL_FIELDS} for label, c, *_ in p.model_comm}}
 
 
 def machine() -> dict:

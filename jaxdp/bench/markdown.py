@@ -78,8 +78,14 @@ def _ring(results: dict) -> list:
     return lines
 
 
+def _main(rows: list, results: dict) -> list:
+    """The rows of the comm model (the mlp); the models users port have their own table."""
+    model = results["setup"]["comm_model"]["model"]
+    return [r for r in rows if r.get("model", model).split(" ")[0] == model]
+
+
 def _communication(results: dict, ns: list) -> list:
-    cm = results["communication"]["rows"]
+    cm = _main(results["communication"]["rows"], results)
     lines = ["", "## 4. Communication per device per step: compiled HLO vs theory (KiB sent; measured/theory)", "",
              f"Model: {_model_text(results['setup']['comm_model'])}. Bytes do not depend on the machine.", "",
              "| strategy | " + " | ".join(f"N={n} measured | theory | ratio" for n in ns) + " |",
@@ -94,13 +100,30 @@ def _communication(results: dict, ns: list) -> list:
     notes = {r["strategy"]: r["note"] for r in cm if r["note"]}
     for strat, note in notes.items():
         lines.append(f"\n- `{strat}` differs from theory: {note}.")
+    return lines + _ported(results)
+
+
+def _ported(results: dict) -> list:
+    """Item 4 for cnn (sync BatchNorm; its running statistics' program apart) and gpt2 (tied wte)."""
+    rows = [r for r in results["communication"]["rows"] if r not in _main(results["communication"]["rows"], results)]
+    if not rows:
+        return []
+    models = results["setup"].get("ported_models", {})
+    lines = ["", "Models users port: " + "; ".join(f"`{k}` {_model_text(c)}" for k, c in models.items()) + ".", "",
+             "| model | strategy | N | measured KiB | theory KiB | ratio | statistics' program KiB (theory) |",
+             "|---|---|---:|---:|---:|---:|---|"]
+    for r in rows:
+        stats = "-" if "stats_measured_bytes" not in r else \
+            f"{r['stats_measured_bytes'] / 1024:.2f} ({r['stats_theory_bytes'] / 1024:.2f})"
+        lines.append(f"| {r['model']} | {r['strategy']} | {r['devices']} | {r['measured_bytes'] / 1024:.1f} | "
+                     f"{r['theory_bytes'] / 1024:.1f} | {_f(r['measured_over_theory'], '.3f')} | {stats} |")
     return lines
 
 
 def _memory(results: dict, ns: list) -> list:
     lines = ["", "## 5. Per-device state memory vs N (KiB on device 0: params / grads / optimizer state; = formula?)",
              "", "| strategy | " + " | ".join(f"N={n}" for n in ns) + " |", "|---|" + "---|" * len(ns)]
-    for strat, per_n in _by(results["memory"]["rows"], lambda r: (r["strategy"], r["devices"])).items():
+    for strat, per_n in _by(_main(results["memory"]["rows"], results), lambda r: (r["strategy"], r["devices"])).items():
         cells = []
         for n in ns:
             r = per_n.get(n)
@@ -114,7 +137,7 @@ def _compile(results: dict, ns: list) -> list:
     rows = results["compile"]["rows"]
     lines = ["", "## 6. Compilation time", "", "JAX step, lowering + XLA compile (s), by N:", "",
              "| strategy | " + " | ".join(f"N={n}" for n in ns) + " |", "|---|" + "---:|" * len(ns)]
-    compiled = [r for r in rows if r["source"] == "compile"]
+    compiled = _main([r for r in rows if r["source"] == "compile"], results)
     for strat, per_n in _by(compiled, lambda r: (r["strategy"], r["devices"]),
                             lambda r: r["lower_s"] + r["compile_s"]).items():
         lines.append(f"| {strat} | " + " | ".join(_f(per_n.get(n)) for n in ns) + " |")
@@ -147,6 +170,9 @@ def _gpu(results: dict) -> list:
 
 
 def _model_text(c: dict) -> str:
+    if c.get("model") == "cnn":
+        return (f"cnn channels {','.join(map(str, c['channels']))}, batchnorm {c['batchnorm']}, "
+                f"batch {c['batch_size']}, {c['dtype']}, {c['optimizer']}")
     if c.get("model") == "mlp":
         return f"mlp hidden {','.join(map(str, c['hidden']))}, batch {c['batch_size']}, {c['dtype']}, {c['optimizer']}"
     parts = [f"{k} {c[k]}" for k in ("n_layer", "n_head", "d_model", "seq_len", "batch_size") if k in c]

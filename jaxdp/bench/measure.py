@@ -93,7 +93,8 @@ def inspect(cfg: RunConfig) -> dict:
             "comm_theory": theory,
             "memory": {**acc["measured"], "total": sum(acc["measured"].values())},
             "memory_formula": {**acc["formula"], "total": sum(acc["formula"].values())},
-            "temp_bytes": acc["temp_bytes"], "peak_bytes": acc["peak_bytes"]}
+            "temp_bytes": acc["temp_bytes"], "peak_bytes": acc["peak_bytes"],
+            **({"stats_comm": acc["stats_comm"], "stats_theory": acc["stats_theory"]} if "stats_comm" in acc else {})}
 
 
 def inspect_all(p: Plan, say) -> dict:
@@ -112,11 +113,15 @@ def inspect_all(p: Plan, say) -> dict:
 def child(quick: bool) -> dict:
     """In the child process: every strategy of items 4-5 at every N, with enough simulated devices."""
     p = plan(quick)
-    devices.setup(max(p.comm_ns), "cpu")
+    devices.setup(max(p.comm_ns + tuple(n for *_, ns in p.model_comm for n in ns)), "cpu")
     out = {}
-    for name in p.comm_strategies:
-        for n in p.comm_ns:
-            print(f"bench: compiling {name} on {n} devices (HLO bytes, memory)", file=sys.stderr, flush=True)
-            cfg = p.comm_model.replace(strategy=name, devices=n).validate("jax")
-            out[f"{name}@{n}"] = {"strategy": name, "devices": n, **inspect(cfg)}
+    runs = [(p.comm_model.model, "", p.comm_model, p.comm_strategies, p.comm_ns)]
+    runs += [(label, f"{label}:", cfg, strategies, ns) for label, cfg, strategies, ns in p.model_comm]
+    for model, prefix, base, strategies, ns in runs:  # keys: the comm model's "strategy@N", others prefixed
+        for name in strategies:
+            for n in ns:
+                print(f"bench: compiling {model} {name} on {n} devices (HLO bytes, memory)", file=sys.stderr,
+                      flush=True)
+                cfg = base.replace(strategy=name, devices=n).validate("jax")
+                out[f"{prefix}{name}@{n}"] = {"model": model, "strategy": name, "devices": n, **inspect(cfg)}
     return jsonable(out)

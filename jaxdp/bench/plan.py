@@ -24,21 +24,42 @@ class Plan:
     gpu_steps: int
     coll_sizes_mb: tuple            # item 8: MB of float32 per device; N = time_ns
     coll_repeats: int
+    model_comm: tuple = ()          # items 4-5 for the models users port: (label, RunConfig, strategies, Ns)
 
 
 def plan(quick: bool) -> Plan:
     base = RunConfig(optimizer="adamw", dtype="float32", platform="cpu", seed=0, lr=1e-3)
     if quick:
-        # A smoke run (the test suite's): one small model, one device count, every item present.
+        # A smoke run (the test suite's): one small model, one device count, every item present; cnn and
+        # gpt2 only in the compiled items (no timed run: no torch world to spawn), tiny, N = 2, ddp (zero3's
+        # compiles cost twice as much; tests/test_model_accounting.py and test_gpt2.py cover it), gpt2 on the
+        # character text (its 50304-token vocabulary alone would double this smoke run).
         models = {"mlp": base.replace(model="mlp", data="synthetic", hidden=(64, 64), batch_size=32)}
+        ported = (("cnn", _cnn(base, (4, 8), 32), ("ddp",), (2,)),
+                  ("gpt2", _gpt2(base, 1, 2, 16, 16, 8).replace(data="text"), ("ddp",), (2,)))
         return Plan(True, 4, models, (2,), ("single", "ddp", "ddp-ring"), (2,), ("ddp", "zero3"),
-                    models["mlp"], _gpu_config(base), 4, (0.01,), 1)
+                    models["mlp"], _gpu_config(base), 4, (0.01,), 1, ported)
     models = {"mlp": base.replace(model="mlp", data="synthetic", hidden=(1024, 1024), batch_size=512),
               "gpt": base.replace(model="gpt", data="text", n_layer=2, n_head=4, d_model=128, seq_len=64,
-                                  batch_size=32)}
-    return Plan(False, 12, models, (2, 4), SHARED, (2, 4, 8, 16), tuple(s for s in JAX_ALL if s != "single"),
+                                  batch_size=32),
+              "cnn": _cnn(base, (32, 64), 256),
+              "gpt2": _gpt2(base, 2, 4, 128, 64, 32)}
+    strategies = tuple(s for s in JAX_ALL if s != "single")
+    ported = (("cnn", models["cnn"], strategies, (2, 4, 8)), ("gpt2", models["gpt2"], strategies, (2, 4, 8)))
+    return Plan(False, 12, models, (2, 4), SHARED, (2, 4, 8, 16), strategies,
                 base.replace(model="mlp", data="synthetic", hidden=(1024, 1024), batch_size=256),
-                _gpu_config(base), 30, (1, 4, 16, 64), 10)
+                _gpu_config(base), 30, (1, 4, 16, 64), 10, ported)
+
+
+def _cnn(base: RunConfig, channels: tuple, batch: int) -> RunConfig:
+    """`--model cnn` on digits with synchronised BatchNorm (its statistics' all-reduces are counted)."""
+    return base.replace(model="cnn", data="digits", channels=channels, batchnorm="sync", batch_size=batch)
+
+
+def _gpt2(base: RunConfig, n_layer: int, n_head: int, d_model: int, seq_len: int, batch: int) -> RunConfig:
+    """`--model gpt2` (tied wte) on the package's GPT-2-vocabulary tokens."""
+    return base.replace(model="gpt2", data="tokens", n_layer=n_layer, n_head=n_head, d_model=d_model,
+                        seq_len=seq_len, batch_size=batch)
 
 
 def _gpu_config(base: RunConfig) -> RunConfig:

@@ -84,12 +84,15 @@ def communication_table(inspected: dict) -> list:
         measured, theory = e["comm"]["total"], e["comm_theory"]["total"]
         over = ratio(measured, theory)
         equal = over is not None and abs(over - 1) < 1e-6
-        rows.append({"strategy": e["strategy"], "devices": e["devices"], "measured_bytes": measured,
+        stats = {"stats_measured_bytes": e["stats_comm"], "stats_theory_bytes": e["stats_theory"]} \
+            if "stats_comm" in e else {}  # BatchNorm's running statistics: their own program
+        rows.append({"model": e.get("model", "mlp"), "strategy": e["strategy"], "devices": e["devices"],
+                     "measured_bytes": measured,
                      "theory_bytes": theory, "measured_over_theory": over,
                      "measured_over_psi_bytes": measured / (e["psi"] * e["itemsize"]),
                      "busiest_device_bytes": e["comm_max"], "ops": e["comm_ops"],
                      "by_kind": {k: v for k, v in e["comm"].items() if k != "total"},
-                     "equal_to_theory": equal, "note": "" if equal else COMM_NOTES.get(e["strategy"], "")})
+                     "equal_to_theory": equal, "note": "" if equal else COMM_NOTES.get(e["strategy"], ""), **stats})
     return rows
 
 
@@ -98,7 +101,8 @@ def memory_table(inspected: dict) -> list:
     rows = []
     for e in inspected.values():
         m, f = e["memory"], e["memory_formula"]
-        rows.append({"strategy": e["strategy"], "devices": e["devices"], **{k: m[k] for k in (*parts, "total")},
+        rows.append({"model": e.get("model", "mlp"), "strategy": e["strategy"], "devices": e["devices"],
+                     **{k: m[k] for k in (*parts, "total")},
                      "formula": f, "equal_to_formula": all(m[k] == f[k] for k in parts),
                      "temp_bytes": e["temp_bytes"]})
     return rows
@@ -107,7 +111,8 @@ def memory_table(inspected: dict) -> list:
 def compile_table(inspected: dict, times: dict) -> list:
     rows = []
     for e in inspected.values():
-        rows.append({"source": "compile", "model": "mlp (item 4)", "strategy": e["strategy"], "devices": e["devices"],
+        rows.append({"source": "compile", "model": f"{e.get('model', 'mlp')} (item 4)", "strategy": e["strategy"],
+                     "devices": e["devices"],
                      "lower_s": e["lower_s"], "compile_s": e["compile_s"]})
     for label, fws in times.items():
         for key, j in fws["jax"].items():

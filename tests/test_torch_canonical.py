@@ -10,7 +10,6 @@ replaced by a left fold (a wrong association) is not either. One world per size 
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 
 import numpy as np
@@ -89,20 +88,21 @@ def test_cases_cover_every_pair():
 
 def test_refused_settings_raise_on_every_rank(worlds):
     shards, ranks, rows = worlds["errors"]
-    assert "shards must be a power of two" in shards and "pass e.g. shards=4" in shards
-    assert "needs the 2 ranks to divide shards=1" in ranks
-    assert "12 rows does not split into shards=8" in rows
+    assert "shards=3: canonical reduction needs a power of two from 1 to 64" in shards
+    assert "on 2 devices needs n to divide shards=1" in ranks
+    assert "12 rows does not cut into shards=8" in rows
 
 
-def test_tree_pairs_adjacent_leaves_level_by_level():
+def test_tree_pairs_adjacent_leaves_level_by_level_and_folds_fold_in_order():
     leaves = torch.tensor([1e8, 1.0, -1e8, 1.0, 3.0, 5.0, 7.0, 11.0], dtype=torch.float32)
     a, b, c, d, e, f, g, h = leaves
     expected = ((a + b) + (c + d)) + ((e + f) + (g + h))
     assert C.tree(leaves).item() == expected.item() != fold_sum(leaves)
-    streamed = C.Tree()
-    for leaf in leaves:
-        streamed.push(leaf)
-    assert streamed.result().item() == expected.item()
+    folds = C.Folds()
+    for j in range(3):  # micro-batch j, shards 0 and 1
+        for i in range(2):
+            folds.add(i, leaves[2 * j + i])
+    assert folds.partial().item() == (((a + c) + e) + ((b + d) + f)).item()
 
 
 def fold_sum(t):
@@ -112,15 +112,37 @@ def fold_sum(t):
     return total.item()
 
 
-def test_canonical_norm_halves_each_padded_leaf_then_folds():
-    g = torch.tensor([[1e8, 3.0, 1.0], [-1e8, 2.0, 0.5]], dtype=torch.float32).square()
-    # 6 squares padded to 8, halving: [s0+s4, s1+s5, s2, s3] -> [(s0+s4)+s2, (s1+s5)+s3] -> their sum
-    s = g.reshape(-1)
-    expected = ((s[0] + s[4]) + s[2]) + ((s[1] + s[5]) + s[3])
-    assert C.leaf_sq(g.sqrt()).item() == expected.item()
-    grads = [torch.ones(3), torch.full((2, 2), 2.0)]  # norm^2 = 19: clip_grad_norm_'s formula on that norm
-    assert C.clip_coef(grads, 100.0).item() == 1.0
-    assert C.clip_coef(grads, 1.0).item() == torch.clamp(1.0 / (torch.tensor(19.0).sqrt() + 1e-6), max=1.0).item() < 1
+def canonical_norm_sq(arrays) -> np.float32:
+    """The definition, written out in NumPy float32 (an independent reference): per parameter, its
+    row-major squares zero-padded to a multiple of 64, 64 blocks, each block padded to a power of two and
+    summed by adjacent pairs, the 64 block sums by the tree; a left fold over parameters."""
+    def pairs(v):
+        while len(v) > 1:
+            v = [v[i] + v[i + 1] for i in range(0, len(v), 2)]
+        return v[0]
+
+    total = None
+    for a in arrays:
+        flat = [np.float32(v) * np.float32(v) for v in a.reshape(-1)]
+        flat += [np.float32(0)] * (-len(flat) % 64)
+        width = len(flat) // 64
+        blocks = [flat[k * width:(k + 1) * width] for k in range(64)]
+        sums = [pairs(blk + [np.float32(0)] * ((1 << max(width - 1, 0).bit_length()) - width)) for blk in blocks]
+        leaf = pairs(sums)
+        total = leaf if total is None else np.float32(total + leaf)
+    return total
+
+
+def test_canonical_norm_is_the_definition():
+    gen = np.random.default_rng(5)
+    arrays = [gen.standard_normal(s).astype(np.float32) * 10 ** gen.uniform(-3, 3, s).astype(np.float32)
+              for s in [(130,), (7, 9), (3,), (64,)]]
+    grads = [torch.from_numpy(a) for a in arrays]
+    norm_sq = canonical_norm_sq(arrays)
+    coef = C.clip_coef(grads, 1.0)
+    assert coef.item() == torch.clamp(1.0 / (torch.tensor(norm_sq).sqrt() + 1e-6), max=1.0).item() < 1
+    assert C.leaf_sq(grads[0]).item() == canonical_norm_sq(arrays[:1])
+    assert C.clip_coef(grads, 1e9).item() == 1.0
 
 
 def test_default_shards():
@@ -179,16 +201,25 @@ def test_api_refuses_unknown_reductions_and_batchnorm():
 
 
 def test_the_cli_configuration_selects_it():
-    """`--reduction canonical --shards S` reach parallelize (torch_ref.train.configured)."""
+    """`--reduction canonical --shards S` reach parallelize (torch_ref.train.configured); native stays native."""
     from torch_ref import api, train
 
     cfg = RunConfig(model="mlp", data="synthetic", strategy="single", dtype="float32", hidden=(4,))
-    if "reduction" not in {f.name for f in dataclasses.fields(RunConfig)}:  # until jaxdp's RunConfig has them
-        object.__setattr__(cfg, "reduction", "canonical")
-        object.__setattr__(cfg, "shards", 8)
-    else:
-        cfg = cfg.replace(reduction="canonical", shards=8)
-    model, _ = train.configured(R.fresh_net(), cfg)
+    model, _ = train.configured(R.fresh_net(), cfg.replace(reduction="canonical", shards=8))
     assert api.state_of(model).canonical.shards == 8
-    model, _ = train.configured(R.fresh_net(), RunConfig(strategy="single", dtype="float32"))
+    model, _ = train.configured(R.fresh_net(), cfg)
     assert api.state_of(model).canonical is None  # native: today's step
+
+
+def test_the_cli_trains_canonically(tmp_path, capsys):
+    """`python -m torch_ref train --reduction canonical --shards 4` (zero2, a world of one: the per-shard
+    steps and the canonical reduce-scatter path) records it; `--shards 3` is one line naming the fix."""
+    from jaxdp import trace
+    from torch_ref import cli
+
+    argv = ["train", "--dtype", "float32", "--steps", "2", "--batch-size", "16", "--hidden", "8", "--accum", "2",
+            "--clip-norm", "0.5", "--reduction", "canonical", "--strategy", "zero2"]
+    assert cli.main([*argv, "--shards", "4", "--trace", str(tmp_path / "zero2.npz")]) == 0
+    assert trace.load(tmp_path / "zero2.npz").meta["reduction"] == "canonical"
+    assert cli.main([*argv, "--shards", "3"]) == 2
+    assert "shards=3: canonical reduction needs a power of two" in capsys.readouterr().err

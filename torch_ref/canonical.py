@@ -1,18 +1,19 @@
 """`reduction="canonical"` (`--reduction canonical`): a step's bits do not depend on the number of ranks.
 
-The definition (issue 16, the same as jaxdp's): each micro-batch is cut into S shards of r rows; each
-shard's mean loss and gradient come from its own forward and backward (`autograd.grad` over that shard
-alone); the S shard gradients are summed by one fixed binary tree over shard index (adjacent pairs,
-level by level): rank d holds shards [d S/N, (d+1) S/N) and sums its subtree locally, the N partial
-sums are combined by the same tree across ranks. Then /S, a left fold over micro-batches, /A. The loss
-for the log goes the same way. Clipping uses a canonical norm: each parameter's squares in row-major
-order, zero-padded to a power of two and summed by halving, then a left fold over parameters.
+The definition (issue 16, jaxdp's: /docs/CANONICAL.md): each micro-batch is cut into S shards of r
+rows; each shard's mean loss and gradient come from its own forward and backward (`autograd.grad`
+over that shard alone); each shard index folds its micro-batches in order (a left fold: rank d keeps
+one accumulator per shard it holds, [d S/N, (d+1) S/N)); the S accumulators are summed by one fixed
+binary tree over shard index (adjacent pairs, level by level), its lower levels on the rank and its
+upper levels across ranks; then /S (exact) and /A. The loss for the log goes the same way. Clipping
+uses the canonical norm (`clip_coef`).
 
 Across ranks the tree runs as a canonical reduce-scatter: an all-to-all sends chunk c of every rank's
-partial sums to rank c (reduce-scatter's bytes), which sums its N rows by the tree; an all-gather
-completes an all-reduce (all-reduce's bytes). Everything after is element-wise, and runs with one
-intra-op thread (`one_thread`: a GEMM's blocking and an element-wise kernel's split may depend on the
-thread count, and every world must run the same kernels).
+partial sum to rank c (reduce-scatter's bytes), which sums its N rows by the tree; an all-gather
+completes an all-reduce (all-reduce's bytes). Once per step, whatever the accumulation. Everything
+after is element-wise, and the step runs with one intra-op thread (`one_thread`: a GEMM's blocking and
+an element-wise kernel's split may depend on the thread count, and every world must run the same
+kernels).
 """
 from __future__ import annotations
 
@@ -23,40 +24,17 @@ import torch.distributed as dist
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 from jaxdp.config import ConfigError
+from jaxdp.reduction import BLOCKS, default_shards, resolve_shards  # noqa: F401 (one definition of S for both sides)
 
 from .collectives import ring_all_gather
 from .strategies.common import flatten, micro_batches
 from .strategies.zero2 import all_gather
 
 REDUCTIONS = ("native", "canonical")
-MAX_SHARDS, MIN_ROWS = 64, 4
 
 
 class CanonicalError(ConfigError):
     """A canonical-reduction setting that cannot run; the message names the fix."""
-
-
-def default_shards(rows: int) -> int:
-    """S for a micro-batch of `rows` rows: the largest power of two dividing it that keeps shards of at
-    least 4 rows, at most 64 (fewer than 8 rows: 1)."""
-    s = 1
-    while 2 * s <= MAX_SHARDS and rows % (2 * s) == 0 and rows // (2 * s) >= MIN_ROWS:
-        s *= 2
-    return s
-
-
-def check_shards(shards: int, world: int, rows: int) -> int:
-    """S for a micro-batch of `rows` global rows on `world` ranks (None: the default), checked."""
-    s = default_shards(rows) if shards in (None, 0) else shards
-    if not isinstance(s, int) or isinstance(s, bool) or s < 1 or s & (s - 1):
-        raise CanonicalError(f"shards must be a power of two (1, 2, 4, ...), got {shards!r}; pass e.g. shards=4")
-    if s % world:
-        raise CanonicalError(f"canonical reduction needs the {world} ranks to divide shards={s}; pass shards= a "
-                             f"multiple of {world} (--shards), or run on a number of ranks dividing {s}")
-    if rows % s:
-        raise CanonicalError(f"a micro-batch of {rows} rows does not split into shards={s} equal shards; pass a "
-                             f"batch whose rows per micro-batch divide by {s}, or another --shards")
-    return s
 
 
 @contextlib.contextmanager
@@ -77,47 +55,41 @@ def tree(rows: torch.Tensor) -> torch.Tensor:
     return rows[0]
 
 
-class Tree:
-    """The same tree, fed one leaf at a time (a binary counter: O(log S) partial sums held)."""
+class Folds:
+    """This rank's shard accumulators: shard i's values left-folded over the micro-batches in order."""
 
     def __init__(self):
-        self.stack: list[tuple[int, torch.Tensor]] = []
+        self.acc: list[torch.Tensor] = []
 
-    def push(self, leaf: torch.Tensor) -> None:
-        level = 0
-        while self.stack and self.stack[-1][0] == level:
-            leaf = self.stack.pop()[1] + leaf
-            level += 1
-        self.stack.append((level, leaf))
+    def add(self, i: int, value: torch.Tensor) -> None:
+        if i == len(self.acc):
+            self.acc.append(value)
+        else:
+            self.acc[i] = self.acc[i] + value
 
-    def result(self) -> torch.Tensor:
-        assert len(self.stack) == 1, "the leaves pushed are not a power of two"
-        return self.stack.pop()[1]
-
-
-def finish(summed: torch.Tensor, shards: int) -> torch.Tensor:
-    """[A, ...] tree sums -> the step's value: /S, a left fold over micro-batches, /A."""
-    means = summed / shards
-    total = means[0]
-    for m in means[1:]:
-        total = total + m
-    return total / summed.shape[0]
+    def partial(self) -> torch.Tensor:
+        """The subtree over this rank's shards."""
+        return tree(torch.stack(self.acc))
 
 
-def tree_scatter(partials: torch.Tensor, exchange=None) -> torch.Tensor:
-    """[A, L] (L a multiple of N) -> [A, L/N]: this rank's chunk, summed over the ranks by the tree.
-    One all-to-all: each rank sends (N-1)/N of its partial sums, reduce-scatter's bytes."""
+def finish(total: torch.Tensor, shards: int, accum: int) -> torch.Tensor:
+    """The tree's sum -> the global mean: / S (a power of two: exact), then / A."""
+    total = total / shards
+    return total if accum == 1 else total / accum
+
+
+def tree_scatter(flat: torch.Tensor, exchange=None) -> torch.Tensor:
+    """[L] (L a multiple of N) -> [L/N]: this rank's chunk, summed over the ranks by the tree.
+    One all-to-all: each rank sends (N-1)/N of its partial sum, reduce-scatter's bytes."""
     n = dist.get_world_size() if dist.is_initialized() else 1
     if n == 1:
-        return partials
-    accum, length = partials.shape
-    send = partials.reshape(accum, n, length // n).transpose(0, 1).contiguous()  # row d goes to rank d
-    return tree((exchange or all_to_all)(send))
+        return flat
+    return tree((exchange or all_to_all)(flat.reshape(n, -1)))  # row d goes to rank d
 
 
 def all_to_all(send: torch.Tensor) -> torch.Tensor:
     received = torch.empty_like(send)
-    dist.all_to_all_single(received, send)
+    dist.all_to_all_single(received, send.contiguous())
     return received
 
 
@@ -133,55 +105,58 @@ def p2p_all_to_all(send: torch.Tensor) -> torch.Tensor:
     return received
 
 
-def gather_chunks(chunk: torch.Tensor, ring: bool = False) -> torch.Tensor:
-    """[A, c] on every rank -> [A, N c] (chunks in rank order): the all-gather half of an all-reduce."""
+def all_reduce(flat: torch.Tensor, ring: bool = False) -> torch.Tensor:
+    """A flat partial sum -> the tree over the ranks' partial sums, on every rank (all-reduce's bytes:
+    `tree_scatter` then an all-gather; `ring`: isend/irecv pairs and the hand-written ring)."""
     n = dist.get_world_size() if dist.is_initialized() else 1
     if n == 1:
-        return chunk
-    flat = (ring_all_gather if ring else all_gather)(chunk.reshape(-1).contiguous())
-    return flat.reshape(n, *chunk.shape).transpose(0, 1).reshape(chunk.shape[0], -1)
+        return flat
+    chunk = tree_scatter(torch.nn.functional.pad(flat, (0, -flat.numel() % n)), p2p_all_to_all if ring else None)
+    return (ring_all_gather if ring else all_gather)(chunk.contiguous())[:flat.numel()]
 
 
-def all_reduce(partials: torch.Tensor, ring: bool = False) -> torch.Tensor:
-    """[A, L] partial sums -> [A, L] summed over the ranks by the tree (all-reduce's bytes)."""
-    n = dist.get_world_size() if dist.is_initialized() else 1
-    pad = -partials.shape[1] % n
-    padded = torch.nn.functional.pad(partials, (0, pad))
-    summed = gather_chunks(tree_scatter(padded, p2p_all_to_all if ring else None), ring)
-    return summed[:, :partials.shape[1]]
+def pairsum(rows: torch.Tensor) -> torch.Tensor:
+    """Sum over the last axis: zero-pad it to a power of two, then adjacent pairs until one remains."""
+    width = rows.shape[-1]
+    rows = torch.nn.functional.pad(rows, (0, (1 << max(width - 1, 0).bit_length()) - width))
+    while rows.shape[-1] > 1:
+        rows = rows[..., 0::2] + rows[..., 1::2]
+    return rows[..., 0]
 
 
 def leaf_sq(g: torch.Tensor) -> torch.Tensor:
-    """Sum of squares of `g` in row-major order, zero-padded to a power of two, summed by halving."""
-    x = g.reshape(-1).square()
-    x = torch.nn.functional.pad(x, (0, (1 << max(x.numel() - 1, 0).bit_length()) - x.numel()))
-    while x.numel() > 1:
-        half = x.numel() // 2
-        x = x[:half] + x[half:]
-    return x[0]
+    """One parameter's sum of squares: row-major, zero-padded to a multiple of BLOCKS (64), cut into 64
+    blocks, each block by `pairsum`, the 64 block sums by the tree."""
+    flat = g.reshape(-1)
+    blocks = torch.nn.functional.pad(flat, (0, -flat.numel() % BLOCKS)).reshape(BLOCKS, -1)
+    return tree(pairsum(blocks.square()))
 
 
 def clip_coef(grads, max_norm: float) -> torch.Tensor:
     """torch.nn.utils.clip_grad_norm_'s factor min(1, max_norm / (norm + 1e-6)), with the canonical norm
-    of the full gradients `grads` (in parameter order)."""
+    of the full gradients `grads` (in parameter order: a left fold of `leaf_sq`)."""
     total = None
     for g in grads:
         total = leaf_sq(g) if total is None else total + leaf_sq(g)
     return torch.clamp(max_norm / (total.sqrt() + 1e-6), max=1.0)
 
 
+def shards_of(x, y, accum: int, local: int):
+    """(j, i, x rows, y rows) of this rank's shard i of micro-batch j, in order."""
+    for j, (xm, ym) in enumerate(micro_batches(x, y, accum)):
+        for i, (xs, ys) in enumerate(zip(xm.chunk(local), ym.chunk(local), strict=True)):
+            yield j, i, xs, ys
+
+
 def shard_grads(module, params, x, y, loss_fn, accum: int, local: int):
-    """This rank's tree sums: ([A, P] gradients, [A] losses), each shard's from its own backward."""
-    grads, losses = [], []
-    for xm, ym in micro_batches(x, y, accum):
-        g_tree, l_tree = Tree(), Tree()
-        for xs, ys in zip(xm.chunk(local), ym.chunk(local), strict=True):
-            loss = scalar(loss_fn(module(xs), ys))
-            g_tree.push(flat_grad(loss, params))
-            l_tree.push(loss.detach())
-        grads.append(g_tree.result())
-        losses.append(l_tree.result())
-    return torch.stack(grads), torch.stack(losses)
+    """This rank's partial sums (flat gradient, loss): each shard's from its own backward, folded over
+    the micro-batches, then this rank's subtree."""
+    grads, losses = Folds(), Folds()
+    for _, i, xs, ys in shards_of(x, y, accum, local):
+        loss = scalar(loss_fn(module(xs), ys))
+        grads.add(i, flat_grad(loss, params))
+        losses.add(i, loss.detach())
+    return grads.partial(), losses.partial()
 
 
 def flat_grad(loss: torch.Tensor, params) -> torch.Tensor:
@@ -198,12 +173,12 @@ def scalar(loss) -> torch.Tensor:
     return loss.reshape(())
 
 
-def reduce_loss(losses: torch.Tensor, shards: int) -> torch.Tensor:
-    """[A] local loss tree sums -> the global loss, the same on every rank (an all-gather of A scalars)."""
+def reduce_loss(loss: torch.Tensor, shards: int, accum: int) -> torch.Tensor:
+    """This rank's loss partial sum -> the global loss, the same on every rank (an all-gather of N floats)."""
     n = dist.get_world_size() if dist.is_initialized() else 1
     if n > 1:
-        losses = tree(all_gather(losses.contiguous()).reshape(n, -1))
-    return finish(losses, shards)
+        loss = tree(all_gather(loss.reshape(1)))
+    return finish(loss, shards, accum)
 
 
 def set_grads(params, flat: torch.Tensor) -> None:
@@ -216,13 +191,12 @@ def set_grads(params, flat: torch.Tensor) -> None:
 class UnitReduce(ReduceScatter):
     """zero3: FSDP2's reduce-scatter of one unit, replaced. Every shard's backward hands over the unit's
     unsharded gradient (rank-major, as reduce-scatter takes it) and nothing is sent; after the step's
-    last backward the tree runs: this rank's subtree per micro-batch, then `tree_scatter`, then `finish`,
-    written into FSDP's output (N = 1: FSDP calls no comm, the hook reads its output)."""
+    last backward: the folds, this rank's subtree, `tree_scatter`, `finish`, written into FSDP's output
+    (N = 1: FSDP calls no comm and its output is the input, which the hook reads)."""
 
     def __init__(self, local: int, accum: int, shards: int):
         self.local, self.accum, self.shards = local, accum, shards
-        self.input, self.tree, self.done = None, Tree(), []
-        self.count = 0
+        self.input, self.folds, self.count = None, Folds(), 0
 
     def allocate(self, size, *, dtype, device):
         return torch.empty(*size, dtype=dtype, device=device)
@@ -232,10 +206,8 @@ class UnitReduce(ReduceScatter):
         return None
 
     def hook(self, reduce_output: torch.Tensor) -> None:
-        self.tree.push(self.input if self.input is not None else reduce_output.clone())
+        self.folds.add(self.count % self.local, self.input if self.input is not None else reduce_output.clone())
         self.input, self.count = None, self.count + 1
-        if self.count % self.local == 0:
-            self.done.append(self.tree.result())
-        if len(self.done) == self.accum:
-            partials, self.done, self.count = torch.stack(self.done), [], 0
-            reduce_output.copy_(finish(tree_scatter(partials), self.shards))
+        if self.count == self.local * self.accum:
+            reduce_output.copy_(finish(tree_scatter(self.folds.partial()), self.shards, self.accum))
+            self.folds, self.count = Folds(), 0

@@ -57,8 +57,7 @@ def configured(module: torch.nn.Module, cfg: RunConfig):
     """`module` parallelized as `cfg` says: (model, optimizer) for `torch_ref.train_step`."""
     if cfg.dtype == "bfloat16":
         autocast_forward(module, next(module.parameters()).device.type)
-    reduction = {"reduction": "canonical", "shards": getattr(cfg, "shards", None) or None} \
-        if getattr(cfg, "reduction", "native") == "canonical" else {}  # (fields of jaxdp's RunConfig)
+    reduction = {"reduction": "canonical", "shards": cfg.shards or None} if cfg.reduction == "canonical" else {}
     return api.parallelize(module, strategy=cfg.strategy, optimizer=optim.factory(cfg), accum=cfg.accum,
                            **reduction, **strategies.options_of(cfg))
 

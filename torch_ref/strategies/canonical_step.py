@@ -1,7 +1,8 @@
 """Each strategy's step under `reduction="canonical"` (`torch_ref/canonical.py` has the definition).
 
-Every strategy computes each of its shards' gradients by its own backward, sums its subtree locally,
-then keeps its own character for the rest, with the tree in place of its sum:
+Every strategy computes each of its shards' gradients by its own backward, folds each shard over the
+micro-batches, sums its subtree locally, then keeps its own character for the rest, with the tree in
+place of its sum (one communication per step, as native):
 - single: nothing crosses a rank;
 - ddp, zero1: DDP's reducer with a comm hook (`bucket_hook`): every shard but the step's last is
   computed beside DDP; the last runs through DDP, and each bucket DDP hands to the hook is completed
@@ -51,7 +52,7 @@ class Canonical:
         with C.one_thread():
             if self.s is None:
                 check_rows(len(x), par.accum, self.params[0].device)
-                self.s = C.check_shards(self.shards, self.world, len(x) * self.world // par.accum)
+                self.s = C.resolve_shards(self.shards, len(x) * self.world // par.accum, self.world)
                 self.local = self.s // self.world
                 if par.name == "zero3":
                     self.units = install_units(par.model, self.local, par.accum, self.s)
@@ -62,42 +63,33 @@ class Canonical:
             else:
                 grads, losses = C.shard_grads(par.module, self.params, x, y, loss_fn, par.accum, self.local)
                 SYNC.get(par.name, sync_buckets)(self, grads)
-            loss = C.reduce_loss(losses, self.s)
+            loss = C.reduce_loss(losses, self.s, par.accum)
             par.grads = kept(par.full_grads()) if par.keep_grads else None
             UPDATE.get(par.name, update_replicated)(self, clip_norm)
         return float(loss)
 
     def fsdp_backward(self, x, y, loss_fn) -> torch.Tensor:
         """zero3: each shard's backward through FSDP2 (its gathers, its post-backward: `UnitReduce`)."""
-        model, losses = self.par.model, []
-        for j, (xm, ym) in enumerate(C.micro_batches(x, y, self.par.accum)):
-            tree = C.Tree()
-            for i, (xs, ys) in enumerate(zip(xm.chunk(self.local), ym.chunk(self.local), strict=True)):
-                loss = C.scalar(loss_fn(model(xs), ys))
-                loss.backward()
-                tree.push(loss.detach())
-                if (j, i) != (self.par.accum - 1, self.local - 1):
-                    model.zero_grad(set_to_none=True)  # a shard's output is not a gradient until the last
-            losses.append(tree.result())
-        return torch.stack(losses)
+        model, losses, last = self.par.model, C.Folds(), self.par.accum * self.local - 1
+        for k, (_, i, xs, ys) in enumerate(C.shards_of(x, y, self.par.accum, self.local)):
+            loss = C.scalar(loss_fn(model(xs), ys))
+            loss.backward()
+            losses.add(i, loss.detach())
+            if k != last:
+                model.zero_grad(set_to_none=True)  # a shard's output is not a gradient until the last
+        return losses.partial()
 
     def ddp_backward(self, x, y, loss_fn) -> torch.Tensor:
         """ddp, zero1: each shard by its own backward; the step's last through DDP (`bucket_hook`)."""
-        par, losses, self.done = self.par, [], []
-        for j, (xm, ym) in enumerate(C.micro_batches(x, y, par.accum)):
-            self.tree, l_tree = C.Tree(), C.Tree()
-            for i, (xs, ys) in enumerate(zip(xm.chunk(self.local), ym.chunk(self.local), strict=True)):
-                last = (j, i) == (par.accum - 1, self.local - 1)
-                loss = C.scalar(loss_fn((par.model if last else par.module)(xs), ys))
-                l_tree.push(loss.detach())
-                if last:
-                    loss.backward()  # DDP's reducer: its buckets go through bucket_hook
-                else:
-                    self.tree.push(C.flat_grad(loss, self.params))
-            if j < par.accum - 1:
-                self.done.append(self.tree.result())
-            losses.append(l_tree.result())
-        return torch.stack(losses)
+        par, losses, self.folds, last = self.par, C.Folds(), C.Folds(), self.par.accum * self.local - 1
+        for k, (_, i, xs, ys) in enumerate(C.shards_of(x, y, par.accum, self.local)):
+            loss = C.scalar(loss_fn((par.model if k == last else par.module)(xs), ys))
+            losses.add(i, loss.detach())
+            if k == last:
+                loss.backward()  # DDP's reducer: its buckets go through bucket_hook
+            else:
+                self.folds.add(i, C.flat_grad(loss, self.params))
+        return losses.partial()
 
     def groups(self) -> list[tuple[int, int]]:
         """The flat ranges reduced one by one: buckets in backward order, parameters, or everything."""
@@ -112,19 +104,14 @@ class Canonical:
 
 def bucket_hook(c: Canonical, bucket):  # (no annotations: DDP checks them, and these are strings)
     """DDP's comm hook: `bucket` holds the step's last shard's gradient of its parameters (in bucket
-    order); the tree of this micro-batch is completed with it, the earlier micro-batches' sums joined,
-    and the canonical all-reduce returns the bucket's step gradient, which DDP writes into `.grad`."""
+    order); it completes that shard's fold, the folds of this bucket's elements go through this rank's
+    subtree and the canonical all-reduce, and DDP writes the result into `.grad`."""
     ranges = [c.offsets[id(p)] for p in bucket.parameters()]
-
-    def part(flat):
-        return torch.cat([flat[a:b] for a, b in ranges])
-
-    tree = C.Tree()
-    tree.stack = [(level, part(t)) for level, t in c.tree.stack]
-    tree.push(bucket.buffer())
-    partials = torch.stack([part(t) for t in c.done] + [tree.result()])
+    folds = C.Folds()
+    folds.acc = [torch.cat([acc[a:b] for a, b in ranges]) for acc in c.folds.acc]
+    folds.add(c.local - 1, bucket.buffer())
     future = torch.futures.Future()
-    future.set_result(C.finish(C.all_reduce(partials), c.s))
+    future.set_result(C.finish(C.all_reduce(folds.partial()), c.s, c.par.accum))
     return future
 
 
@@ -134,27 +121,27 @@ def kept(grads: dict | None) -> dict | None:
 
 
 def sync_buckets(c: Canonical, grads: torch.Tensor) -> None:
-    """single, ddp, zero1, ddp-bucket, ddp-naive, ddp-ring: every rank gets the full canonical gradient."""
-    flat = grads.new_empty(grads.shape[1])
+    """single, ddp-bucket, ddp-naive, ddp-ring: every rank gets the full canonical gradient."""
+    flat = torch.empty_like(grads)
     for start, end in c.groups():
-        flat[start:end] = C.finish(C.all_reduce(grads[:, start:end], ring=c.par.name == "ddp-ring"), c.s)
+        flat[start:end] = C.finish(C.all_reduce(grads[start:end], ring=c.par.name == "ddp-ring"), c.s, c.par.accum)
     C.set_grads(c.params, flat)
 
 
 def sync_server(c: Canonical, grads: torch.Tensor) -> None:
     """dp: the partial sums are gathered to the server (rank 0), which runs the tree across ranks."""
     if c.world > 1:
-        stacked = [torch.empty_like(grads) for _ in range(c.world)] if c.rank == 0 else None
-        dist.gather(grads, stacked, dst=0)
-        grads = C.tree(torch.stack(stacked)) if c.rank == 0 else None
+        gathered = [torch.empty_like(grads) for _ in range(c.world)] if c.rank == 0 else None
+        dist.gather(grads, gathered, dst=0)
+        grads = C.tree(torch.stack(gathered)) if c.rank == 0 else None
     if c.rank == 0:
-        C.set_grads(c.params, C.finish(grads, c.s))
+        C.set_grads(c.params, C.finish(grads, c.s, c.par.accum))
 
 
 def sync_zero2(c: Canonical, grads: torch.Tensor) -> None:
     """zero2: the canonical reduce-scatter of zero2's padded flat layout: this rank's shard."""
-    padded = torch.nn.functional.pad(grads, (0, -grads.shape[1] % c.world))
-    main_param(c).grad = C.finish(C.tree_scatter(padded), c.s)
+    padded = torch.nn.functional.pad(grads, (0, -grads.numel() % c.world))
+    main_param(c).grad = C.finish(C.tree_scatter(padded), c.s, c.par.accum)
 
 
 def main_param(c: Canonical) -> torch.Tensor:

@@ -34,18 +34,19 @@ FOLD = ("ddp-ring", 4, 1, "adamw", 0.0, "canonical-fold", R.SHARDS)  # the mutat
 
 
 @pytest.fixture(scope="module")
-def worlds() -> dict:
+def worlds(tmp_path_factory) -> dict:
     """{case: rank 0's arrays} for every case: N = 1 here, N = 2 and 4 in one spawned world each."""
-    out = {}
-    store = dist.HashStore()
-    launch.init_process_group(torch.device("cpu"), 0, 1, 60, store=store)
+    out, checkpoints = {}, str(tmp_path_factory.mktemp("canonical_checkpoints"))
+    launch.init_process_group(torch.device("cpu"), 0, 1, 60, store=dist.HashStore())
     try:
-        out.update(R.run_cases(0, 1, [c for c in CASES if c[1] == 1]))
+        out.update(R.run_cases(0, 1, [c for c in CASES if c[1] == 1], checkpoints))
     finally:
         dist.destroy_process_group()
     for n in (2, 4):
         cases = [c for c in CASES if c[1] == n] + ([NATIVE, FOLD] if n == 4 else [])
-        out.update(launch.launch(R.run_cases, n, cases, timeout_s=240, pg_timeout_s=60)[0])
+        out[n] = launch.launch(R.run_cases, n, cases, checkpoints, timeout_s=240, pg_timeout_s=60)[0]
+        out.update({k: v for k, v in out[n].items() if k not in ("resumed", "errors")})
+    out["errors"] = out[2]["errors"]
     return out
 
 
@@ -78,6 +79,14 @@ def test_native_float32_at_4_is_not_bitwise_single(worlds, single):
 
 def test_a_wrong_tree_across_ranks_is_caught(worlds, single):
     assert differing(single(*FOLD[2:5], "canonical"), worlds[FOLD])
+
+
+def test_a_resume_at_another_n_continues_bit_for_bit(worlds, single):
+    """zero2 checkpointed after step 1 at N = 2, resumed at N = 4: step 2 is single's, bit for bit."""
+    ref, saved, resumed = single(*R.RESUMED[2:5], "canonical"), worlds[2]["resumed"], worlds[4]["resumed"]
+    assert differing({k: ref[k] for k in saved}, saved) == []
+    assert set(resumed) == {k for k in ref if k.startswith("step/2/")}
+    assert differing({k: ref[k] for k in resumed}, resumed) == []
 
 
 def test_cases_cover_every_pair():
@@ -211,15 +220,11 @@ def test_the_cli_configuration_selects_it():
     assert api.state_of(model).canonical is None  # native: today's step
 
 
-def test_the_cli_trains_canonically(tmp_path, capsys):
-    """`python -m torch_ref train --reduction canonical --shards 4` (zero2, a world of one: the per-shard
-    steps and the canonical reduce-scatter path) records it; `--shards 3` is one line naming the fix."""
-    from jaxdp import trace
+def test_the_cli_takes_the_flags(capsys):
+    """`python -m torch_ref train --reduction canonical --shards 3`: one line naming the fix, before any
+    training (the flags reach parallelize through `configured`: the test above)."""
     from torch_ref import cli
 
-    argv = ["train", "--dtype", "float32", "--steps", "2", "--batch-size", "16", "--hidden", "8", "--accum", "2",
-            "--clip-norm", "0.5", "--reduction", "canonical", "--strategy", "zero2"]
-    assert cli.main([*argv, "--shards", "4", "--trace", str(tmp_path / "zero2.npz")]) == 0
-    assert trace.load(tmp_path / "zero2.npz").meta["reduction"] == "canonical"
+    argv = ["train", "--dtype", "float32", "--batch-size", "16", "--reduction", "canonical", "--strategy", "zero2"]
     assert cli.main([*argv, "--shards", "3"]) == 2
     assert "shards=3: canonical reduction needs a power of two" in capsys.readouterr().err

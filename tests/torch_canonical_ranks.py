@@ -86,13 +86,39 @@ def train_case(rank: int, n: int, case: tuple) -> dict:
     return rec.arrays
 
 
-def run_cases(rank: int, n: int, cases: list) -> dict:
-    """Every case on this world; rank 0 returns {case: arrays}, and at N = 2 the refused settings'
-    messages (every rank must raise, none may hang)."""
+def run_cases(rank: int, n: int, cases: list, checkpoints: str) -> dict:
+    """Every case on this world; rank 0 returns {case: arrays}, at N = 2 the refused settings' messages
+    (every rank must raise, none may hang), and `resumed`: zero2 saves step 1 at N = 2, resumes at N = 4."""
     out = {case: train_case(rank, n, case) for case in cases}
     if n == 2:
         out["errors"] = errors(rank, n)
+    out["resumed"] = resumed(rank, n, checkpoints, RESUMED) if n in (2, 4) else None
     return out if rank == 0 else {}
+
+
+RESUMED = ("zero2", None, 3, "adamw", 0.5, "canonical", SHARDS)
+
+
+def resumed(rank: int, n: int, directory: str, case: tuple) -> dict:
+    """`case` trained for step 1 and checkpointed at N = 2 (torch_ref.checkpoint, DCP), resumed at N = 4
+    for the steps after: rank 0's arrays of those steps."""
+    from jaxdp.config import RunConfig
+    from torch_ref import api, checkpoint
+
+    strategy, _, accum, optimizer, clip_norm, _, shards = case
+    cfg = RunConfig(strategy=strategy, devices=n, optimizer=optimizer, accum=accum, clip_norm=clip_norm, steps=STEPS,
+                    batch_size=ROWS * accum, dtype="float32", reduction="canonical", shards=shards)
+    model, opt = parallelized(strategy, accum, optimizer, "canonical", shards)
+    state = api.state_of(model).checkpoint
+    start = checkpoint.restore(directory, state, cfg) if n == 4 else 0
+    with Recorder(None, {"strategy": strategy, "devices": n}, model) as rec:
+        for k in range(start + 1, (STEPS if n == 4 else 1) + 1):
+            x, y = batch(k, accum)
+            xs, ys = (torch.from_numpy(my_rows(a, rank, n, accum)) for a in (x, y))
+            rec.step(k, torch_ref.train_step(model, opt, xs, ys, F.cross_entropy, clip_norm=clip_norm))
+    if n == 2:
+        checkpoint.save(directory, 1, state, cfg)
+    return rec.arrays
 
 
 REFUSED = [(3, ROWS), (1, ROWS), (8, 12)]  # (shards, rows per micro-batch) that canonical refuses at N = 2

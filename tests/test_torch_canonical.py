@@ -5,7 +5,8 @@ accumulation 1 and 3, clipping on and off, momentum SGD and AdamW (every strateg
 other values alternate so that every pair of values meets): every array of the trace (loss, gradient,
 parameters, each step) is `np.array_equal` to `single`'s canonical trace. The check can fail: with
 `native`, ddp at N = 4 is *not* bitwise single (only close), and canonical with the tree across ranks
-replaced by a left fold (a wrong association) is not either. One world per size runs all its cases
+replaced by a left fold (a wrong association) is not either. A zero2 run checkpointed at N = 2 and
+resumed at N = 4 continues with single's bits. One world per size runs all its cases
 (tests/torch_canonical_ranks.py); N = 1 runs in this process with a process group of one.
 """
 from __future__ import annotations

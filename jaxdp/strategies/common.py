@@ -131,9 +131,22 @@ def compile_options(opts, extra: dict | None = None) -> dict | None:
     return merged
 
 
-def shard_values_of(loss_fn):
-    """canonical's per-shard program for a plain loss: its value and gradient, shard by shard."""
-    value_and_grad = jax.value_and_grad(loss_fn)
+def unit_value_and_grad(problem, gather_leaf=None, reshard_after_forward: bool = True):
+    """canonical's per-shard program: `(params, x, y) -> (loss, gradient)` with the model run unit by
+    unit as zero3 runs it (fsdp.py: one custom_vjp per unit, its non-matmul values recomputed in
+    backward), for every strategy: `gather_leaf(param, shape)` gives a full parameter (default: the
+    parameter itself, for strategies that hold full ones). Measured: XLA:CPU compiles the plain
+    `jax.value_and_grad` of GPT into a program whose bias gradients differ in the last bit from the
+    unit-by-unit one, so one program for all is the only way zero3 gives `single`'s bits."""
+    from .fsdp import unit_value_and_grad as by_units
+
+    shapes = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), problem.params)
+    return by_units(problem, shapes, gather_leaf or (lambda p, shape: p), reshard_after_forward)
+
+
+def shard_values_of(problem, gather_leaf=None, reshard_after_forward: bool = True):
+    """`(params, xs, ys) -> stacked (losses, gradients)`: `unit_value_and_grad`, shard by shard."""
+    value_and_grad = unit_value_and_grad(problem, gather_leaf, reshard_after_forward)
     return lambda params, xs, ys: canonical.shard_values(value_and_grad, params, xs, ys)
 
 
@@ -158,7 +171,7 @@ def replicated_data_parallel(name, problem, optimizer, mesh, opts, sync, *, chec
 
     def device_step(params, opt_state, x, y):
         if is_canonical:
-            loss, grads = canonical.step_values(shard_values_of(problem.loss_fn), params, x, y, opts, n,
+            loss, grads = canonical.step_values(shard_values_of(problem), params, x, y, opts, n,
                                                 canonical_sync)
         else:
             local = lax.pcast(params, AXIS, to="varying") if check_vma else params

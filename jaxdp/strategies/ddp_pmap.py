@@ -50,7 +50,7 @@ def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
 
     def device_step(state, x, y):
         if is_canonical:
-            loss, grads = canonical.step_values(shard_values_of(problem.loss_fn), state.params, x, y, opts, n,
+            loss, grads = canonical.step_values(shard_values_of(problem), state.params, x, y, opts, n,
                                                 lambda values: canonical.all_reduce_tree(values, AXIS))
         else:
             loss, grads = local_grads(problem.loss_fn, state.params, x, y, opts.accum)

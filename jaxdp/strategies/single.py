@@ -22,7 +22,7 @@ def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
     @jax.jit
     def step(state, x, y):
         if is_canonical:  # all S shards here: the whole tree on this device
-            loss, grads = canonical.step_values(shard_values_of(problem.loss_fn), state.params, x, y, opts, 1, None)
+            loss, grads = canonical.step_values(shard_values_of(problem), state.params, x, y, opts, 1, None)
         else:
             loss, grads = local_grads(problem.loss_fn, state.params, x, y, opts.accum)
         clipped = canonical.clip(grads, opts.clip_norm) if is_canonical else grads

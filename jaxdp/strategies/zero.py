@@ -47,7 +47,17 @@ from .. import canonical
 from .. import collectives as ring
 from ..devices import AXIS, replicated
 from . import fsdp
-from .common import Strategy, TrainState, apply_update, compile_options, local_grads, put_sharded, to_host, to_numpy
+from .common import (
+    Strategy,
+    TrainState,
+    apply_update,
+    compile_options,
+    local_grads,
+    put_sharded,
+    shard_values_of,
+    to_host,
+    to_numpy,
+)
 
 
 def shard_size(size: int, n: int) -> int:
@@ -130,10 +140,10 @@ def canonical_stage_grads(stage: int, problem, comm: Collectives, shapes, n: int
     (loss, clipped gradient shards, the unclipped gradient for the trace)."""
     tree_map = jax.tree.map
     if stage == 3:
-        value_and_grad = fsdp.unit_value_and_grad(problem, shapes, lambda s, shape: unpad(comm.all_gather(s), shape),
-                                                  opts.reshard_after_forward)
+        shard_values = shard_values_of(problem, lambda s, shape: unpad(comm.all_gather(s), shape),
+                                       opts.reshard_after_forward)
     else:
-        value_and_grad = jax.value_and_grad(problem.loss_fn)
+        shard_values = shard_values_of(problem)
     ring_kind = comm.kind == "ring"
     exchange = (lambda chunks: canonical.ppermute_exchange(chunks, AXIS)) if ring_kind else None
     gather = (lambda chunk: ring.ring_all_gather(chunk, AXIS)) if ring_kind else None
@@ -147,7 +157,6 @@ def canonical_stage_grads(stage: int, problem, comm: Collectives, shapes, n: int
         return loss, tree_map(lambda g: canonical.combine_scatter(g, AXIS, exchange), padded)
 
     def grads_of(params, x, y):
-        shard_values = lambda p, xs, ys: canonical.shard_values(value_and_grad, p, xs, ys)  # noqa: E731
         loss, grads = canonical.step_values(shard_values, params, x, y, opts, n, sync)
         if stage == 1:
             clipped = canonical.clip(grads, opts.clip_norm)

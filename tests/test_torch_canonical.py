@@ -6,8 +6,8 @@ other values alternate so that every pair of values meets): every array of the t
 parameters, each step) is `np.array_equal` to `single`'s canonical trace. The check can fail: with
 `native`, ddp at N = 4 is *not* bitwise single (only close), and canonical with the tree across ranks
 replaced by a left fold (a wrong association) is not either. A zero2 run checkpointed at N = 2 and
-resumed at N = 4 continues with single's bits. One world per size runs all its cases
-(tests/torch_canonical_ranks.py); N = 1 runs in this process with a process group of one.
+resumed at N = 4 continues with single's bits. One process group per size runs all its cases
+(tests/torch_canonical_ranks.py): N = 2, then N = 4, in one spawn of 4 processes; N = 1 in this process.
 """
 from __future__ import annotations
 
@@ -43,9 +43,9 @@ def worlds(tmp_path_factory) -> dict:
         out.update(R.run_cases(0, 1, [c for c in CASES if c[1] == 1], checkpoints))
     finally:
         dist.destroy_process_group()
-    for n in (2, 4):
-        cases = [c for c in CASES if c[1] == n] + ([NATIVE, FOLD] if n == 4 else [])
-        out[n] = launch.launch(R.run_cases, n, cases, checkpoints, timeout_s=240, pg_timeout_s=60)[0]
+    plan = {n: [c for c in CASES if c[1] == n] + ([NATIVE, FOLD] if n == 4 else []) for n in (2, 4)}
+    out.update(launch.launch(R.run_worlds, 4, plan, checkpoints, timeout_s=300, pg_timeout_s=240)[0])
+    for n in plan:
         out.update({k: v for k, v in out[n].items() if k not in ("resumed", "errors")})
     out["errors"] = out[2]["errors"]
     return out

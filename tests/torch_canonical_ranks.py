@@ -3,6 +3,8 @@
 per size. Nothing here asserts: the test module does."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -11,6 +13,7 @@ from torch import nn
 
 import torch_ref
 from torch_ref import canonical as C
+from torch_ref import launch
 from torch_ref.trace import Recorder
 
 FEATURES, HIDDEN, CLASSES, ROWS, STEPS, SHARDS = 8, 32, 4, 16, 2, 4  # ROWS per micro-batch: 4 shards of 4
@@ -94,6 +97,23 @@ def run_cases(rank: int, n: int, cases: list, checkpoints: str) -> dict:
         out["errors"] = errors(rank, n)
     out["resumed"] = resumed(rank, n, checkpoints, RESUMED) if n in (2, 4) else None
     return out if rank == 0 else {}
+
+
+def run_worlds(rank: int, n: int, plan: dict, checkpoints: str) -> dict | None:
+    """One spawn of n = max(plan) processes serves every world size in `plan` ({size: cases}), smallest
+    first: the launcher's group is replaced by one group per size over its first `size` ranks (a
+    FileStore in `checkpoints`; the other ranks go on to the next one and wait there). Returns rank 0's
+    {size: run_cases' result}."""
+    out = {}
+    dist.destroy_process_group()
+    for size in sorted(plan):
+        if rank < size:
+            store = dist.FileStore(os.path.join(checkpoints, f"world-{size}"), size)
+            launch.init_process_group(torch.device("cpu"), rank, size, 240, store=store)
+            out[size] = run_cases(rank, size, plan[size], checkpoints)
+            if size < n:
+                dist.destroy_process_group()
+    return out if rank == 0 else None
 
 
 RESUMED = ("zero2", None, 3, "adamw", 0.5, "canonical", SHARDS)

@@ -21,7 +21,6 @@ import contextlib
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 from jaxdp.config import ConfigError
 from jaxdp.reduction import BLOCKS, default_shards, resolve_shards  # noqa: F401 (one definition of S for both sides)
@@ -188,9 +187,10 @@ def set_grads(params, flat: torch.Tensor) -> None:
         offset += p.numel()
 
 
-class UnitReduce(ReduceScatter):
-    """zero3: FSDP2's reduce-scatter of one unit, replaced. Every shard's backward hands over the unit's
-    unsharded gradient (rank-major, as reduce-scatter takes it) and nothing is sent; after the step's
+class UnitReduce:
+    """zero3: FSDP2's reduce-scatter of one unit, replaced (`set_custom_reduce_scatter` calls `allocate`
+    and the object; duck-typed, FSDP2's `ReduceScatter` base is private). Every shard's backward hands
+    over the unit's unsharded gradient (rank-major, as reduce-scatter takes it) and nothing is sent; after the step's
     last backward: the folds, this rank's subtree, `tree_scatter`, `finish`, written into FSDP's output
     (N = 1: FSDP calls no comm and its output is the input, which the hook reads)."""
 

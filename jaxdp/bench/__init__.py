@@ -1,6 +1,6 @@
 """`jaxdp bench`: performance, measured side by side in one run, reported as ratios.
 
-Seven measurements (the keys of the result dictionary, written to bench.json by the CLI):
+Nine measurements (the keys of the result dictionary, written to bench.json by the CLI):
 
 1. `step_time`: JAX vs torch step time for every strategy both have, at N = 2 and 4, on one
    `mlp` large enough that compute matters and one small `gpt`: same model, batch, dtype and
@@ -18,8 +18,11 @@ Seven measurements (the keys of the result dictionary, written to bench.json by 
 7. `gpu_throughput`: on a GPU only: tokens/s, TFLOP/s and MFU of a bf16 `gpt` on one device.
 8. `collectives`: the hand-written ring all-reduce, reduce-scatter and all-gather timed alone
    against XLA's built-ins (psum, psum_scatter, all_gather), 1-64 MB per device, N = 2 and 4.
+9. `reduction`: `--reduction canonical` against `native` per strategy (ZeRO with both collectives),
+   N = 4 and 8 (2 in --quick): step time ratio, bytes sent and temporaries of each compiled program,
+   both modes in one child process started without fused multiply-adds (`reduction.py`).
 
-Items 1-6 and 8 run on simulated CPU devices (`--platform cpu`) on every machine: the "devices" share
+Items 1-6, 8 and 9 run on simulated CPU devices (`--platform cpu`) on every machine: the "devices" share
 the machine's cores, and torch's ranks are processes (gloo) on the same cores, so times say how
 the programs schedule on this CPU, not how they would communicate on a GPU cluster. Bytes and
 memory do not depend on the machine.
@@ -44,6 +47,7 @@ from .gpu import gpu_throughput
 from .markdown import markdown
 from .measure import inspect_all, time_strategies
 from .plan import Plan, plan
+from .reduction import reduction_benchmark
 
 MODEL_FIELDS = ("model", "data", "hidden", "n_layer", "n_head", "d_model", "seq_len", "channels", "batchnorm",
                 "batch_size", "dtype", "optimizer")
@@ -73,6 +77,7 @@ def run(quick: bool = False, out: str | None = None, progress=None) -> dict:
         "compile": {"rows": tables.compile_table(inspected, times)},
         "gpu_throughput": gpu_throughput(p, say),
         "collectives": {"rows": coll},
+        "reduction": reduction_benchmark(p, say),
     }
     results["goals"] = goals(results)
     results["wall_s"] = time.perf_counter() - t0

@@ -27,7 +27,7 @@ def markdown(results: dict) -> str:
     ns = sorted({r["devices"] for r in results["communication"]["rows"]})
     lines = (_header(results) + _step_time(results) + _overhead(results) + _ring(results)
              + _communication(results, ns) + _memory(results, ns) + _compile(results, ns) + _gpu(results)
-             + _collectives(results))
+             + _collectives(results) + reduction_section(results))
     return "\n".join(lines) + "\n"
 
 
@@ -188,4 +188,38 @@ def _collectives(results: dict) -> list:
     for r in results["collectives"]["rows"]:
         lines.append(f"| {r['op']} | {r['mb']:g} | {r['devices']} | {r['ring_ms']:.2f} | {r['xla_ms']:.2f} | "
                      f"{r['ratio']:.2f} | {r['cpu_ratio']:.2f} |")
+    return lines
+
+
+def _kib(x) -> str:
+    return _f(None if x is None else x / 1024, ".1f")
+
+
+def reduction_section(results: dict) -> list:
+    """Item 9: `--reduction canonical` against `native` (absent from results written before it)."""
+    red = results.get("reduction")
+    if red is None:
+        return []
+    s, m = red["setup"], red["setup"]["model"]
+    fma = s["fma_reference"]
+    lines = ["", "## 9. `--reduction canonical` against `native` (median ms; bytes sent per device per step and "
+             "temporaries from the compiled programs, KiB)", "",
+             f"Model: mlp hidden {','.join(map(str, m['hidden']))}, batch {m['batch_size']}, accum {m['accum']}, "
+             f"{m['dtype']}, {m['optimizer']}; S = the default shard count. {s['note']}; interleaved calls, "
+             f"{s['warmup_calls']} warm-up then the median of {s['repeats']}."
+             + (" `native+FMA`: native timed again in a process with FMA on (not interleaved); "
+                "`no-FMA cost` = native / native+FMA." if fma else ""), "",
+             "| strategy | N | S | native ms | canonical ms | canonical/native | native KiB | canonical KiB | "
+             "extra KiB | native temp KiB | canonical temp KiB | extra temp KiB |"
+             + (" native+FMA ms | no-FMA cost |" if fma else ""),
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if fma else "")]
+    for r in red["rows"]:
+        name = r["strategy"] + ("" if r["collectives"] is None else f" ({r['collectives']})")
+        line = (f"| {name} | {r['devices']} | {r['shards']} | {_ms(r['native_step_s'])} | "
+                f"{_ms(r['canonical_step_s'])} | {_f(r['ratio'])}x | {_kib(r['native_bytes'])} | "
+                f"{_kib(r['canonical_bytes'])} | {_kib(r['extra_bytes'])} | {_kib(r['native_temp_bytes'])} | "
+                f"{_kib(r['canonical_temp_bytes'])} | {_kib(r['extra_temp_bytes'])} |")
+        if fma:
+            line += f" {_ms(r.get('native_fma_step_s'))} | {_f(r.get('no_fma_cost'))}x |"
+        lines.append(line)
     return lines

@@ -25,6 +25,11 @@ class Plan:
     coll_sizes_mb: tuple            # item 8: MB of float32 per device; N = time_ns
     coll_repeats: int
     model_comm: tuple = ()          # items 4-5 for the models users port: (label, RunConfig, strategies, Ns)
+    reduction_model: RunConfig | None = None  # item 9: --reduction canonical vs native
+    reduction_strategies: tuple = ()  # (strategy, collectives or None); single runs at N = 1
+    reduction_ns: tuple = ()
+    reduction_repeats: int = 0      # interleaved timed calls of each mode
+    reduction_fma: bool = False     # also time native in a process with FMA on (the flag's own cost)
 
 
 def plan(quick: bool) -> Plan:
@@ -38,7 +43,9 @@ def plan(quick: bool) -> Plan:
         ported = (("cnn", _cnn(base, (4, 8), 32), ("ddp",), (2,)),
                   ("gpt2", _gpt2(base, 1, 2, 16, 16, 8).replace(data="text"), ("ddp",), (2,)))
         return Plan(True, 4, models, (2,), ("single", "ddp", "ddp-ring"), (2,), ("ddp", "zero3"),
-                    models["mlp"], _gpu_config(base), 4, (0.01,), 1, ported)
+                    models["mlp"], _gpu_config(base), 4, (0.01,), 1, ported,
+                    base.replace(model="mlp", data="synthetic", hidden=(16,), batch_size=16),
+                    (("ddp", None), ("zero1", "xla")), (2,), 3, False)
     models = {"mlp": base.replace(model="mlp", data="synthetic", hidden=(1024, 1024), batch_size=512),
               "gpt": base.replace(model="gpt", data="text", n_layer=2, n_head=4, d_model=128, seq_len=64,
                                   batch_size=32),
@@ -46,9 +53,16 @@ def plan(quick: bool) -> Plan:
               "gpt2": _gpt2(base, 2, 4, 128, 64, 32)}
     strategies = tuple(s for s in JAX_ALL if s != "single")
     ported = (("cnn", models["cnn"], strategies, (2, 4, 8)), ("gpt2", models["gpt2"], strategies, (2, 4, 8)))
-    return Plan(False, 12, models, (2, 4), SHARED, (2, 4, 8, 16), strategies,
-                base.replace(model="mlp", data="synthetic", hidden=(1024, 1024), batch_size=256),
-                _gpu_config(base), 30, (1, 4, 16, 64), 10, ported)
+    comm_model = base.replace(model="mlp", data="synthetic", hidden=(1024, 1024), batch_size=256)
+    return Plan(False, 12, models, (2, 4), SHARED, (2, 4, 8, 16), strategies, comm_model,
+                _gpu_config(base), 30, (1, 4, 16, 64), 10, ported, comm_model,
+                tuple(_with_collectives(JAX_ALL)), (4, 8), 10, True)
+
+
+def _with_collectives(strategies: tuple):
+    """(strategy, collectives): ZeRO once with XLA's collectives and once with the explicit ring."""
+    for s in strategies:
+        yield from ((s, c) for c in ("xla", "ring")) if s.startswith("zero") else ((s, None),)
 
 
 def _cnn(base: RunConfig, channels: tuple, batch: int) -> RunConfig:

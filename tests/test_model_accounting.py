@@ -1,9 +1,10 @@
 """Communication accounting of `--model cnn` (issue 15): the bytes each device sends per step, read
 from the compiled programs, equal the theory exactly (`jaxdp.theory`), sync BatchNorm's statistics
 all-reduces included, for every strategy, N in {1, 2, 3, 4}, --batchnorm sync and local, accum 1 and 3
-(a covering set: below). The running statistics' own forward-only program (jaxdp/strategies/stats.py) is accounted
-apart (`stats_bytes_per_device`), next to its theory. Each check is shown to fail on a theory that
-leaves out a term. gpt2's tied wte (counted once) is tested in tests/test_gpt2.py."""
+(a covering set: below); zero3 runs cnn unit by unit, re-gathering in every micro-batch. The running
+statistics' own forward-only program (jaxdp/strategies/stats.py) is accounted apart
+(`stats_bytes_per_device`), next to its theory. Each check is shown to fail on a theory that leaves out
+a term. gpt2's tied wte (counted once) is tested in tests/test_gpt2.py."""
 from __future__ import annotations
 
 import functools
@@ -21,25 +22,15 @@ CNN = RunConfig(model="cnn", data="digits", channels=(2, 3), batch_size=36, dtyp
 # under sync and every N meets accum 1 and 3 there; under local the term is identically 0 (two cases, with
 # the statistics program's own psum); N = 1 runs no collective whatever the strategy (one case stands for it).
 SYNC = [("dp", 2, 3), ("ddp", 3, 3), ("ddp-pmap", 4, 1), ("ddp-bucket", 2, 1), ("ddp-ring", 3, 1), ("zero1", 4, 3),
-        ("zero2", 2, 3), ("zero3", 3, 1)]
+        ("zero2", 2, 3), ("zero3", 3, 3)]
 CASES = [CNN.replace(strategy=s, devices=n, accum=a, batchnorm="sync") for s, n, a in SYNC]
 CASES += [CNN.replace(strategy=s, devices=n, accum=a, batchnorm="local") for s, n, a in [("zero2", 3, 1),
-                                                                                          ("zero3", 4, 3)]]
+                                                                                          ("zero3", 4, 1)]]
 CASES += [CNN.replace(strategy="zero3", devices=1, batchnorm="sync", accum=3)]
-# zero3 on a model without `unit_specs` (cnn: the whole loss is one unit): inside the accumulation loop
-# the backward re-gather's tie is to the loss's cotangent, a constant there, so XLA merges it with the
-# forward gather: one all-gather per micro-batch instead of two for micro-batches 2..A (measured: short by
-# exactly (A-1) (n-1) Psi_N b). A strategy/model fix (cnn units, or a non-constant tie), not an accounting one.
-MERGED = pytest.mark.xfail(strict=True, reason="zero3 without units under accum: XLA merges the re-gather (above)")
 
 
 def _id(cfg):
     return f"{cfg.strategy}-n{cfg.devices}-{cfg.batchnorm}-a{cfg.accum}"
-
-
-def _params(cfg):
-    merged = cfg.strategy == "zero3" and cfg.accum > 1 and cfg.devices > 1
-    return pytest.param(cfg, id=_id(cfg), marks=[MERGED] if merged else [])
 
 
 @functools.cache
@@ -49,7 +40,7 @@ def measured(cfg: RunConfig):
     return inspect.inspect(cfg, step), step
 
 
-@pytest.mark.parametrize("cfg", [_params(c) for c in CASES])
+@pytest.mark.parametrize("cfg", CASES, ids=_id)
 def test_train_step_bytes_equal_theory(cfg):
     r, _ = measured(cfg)
     assert r["bytes_per_device"] == pytest.approx(r["theory_bytes_per_device"], rel=1e-12, abs=1e-9), r
@@ -111,3 +102,20 @@ def test_the_accounted_batch_is_the_one_layout():
     assert not np.array_equal(placed, x)  # the old device-major split would pass the batch as it is
     rows = cfg.batch_size // (cfg.devices * cfg.accum)
     assert np.array_equal(placed[:rows], x[:rows]) and np.array_equal(placed[rows:2 * rows], x[3 * rows:4 * rows])
+
+
+def test_zero3_runs_cnn_unit_by_unit_gathering_twice_per_micro_batch():
+    """zero3 on cnn runs its three units (conv1 + bn1, conv2 + bn2 and the pooling, the head): with
+    accum 3 every leaf is gathered forward and again backward in every micro-batch (6 times; as one
+    unit, the whole loss, its re-gather was hoisted out of the loop: 4) and reduce-scattered once."""
+    cfg = SYNC_ZERO3
+    assert (cfg.strategy, cfg.accum) == ("zero3", 3)
+    r, step = measured(cfg)
+    assert [unit.name for unit in step.problem.units] == ["block1", "block2", "head"]
+    leaves = jax.tree.leaves(step.problem.params)
+    gathers = [c for c in r["collectives"] if c["op"] == "all-gather"]
+    assert sum(c["trips"] for c in gathers) == 2 * cfg.accum * len(leaves), gathers
+    padded = sum(cfg.devices * -(-leaf.size // cfg.devices) for leaf in leaves)
+    assert sum(c["elements"] * c["trips"] for c in gathers) == 2 * cfg.accum * padded, gathers
+    scatters = [c for c in r["collectives"] if c["op"] == "reduce-scatter"]
+    assert len(scatters) == len(leaves) and all(c["trips"] == 1 for c in scatters), scatters

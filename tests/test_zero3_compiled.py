@@ -11,9 +11,11 @@ import math
 import re
 
 import jax
+import numpy as np
+import optax
 import pytest
 
-from jaxdp import accounting, hlo, models
+from jaxdp import accounting, api, hlo, models
 from jaxdp.models import units as unit_lib
 from jaxdp.strategies import fsdp
 
@@ -148,7 +150,7 @@ def check_bytes(cfg, compile=compiled):
 @pytest.mark.parametrize("reshard", [True, False])
 def test_accumulation_gathers_every_micro_batch_and_reduce_scatters_once(reshard):
     """FSDP's no_sync: with accum 3 every leaf is gathered 3 (or 6, reshard) times per step, and its
-    gradient reduce-scattered once, outside the micro-batch loop."""
+    gradient reduce-scattered once, outside the micro-batch loop (cnn: tests/test_model_accounting.py)."""
     cfg = MLP.replace(accum=3, reshard_after_forward=reshard)
     c = compiled(cfg)
     found = hlo.collectives_in_order(c.program.as_text(), N)
@@ -206,3 +208,31 @@ def test_the_checks_fail_without_the_value_ties(monkeypatch):
             check_bytes(MLP, compile=fresh)
         peak = accounting.step_memory(fresh(WIDE.replace(strategy="zero3")).program)["peak_bytes"]
         assert peak > zero2 and peak > peak_bound(WIDE), (peak, zero2, peak_bound(WIDE))
+
+
+def plain_loss_step(accum: int):
+    """zero3 on a plain `loss_fn` (one unit, `units.whole`) at N = 4, compiled: (HLO text, leaves)."""
+    def loss_fn(params, x, y):
+        logits = jax.numpy.tanh(x @ params["w1"]) @ params["w2"]
+        return jax.numpy.mean(optax.softmax_cross_entropy_with_integer_labels(logits, y))
+
+    key = jax.random.key(0)
+    params = {"w1": jax.random.normal(key, (6, 8), "float32"), "w2": jax.random.normal(key, (8, 3), "float32")}
+    par = api.parallelize(loss_fn, params, optax.sgd(0.1), strategy="zero3", devices=N, accum=accum)
+    x, y = np.ones((N * accum * 2, 6), "float32"), np.zeros(N * accum * 2, "int32")
+    state = par.init()
+    text = par.compiled_step.lower(state, *par.put_batch(x, y)).compile().as_text()
+    return text, jax.tree.leaves(params)
+
+
+def test_a_plain_loss_under_accumulation_gathers_twice_per_micro_batch():
+    """The whole loss as one unit: its cotangent is the constant 1/A in every micro-batch, so a
+    re-gather tied to it alone is the same value in every micro-batch, and XLA hoists it out of the
+    accumulation loop (merged with the first micro-batch's). Tied to the micro-batch too
+    (`fsdp.fsdp_unit`), every micro-batch gathers twice: 2 A all-gathers per leaf, one reduce-scatter."""
+    accum = 3
+    text, leaves = plain_loss_step(accum)
+    found = hlo.collectives_in_order(text, N)
+    gathers = sum(c["trips"] for c in found if c["op"] == "all-gather")
+    assert gathers == 2 * accum * len(leaves), found
+    assert sum(c["trips"] for c in found if c["op"] == "reduce-scatter") == len(leaves), found

@@ -14,6 +14,9 @@ variance. Under data parallelism (`mode`):
 The mean and variance are two-pass (mean first, then the mean squared deviation), as torch's CPU
 kernel computes them; their gradient flows through the cross-device mean (its transpose is a sum
 over devices, as in torch's SyncBatchNorm backward).
+
+FSDP units (`unit_specs`, zero3): conv1 with bn1, conv2 with bn2 (and the pooling), the head. The
+running statistics stay out of the units' parameters (`units.pure_units` holds them as they are).
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from flax import nnx
 from jax import lax
 
 from ..devices import AXIS
+from . import units
 
 EPS = 1e-5
 MOMENTUM = 0.1  # torch's: new = (1 - 0.1) old + 0.1 batch
@@ -81,8 +85,23 @@ class CNN(nnx.Module):
         self.bn2 = BatchNorm(c2, mode=batchnorm, **kw)
         self.head = nnx.Linear(c2, n_classes, rngs=rngs, **kw)
 
+    def unit_specs(self) -> list[units.UnitSpec]:
+        return [units.UnitSpec("block1", (("conv1",), ("bn1",)), first_block),
+                units.UnitSpec("block2", (("conv2",), ("bn2",)), last_block),
+                units.UnitSpec("head", (("head",),), head)]
+
     def __call__(self, x):
-        h = x.reshape(x.shape[0], *IMAGE).astype(self.conv1.dtype or x.dtype)
-        h = nnx.relu(self.bn1(self.conv1(h)))
-        h = nnx.relu(self.bn2(self.conv2(h)))
-        return self.head(h.mean(axis=(1, 2)))
+        return units.run(self, x)
+
+
+def first_block(conv, bn, x):
+    h = x.reshape(x.shape[0], *IMAGE).astype(conv.dtype or x.dtype)
+    return nnx.relu(bn(conv(h)))
+
+
+def last_block(conv, bn, h):
+    return nnx.relu(bn(conv(h))).mean(axis=(1, 2))  # pooled here: the head's input (a residual) is small
+
+
+def head(linear, h):
+    return linear(h)

@@ -42,15 +42,23 @@ def run(model, x):
     return x
 
 
+def parted(module) -> tuple:
+    """(graphdef, its non-parameter variables as a pure dict: fresh variables at every merge)."""
+    graphdef, _, rest = nnx.split(module, nnx.Param, ...)
+    return graphdef, nnx.to_pure_dict(rest)
+
+
 def pure_units(model) -> tuple[Unit, ...]:
     """The model's units as pure functions of their parameter subtrees (nested dicts, as in
     `nnx.to_pure_dict`)."""
     units = []
     for spec in model.unit_specs():
-        graphdefs = tuple(nnx.split(at(model, p))[0] for p in spec.paths)
+        # (graphdef, the other variables): BatchNorm's running statistics (`nnx.BatchStat`) are held at
+        # their current values, as `models.from_module`'s `apply` holds them (the loss does not read them)
+        splits = tuple(parted(at(model, p)) for p in spec.paths)
 
-        def apply(params, x, graphdefs=graphdefs, forward=spec.forward):
-            return forward(*(nnx.merge(g, p) for g, p in zip(graphdefs, params, strict=True)), x)
+        def apply(params, x, splits=splits, forward=spec.forward):
+            return forward(*(nnx.merge(g, p, rest) for (g, rest), p in zip(splits, params, strict=True)), x)
 
         units.append(Unit(spec.name, spec.paths, apply))
     return tuple(units)

@@ -16,9 +16,11 @@ Why this shape (docs/STRATEGIES.md has the measurements): XLA:CPU removes optimi
 (`cse_barrier_expander`) and then merges identical computations (CSE), and its scheduler is free to
 run an all-gather as early as its operands exist. So every gather is made to depend, by value, on
 the data that must exist before it: the forward gather on the unit's input, the backward gather on
-the incoming cotangent, and the next unit's backward on this unit's reduce-scatter (`tie`). A
-dependency by value survives every pass; the re-gather cannot be merged with the forward gather
-(its operand differs) nor hoisted above the forward (it needs the cotangent).
+the incoming cotangent and on that input, and the next unit's backward on this unit's reduce-scatter
+(`tie`). A dependency by value survives every pass; the re-gather cannot be merged with the forward
+gather (its operand differs) nor hoisted above the forward (it needs the cotangent), nor out of the
+accumulation loop (it needs the micro-batch: the unit that gives the loss gets the same cotangent,
+1/A, in every micro-batch; measured: a plain loss_fn's re-gather ran once for all micro-batches).
 
 The ties also forbid prefetching (gathering unit i+1 while unit i computes), which is what hides
 FSDP's communication on a GPU; tying each gather to the previous unit's input instead would allow it
@@ -86,12 +88,17 @@ def fsdp_unit(apply, gather, reduce_scatter, *, reshard_after_forward: bool, syn
     def fwd(shards, sink, x):
         full = gather(tie(shards, x))  # not before the unit's input exists
         y, vjp_fn = jax.vjp(remat_apply, full, x)
-        return y, (shards, without_params(vjp_fn, full) if reshard_after_forward else vjp_fn)
+        if not reshard_after_forward:
+            return y, (shards, None, vjp_fn)
+        mark = jax.tree.map(lambda a: jnp.ravel(a)[0], x)  # a scalar per input leaf: this micro-batch's
+        return y, (shards, mark, without_params(vjp_fn, full))
 
     def bwd(res, dy):
-        shards, saved = res
+        shards, mark, saved = res
         if reshard_after_forward:
-            full = gather(tie(shards, dy))  # gathered again, once dy exists
+            # gathered again, once dy exists; tied to the input too: a unit giving the loss gets the same
+            # dy (1/A) in every micro-batch, and a gather tied to it alone is hoisted out of the loop
+            full = gather(tie(shards, (dy, mark)))
             dy = tie(dy, full)  # uses every gathered leaf: the whole unit, as FSDP gathers it
             dfull, dx = with_params(saved, full)(dy)
         else:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 ITEMS = ("step_time", "dp_overhead", "ring_vs_xla", "communication", "memory", "compile", "gpu_throughput",
-         "collectives")
+         "collectives", "reduction")
 
 
 def test_bench_quick_writes_valid_json_and_markdown(tmp_path):
@@ -62,6 +62,9 @@ def test_bench_quick_writes_valid_json_and_markdown(tmp_path):
     assert all(r["ring_ms"] > 0 and r["xla_ms"] > 0 and math.isclose(r["ratio"], r["ring_ms"] / r["xla_ms"])
                for r in coll)
     assert [g["item"] for g in results["goals"]] == [1, 2, 3, 4, 5, 6, 7, 8]
-    for n in range(1, 9):
+    red = results["reduction"]  # item 9, checked in tests/test_bench_canonical.py: here only present
+    assert [(r["strategy"], r["devices"]) for r in red["rows"]] == [("ddp", 2), ("zero1", 2)]
+    assert all(r["canonical_bytes"] >= r["native_bytes"] > 0 and r["ratio"] > 0 for r in red["rows"])
+    for n in range(1, 10):
         assert f"## {n}." in table
     assert "| cnn | ddp | 2 |" in table and "| gpt2 | ddp | 2 |" in table

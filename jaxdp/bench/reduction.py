@@ -21,6 +21,8 @@ import subprocess
 import sys
 import time
 
+import jax
+
 from .. import accounting, devices
 from ..config import RunConfig
 from ..reduction import resolve_shards
@@ -57,7 +59,7 @@ def interleaved(steps: list[dict], repeats: int) -> list[float]:
         for s, t in zip(steps, times, strict=True):
             t0 = time.perf_counter()
             s["state"], metrics = s["program"](s["state"], *s["batch"])
-            float(metrics["loss"])
+            jax.block_until_ready((s["state"], metrics["loss"]))  # ddp-pmap's loss: one per device
             if i >= WARMUP_CALLS:
                 t.append(time.perf_counter() - t0)
     return [statistics.median(t) for t in times]

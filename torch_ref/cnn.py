@@ -1,7 +1,8 @@
 """`cnn` in torch (NCHW), the mirror of jaxdp/models/cnn.py: conv1 -> bn1 -> relu -> conv2 -> bn2 ->
 relu -> mean over H, W -> head; initialised from the JAX side's bits (`torch_ref.convert`: a Conv2d
 weight [O, I, kh, kw] is the Flax kernel [kh, kw, I, O]; BatchNorm running_mean / running_var are
-the Flax `mean` / `var`). No bias in the convolutions (BatchNorm cancels it: jaxdp/models/cnn.py)."""
+the Flax `mean` / `var`). No bias in the convolutions (BatchNorm cancels it: jaxdp/models/cnn.py).
+zero3 shards it by jaxdp's units (`fsdp_units`)."""
 from __future__ import annotations
 
 import torch.nn.functional as F
@@ -28,6 +29,12 @@ class CNN(nn.Module):
         h = F.relu(self.bn1(self.conv1(h)))
         h = F.relu(self.bn2(self.conv2(h)))
         return self.head(h.mean(dim=(2, 3)))
+
+
+def fsdp_units(model: CNN) -> list[list]:
+    """FSDP2 groups, jaxdp's units (jaxdp/models/cnn.py `unit_specs`): conv1 with bn1, conv2 with bn2,
+    the head; the root owns no parameter. (BatchNorm's running statistics are buffers: not sharded.)"""
+    return [[model.conv1, model.bn1], [model.conv2, model.bn2], [model.head]]
 
 
 def for_device(model: nn.Module, device) -> nn.Module:

@@ -2,8 +2,9 @@
 
 The units are `units=` (submodules, or lists of submodules sharded as one group), by default jaxdp's
 for its models (`jaxdp.models.units`): each MLP layer; for the GPT the two embeddings as one group,
-each block, and the final LayerNorm with the head as one group, so the root owns no parameter of its
-own; for any other model each direct child that owns parameters, then the root. Every parameter
+each block, and the final LayerNorm with the head as one group; for the CNN each convolution with its
+BatchNorm, then the head (the root owns no parameter of its own); for any other model each direct
+child that owns parameters, then the root. Every parameter
 becomes a DTensor sharded along dim 0 over a 1-D device mesh (a CPU mesh with gloo, a CUDA mesh with
 NCCL); parameters, gradients and optimizer state are all 1/N per rank. Each unit's parameters are
 all-gathered just before its forward and freed after it, and with `reshard_after_forward=True`
@@ -24,7 +25,7 @@ from torch.distributed.fsdp import fully_shard
 
 from jaxdp.config import ConfigError
 
-from .. import gpt2, models
+from .. import cnn, gpt2, models
 from .common import Parallel, make_parallel
 
 
@@ -38,6 +39,8 @@ def units_of(model) -> list[list]:
         return gpt2.fsdp_units(model)
     if isinstance(model, models.MLP):
         return [[layer] for layer in model.layers]
+    if isinstance(model, cnn.CNN):  # conv + BatchNorm as one group, twice, then the head
+        return cnn.fsdp_units(model)
     return [[child] for child in model.children() if any(True for _ in child.parameters())]
 
 

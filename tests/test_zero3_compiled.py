@@ -225,14 +225,21 @@ def plain_loss_step(accum: int):
     return text, jax.tree.leaves(params)
 
 
-def test_a_plain_loss_under_accumulation_gathers_twice_per_micro_batch():
-    """The whole loss as one unit: its cotangent is the constant 1/A in every micro-batch, so a
-    re-gather tied to it alone is the same value in every micro-batch, and XLA hoists it out of the
-    accumulation loop (merged with the first micro-batch's). Tied to the micro-batch too
-    (`fsdp.fsdp_unit`), every micro-batch gathers twice: 2 A all-gathers per leaf, one reduce-scatter."""
-    accum = 3
+def check_gathers_twice_per_micro_batch(accum: int):
     text, leaves = plain_loss_step(accum)
     found = hlo.collectives_in_order(text, N)
     gathers = sum(c["trips"] for c in found if c["op"] == "all-gather")
-    assert gathers == 2 * accum * len(leaves), found
+    assert gathers == 2 * accum * len(leaves), f"{gathers} all-gathers per step, not 2 x {accum} x {len(leaves)}"
     assert sum(c["trips"] for c in found if c["op"] == "reduce-scatter") == len(leaves), found
+
+
+def test_a_plain_loss_under_accumulation_gathers_twice_per_micro_batch(monkeypatch):
+    """The whole loss as one unit: its cotangent is the constant 1/A in every micro-batch, so a
+    re-gather tied to it alone is the same value in every micro-batch, and XLA hoists it out of the
+    accumulation loop (merged with the first micro-batch's). Tied to the micro-batch too
+    (`fsdp.regather_after`), every micro-batch gathers twice: 2 A all-gathers per leaf, one
+    reduce-scatter. The mutation: tied to the cotangent alone, the check fails (A + 1 per leaf)."""
+    check_gathers_twice_per_micro_batch(accum=3)
+    monkeypatch.setattr(fsdp, "regather_after", lambda dy, mark: dy)
+    with pytest.raises(AssertionError, match="8 all-gathers per step, not 2 x 3 x 2"):
+        check_gathers_twice_per_micro_batch(accum=3)

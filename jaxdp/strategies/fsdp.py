@@ -47,6 +47,12 @@ def tie(tree, dep):
     return jax.tree.map(lambda a: a + first.astype(a.dtype) * 0, tree)
 
 
+def regather_after(dy, mark):
+    """What a unit's backward re-gather waits for: the cotangent `dy`, and `mark`, a scalar of each of
+    the unit's inputs (per micro-batch: the unit giving the loss gets the same dy, 1/A, in every one)."""
+    return dy, mark
+
+
 class _Slot:
     """A placeholder for the i-th full parameter among a unit's saved residuals."""
 
@@ -96,9 +102,7 @@ def fsdp_unit(apply, gather, reduce_scatter, *, reshard_after_forward: bool, syn
     def bwd(res, dy):
         shards, mark, saved = res
         if reshard_after_forward:
-            # gathered again, once dy exists; tied to the input too: a unit giving the loss gets the same
-            # dy (1/A) in every micro-batch, and a gather tied to it alone is hoisted out of the loop
-            full = gather(tie(shards, (dy, mark)))
+            full = gather(tie(shards, regather_after(dy, mark)))  # gathered again, in this micro-batch's backward
             dy = tie(dy, full)  # uses every gathered leaf: the whole unit, as FSDP gathers it
             dfull, dx = with_params(saved, full)(dy)
         else:

@@ -1,0 +1,76 @@
+"""Runs `reduction="canonical"` configurations in one process, for tests/test_canonical.py: it must
+start with XLA:CPU's fused multiply-adds off (`jaxdp.devices.setup(..., reduction="canonical")`
+sets them off before JAX starts), which the rest of the suite's process does not have.
+
+    python -m tests.canonical_runs CASES.json OUT_DIR [--allow-fma]
+
+CASES.json: a list of {"name", "config": RunConfig fields, "mutate": null | "algsimp" | "fold"}, run
+in order ("{out}" in a string field is OUT_DIR: a checkpoint folder, saved by one case, resumed by a later one).
+Writes OUT_DIR/<name>.npz (the trace's arrays). Mutations, to show the checks can fail:
+`algsimp` compiles with XLA's algebraic simplifier on; `fold` adds the devices' partial sums in a
+left fold instead of the tree; --allow-fma runs with fused multiply-adds (no flag).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def _mutate(kind: str | None):
+    from jaxdp import canonical
+
+    saved = (dict(canonical.COMPILER_OPTIONS), canonical.tree)
+    if kind == "algsimp":
+        canonical.COMPILER_OPTIONS.clear()
+    elif kind == "fold":
+        def fold(stacked):
+            def reduce(a):
+                total = a[0]
+                for i in range(1, a.shape[0]):
+                    total = total + a[i]
+                return total
+            import jax
+            return jax.tree.map(reduce, stacked)
+        canonical.tree = fold
+    return saved
+
+
+def _restore(saved):
+    from jaxdp import canonical
+
+    canonical.COMPILER_OPTIONS.clear()
+    canonical.COMPILER_OPTIONS.update(saved[0])
+    canonical.tree = saved[1]
+
+
+def main(argv) -> None:
+    cases, out = json.loads(Path(argv[0]).read_text()), Path(argv[1])
+    from jaxdp import devices
+
+    if "--allow-fma" in argv:  # a mutation: the run proceeds without the flag
+        devices.request_no_fma = lambda: None
+        devices.no_fma_flag_set = lambda: True
+    devices.setup(8, "cpu", reduction="canonical")
+    import jax
+
+    from jaxdp import train
+    from jaxdp.config import RunConfig
+
+    for case in cases:
+        saved = _mutate(case.get("mutate"))
+        config = {k: v.replace("{out}", str(out)) if isinstance(v, str) else v for k, v in case["config"].items()}
+        # As `jaxdp train` runs it: float64 turns x64 on, other dtypes run without (with x64 on, some of
+        # optax's float32 scalars are computed in float64: other bits, the same on every N).
+        jax.config.update("jax_enable_x64", config.get("dtype") == "float64")
+        try:
+            result = train.run(RunConfig(**config).validate(), record=True, progress=False)
+        finally:
+            _restore(saved)
+        np.savez(out / f"{case['name']}.npz", **result.arrays)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

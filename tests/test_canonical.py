@@ -12,7 +12,9 @@ JAXDP_CANONICAL_FULL=1 also with XLA's algebraic simplifier left on (GPT), or wi
 multiply-adds left on (Adam's moments): each compiler setting canonical makes is needed.
 
 All runs happen in one subprocess (tests/canonical_runs.py): canonical needs XLA:CPU's fused
-multiply-adds off from the start of the process, which this test session does not have.
+multiply-adds off from the start of the process, which this test session does not have. Its
+processes compile as `jaxdp train` does (the session's JAX_DISABLE_MOST_OPTIMIZATIONS, LLVM at -O0,
+is removed from their environment): the bits are claimed for the machine code that runs.
 """
 from __future__ import annotations
 
@@ -106,11 +108,15 @@ PROCESSES = F32.replace(devices=4, accum=3)
 FMA_RUNS = {"fma-n2": F32.replace(strategy="ddp", devices=2), "fma-n1": _single(F32)} if FULL else {}
 
 
+def _production_env() -> dict:
+    return {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_DISABLE_MOST_OPTIMIZATIONS")}
+
+
 def _execute(runs: dict, out, extra=()) -> None:
     cases = [{"name": name, "config": cfg.to_dict(), "mutate": mutate} for name, (cfg, mutate) in runs.items()]
     path = out / f"cases{len(extra)}.json"
     path.write_text(json.dumps(cases))
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = _production_env()
     proc = subprocess.run([sys.executable, "-m", "tests.canonical_runs", str(path), str(out), *extra],
                           capture_output=True, text=True, timeout=900, env=env,
                           cwd=os.path.dirname(os.path.dirname(__file__)))
@@ -158,7 +164,7 @@ def test_two_processes_give_the_bits_of_one_device(traces, tmp_path):
     for key in ("devices", "steps", "batch_size", "accum", "optimizer", "lr", "weight_decay", "clip_norm", "dtype",
                 "seed", "shards"):
         argv += ["--" + key.replace("_", "-"), str(getattr(PROCESSES, key))]
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = _production_env()
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=320, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ref = traces("processes-single")

@@ -170,28 +170,35 @@ def apply_global_update(optimizer, grad_flat, opt_state, param_flat):
     return apply_update(optimizer, grad_flat, opt_state, param_flat)
 
 
+def init_sharded(stage: int, optimizer, mesh, multiple: int):
+    """`init(params, opt_state=None)`: the optimizer state on the flat layout (padded to `multiple`),
+    sharded over `data`; the parameters replicated (zero1/2) or as flat shards (zero3)."""
+    sharded = NamedSharding(mesh, P(AXIS))
+    opt_init = jax.jit(optimizer.init)
+
+    def init(params, opt_state=None):
+        flat = jax.device_put(host_shards(params, multiple), sharded)
+        with jax.set_mesh(mesh):  # new arrays (a step count) need the mesh: explicit sharding
+            state = opt_init(flat)  # optimizer state on the flat layout, sharded as XLA propagates it
+        if opt_state is not None:  # a full (canonical) state: laid out as the fresh one
+            state = jax.tree.map(lambda a, like: jax.device_put(a, like.sharding), host_shards(opt_state, multiple),
+                                 state)
+        if stage < 3:
+            return TrainState(jax.device_put(to_numpy(params), replicated(mesh)), state)
+        return TrainState(flat, state)
+    return init
+
+
 def make_stage(stage: int):
     def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
         n = mesh.size
         comm = Collectives(opts.collectives)
         tree_map = jax.tree.map
         shapes = tree_map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), problem.params)  # leaves, not tuples
-        sharded = NamedSharding(mesh, P(AXIS))
         param_spec = P(AXIS) if stage == 3 else P()
-        opt_init = jax.jit(optimizer.init)
         is_canonical = opts.reduction == "canonical"
         multiple = canonical.BLOCKS if is_canonical else n  # the flat layout's padding
-
-        def init(params, opt_state=None):
-            flat = jax.device_put(host_shards(params, multiple), sharded)
-            with jax.set_mesh(mesh):  # new arrays (a step count) need the mesh: explicit sharding
-                state = opt_init(flat)  # optimizer state on the flat layout, sharded as XLA propagates it
-            if opt_state is not None:  # a full (canonical) state: laid out as the fresh one
-                state = tree_map(lambda a, like: jax.device_put(a, like.sharding), host_shards(opt_state, multiple),
-                                 state)
-            if stage < 3:
-                return TrainState(jax.device_put(to_numpy(params), replicated(mesh)), state)
-            return TrainState(flat, state)
+        init = init_sharded(stage, optimizer, mesh, multiple)
 
         grads_of = (canonical_stage_grads if is_canonical else stage_grads)(stage, problem, comm, shapes, n, opts)
 

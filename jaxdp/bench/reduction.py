@@ -144,7 +144,7 @@ def reduction_benchmark(p: Plan, say) -> dict:
                       "repeats": p.reduction_repeats, "warmup_calls": WARMUP_CALLS, "statistic": "median",
                       "model": {f: getattr(m, f) for f in ("model", "hidden", "batch_size", "accum", "dtype",
                                                            "optimizer", "shards")},
-                      "note": f"both modes compiled and timed in one process started with XLA_FLAGS={devices.NO_FMA} "
+                      "note": f"Both modes compiled and timed in one process started with XLA_FLAGS={devices.NO_FMA} "
                               "(canonical needs it): native there is without fused multiply-adds too"}}
 
 

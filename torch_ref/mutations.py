@@ -120,14 +120,8 @@ def bn_local_stats():
     return [(batchnorm, "distributed", lambda: False)]
 
 
-class _AllReduceForwardOnly(torch.autograd.Function):
+class _AllReduceForwardOnly(batchnorm._AllReduceSum):
     """Sum over ranks in forward; the cotangent passes back unreduced (the backward all-reduce removed)."""
-
-    @staticmethod
-    def forward(ctx, t):
-        t = t.clone()
-        dist.all_reduce(t)
-        return t
 
     @staticmethod
     def backward(ctx, grad):

@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from jaxdp.config import RunConfig
+from jaxdp import strategies
+from jaxdp.config import ConfigError, RunConfig
 
 from .pairwise import pairwise
 
@@ -172,3 +174,19 @@ def test_two_processes_give_the_bits_of_one_device(traces, tmp_path):
         got = dict(np.load(tmp_path / f"{strategy}.npz"))
         keys = [k for k in ref if k.startswith(("step/", "init/"))]
         assert keys and [k for k in keys if not np.array_equal(got[k], ref[k])] == [], strategy
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: strategies.options("ddp", reduction="exact"), "reduction='exact'; valid: native, canonical"),
+    (lambda: strategies.options("zero2", clip_norm=1.0), "are for reduction='canonical'"),
+    (lambda: BASE.replace(shards=3).validate(), "shards=3: canonical reduction needs a power of two"),
+    (lambda: BASE.replace(shards=64).validate(), "a micro-batch of 48 rows does not cut into shards=64"),
+    (lambda: BASE.replace(strategy="ddp", devices=16, batch_size=64, shards=8).validate(),
+     "on 16 devices needs n to divide shards=8"),
+    (lambda: BASE.replace(model="cnn", data="digits").validate(), "does not cover BatchNorm"),
+    (lambda: BASE.replace(reduction="native").validate(), "--shards is for --reduction canonical"),
+])
+def test_bad_input_is_one_line_naming_the_fix(make, message):
+    with pytest.raises(ConfigError, match=re.escape(message)) as err:
+        make()
+    assert "\n" not in str(err.value)

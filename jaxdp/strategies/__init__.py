@@ -65,8 +65,9 @@ def options(name: str, accum: int = 1, **given) -> StrategyOptions:
         raise ConfigError(f"collectives={given['collectives']!r}; valid: xla, ring")
     if given.get("reduction", "native") not in REDUCTIONS:
         raise ConfigError(f"reduction={given['reduction']!r}; valid: {', '.join(REDUCTIONS)}")
-    if given.get("clip_norm") and given.get("reduction", "native") == "native":
-        raise ConfigError("clip_norm= is for reduction='canonical'; with 'native', put the clip in the optax chain")
+    if given.get("reduction", "native") == "native" and (given.get("clip_norm") or given.get("shards")):
+        raise ConfigError("clip_norm= and shards= are for reduction='canonical'; with 'native', put the clip in "
+                          "the optax chain")
     if isinstance(accum, bool) or not isinstance(accum, int) or accum < 1:
         raise ConfigError(f"accum={accum!r}; give a whole number of micro-batches >= 1")
     return StrategyOptions(accum=accum, **given)

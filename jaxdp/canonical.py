@@ -16,14 +16,15 @@ blocks, each block's squares summed by `pairsum`, the blocks by `tree`, the para
 fold; a device that holds whole blocks (ZeRO's canonical layout pads to a multiple of BLOCKS) sums
 its own and the upper levels run across devices.
 
-XLA's algebraic simplifier rewrites a program differently when it is partitioned over several
-devices (measured: a division by a broadcast becomes a multiplication by a reciprocal in the
-1-device program only, inside GPT's softmax), so canonical steps compile with it disabled
-(`COMPILER_OPTIONS`).
+What the compiler had to be kept from doing (measured; docs/CANONICAL.md): XLA's algebraic
+simplifier rewrites a program differently when it is partitioned over several devices (a division by
+a broadcast becomes a multiplication by a reciprocal in the 1-device program only, inside GPT's
+softmax), so canonical steps compile with it disabled (`COMPILER_OPTIONS`); LLVM's fused
+multiply-adds depend on fusion (Adam's moments), so the process runs without them
+(`jaxdp.devices.request_no_fma`); and the per-shard program is the model unit by unit for every
+strategy (`strategies.common.unit_value_and_grad`), as zero3 must run it.
 """
 from __future__ import annotations
-
-import math
 
 import jax
 import jax.numpy as jnp
@@ -141,11 +142,6 @@ def clip(grads, max_norm: float, axis: str | None = None, sharded: bool = False)
 
     coef = jnp.minimum(max_norm / (global_norm(grads, axis, sharded) + TORCH_CLIP_EPS), 1.0)
     return jax.tree.map(lambda g: g * coef.astype(g.dtype), grads)
-
-
-def padded_size(size: int) -> int:
-    """ZeRO's canonical flat length of a parameter: a multiple of BLOCKS (so devices hold whole blocks)."""
-    return math.ceil(size / BLOCKS) * BLOCKS
 
 
 def all_reduce_tree(values, axis: str, gather=None, exchange=None):

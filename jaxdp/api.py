@@ -111,7 +111,7 @@ def parallelize(loss_fn, params, optimizer, *, strategy: str, devices=None, mesh
     strat = strategies.make(name, problem, optimizer, mesh, opts, return_grads=return_grads)
     first = mesh.devices.flat[0]
     checked: set = set()
-    train_step = _with_state(name, strat, stats.make(name, problem, mesh, accum), mesh)
+    train_step = _with_state(name, strat, stats.make(name, problem, mesh, accum, opts), mesh)
 
     def init(params=None, opt_state=None):
         state = strat.init(problem.params if params is None else params, opt_state)
@@ -158,9 +158,6 @@ def _with_state(name: str, strat, stats_step, mesh: Mesh):
 
 def _check_canonical(problem, mesh: Mesh) -> None:
     """What reduction="canonical" needs before compiling; one line naming the fix."""
-    if problem.state is not None:
-        raise ConfigError("reduction='canonical' does not cover running statistics (BatchNorm) yet; "
-                          "use reduction='native' for this model")
     if mesh.devices.flat[0].platform == "cpu" and not devices_mod.no_fma_flag_set():
         raise ConfigError(f"reduction='canonical' on CPU needs XLA_FLAGS={devices_mod.NO_FMA} set before JAX "
                           f"starts: call jaxdp.setup_devices(n, reduction='canonical') first in the process")

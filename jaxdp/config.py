@@ -200,9 +200,9 @@ class RunConfig:
         from .reduction import resolve_shards
 
         resolve_shards(self.shards, self.batch_size // self.accum, self.devices)
-        if self.model == "cnn":
-            raise ConfigError("--reduction canonical does not cover BatchNorm's statistics yet (issue 16): use "
-                              "--model mlp, gpt or gpt2, or --reduction native")
+        if self.model == "cnn" and self.batchnorm == "local":
+            raise ConfigError("--reduction canonical needs --batchnorm sync: local statistics are per device, so "
+                              "they depend on N (or use --reduction native)")
 
     def replace(self, **changes) -> RunConfig:
         return dataclasses.replace(self, **changes)

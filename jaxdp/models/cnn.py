@@ -24,8 +24,9 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
+from ..config import ConfigError
 from ..devices import AXIS
-from . import units
+from . import given, units
 
 EPS = 1e-5
 MOMENTUM = 0.1  # torch's: new = (1 - 0.1) old + 0.1 batch
@@ -60,17 +61,29 @@ class BatchNorm(nnx.Module):
         axes = tuple(range(x.ndim - 1))
         stats_dtype = jnp.promote_types(x.dtype, jnp.float32)  # bf16 activations: statistics in fp32
         xs = x.astype(stats_dtype)
+        mean, var, count = self.statistics(xs, axes)
+        new_mean = (1 - MOMENTUM) * self.mean[...] + MOMENTUM * mean
+        new_var = (1 - MOMENTUM) * self.var[...] + MOMENTUM * var * (count / max(count - 1, 1))  # unbiased
+        self.mean[...], self.var[...] = new_mean.astype(self.mean.dtype), new_var.astype(self.var.dtype)
+        y = (xs - mean) * lax.rsqrt(var + EPS) * self.scale[...] + self.bias[...]
+        return y.astype(self.dtype)
+
+    def statistics(self, xs, axes):
+        """(mean, biased variance, count) of the micro-batch: this device's rows, over the `data` axis
+        (`sync`), or given (canonical: `given.given`)."""
+        record = given.current()
+        if record is not None:
+            if self.mode != "sync":
+                raise ConfigError("reduction='canonical' needs sync BatchNorm: local statistics are per device, so "
+                                  "they depend on N; use batchnorm='sync' (--batchnorm sync) or reduction='native'")
+            return record.take(xs, axes)
         sync = self.mode == "sync" and data_axis_bound()
         count = xs.size // xs.shape[-1] * (lax.axis_size(AXIS) if sync else 1)
         mean = xs.mean(axes)
         mean = lax.pmean(mean, AXIS) if sync else mean
         var = jnp.square(xs - mean).mean(axes)  # biased: what normalises
         var = lax.pmean(var, AXIS) if sync else var
-        new_mean = (1 - MOMENTUM) * self.mean[...] + MOMENTUM * mean
-        new_var = (1 - MOMENTUM) * self.var[...] + MOMENTUM * var * (count / max(count - 1, 1))  # unbiased
-        self.mean[...], self.var[...] = new_mean.astype(self.mean.dtype), new_var.astype(self.var.dtype)
-        y = (xs - mean) * lax.rsqrt(var + EPS) * self.scale[...] + self.bias[...]
-        return y.astype(self.dtype)
+        return mean, var, count
 
 
 class CNN(nnx.Module):

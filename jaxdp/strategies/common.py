@@ -145,9 +145,25 @@ def unit_value_and_grad(problem, gather_leaf=None, reshard_after_forward: bool =
 
 
 def shard_values_of(problem, gather_leaf=None, reshard_after_forward: bool = True):
-    """`(params, xs, ys) -> stacked (losses, gradients)`: `unit_value_and_grad`, shard by shard."""
+    """`(params, xs, ys) -> stacked (losses, gradients)`: `unit_value_and_grad`, shard by shard; a model
+    with running statistics (BatchNorm couples the shards): `canonical_bn.shard_values` on the full
+    parameters (zero3: gathered once per micro-batch, whole)."""
+    if problem.state is not None:
+        return bn_shard_values(problem, gather_leaf)
     value_and_grad = unit_value_and_grad(problem, gather_leaf, reshard_after_forward)
     return lambda params, xs, ys: canonical.shard_values(value_and_grad, params, xs, ys)
+
+
+def bn_shard_values(problem, gather_leaf=None):
+    """`shard_values_of` for a model with BatchNorm: the whole model gathered (zero3), then the shards."""
+    from .. import canonical_bn
+
+    shapes = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), problem.params)
+
+    def values(params, xs, ys):
+        full = jax.tree.map(gather_leaf, params, shapes) if gather_leaf else params
+        return canonical_bn.shard_values(problem.loss_fn, full, xs, ys)
+    return values
 
 
 def replicated_data_parallel(name, problem, optimizer, mesh, opts, sync, *, check_vma: bool,

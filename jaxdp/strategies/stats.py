@@ -21,14 +21,16 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from .. import canonical, canonical_bn
 from ..devices import AXIS, replicated
+from ..reduction import resolve_shards
 from .common import to_numpy
 from .zero import unpad
 
 SHARDED_PARAMS = ("zero3",)  # the train state holds flat shards: gathered for the forward
 
 
-def advance(problem, params, state, x, accum: int):
+def plain_advance(problem, params, state, x, accum: int):
     """`state` after one forward on each of this device's `accum` micro-batches, in order."""
     xs = x.reshape(accum, x.shape[0] // accum, *x.shape[1:])
     state, _ = lax.scan(lambda s, xb: (problem.update_state(params, s, xb), None), state, xs)
@@ -40,24 +42,40 @@ def from_root(a):
     return lax.psum(jnp.where(lax.axis_index(AXIS) == 0, a, jnp.zeros_like(a)), AXIS)
 
 
-def make(name: str, problem, mesh, accum: int):
+def make(name: str, problem, mesh, accum: int, opts=None):
     """`(params as the train state holds them, state, x placed as put_sharded places it) -> state`,
     jitted; None for a problem without state. ddp-pmap's stacked parameters are passed unstacked
-    (`strategy.full_params`)."""
+    (`strategy.full_params`). `opts.reduction == "canonical"`: the canonical statistics of each
+    micro-batch (`canonical_bn.running_statistics`), the same on every device."""
     if problem.update_state is None:
         return None
+    if opts is not None and opts.reduction == "canonical":
+        advance = canonical_advance(opts, mesh.size)
+        compiler_options = canonical.COMPILER_OPTIONS
+    else:
+        advance, compiler_options = plain_advance, None
     if name == "single":
-        return jax.jit(lambda params, state, x: advance(problem, params, state, x, accum))
+        return jax.jit(lambda params, state, x: advance(problem, params, state, x, accum),
+                       compiler_options=compiler_options)
     shapes = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), problem.params)
 
     def device(params, state, x):
         if name in SHARDED_PARAMS:
             params = jax.tree.map(lambda s, like: unpad(lax.all_gather(s, AXIS, tiled=True), like), params, shapes)
-        return jax.tree.map(from_root, advance(problem, params, state, x, accum))
+        state = advance(problem, params, state, x, accum)
+        return state if compiler_options else jax.tree.map(from_root, state)  # canonical: equal everywhere
 
     param_spec = P(AXIS) if name in SHARDED_PARAMS else P()
     return jax.jit(jax.shard_map(device, mesh=mesh, in_specs=(param_spec, P(), P(AXIS)), out_specs=P(),
-                                 check_vma=False))
+                                 check_vma=False), compiler_options=compiler_options)
+
+
+def canonical_advance(opts, n: int):
+    """`advance` under reduction="canonical": S shards per micro-batch, their statistics by the tree."""
+    def advance(problem, params, state, x, accum):
+        shards = resolve_shards(opts.shards, x.shape[0] * n // accum, n)
+        return canonical_bn.running_statistics(problem, params, state, x, accum, shards // n)
+    return advance
 
 
 def place(name: str, state, mesh):

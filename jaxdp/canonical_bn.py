@@ -1,0 +1,146 @@
+"""Canonical BatchNorm statistics (docs/CANONICAL.md, "BatchNorm statistics"): a model whose sync
+BatchNorm couples the shards of a micro-batch, with the same bits on every N dividing S.
+
+Each shard runs the model with the statistics *given* (`models.given`): its BatchNorm layers
+normalise with them and report their rows' partial sums. The statistics are the tree (`total`: the
+device's subtree, then across devices) of those partial sums, layer by layer (2L forward passes);
+each shard's gradient is its own backward with the statistics held, plus the statistics' share,
+propagated back through them layer by layer in reverse (2L vector-Jacobian products per shard), the
+cotangents of the statistics summed over all shards by the same tree. Every per-shard computation is
+one program on the shard's rows and replicated values (`per_shard`: lax.map fenced by optimization
+barriers, as `canonical.shard_values`), every cross-shard sum is the tree: nothing depends on N.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from . import canonical
+from .config import ConfigError
+from .devices import AXIS
+from .models import given as given_mod
+
+
+def bound_axis() -> str | None:
+    """AXIS inside a shard_map / pmap over it, else None (`single`: every shard is here)."""
+    try:
+        lax.axis_size(AXIS)
+    except NameError:
+        return None
+    return AXIS
+
+
+def total(stacked, axis: str | None):
+    """The tree over all S shards of per-shard values stacked [k, ...] on each device: every device."""
+    local = canonical.tree(stacked)
+    return local if axis is None else canonical.combine(local, axis)
+
+
+def per_shard(fn, xs, ys):
+    """`fn(x, y)` for each shard, one at a time by the same program, fenced (`canonical.shard_values`)."""
+    def one(batch):
+        return lax.optimization_barrier(fn(*lax.optimization_barrier(batch)))
+    return lax.map(one, (xs, ys))
+
+
+def shard_program(loss_fn, shards: int):
+    """F(params, stats, x, y) -> (loss, partials): one shard's loss with BatchNorm's statistics given."""
+    def run(params, stats, x, y):
+        with given_mod.given(stats, shards) as record:
+            loss = loss_fn(params, x, y)
+        return loss, tuple(record.partials)
+    return run
+
+
+def layout(loss_fn, params, x, y, shards: int) -> list[int]:
+    """The micro-batch's count of each BatchNorm layer, in call order (one abstract trace)."""
+    with given_mod.given(None, shards) as record:
+        jax.eval_shape(lambda *args: loss_fn(*args), params, x, y)  # a fresh function: no cached trace
+    if not record.counts:
+        raise ConfigError("reduction='canonical' with running statistics needs jaxdp's BatchNorm "
+                         "(jaxdp.models.cnn.BatchNorm), which takes canonical statistics; use reduction='native'")
+    return record.counts
+
+
+class Micro(NamedTuple):
+    """One micro-batch on this device: the shard program, the layers' counts, the (full) parameters,
+    the k shards' rows stacked [k, rows, ...], and the device axis (None: every shard is here)."""
+    program: Callable
+    counts: list
+    params: dict
+    xs: jax.Array
+    ys: jax.Array
+    axis: str | None
+
+
+def micro(loss_fn, params, xs, ys) -> Micro:
+    axis = bound_axis()
+    shards = xs.shape[0] * (1 if axis is None else lax.axis_size(axis))
+    counts = layout(loss_fn, params, xs[0], ys[0], shards)
+    return Micro(shard_program(loss_fn, shards), counts, params, xs, ys, axis)
+
+
+def statistics(run: Micro):
+    """[(mean, var)] per layer: each the tree of the shards' partial sums / count, layer by layer."""
+    stats: list = [None] * len(run.counts)
+    for layer, count in enumerate(run.counts):
+        for q in (0, 1):  # the mean, then the squared deviations from it
+            part = per_shard(lambda x, y, layer=layer, q=q, held=tuple(stats):
+                             run.program(run.params, held, x, y)[1][layer][q], run.xs, run.ys)
+            value = total(part, run.axis) / count
+            stats[layer] = (value, jnp.ones_like(value)) if q == 0 else (stats[layer][0], value)
+    return tuple(stats)
+
+
+def shard_values(loss_fn, params, xs, ys):
+    """`canonical.shard_values` for a model with BatchNorm: (losses [k], gradients [k, ...]) of the k
+    shards here, each gradient with the statistics' share, of one micro-batch (module docstring)."""
+    run = micro(loss_fn, params, xs, ys)
+    stats = statistics(run)
+
+    def direct(x, y):
+        (loss, partials), vjp = jax.vjp(lambda p, s: run.program(p, s, x, y), params, stats)
+        return (loss, *vjp((jnp.ones_like(loss), jax.tree.map(jnp.zeros_like, partials))))
+
+    losses, grads, held = per_shard(direct, xs, ys)
+    return losses, through_statistics(run, stats, grads, total(held, run.axis))
+
+
+def through_statistics(run: Micro, stats, grads, cotangent):
+    """The shards' gradients `grads` plus the statistics' share: their cotangent (summed over all shards)
+    propagated back through each layer's variance, then mean, last layer first (module docstring)."""
+    for layer in reversed(range(len(run.counts))):
+        for q in (1, 0):  # the variance's users come before it, the mean's include the variance
+            c = cotangent[layer][q] / run.counts[layer]
+
+            def through(x, y, layer=layer, q=q, c=c):
+                _, vjp = jax.vjp(lambda p, s: run.program(p, s, x, y)[1][layer][q], run.params, stats)
+                return vjp(c)
+
+            g, h = per_shard(through, run.xs, run.ys)
+            grads = jax.tree.map(jnp.add, grads, g)
+            cotangent = jax.tree.map(jnp.add, cotangent, total(h, run.axis))
+    return grads
+
+
+def running_statistics(problem, params, state, x, accum: int, local_shards: int):
+    """The running statistics after this step's micro-batches, in order, each from its canonical
+    statistics (`statistics`), updated as the model updates them (`problem.update_state` with the
+    statistics given). x: this device's rows, as the gradient step gets them."""
+    xs = x.reshape(accum, local_shards, x.shape[0] // (accum * local_shards), *x.shape[1:])
+
+    def forward(p, rows, _):  # the model's outputs, not a loss: no labels needed
+        problem.apply(p, rows)
+        return jnp.zeros(())
+
+    def one(state, rows):
+        run = micro(forward, params, rows, rows)  # labels unread
+        with given_mod.given(statistics(run), rows.shape[0] * (1 if run.axis is None else lax.axis_size(run.axis))):
+            return problem.update_state(params, state, rows[0]), None
+
+    state, _ = lax.scan(one, state, xs)
+    return state

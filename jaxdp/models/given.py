@@ -1,0 +1,52 @@
+"""BatchNorm with *given* statistics: the shard program of canonical BatchNorm (docs/CANONICAL.md,
+"BatchNorm statistics").
+
+Inside `given(stats, shards)`, every BatchNorm layer (jaxdp/models/cnn.py) normalises with the
+statistics it is given, `stats[l] = (mean, var)` for the l-th layer called (None: a placeholder, zeros
+and ones), instead of its rows' own, and reports its rows' partial sums `(sum z, sum (z - mean)^2)`
+per channel, z its input in float32 or wider. Its running statistics are updated from the given ones,
+with the micro-batch's count (its rows' count x `shards`). Used at trace time only: the context is a
+Python value, read while JAX traces the forward.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import jax.numpy as jnp
+
+_current: list = []  # the innermost active `Given` last
+
+
+class Given:
+    """The given statistics of one forward and what its BatchNorm layers report, in call order."""
+
+    def __init__(self, stats, shards: int):
+        self.stats, self.shards = stats, shards
+        self.partials: list = []   # per layer: (sum z, sum (z - mean)^2), each [C]
+        self.counts: list = []     # per layer: the micro-batch's count (rows x H x W over all shards)
+
+    def take(self, xs, axes):
+        """(mean, var, count) for the next layer on input `xs`; records its partial sums."""
+        layer = len(self.partials)
+        given = self.stats[layer] if self.stats is not None else None
+        channels = (xs.shape[-1],)
+        mean, var = given if given is not None else (jnp.zeros(channels, xs.dtype), jnp.ones(channels, xs.dtype))
+        self.partials.append((xs.sum(axes), jnp.square(xs - mean).sum(axes)))
+        count = xs.size // xs.shape[-1] * self.shards
+        self.counts.append(count)
+        return mean, var, count
+
+
+@contextmanager
+def given(stats, shards: int):
+    """Run a forward with BatchNorm's statistics given (module docstring); yields the `Given`."""
+    record = Given(stats, shards)
+    _current.append(record)
+    try:
+        yield record
+    finally:
+        _current.pop()
+
+
+def current() -> Given | None:
+    return _current[-1] if _current else None

@@ -65,11 +65,13 @@ def parallelize(model: torch.nn.Module, *, strategy: str, optimizer: Callable, a
     if reduction not in ("native", "canonical") or (shards is not None and reduction != "canonical"):
         raise ConfigError(f"reduction must be 'native' or 'canonical' (shards= only with 'canonical'), got "
                           f"reduction={reduction!r}, shards={shards!r}; pass reduction='canonical', shards=S")
+    if reduction == "canonical":
+        from .strategies.canonical_step import Canonical, twin_of
+
+        twin = twin_of(model, name)  # zero3 with BatchNorm: a plain copy, before FSDP2 shards the model
     par = strategies.build(name, model, _checked(optimizer), accum, **strategy_options)
     if reduction == "canonical":
-        from .strategies.canonical_step import Canonical
-
-        par.canonical = Canonical(par, shards)
+        par.canonical = Canonical(par, shards, twin)
     setattr(par.model, _STATE, par)
     return par.model, par.optimizer
 

@@ -14,8 +14,16 @@ With `sync=False` (or one rank) it is plain nn.BatchNorm2d: each rank its own ro
 after taking rank 0's running statistics (a broadcast before each training forward, which is DDP's
 `broadcast_buffers=True`, done here so every strategy has it, the hand-written ones included).
 Every rank must run the same forwards (two collectives per BatchNorm per micro-batch).
+
+`given(stats)`: a context in which every `BatchNorm2d` normalises with *given* statistics instead
+(`reduction="canonical"`, torch_ref/canonical_bn.py): layer l of the forward (call order) takes stats[l],
+appends its per-channel partial sums over this call's rows to the context, and touches no running
+statistic; a layer past the given ones (or given a mean only) reports what it can and stops the forward.
 """
 from __future__ import annotations
+
+import contextlib
+import dataclasses
 
 import torch
 import torch.distributed as dist
@@ -57,6 +65,8 @@ class BatchNorm2d(nn.BatchNorm2d):
         self.sync = sync
 
     def forward(self, x):
+        if _GIVEN:
+            return given_batch_norm(self, _GIVEN[-1], x)
         if self.training and distributed():
             if self.sync:
                 return sync_batch_norm(self, x)
@@ -71,9 +81,63 @@ def sync_batch_norm(bn: nn.BatchNorm2d, x: torch.Tensor) -> torch.Tensor:
     mean = all_reduce_mean(x.mean(dim=(0, 2, 3)))
     centred = x - mean[:, None, None]
     var = all_reduce_mean(centred.square().mean(dim=(0, 2, 3)))  # biased: what normalises
+    update_running(bn, mean, var, count)
+    return normalise(bn, centred, var)
+
+
+def normalise(bn: nn.BatchNorm2d, centred: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
+    return centred * torch.rsqrt(var + bn.eps)[:, None, None] * bn.weight[:, None, None] + bn.bias[:, None, None]
+
+
+def update_running(bn: nn.BatchNorm2d, mean: torch.Tensor, var: torch.Tensor, count: int) -> None:
+    """new = 0.9 old + 0.1 batch; the variance's batch value unbiased from the biased `var` of `count` values."""
     with torch.no_grad():
         bn.running_mean.mul_(1 - bn.momentum).add_(bn.momentum * mean)
         bn.running_var.mul_(1 - bn.momentum).add_(bn.momentum * var * (count / (count - 1)))  # unbiased
         bn.num_batches_tracked.add_(1)
-    return centred * torch.rsqrt(var + bn.eps)[:, None, None] * bn.weight[:, None, None] + bn.bias[:, None, None]
+
+
+class Stop(Exception):
+    """A `given` forward has reached the layer whose statistic is being computed: nothing after it matters."""
+
+
+@dataclasses.dataclass
+class Given:
+    """`stats`: (mean, var) per layer in call order, the last possibly (mean, None); filled by the forward:
+    `sums` per layer called, (sum z,) or (sum z, sum (z - mean)^2) over this call's rows (N, H, W), z the
+    layer's input in float32 or wider; `counts` (rows x H x W) and `layers` (the modules, in call order)."""
+    stats: list
+    sums: list = dataclasses.field(default_factory=list)
+    counts: list = dataclasses.field(default_factory=list)
+    layers: list = dataclasses.field(default_factory=list)
+
+
+_GIVEN: list[Given] = []
+
+
+@contextlib.contextmanager
+def given(stats: list):
+    """Every BatchNorm2d forward inside normalises with `stats` (`Given`); yields the `Given` it fills."""
+    ctx = Given(list(stats))
+    _GIVEN.append(ctx)
+    try:
+        yield ctx
+    finally:
+        _GIVEN.remove(ctx)
+
+
+def given_batch_norm(bn: BatchNorm2d, ctx: Given, x: torch.Tensor) -> torch.Tensor:
+    """`bn` on NCHW `x` with the context's next given statistics (`Given`); raises `Stop` past them."""
+    z = x.to(torch.promote_types(x.dtype, torch.float32))
+    mean, var = ctx.stats[len(ctx.sums)] if len(ctx.sums) < len(ctx.stats) else (None, None)
+    ctx.counts.append(z.numel() // z.shape[1])
+    ctx.layers.append(bn)
+    if mean is None:
+        ctx.sums.append((z.sum(dim=(0, 2, 3)),))
+        raise Stop
+    centred = z - mean[:, None, None]
+    ctx.sums.append((z.sum(dim=(0, 2, 3)), centred.square().sum(dim=(0, 2, 3))))
+    if var is None:
+        raise Stop
+    return normalise(bn, centred, var).to(x.dtype)
 

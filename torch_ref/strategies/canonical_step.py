@@ -20,9 +20,12 @@ the factor applied element-wise to what each rank holds; then the strategy's own
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.distributed as dist
 
+from .. import batchnorm, canonical_bn
 from .. import canonical as C
 from .common import check_rows
 from .zero2 import all_gather
@@ -31,11 +34,15 @@ from .zero2 import all_gather
 class Canonical:
     """The canonical step of one parallelized model (`Parallel.canonical`); `train` replaces common.train."""
 
-    def __init__(self, par, shards=None):
-        if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in par.module.modules()):
-            raise C.CanonicalError("reduction='canonical' does not cover BatchNorm (its statistics are per shard "
-                                   "here); use reduction='native' (--reduction native) for this model")
-        self.par, self.shards = par, shards
+    def __init__(self, par, shards=None, twin=None):
+        self.par, self.shards, self.twin = par, shards, twin
+        layers = canonical_bn.batchnorms(par.module if twin is None else twin)
+        self.bn = canonical_bn.BatchNorms(layers, canonical_bn.batchnorms(par.module), ring=par.name == "ddp-ring")
+        if not layers:
+            self.bn = None
+        elif par.name == "zero3" and twin is None:
+            raise C.CanonicalError("zero3 with BatchNorm under reduction='canonical' needs the model's plain twin: "
+                                   "call torch_ref.parallelize(model, ..., reduction='canonical')")
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.params = list(par.module.parameters())
@@ -54,9 +61,12 @@ class Canonical:
                 check_rows(len(x), par.accum, self.params[0].device)
                 self.s = C.resolve_shards(self.shards, len(x) * self.world // par.accum, self.world)
                 self.local = self.s // self.world
-                if par.name == "zero3":
+                if par.name == "zero3" and self.bn is None:
                     self.units = install_units(par.model, self.local, par.accum, self.s)
-            if par.name == "zero3":
+            if self.bn is not None:
+                self.bn.shards = self.s
+                losses = (self.ddp_backward_bn if par.name in ("ddp", "zero1") else self.sync_bn)(x, y, loss_fn)
+            elif par.name == "zero3":
                 losses = self.fsdp_backward(x, y, loss_fn)
             elif par.name in ("ddp", "zero1"):
                 losses = self.ddp_backward(x, y, loss_fn)
@@ -90,6 +100,44 @@ class Canonical:
             else:
                 self.folds.add(i, C.flat_grad(loss, self.params))
         return losses.partial()
+
+    def sync_bn(self, x, y, loss_fn) -> torch.Tensor:
+        """With BatchNorm, every strategy but ddp and zero1: each shard's gradient by `canonical_bn` on the
+        plain module (zero3: its twin, holding the gathered parameters), then the strategy's sync."""
+        module, params = self.par.module, self.params
+        if self.par.name == "zero3":
+            full = self.par.full_params()  # a collective: every parameter gathered once per step
+            with torch.no_grad():
+                for name, p in self.twin.named_parameters():
+                    p.copy_(full[name])
+            module, params = self.twin, list(self.twin.parameters())
+        grads, losses = C.Folds(), C.Folds()
+        for i, g, loss in self.bn.shard_grads(module, params, x, y, loss_fn, self.par.accum, self.local):
+            grads.add(i, g)
+            losses.add(i, loss)
+        SYNC.get(self.par.name, sync_buckets)(self, grads.partial())
+        return losses.partial()
+
+    def ddp_backward_bn(self, x, y, loss_fn) -> torch.Tensor:
+        """ddp, zero1 with BatchNorm: every shard's gradient by `canonical_bn` beside DDP; the step's last
+        is then handed to DDP's reducer (`bucket_hook`) by a backward whose gradient is exactly it."""
+        par, losses, self.folds, last = self.par, C.Folds(), C.Folds(), self.par.accum * self.local - 1
+        for k, (i, g, loss) in enumerate(self.bn.shard_grads(par.module, self.params, x, y, loss_fn, par.accum,
+                                                              self.local)):
+            losses.add(i, loss)
+            if k == last:
+                last_g = g
+            else:
+                self.folds.add(i, g)
+        with batchnorm.given(self.bn.last):  # DDP's forward readies its reducer; BatchNorm changes nothing here
+            par.model(x.chunk(par.accum * self.local)[-1])
+        pieces = last_g.split(self.sizes())
+        torch.autograd.backward([p.view_as(p) for p in self.params], [t.view_as(p) for p, t in
+                                                                      zip(self.params, pieces, strict=True)])
+        return losses.partial()
+
+    def sizes(self) -> list[int]:
+        return [p.numel() for p in self.params]
 
     def groups(self) -> list[tuple[int, int]]:
         """The flat ranges reduced one by one: buckets in backward order, parameters, or everything."""
@@ -142,6 +190,22 @@ def sync_zero2(c: Canonical, grads: torch.Tensor) -> None:
     """zero2: the canonical reduce-scatter of zero2's padded flat layout: this rank's shard."""
     padded = torch.nn.functional.pad(grads, (0, -grads.numel() % c.world))
     main_param(c).grad = C.finish(C.tree_scatter(padded), c.s, c.par.accum)
+
+
+def sync_zero3(c: Canonical, grads: torch.Tensor) -> None:
+    """zero3 with BatchNorm: the canonical reduce-scatter of FSDP2's layout (each parameter's dim-0 chunks
+    of ceil(rows / N), rank-major, as its reduce-scatter takes them): this rank's chunks as the DTensor grads."""
+    from torch.distributed.tensor import DTensor
+
+    params, rows = list(c.par.model.parameters()), []
+    for p, g in zip(params, grads.split(c.sizes()), strict=True):
+        g = g.reshape(p.shape[0], -1) if p.dim() else g.reshape(1, 1)
+        rows.append(torch.nn.functional.pad(g, (0, 0, 0, -g.shape[0] % c.world)).reshape(c.world, -1))
+    mine = C.finish(C.tree_scatter(torch.cat(rows, dim=1).reshape(-1)), c.s, c.par.accum)
+    for p, piece in zip(params, mine.split([r.shape[1] for r in rows]), strict=True):
+        local = p.to_local()
+        p.grad = DTensor.from_local(piece[:local.numel()].view_as(local).clone(), p.device_mesh, p.placements,
+                                    shape=p.shape, stride=p.stride(), run_check=False)
 
 
 def main_param(c: Canonical) -> torch.Tensor:
@@ -203,5 +267,11 @@ def install_units(model, local: int, accum: int, shards: int) -> list:
     return units
 
 
-SYNC = {"dp": sync_server, "zero2": sync_zero2}
+def twin_of(model: torch.nn.Module, name: str) -> torch.nn.Module | None:
+    """zero3 with BatchNorm: a plain copy of the model taken before FSDP2 shards it (`sync_bn` runs the
+    per-shard passes on it with the gathered parameters); otherwise None."""
+    return copy.deepcopy(model) if name == "zero3" and canonical_bn.batchnorms(model) else None
+
+
+SYNC = {"dp": sync_server, "zero2": sync_zero2, "zero3": sync_zero3}
 UPDATE = {"dp": update_server, "zero2": update_zero2, "zero3": update_zero3}

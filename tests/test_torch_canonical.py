@@ -11,6 +11,7 @@ resumed at N = 4 continues with single's bits. One process group per size runs a
 """
 from __future__ import annotations
 
+import functools
 import itertools
 
 import numpy as np
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 import torch_ref
 from jaxdp.config import FRAMEWORK_STRATEGIES, RunConfig
 from torch_ref import canonical as C
-from torch_ref import launch
+from torch_ref import canonical_bn, launch
 
 from . import torch_canonical_ranks as R
 
@@ -32,6 +33,14 @@ CASES = [(s, n, (1, 3)[(i + j) % 2], ("momentum", "adamw")[(i // 4 + j // 2 + i)
           "canonical", R.SHARDS) for i, s in enumerate(STRATEGIES) for j, n in enumerate(SIZES)]
 NATIVE = ("ddp", 4, 3, "adamw", 0.5, "native", None)  # the negative control: native float32 at N = 4
 FOLD = ("ddp-ring", 4, 1, "adamw", 0.0, "canonical-fold", R.SHARDS)  # the mutation: a left fold across ranks
+# The cnn (two sync BatchNorms, canonical_bn): ddp, zero2, zero3 at every N, the others at one; accum and
+# clipping alternate so that N = 2 and N = 4 each meet both values of both.
+CNN_CASES = [(s, n, (1, 3)[(i + j) % 2], "adamw", (0.0, 0.5)[(i + j // 2) % 2], "canonical", R.SHARDS, "cnn")
+             for i, s in enumerate(["ddp", "zero2", "zero3"]) for j, n in enumerate(SIZES)]
+CNN_CASES += [(s, n, a, o, c, "canonical", R.SHARDS, "cnn") for s, n, a, o, c in [
+    ("dp", 4, 3, "adamw", 0.5), ("ddp-naive", 2, 1, "momentum", 0.0), ("ddp-bucket", 4, 1, "adamw", 0.0),
+    ("ddp-ring", 2, 3, "adamw", 0.5), ("zero1", 4, 3, "momentum", 0.0)]]
+CNN_NATIVE = ("ddp", 4, 1, "adamw", 0.0, "native", None, "cnn")
 
 
 @pytest.fixture(scope="module")
@@ -40,10 +49,11 @@ def worlds(tmp_path_factory) -> dict:
     out, checkpoints = {}, str(tmp_path_factory.mktemp("canonical_checkpoints"))
     launch.init_process_group(torch.device("cpu"), 0, 1, 60, store=dist.HashStore())
     try:
-        out.update(R.run_cases(0, 1, [c for c in CASES if c[1] == 1], checkpoints))
+        out.update(R.run_cases(0, 1, [c for c in CASES + CNN_CASES if c[1] == 1], checkpoints))
     finally:
         dist.destroy_process_group()
-    plan = {n: [c for c in CASES if c[1] == n] + ([NATIVE, FOLD] if n == 4 else []) for n in (2, 4)}
+    plan = {n: [c for c in CASES + CNN_CASES if c[1] == n] + ([NATIVE, FOLD, CNN_NATIVE] if n == 4 else [])
+            for n in (2, 4)}
     out.update(launch.launch(R.run_worlds, 4, plan, checkpoints, timeout_s=300, pg_timeout_s=240)[0])
     for n in plan:
         out.update({k: v for k, v in out[n].items() if k not in ("resumed", "errors")})
@@ -53,9 +63,10 @@ def worlds(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def single():
-    """`single`'s trace per (accum, optimizer, clip_norm, reduction), in this process."""
-    return lambda accum, optimizer, clip, reduction: R.train_case(
-        0, 1, ("single", 1, accum, optimizer, clip, reduction, R.SHARDS if reduction == "canonical" else None))
+    """`single`'s trace per (accum, optimizer, clip_norm, reduction[, model]), in this process (each once)."""
+    return functools.cache(lambda accum, optimizer, clip, reduction, model="mlp": R.train_case(
+        0, 1, ("single", 1, accum, optimizer, clip, reduction, R.SHARDS if reduction == "canonical" else None,
+               model)))
 
 
 def differing(a: dict, b: dict) -> list[str]:
@@ -69,6 +80,36 @@ def test_every_strategy_and_size_is_single_bit_for_bit(worlds, single, case):
     ref = single(accum, optimizer, clip, "canonical")
     assert all(v.dtype == np.float32 for k, v in ref.items() if "/loss" not in k)
     assert differing(ref, worlds[case]) == []
+
+
+@pytest.mark.parametrize("case", CNN_CASES, ids=lambda c: f"cnn-{c[0]}-N{c[1]}-accum{c[2]}-{c[3]}-clip{c[4]}")
+def test_cnn_batchnorm_every_size_is_single_bit_for_bit(worlds, single, case):
+    """Loss, gradients, parameters and the running statistics, every step, every N: single's bits."""
+    ref = single(*case[2:6], "cnn")
+    assert {k for k in ref if "/state/" in k} >= {"step/2/state/bn1/mean", "step/2/state/bn2/var"}
+    assert differing(ref, worlds[case]) == []
+
+
+def test_cnn_native_at_4_is_not_bitwise_single(worlds, single):
+    ref, got = single(*CNN_NATIVE[2:6], "cnn"), worlds[CNN_NATIVE]
+    assert {"step/1/grad/conv1/kernel", "step/1/state/bn1/mean", "step/2/state/bn2/var"} <= set(differing(ref, got))
+    assert all(np.allclose(ref[k], got[k], rtol=1e-4, atol=1e-5) for k in ref)
+
+
+def test_cnn_canonical_is_the_batchnorm_gradient(single, monkeypatch):
+    """float64, N = 1: canonical (4 shards, accum 3) equals native single (BatchNorm over each micro-batch)
+    to 1e-12 relative, gradients and running statistics included; without the passes through the
+    statistics (`through_statistics`: the mutant) the gradients are off by far more."""
+    native, canonical = (single(3, "adamw", 0.0, r, "cnn64") for r in ("native", "canonical"))
+    assert relative_errors(native, canonical) <= 1e-12
+    monkeypatch.setattr(canonical_bn.BatchNorms, "through_statistics", lambda *a: None)
+    mutant = R.train_case(0, 1, ("single", 1, 3, "adamw", 0.0, "canonical", R.SHARDS, "cnn64"))
+    assert relative_errors({k: native[k] for k in native if "/grad/" in k}, mutant) > 1e-3
+
+
+def relative_errors(ref: dict, got: dict) -> float:
+    assert len(ref) > 10 and all(v.dtype == np.float64 for v in ref.values())
+    return max(np.max(np.abs(got[k] - v)) / max(np.max(np.abs(v)), 1e-30) for k, v in ref.items())
 
 
 def test_native_float32_at_4_is_not_bitwise_single(worlds, single):
@@ -205,9 +246,12 @@ def test_api_refuses_unknown_reductions_and_batchnorm():
         torch_ref.parallelize(R.fresh_net(), strategy="single", optimizer=R.OPTIMIZERS["momentum"], reduction="exact")
     with pytest.raises(ValueError, match="shards= only with 'canonical'"):
         torch_ref.parallelize(R.fresh_net(), strategy="single", optimizer=R.OPTIMIZERS["momentum"], shards=4)
-    with pytest.raises(C.CanonicalError, match="does not cover BatchNorm.*reduction='native'"):
+    with pytest.raises(C.CanonicalError, match="does not cover BatchNorm1d .*use it, or reduction='native'"):
         torch_ref.parallelize(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2)),
                               strategy="single", optimizer=R.OPTIMIZERS["momentum"], reduction="canonical")
+    with pytest.raises(C.CanonicalError, match="per rank: use --batchnorm sync, or reduction='native'$"):
+        torch_ref.parallelize(R.fresh_cnn("local"), strategy="single", optimizer=R.OPTIMIZERS["momentum"],
+                              reduction="canonical")
 
 
 def test_the_cli_configuration_selects_it():

@@ -3,6 +3,7 @@
 per size. Nothing here asserts: the test module does."""
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -12,8 +13,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import torch_ref
+from jaxdp import data
 from torch_ref import canonical as C
 from torch_ref import launch
+from torch_ref.cnn import CNN
 from torch_ref.trace import Recorder
 
 FEATURES, HIDDEN, CLASSES, ROWS, STEPS, SHARDS = 8, 32, 4, 16, 2, 4  # ROWS per micro-batch: 4 shards of 4
@@ -43,10 +46,29 @@ def fresh_net() -> Net:
     return net
 
 
-def batch(k: int, accum: int):
+def batch(k: int, accum: int, model: str = "mlp"):
+    if model.startswith("cnn"):  # `--model cnn --data digits`; "cnn64": float64
+        x, y = digits().batch(k, ROWS * accum)
+        return x.astype(np.float64 if model == "cnn64" else np.float32), y.astype(np.int64)
     rng = np.random.default_rng(100 + k)
     x = rng.standard_normal((ROWS * accum, FEATURES)).astype(np.float32) * 3
     return x, rng.integers(0, CLASSES, ROWS * accum)
+
+
+@functools.cache
+def digits():
+    return data.load("digits", 0)
+
+
+def fresh_cnn(batchnorm: str = "sync", dtype=torch.float32) -> CNN:
+    """The torch cnn (channels 4, 4; two sync BatchNorms) with non-trivial BatchNorm scales and biases."""
+    torch.manual_seed(11)
+    net = CNN((4, 4), 10, batchnorm).to(dtype)
+    with torch.no_grad():
+        for bn in (net.bn1, net.bn2):
+            bn.weight.add_(torch.linspace(-0.3, 0.3, 4, dtype=dtype))
+            bn.bias.add_(0.1)
+    return net
 
 
 def my_rows(a: np.ndarray, rank: int, n: int, accum: int) -> np.ndarray:
@@ -54,12 +76,12 @@ def my_rows(a: np.ndarray, rank: int, n: int, accum: int) -> np.ndarray:
     return np.concatenate([m[rank * len(m) // n:(rank + 1) * len(m) // n] for m in np.split(a, accum)])
 
 
-def parallelized(strategy: str, accum: int, optimizer: str, reduction: str, shards):
+def parallelized(strategy: str, accum: int, optimizer: str, reduction: str, shards, model: str = "mlp"):
     extra = {"reduction": "canonical", "shards": shards} if reduction != "native" else {}
     if strategy in ("ddp", "zero1", "ddp-bucket"):
-        extra["bucket_mb"] = 0.001  # a few buckets of this small model
-    return torch_ref.parallelize(fresh_net(), strategy=strategy, optimizer=OPTIMIZERS[optimizer], accum=accum,
-                                 **extra)
+        extra["bucket_mb"] = 0.001 if model == "mlp" else 0.0005  # a few buckets of these small models
+    net = fresh_net() if model == "mlp" else fresh_cnn(dtype=torch.float64 if model == "cnn64" else torch.float32)
+    return torch_ref.parallelize(net, strategy=strategy, optimizer=OPTIMIZERS[optimizer], accum=accum, **extra)
 
 
 def fold(rows: torch.Tensor) -> torch.Tensor:
@@ -71,16 +93,18 @@ def fold(rows: torch.Tensor) -> torch.Tensor:
 
 
 def train_case(rank: int, n: int, case: tuple) -> dict:
-    """case = (strategy, n, accum, optimizer, clip_norm, reduction, shards); reduction 'canonical-fold' is
-    canonical with the tree across ranks replaced by `fold`. Rank 0's trace arrays (loss, grads, params)."""
-    strategy, _, accum, optimizer, clip_norm, reduction, shards = case
-    model, opt = parallelized(strategy, accum, optimizer, reduction, shards)
+    """case = (strategy, n, accum, optimizer, clip_norm, reduction, shards[, "cnn"]); reduction 'canonical-fold'
+    is canonical with the tree across ranks replaced by `fold`. Rank 0's trace arrays (loss, grads, params,
+    buffers: the cnn's BatchNorm running statistics)."""
+    strategy, _, accum, optimizer, clip_norm, reduction, shards, *net = case
+    net = net[0] if net else "mlp"
+    model, opt = parallelized(strategy, accum, optimizer, reduction, shards, net)
     tree, C.tree = C.tree, (fold if reduction == "canonical-fold" else C.tree)
     try:
         with Recorder(None, {"strategy": strategy, "devices": n}, model) as rec:
             rec.init()
             for k in range(1, STEPS + 1):
-                x, y = batch(k, accum)
+                x, y = batch(k, accum, net)
                 xs, ys = (torch.from_numpy(my_rows(a, rank, n, accum)) for a in (x, y))
                 loss = torch_ref.train_step(model, opt, xs, ys, F.cross_entropy, clip_norm=clip_norm)
                 rec.step(k, loss)

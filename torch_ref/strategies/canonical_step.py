@@ -17,6 +17,17 @@ place of its sum (one communication per step, as native):
   reduce-scatter after the step's last shard backward.
 Clipping: the canonical norm of the full gradient (zero2 and zero3 all-gather the gradient for it),
 the factor applied element-wise to what each rank holds; then the strategy's own update, unclipped.
+
+With sync BatchNorm (torch_ref/canonical_bn.py) a shard's gradient needs the other shards' statistics,
+so each micro-batch's shards are computed together (`sync_bn`: statistics, backward, the statistics'
+vector-Jacobian products, every cross-shard sum by the tree), on the unwrapped module, then:
+- ddp, zero1: the step's last shard's gradient is handed to DDP's reducer by a backward that yields
+  exactly it (after a DDP forward that readies the reducer), so `bucket_hook` runs as without BatchNorm;
+- zero3: the passes run on a plain twin of the model (taken before FSDP2 shards it) holding the
+  gathered parameters (one all-gather per parameter per step, full parameters held through the step),
+  and the canonical reduce-scatter runs on FSDP2's layout into the DTensor gradients (`sync_zero3`);
+  FSDP2's own forward, backward and reduce-scatter are not used;
+- every other strategy: its own sync of the folded partial sums, as without BatchNorm.
 """
 from __future__ import annotations
 
@@ -36,13 +47,12 @@ class Canonical:
 
     def __init__(self, par, shards=None, twin=None):
         self.par, self.shards, self.twin = par, shards, twin
-        layers = canonical_bn.batchnorms(par.module if twin is None else twin)
-        self.bn = canonical_bn.BatchNorms(layers, canonical_bn.batchnorms(par.module), ring=par.name == "ddp-ring")
-        if not layers:
-            self.bn = None
-        elif par.name == "zero3" and twin is None:
+        layers = canonical_bn.batchnorms(par.module if twin is None else twin)  # refuses local ones
+        if layers and par.name == "zero3" and twin is None:
             raise C.CanonicalError("zero3 with BatchNorm under reduction='canonical' needs the model's plain twin: "
                                    "call torch_ref.parallelize(model, ..., reduction='canonical')")
+        self.bn = canonical_bn.BatchNorms(layers, canonical_bn.batchnorms(par.module),
+                                          ring=par.name == "ddp-ring") if layers else None
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.params = list(par.module.parameters())

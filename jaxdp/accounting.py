@@ -109,7 +109,7 @@ def compile_step(cfg, return_grads: bool = False) -> CompiledStep:
     batch = strategy.put_batch(*host)
     stats_program, stats_sizes = None, ()
     if state.batch_stats is not None:
-        stats_program = _compile_stats(strategy, state, batch[0], host)
+        stats_program = _compile_stats(strategy, state, batch[0], host, cfg)
         stats_sizes = tuple(statistics_inputs(problem, host[0]))
         state = state._replace(batch_stats=None)  # as parallelize's step passes it
     t0 = time.perf_counter()
@@ -120,9 +120,10 @@ def compile_step(cfg, return_grads: bool = False) -> CompiledStep:
                         time.perf_counter() - t1, stats_program, stats_sizes)
 
 
-def _compile_stats(par, state, x, host):
-    """The running statistics' program as `jaxdp.parallelize` runs it (api._with_state), compiled."""
-    program = stats.make(par.name, par.problem, par.mesh, par.accum)
+def _compile_stats(par, state, x, host, cfg):
+    """The running statistics' program as `jaxdp.parallelize` runs it (api._with_state), compiled
+    (`cfg.reduction` and `cfg.shards` choose canonical statistics or not)."""
+    program = stats.make(par.name, par.problem, par.mesh, par.accum, cfg)
     params = state.params
     if par.name == "ddp-pmap":  # stacked per device: the stats program takes them replicated, x unstacked
         params = jax.device_put(par.full_params(state), replicated(par.mesh))

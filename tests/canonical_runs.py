@@ -4,11 +4,12 @@ sets them off before JAX starts), which the rest of the suite's process does not
 
     python -m tests.canonical_runs CASES.json OUT_DIR [--allow-fma]
 
-CASES.json: a list of {"name", "config": RunConfig fields, "mutate": null | "algsimp" | "fold"}, run
+CASES.json: a list of {"name", "config": RunConfig fields, "mutate": null | "algsimp" | "fold" | "bn-direct"}, run
 in order ("{out}" in a string field is OUT_DIR: a checkpoint folder, saved by one case, resumed by a later one).
 Writes OUT_DIR/<name>.npz (the trace's arrays). Mutations, to show the checks can fail:
 `algsimp` compiles with XLA's algebraic simplifier on; `fold` adds the devices' partial sums in a
-left fold instead of the tree; --allow-fma runs with fused multiply-adds (no flag).
+left fold instead of the tree; `bn-direct` leaves BatchNorm's statistics' share out of the gradient;
+--allow-fma runs with fused multiply-adds (no flag).
 """
 from __future__ import annotations
 
@@ -20,10 +21,12 @@ import numpy as np
 
 
 def _mutate(kind: str | None):
-    from jaxdp import canonical
+    from jaxdp import canonical, canonical_bn
 
-    saved = (dict(canonical.COMPILER_OPTIONS), canonical.tree)
-    if kind == "algsimp":
+    saved = (dict(canonical.COMPILER_OPTIONS), canonical.tree, canonical_bn.through_statistics)
+    if kind == "bn-direct":  # BatchNorm's statistics held constant in backward: their share left out
+        canonical_bn.through_statistics = lambda run, stats, grads, cotangent: grads
+    elif kind == "algsimp":
         canonical.COMPILER_OPTIONS.clear()
     elif kind == "fold":
         def fold(stacked):
@@ -39,11 +42,12 @@ def _mutate(kind: str | None):
 
 
 def _restore(saved):
-    from jaxdp import canonical
+    from jaxdp import canonical, canonical_bn
 
     canonical.COMPILER_OPTIONS.clear()
     canonical.COMPILER_OPTIONS.update(saved[0])
     canonical.tree = saved[1]
+    canonical_bn.through_statistics = saved[2]
 
 
 def main(argv) -> None:

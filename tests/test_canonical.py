@@ -46,6 +46,10 @@ VARIANTS = {  # name -> RunConfig changes
 DIMS = {"variant": list(VARIANTS), "devices": [1, 2, 4, 8], "dtype": ["float32", "bfloat16", "float64"],
         "accum": [1, 3], "clip_norm": [0.0, 0.05]}
 GPT_CASES = [{"variant": "ddp", "devices": 2}, {"variant": "zero3", "devices": 8}]
+CNN = BASE.replace(model="cnn", data="digits", channels=(2, 3))  # sync BatchNorm: canonical statistics
+CNN_CASES = [{"variant": "ddp", "devices": 4, "dtype": "float32", "accum": 3, "clip_norm": 0.05},
+             {"variant": "zero3", "devices": 8, "dtype": "bfloat16", "accum": 1, "clip_norm": 0.0},
+             {"variant": "ddp-pmap", "devices": 2, "dtype": "float64", "accum": 3, "clip_norm": 0.05}]
 
 
 def _config(base, case) -> RunConfig:
@@ -77,8 +81,10 @@ def _plan():
     """(runs: name -> (config, mutate), checks: name -> its reference's name)."""
     runs, checks = {}, {}
     gpt = [{**c, "dtype": "float32", "accum": 1, "clip_norm": 0.05} for c in GPT_CASES]
-    mlp = pairwise(DIMS) if os.environ.get("JAXDP_CANONICAL_FULL") == "1" else each_value()  # FULL: below
-    for model, base, cases in (("mlp", BASE, mlp), ("gpt", GPT, gpt)):
+    full = os.environ.get("JAXDP_CANONICAL_FULL") == "1"  # FULL: below
+    mlp = pairwise(DIMS) if full else each_value()
+    cnn = each_value() if full else CNN_CASES
+    for model, base, cases in (("mlp", BASE, mlp), ("gpt", GPT, gpt), ("cnn", CNN, cnn)):
         for case in cases:
             cfg = _config(base, case)
             name, ref = _name(model, case), _name(model, {**case, "variant": "single", "devices": 1})
@@ -98,6 +104,11 @@ MUTANT_REFS = {"native-n1": (_single(MUTANTS["native-n4"][0]), None), "fold-n1":
 if FULL:  # each of canonical's two compiler settings is needed: without it, the check fails
     MUTANTS["algsimp-gpt-n2"] = (GPT.replace(strategy="ddp", devices=2, dtype="float32"), "algsimp", "algsimp-gpt-n1")
     MUTANT_REFS["algsimp-gpt-n1"] = (_single(MUTANTS["algsimp-gpt-n2"][0]), "algsimp")
+# BatchNorm's canonical gradient is BatchNorm's gradient: float64, against native single; leaving the
+# statistics' share out (`bn-direct`) must fail that.
+BN_F64 = _single(CNN.replace(dtype="float64", accum=3))
+BN_RUNS = {"bn-canonical": (BN_F64, None), "bn-native": (BN_F64.replace(reduction="native", shards=0), None),
+           "bn-direct": (BN_F64, "bn-direct")}
 # A checkpoint saved by zero3 on 4 devices after step 2, resumed by ddp-ring on 2: steps 3-4 are single's bits.
 RESUME = F32.replace(steps=4, accum=3, dtype="float32")
 RESUME_RUNS = {"resume-save": (RESUME.replace(strategy="zero3", devices=4, steps=2, checkpoint_dir="{out}/ck",
@@ -128,7 +139,7 @@ def _execute(runs: dict, out, extra=()) -> None:
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
     out = tmp_path_factory.mktemp("canonical")
-    _execute(RUNS | {k: (cfg, m) for k, (cfg, m, _) in MUTANTS.items()} | MUTANT_REFS | RESUME_RUNS
+    _execute(RUNS | {k: (cfg, m) for k, (cfg, m, _) in MUTANTS.items()} | MUTANT_REFS | RESUME_RUNS | BN_RUNS
              | {"processes-single": (_single(PROCESSES), None)}, out)
     if FMA_RUNS:
         _execute({k: (cfg, None) for k, cfg in FMA_RUNS.items()}, out, ["--allow-fma"])
@@ -151,6 +162,40 @@ def test_bitwise_equal_to_single(traces, name):
 def test_the_check_fails_without_each_part(traces, name):
     ref = MUTANTS[name][2] if name in MUTANTS else "fma-n1"
     assert _unequal(traces(name), traces(ref)), f"{name}: bitwise equal, so the check could not fail"
+
+
+def _worst_relative(a: dict, b: dict) -> dict:
+    """Per float array of the steps: max |a - b| / max |b| (NaN if either has a non-finite value)."""
+    out = {}
+    for k in b:
+        if k.startswith("step/") and b[k].dtype.kind == "f":
+            scale = np.max(np.abs(b[k])) or 1.0
+            out[k] = float(np.max(np.abs(a[k] - b[k])) / scale)
+    return out
+
+
+def test_canonical_batchnorm_is_batchnorms_gradient(traces):
+    """float64: canonical BatchNorm (statistics, their share of the gradient, running statistics) is
+    native BatchNorm's step to 1e-12 relative, every array; without the share, the gradient is off."""
+    worst = _worst_relative(traces("bn-canonical"), traces("bn-native"))
+    assert len(worst) > 20 and max(worst.values()) <= 1e-12, worst  # NaN fails both comparisons
+    broken = _worst_relative(traces("bn-direct"), traces("bn-native"))
+    assert max(v for k, v in broken.items() if "/grad/" in k) > 1e-6, broken
+
+
+def test_layout_refuses_a_batchnorm_it_cannot_give_statistics_to():
+    from flax import nnx
+
+    from jaxdp import canonical_bn, data, models
+
+    model = nnx.Sequential(nnx.Linear(3, 4, rngs=nnx.Rngs(0)), nnx.BatchNorm(4, rngs=nnx.Rngs(0)))
+    problem = models.from_module(model, models.cross_entropy)
+    x, y = np.zeros((8, 3), np.float32), np.zeros(8, np.int32)
+    with pytest.raises(ConfigError, match="needs jaxdp's BatchNorm"):
+        canonical_bn.layout(problem.loss_fn, problem.params, x, y, shards=4)
+    cnn = models.init(CNN, data.load(CNN.data, CNN.seed))
+    counts = canonical_bn.layout(cnn.loss_fn, cnn.params, np.zeros((6, 64), np.float32), y[:6], shards=4)
+    assert counts == [6 * 64 * 4, 6 * 64 * 4]  # rows x H x W x S, per layer
 
 
 def test_resume_in_another_layout_keeps_the_bits(traces):
@@ -183,7 +228,7 @@ def test_two_processes_give_the_bits_of_one_device(traces, tmp_path):
     (lambda: BASE.replace(shards=64).validate(), "a micro-batch of 48 rows does not cut into shards=64"),
     (lambda: BASE.replace(strategy="ddp", devices=16, batch_size=64, shards=8).validate(),
      "on 16 devices needs n to divide shards=8"),
-    (lambda: BASE.replace(model="cnn", data="digits").validate(), "does not cover BatchNorm"),
+    (lambda: CNN.replace(batchnorm="local").validate(), "--reduction canonical needs --batchnorm sync"),
     (lambda: BASE.replace(reduction="native").validate(), "--shards is for --reduction canonical"),
 ])
 def test_bad_input_is_one_line_naming_the_fix(make, message):

@@ -4,7 +4,9 @@
   session (the same step built again by another test, a CLI subprocess, a spawned example, the other
   process of a multi-process run) are then read back instead of compiled again. The folder is new
   for each session, so nothing compiled by an earlier run (or another JAX version) is ever used; set
-  JAX_COMPILATION_CACHE_DIR yourself to keep one across sessions.
+  JAX_COMPILATION_CACHE_DIR yourself to keep one across sessions. pytest-xdist's workers (two:
+  pyproject.toml) start after this file has run in the controlling process, so they inherit its
+  environment and share the one folder.
 - JAX_DISABLE_MOST_OPTIMIZATIONS=1: XLA's LLVM backend at -O0, no expensive LLVM passes. Compiling
   dominates the suite (hundreds of small steps) and this makes it ~2.5x faster. The HLO passes are
   untouched: the optimized program the tests read (every collective, its order, sizes and loop

@@ -17,10 +17,18 @@
   process the tests start). Set JAX_DISABLE_MOST_OPTIMIZATIONS=0 to run the suite on the default
   machine code (slower)."""
 import os
+import shutil
 import tempfile
 
+_CREATED = None  # the cache folder this process made (and removes when the session ends)
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxdp-xla-cache-")
+    _CREATED = os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxdp-xla-cache-")
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # every program: the small ones add up
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+
+
+def pytest_unconfigure(config):
+    """The session's cache folder goes with it (only the process that made it: xdist's controller)."""
+    if _CREATED:
+        shutil.rmtree(_CREATED, ignore_errors=True)

@@ -204,22 +204,46 @@ def reduction_section(results: dict) -> list:
     fma = s["fma_reference"]
     lines = ["", "## 9. `--reduction canonical` against `native` (median ms; bytes sent per device per step and "
              "temporaries from the compiled programs, KiB)", "",
-             f"Model: mlp hidden {','.join(map(str, m['hidden']))}, batch {m['batch_size']}, accum {m['accum']}, "
-             f"{m['dtype']}, {m['optimizer']}; S = the default shard count. {s['note']}; interleaved calls, "
-             f"{s['warmup_calls']} warm-up then the median of {s['repeats']}."
+             f"Models: mlp hidden {','.join(map(str, m['hidden']))}, batch {m['batch_size']}, accum {m['accum']}, "
+             f"{m['dtype']}, {m['optimizer']}{_bn_model(s.get('bn_model'))}; S = the default shard count. "
+             f"{s['note']}; interleaved calls, {s['warmup_calls']} warm-up then the median of {s['repeats']}."
              + (" `native+FMA`: native timed again in a process with FMA on (not interleaved); "
-                "`no-FMA cost` = native / native+FMA." if fma else ""), "",
-             "| strategy | N | S | native ms | canonical ms | canonical/native | native KiB | canonical KiB | "
+                "`no-FMA cost` = native / native+FMA." if fma else "") + _bn_note(s), "",
+             "| model | strategy | N | S | native ms | canonical ms | canonical/native | native KiB | canonical KiB | "
              "extra KiB | native temp KiB | canonical temp KiB | extra temp KiB |"
              + (" native+FMA ms | no-FMA cost |" if fma else ""),
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if fma else "")]
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if fma else "")]
     for r in red["rows"]:
         name = r["strategy"] + ("" if r["collectives"] is None else f" ({r['collectives']})")
-        line = (f"| {name} | {r['devices']} | {r['shards']} | {_ms(r['native_step_s'])} | "
+        line = (f"| {r.get('model', 'mlp')} | {name} | {r['devices']} | {r['shards']} | {_ms(r['native_step_s'])} | "
                 f"{_ms(r['canonical_step_s'])} | {_f(r['ratio'])}x | {_kib(r['native_bytes'])} | "
                 f"{_kib(r['canonical_bytes'])} | {_kib(r['extra_bytes'])} | {_kib(r['native_temp_bytes'])} | "
                 f"{_kib(r['canonical_temp_bytes'])} | {_kib(r['extra_temp_bytes'])} |")
         if fma:
             line += f" {_ms(r.get('native_fma_step_s'))} | {_f(r.get('no_fma_cost'))}x |"
         lines.append(line)
+    return lines + _stats_bytes(red["rows"])
+
+
+def _bn_model(bn: dict | None) -> str:
+    if bn is None:
+        return ""
+    return (f"; cnn channels {','.join(map(str, bn['channels']))}, {bn['batchnorm']} BatchNorm, batch "
+            f"{bn['batch_size']}, accum {bn['accum']}, {bn['dtype']}, {bn['optimizer']}")
+
+
+def _bn_note(s: dict) -> str:
+    return f" {s['bn_note']}." if s.get("bn_note") else ""
+
+
+def _stats_bytes(rows: list) -> list:
+    """The cnn rows' statistics program apart (its bytes are in the table's KiB too)."""
+    bn = [r for r in rows if "native_stats_bytes" in r]
+    if not bn:
+        return []
+    lines = ["", "cnn: the running statistics' program alone (bytes sent per device per step):", "",
+             "| strategy | N | native stats bytes | canonical stats bytes |", "|---|---:|---:|---:|"]
+    for r in bn:
+        name = r["strategy"] + ("" if r["collectives"] is None else f" ({r['collectives']})")
+        lines.append(f"| {name} | {r['devices']} | {r['native_stats_bytes']:.0f} | {r['canonical_stats_bytes']:.0f} |")
     return lines

@@ -30,6 +30,9 @@ class Plan:
     reduction_ns: tuple = ()
     reduction_repeats: int = 0      # interleaved timed calls of each mode
     reduction_fma: bool = False     # also time native in a process with FMA on (the flag's own cost)
+    reduction_bn_model: RunConfig | None = None  # item 9's cnn (sync BatchNorm: a statistics program too)
+    reduction_bn_strategies: tuple = ()
+    reduction_bn_ns: tuple = ()
 
 
 def plan(quick: bool) -> Plan:
@@ -45,7 +48,8 @@ def plan(quick: bool) -> Plan:
         return Plan(True, 4, models, (2,), ("single", "ddp", "ddp-ring"), (2,), ("ddp", "zero3"),
                     models["mlp"], _gpu_config(base), 4, (0.01,), 1, ported,
                     base.replace(model="mlp", data="synthetic", hidden=(16,), batch_size=16),
-                    (("ddp", None), ("zero1", "xla")), (2,), 3, False)
+                    (("ddp", None), ("zero1", "xla")), (2,), 3, False, _cnn(base, (2, 4), 16), (("ddp", None),),
+                    (2,))
     models = {"mlp": base.replace(model="mlp", data="synthetic", hidden=(1024, 1024), batch_size=512),
               "gpt": base.replace(model="gpt", data="text", n_layer=2, n_head=4, d_model=128, seq_len=64,
                                   batch_size=32),
@@ -56,7 +60,8 @@ def plan(quick: bool) -> Plan:
     comm_model = base.replace(model="mlp", data="synthetic", hidden=(1024, 1024), batch_size=256)
     return Plan(False, 12, models, (2, 4), SHARED, (2, 4, 8, 16), strategies, comm_model,
                 _gpu_config(base), 30, (1, 4, 16, 64), 10, ported, comm_model,
-                tuple(_with_collectives(JAX_ALL)), (4, 8), 10, True)
+                tuple(_with_collectives(JAX_ALL)), (4, 8), 10, True, _cnn(base, (8, 16), 64),
+                (("single", None), ("ddp", None), ("zero3", "xla")), (2, 4))
 
 
 def _with_collectives(strategies: tuple):

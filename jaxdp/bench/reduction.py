@@ -9,7 +9,9 @@ the median step time and the ratio canonical / native. From each compiled progra
 device sends per step (`accounting.communication` on its HLO) and its temporaries
 (`memory_analysis()`). In the full run a second child, started without the flag, times `native`
 alone (same configurations): the flag's own cost, `native_step_s` / `native_fma_step_s` (two
-processes, not interleaved). Also runnable alone:
+processes, not interleaved). The cnn with sync BatchNorm gets rows of its own (`"model": "cnn"`):
+its timed call is the running statistics' program then the train step, and its bytes are both
+programs' (also apart: `*_train_bytes`, `*_stats_bytes`). Also runnable alone:
 `python -m jaxdp.bench.reduction [--quick] --out DIR` (writes reduction.json and reduction.md).
 """
 from __future__ import annotations
@@ -46,9 +48,23 @@ def configs(base: RunConfig, strategy: str, collectives: str | None, n: int, mod
 def _compiled(cfg: RunConfig) -> dict:
     c = accounting.compile_step(cfg)
     comm = accounting.communication(c.program.as_text(), cfg.devices)
-    return {"program": c.program, "state": c.state, "batch": c.batch, "bytes": comm["total"],
-            "ops": {k: v["ops"] for k, v in comm.items() if k != "total" and v["ops"]},
-            "temp_bytes": accounting.step_memory(c.program)["temp_bytes"], "compile_s": c.lower_s + c.compile_s}
+    out = {"program": c.program, "state": c.state, "batch": c.batch, "bytes": comm["total"],
+           "ops": {k: v["ops"] for k, v in comm.items() if k != "total" and v["ops"]},
+           "temp_bytes": accounting.step_memory(c.program)["temp_bytes"], "compile_s": c.lower_s + c.compile_s}
+    if c.stats_program is not None:  # BatchNorm: the running statistics' program runs before each step
+        stats = accounting.communication(c.stats_program.as_text(), cfg.devices)
+        out |= {"stats": c.stats_program, "batch_stats": c.problem.state, "stats_bytes": stats["total"],
+                "stats_ops": {k: v["ops"] for k, v in stats.items() if k != "total" and v["ops"]}}
+    return out
+
+
+def _call(s: dict) -> None:
+    """One step as `jaxdp.parallelize`'s runs it: the statistics program first (BatchNorm, on the
+    state's parameters before the step donates them), then the train step."""
+    if "stats" in s:
+        jax.block_until_ready(s["stats"](s["state"].params, s["batch_stats"], s["batch"][0]))
+    s["state"], metrics = s["program"](s["state"], *s["batch"])
+    jax.block_until_ready((s["state"], metrics["loss"]))  # ddp-pmap's loss: one per device
 
 
 def interleaved(steps: list[dict], repeats: int) -> list[float]:
@@ -58,31 +74,49 @@ def interleaved(steps: list[dict], repeats: int) -> list[float]:
     for i in range(WARMUP_CALLS + repeats):
         for s, t in zip(steps, times, strict=True):
             t0 = time.perf_counter()
-            s["state"], metrics = s["program"](s["state"], *s["batch"])
-            jax.block_until_ready((s["state"], metrics["loss"]))  # ddp-pmap's loss: one per device
+            _call(s)
             if i >= WARMUP_CALLS:
                 t.append(time.perf_counter() - t0)
     return [statistics.median(t) for t in times]
 
 
+def models(p: Plan) -> dict:
+    """Item 9's models by label: the mlp, and the cnn with sync BatchNorm when the plan has it."""
+    return {"mlp": p.reduction_model} | ({} if p.reduction_bn_model is None else {"cnn": p.reduction_bn_model})
+
+
+def _runs(p: Plan):
+    """(model label, RunConfig, strategy, collectives, N) of every row, in order."""
+    for label, strategies, ns in (("mlp", p.reduction_strategies, p.reduction_ns),
+                                  ("cnn", p.reduction_bn_strategies, p.reduction_bn_ns)):
+        for strategy, coll in strategies:
+            for n in (1,) if strategy == "single" else ns:
+                yield label, models(p)[label], strategy, coll, n
+
+
+def _row(label: str, strategy: str, coll: str | None, n: int, modes: tuple, compiled: list, step_s: list) -> dict:
+    row = {"model": label, "strategy": strategy, "collectives": coll, "devices": n}
+    for mode, c, t in zip(modes, compiled, step_s, strict=True):
+        row |= {f"{mode}_step_s": t, f"{mode}_bytes": c["bytes"] + c.get("stats_bytes", 0),
+                f"{mode}_temp_bytes": c["temp_bytes"], f"{mode}_ops": c["ops"], f"{mode}_compile_s": c["compile_s"]}
+        if "stats" in c:  # the statistics program's own bytes and collectives (in {mode}_bytes too)
+            row |= {f"{mode}_train_bytes": c["bytes"], f"{mode}_stats_bytes": c["stats_bytes"],
+                    f"{mode}_stats_ops": c["stats_ops"]}
+    return row
+
+
 def child(quick: bool, modes: tuple = ("native", "canonical")) -> list[dict]:
-    """Every (strategy, collectives, N) of the plan in `modes`, measured in this process (which must
-    have been started with the flag when "canonical" is among them)."""
+    """Every (model, strategy, collectives, N) of the plan in `modes`, measured in this process (which
+    must have been started with the flag when "canonical" is among them)."""
     p = plan(quick)
-    devices.setup(max(p.reduction_ns), "cpu", reduction="canonical" if "canonical" in modes else "native")
+    devices.setup(max(p.reduction_ns + p.reduction_bn_ns), "cpu",
+                  reduction="canonical" if "canonical" in modes else "native")
     rows = []
-    for strategy, coll in p.reduction_strategies:
-        for n in (1,) if strategy == "single" else p.reduction_ns:
-            print(f"bench: reduction {strategy}{'' if coll is None else f' ({coll})'} N={n}: {', '.join(modes)}",
-                  file=sys.stderr, flush=True)
-            cfgs = configs(p.reduction_model, strategy, coll, n, modes)
-            compiled = [_compiled(c) for c in cfgs]
-            step_s = interleaved(compiled, p.reduction_repeats)
-            row = {"strategy": strategy, "collectives": coll, "devices": n}
-            for mode, c, t in zip(modes, compiled, step_s, strict=True):
-                row |= {f"{mode}_step_s": t, f"{mode}_bytes": c["bytes"], f"{mode}_temp_bytes": c["temp_bytes"],
-                        f"{mode}_ops": c["ops"], f"{mode}_compile_s": c["compile_s"]}
-            rows.append(row)
+    for label, model, strategy, coll, n in _runs(p):
+        print(f"bench: reduction {label} {strategy}{'' if coll is None else f' ({coll})'} N={n}: {', '.join(modes)}",
+              file=sys.stderr, flush=True)
+        compiled = [_compiled(c) for c in configs(model, strategy, coll, n, modes)]
+        rows.append(_row(label, strategy, coll, n, modes, compiled, interleaved(compiled, p.reduction_repeats)))
     return jsonable(rows)
 
 
@@ -109,21 +143,26 @@ def run_child(quick: bool, fma: bool, modes: tuple, timeout_s: float = CHILD_TIM
     return json.loads(proc.stdout)
 
 
-def table(rows: list[dict], fma_rows: list[dict] | None, model: RunConfig) -> list[dict]:
+def _key(r: dict) -> tuple:
+    return r.get("model", "mlp"), r["strategy"], r["collectives"], r["devices"]
+
+
+def table(rows: list[dict], fma_rows: list[dict] | None, by_label: dict) -> list[dict]:
     """bench.json's rows: both modes side by side, canonical's extra bytes and temporaries, the shard
-    count S, and (when measured) native with FMA on and the no-FMA flag's cost."""
-    fma = {(r["strategy"], r["collectives"], r["devices"]): r["native_step_s"] for r in fma_rows or []}
+    count S (from the row's model in `by_label`, `models(plan)`), and (when measured) native with FMA
+    on and the no-FMA flag's cost."""
+    fma = {_key(r): r["native_step_s"] for r in fma_rows or []}
     out = []
     for r in rows:
+        model = by_label[r.get("model", "mlp")]
         row = {**r, "ratio": ratio(r["canonical_step_s"], r["native_step_s"]),
                "shards": resolve_shards(model.shards, model.batch_size // model.accum, r["devices"]),
                "extra_bytes": r["canonical_bytes"] - r["native_bytes"],
                "bytes_ratio": ratio(r["canonical_bytes"], r["native_bytes"]),
                "extra_temp_bytes": r["canonical_temp_bytes"] - r["native_temp_bytes"],
                "temp_ratio": ratio(r["canonical_temp_bytes"], r["native_temp_bytes"])}
-        key = (r["strategy"], r["collectives"], r["devices"])
-        if key in fma:
-            row |= {"native_fma_step_s": fma[key], "no_fma_cost": ratio(r["native_step_s"], fma[key])}
+        if _key(r) in fma:
+            row |= {"native_fma_step_s": fma[_key(r)], "no_fma_cost": ratio(r["native_step_s"], fma[_key(r)])}
         out.append(row)
     return out
 
@@ -131,19 +170,26 @@ def table(rows: list[dict], fma_rows: list[dict] | None, model: RunConfig) -> li
 def reduction_benchmark(p: Plan, say) -> dict:
     """Item 9: {"rows", "setup"}; both modes in one child without FMA, native with FMA in a second
     (the full run only)."""
-    say(f"bench: reduction canonical vs native, {len(p.reduction_strategies)} strategies, "
-        f"N = {p.reduction_ns}, in a child process started with XLA_FLAGS={devices.NO_FMA}")
+    say(f"bench: reduction canonical vs native, mlp: {len(p.reduction_strategies)} strategies, N = {p.reduction_ns}; "
+        f"cnn: {len(p.reduction_bn_strategies)}, N = {p.reduction_bn_ns}; in a child process started with "
+        f"XLA_FLAGS={devices.NO_FMA}")
     rows = run_child(p.quick, fma=False, modes=("native", "canonical"))
     fma_rows = None
     if p.reduction_fma:
         say("bench: reduction: native again in a child process with FMA on (the flag's own cost)")
         fma_rows = run_child(p.quick, fma=True, modes=("native",))
     m = p.reduction_model
-    return {"rows": table(rows, fma_rows, m),
+    bn = p.reduction_bn_model
+    return {"rows": table(rows, fma_rows, models(p)),
             "setup": {"xla_flags": devices.NO_FMA, "fma_reference": fma_rows is not None,
                       "repeats": p.reduction_repeats, "warmup_calls": WARMUP_CALLS, "statistic": "median",
                       "model": {f: getattr(m, f) for f in ("model", "hidden", "batch_size", "accum", "dtype",
                                                            "optimizer", "shards")},
+                      "bn_model": None if bn is None else {f: getattr(bn, f) for f in (
+                          "model", "channels", "batchnorm", "batch_size", "accum", "dtype", "optimizer", "shards")},
+                      "bn_note": "cnn rows: each timed call is the running statistics' program then the train step "
+                                 "(as parallelize's step runs them); *_bytes = the train step's + the statistics "
+                                 "program's (*_train_bytes + *_stats_bytes); temporaries: the train step's",
                       "note": f"Both modes compiled and timed in one process started with XLA_FLAGS={devices.NO_FMA} "
                               "(canonical needs it): native there is without fused multiply-adds too"}}
 

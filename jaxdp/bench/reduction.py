@@ -200,7 +200,7 @@ if __name__ == "__main__":
     from .markdown import reduction_section
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny model, N = 2, ddp and zero1 (xla)")
+    parser.add_argument("--quick", action="store_true", help="tiny models, N = 2: mlp ddp and zero1 (xla), cnn ddp")
     parser.add_argument("--out", default="reports/bench", help="folder for reduction.json and reduction.md")
     args = parser.parse_args()
     t0 = time.perf_counter()

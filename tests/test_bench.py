@@ -63,8 +63,9 @@ def test_bench_quick_writes_valid_json_and_markdown(tmp_path):
                for r in coll)
     assert [g["item"] for g in results["goals"]] == [1, 2, 3, 4, 5, 6, 7, 8]
     red = results["reduction"]  # item 9, checked in tests/test_bench_canonical.py: here only present
-    assert [(r["strategy"], r["devices"]) for r in red["rows"]] == [("ddp", 2), ("zero1", 2)]
-    assert all(r["canonical_bytes"] >= r["native_bytes"] > 0 and r["ratio"] > 0 for r in red["rows"])
+    assert [(r["strategy"], r["devices"]) for r in red["rows"]] == [("ddp", 2), ("zero1", 2), ("ddp", 2)]  # mlp, cnn
+    assert all(r["canonical_bytes"] >= r["native_bytes"] > 0 and r["ratio"] > 0 for r in red["rows"][:2])
+    assert red["rows"][2]["model"] == "cnn" and red["rows"][2]["canonical_bytes"] > 0 and red["rows"][2]["ratio"] > 0
     for n in range(1, 10):
         assert f"## {n}." in table
     assert "| cnn | ddp | 2 |" in table and "| gpt2 | ddp | 2 |" in table

@@ -20,6 +20,8 @@ import os
 import shutil
 import tempfile
 
+import pytest
+
 _CREATED = None  # the cache folder this process made (and removes when the session ends)
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _CREATED = os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxdp-xla-cache-")
@@ -32,3 +34,22 @@ def pytest_unconfigure(config):
     """The session's cache folder goes with it (only the process that made it: xdist's controller)."""
     if _CREATED:
         shutil.rmtree(_CREATED, ignore_errors=True)
+
+
+# Files that share tests/torch_helpers.py's per-process torch worlds (`world(n)` runs every job of size n
+# at once, for all of them): one xdist work unit, so the worlds are spawned and run in one worker only.
+TORCH_WORLD_FILES = {f"tests/{name}.py" for name in ("test_cnn", "test_gpt2", "test_torch_api",
+                                                     "test_torch_collectives", "test_torch_strategies")}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile`, except that TORCH_WORLD_FILES are one unit (the other files: one unit each)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            path = nodeid.split("::", 1)[0]
+            return "torch-worlds" if path in TORCH_WORLD_FILES else path
+
+    return Scheduling(config, log)

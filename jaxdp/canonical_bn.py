@@ -42,9 +42,7 @@ def total(stacked, axis: str | None):
 
 def per_shard(fn, xs, ys):
     """`fn(x, y)` for each shard, one at a time by the same program, fenced (`canonical.shard_values`)."""
-    def one(batch):
-        return lax.optimization_barrier(fn(*lax.optimization_barrier(batch)))
-    return lax.map(one, (xs, ys))
+    return canonical.shard_values(lambda _, x, y: fn(x, y), (), xs, ys)
 
 
 def shard_program(loss_fn, shards: int):
@@ -67,9 +65,10 @@ def layout(loss_fn, params, x, y, shards: int) -> list[int]:
 
 
 class Micro(NamedTuple):
-    """One micro-batch on this device: the shard program, the layers' counts, the (full) parameters,
+    """One micro-batch on this device: the shard program, S, the layers' counts, the (full) parameters,
     the k shards' rows stacked [k, rows, ...], and the device axis (None: every shard is here)."""
     program: Callable
+    shards: int
     counts: list
     params: dict
     xs: jax.Array
@@ -81,7 +80,7 @@ def micro(loss_fn, params, xs, ys) -> Micro:
     axis = bound_axis()
     shards = xs.shape[0] * (1 if axis is None else lax.axis_size(axis))
     counts = layout(loss_fn, params, xs[0], ys[0], shards)
-    return Micro(shard_program(loss_fn, shards), counts, params, xs, ys, axis)
+    return Micro(shard_program(loss_fn, shards), shards, counts, params, xs, ys, axis)
 
 
 def statistics(run: Micro):
@@ -139,7 +138,7 @@ def running_statistics(problem, params, state, x, accum: int, local_shards: int)
 
     def one(state, rows):
         run = micro(forward, params, rows, rows)  # labels unread
-        with given_mod.given(statistics(run), rows.shape[0] * (1 if run.axis is None else lax.axis_size(run.axis))):
+        with given_mod.given(statistics(run), run.shards):
             return problem.update_state(params, state, rows[0]), None
 
     state, _ = lax.scan(one, state, xs)

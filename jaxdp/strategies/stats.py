@@ -49,7 +49,8 @@ def make(name: str, problem, mesh, accum: int, opts=None):
     micro-batch (`canonical_bn.running_statistics`), the same on every device."""
     if problem.update_state is None:
         return None
-    if opts is not None and opts.reduction == "canonical":
+    is_canonical = opts is not None and opts.reduction == "canonical"
+    if is_canonical:
         advance = canonical_advance(opts, mesh.size)
         compiler_options = canonical.COMPILER_OPTIONS
     else:
@@ -63,7 +64,7 @@ def make(name: str, problem, mesh, accum: int, opts=None):
         if name in SHARDED_PARAMS:
             params = jax.tree.map(lambda s, like: unpad(lax.all_gather(s, AXIS, tiled=True), like), params, shapes)
         state = advance(problem, params, state, x, accum)
-        return state if compiler_options else jax.tree.map(from_root, state)  # canonical: equal everywhere
+        return state if is_canonical else jax.tree.map(from_root, state)  # canonical: equal everywhere
 
     param_spec = P(AXIS) if name in SHARDED_PARAMS else P()
     return jax.jit(jax.shard_map(device, mesh=mesh, in_specs=(param_spec, P(), P(AXIS)), out_specs=P(),

@@ -57,10 +57,19 @@ def first_line(report: divergence.Report) -> str:
     return f"first divergence: {report.first.describe()}{tail}"
 
 
+def relaxed_lines(relaxed: list[str], most: int = 8) -> list[str]:
+    """The tensors the error model kept within their bounds, one line each (the first `most`)."""
+    more = [f"  ... and {len(relaxed) - most} more (all in --json)"] if len(relaxed) > most else []
+    head = [f"within bounds by the error model ({len(relaxed)}: raw error beyond the bound, explained by the "
+            f"gradients' roundoff after the optimizer):"] if relaxed else []
+    return head + [f"  {r}" for r in relaxed[:most]] + more
+
+
 def text(report: divergence.Report) -> str:
     """The report: the first divergence and notes, the per-field table, the bounds and the verdict."""
     notes = report.notes + [f"bounds: {report.bounds['source']}"]
     lines = [first_line(report)] + [f"note: {n}" for n in notes]
+    lines += relaxed_lines(report.relaxed)
     d, row = report.extra["diff"], report.extra["row"]
     if row is None:
         lines.append(trace_mod.format_diff(d, report.extra["tolerance"]))

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import parity
+from . import error_model, parity
 from . import trace as trace_mod
 
 ORDER = ("init", "x", "y", "loss", "grad", "param", "state")
@@ -48,6 +48,7 @@ class Divergence:
     b: float | None = None
     missing: str | None = None
     detail: str = ""
+    allowance: str = ""  # the error model's allowance at the element, when it has one (jaxdp.error_model)
 
     @property
     def ratio(self) -> float:
@@ -61,7 +62,8 @@ class Divergence:
             return f"{where}: {self.detail}"
         at = f" at {list(self.index)}: A {self.a!r}, B {self.b!r}" if self.index is not None else ""
         bound = "identical" if self.bound == 0 else f"bound {self.bound:g}"
-        return f"{where}{at} ({self.measure} error {self.error:.2e}, {bound})"
+        allowance = f"; beyond its roundoff allowance: {self.allowance}" if self.allowance else ""
+        return f"{where}{at} ({self.measure} error {self.error:.2e}, {bound}{allowance})"
 
 
 @dataclass
@@ -78,6 +80,7 @@ class Report:
     first_step: int = 1
     steps: int = 0
     extra: dict = field(default_factory=dict)
+    relaxed: list = field(default_factory=list)  # one line per tensor the error model kept within its bound
 
 
 def position(key: str, first_step: int = 1):
@@ -150,11 +153,17 @@ def compare(a: trace_mod.Trace, b: trace_mod.Trace, tolerance: float | None = No
     divergences += beyond + _step_updates(step_update, tol, d["norm"])
     divergences.sort(key=lambda v: (v.step, ORDER.index(v.field), -v.ratio, v.name))
     first = divergences[0] if divergences else None
+    allow = row.allowance if row is not None else None
     if first is not None and first.key in a.arrays and first.key in b.arrays and not first.detail:
-        _locate(first, a, b, first_step, d["floor"])
+        _locate(first, a, b, first_step, d["floor"], allow)
+    relaxed = []
+    if row is not None:
+        notes.append(row.model_note or f"error model: updates and parameters judged beyond what the gradients' "
+                                       f"differences become after {row.allowance.opt.describe()} (docs/PARITY.md)")
+        relaxed = [r.describe(row.allowance.opt, ("A", "B")) for r in row.relaxed]
     ok = not divergences and not failures
     return Report(ok, first, divergences, cells, failures, notes, bounds, first_step=first_step, steps=steps,
-                  extra={"diff": d, "row": row, "tolerance": tolerance})
+                  extra={"diff": d, "row": row, "tolerance": tolerance}, relaxed=relaxed)
 
 
 def _missing(a, b, pos, notes) -> list[Divergence]:
@@ -236,9 +245,12 @@ def _step_updates(step_update: dict, tol, norm: dict) -> list[Divergence]:
     return out
 
 
-def _locate(v: Divergence, a, b, first_step: int, floor: float) -> None:
-    """Fill in the worst element of the divergence `v`: its index and both values."""
+def _locate(v: Divergence, a, b, first_step: int, floor: float, allow=None) -> None:
+    """Fill in the worst element of the divergence `v`: its index and both values, scored beyond the
+    error model's allowances, and the allowance there when it has one."""
     xa, xb = (np.asarray(t.arrays[v.key], np.float64) for t in (a, b))
+    update_key = f"update/{v.step}/{v.name}"
+    allowed = allow.of(update_key if v.measure in ("update", "step update") else v.key) if allow else None
     bad = ~(np.isfinite(xa) & np.isfinite(xb))
     with np.errstate(invalid="ignore", over="ignore"):
         if bad.any():
@@ -246,14 +258,20 @@ def _locate(v: Divergence, a, b, first_step: int, floor: float) -> None:
         elif v.measure in ("update", "step update"):
             before = f"init/{v.name}" if v.step == first_step else f"step/{v.step - 1}/param/{v.name}"
             pa, pb = (np.asarray(t.arrays.get(before, 0.0), np.float64) for t in (a, b))
-            score = np.abs((xa - pa) - (xb - pb))
+            score = error_model.excess(xa - pa, xb - pb, allowed)
         elif v.measure == "elementwise":
-            score = np.abs(xa - xb) / np.maximum(np.abs(xb), floor)
+            score = error_model.excess(xa, xb, allowed) / np.maximum(np.abs(xb), floor)
         else:
-            score = np.abs(xa - xb)
+            score = error_model.excess(xa, xb, allowed)
     if score.size:
         index = np.unravel_index(int(np.argmax(score)), score.shape)
         v.index, v.a, v.b = tuple(int(i) for i in index), float(xa[index]), float(xb[index])
+        if allowed is not None and float(allowed[index]) > 0 and not bad.any():
+            g_a, g_b = (allow.grads.get((s, v.step, v.name)) for s in ("a", "b"))
+            if g_a is not None and g_b is not None:
+                v.allowance = error_model.why(allow.opt, float(g_a[index]), float(g_b[index]),
+                                              float(np.max(np.abs(g_b))), float(allowed[index]),
+                                              float(np.abs(xa - xb)[index]), ("A", "B"))
 
 
 def as_json(report: Report, a_path: str = "", b_path: str = "") -> dict:
@@ -265,6 +283,7 @@ def as_json(report: Report, a_path: str = "", b_path: str = "") -> dict:
         first["index"] = list(first["index"]) if first["index"] is not None else None
     doc = {"ok": report.ok, "first_divergence": first, "a": a_path, "b": b_path, "bounds": report.bounds,
            "failures": report.failures, "notes": report.notes, "steps": [report.first_step, report.steps],
+           "relaxed": report.relaxed,
            "divergences": [{k: getattr(v, k) for k in ("step", "field", "name", "measure", "error", "bound")}
                            for v in report.divergences],
            "table": report.cells}

@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import error_model
 from . import trace as trace_mod
 from .config import RunConfig
 
@@ -138,6 +139,9 @@ class Row:
     tol: Tolerance
     failures: list = field(default_factory=list)
     diff: dict = field(default_factory=dict, repr=False)  # trace.diff's result
+    allowance: error_model.Allowance | None = field(default=None, repr=False)  # the per-element error model
+    relaxed: list = field(default_factory=list)  # error_model.Relaxed: kept within bounds by the allowances
+    model_note: str = ""  # why the pair has no error model ("" when it has one)
 
     @property
     def ok(self) -> bool:
@@ -149,7 +153,8 @@ def judge(a, b, tol: Tolerance | None = None, label: str = "", cfg: RunConfig | 
     """Judge trace `a` against reference `b` with `tol` (default: `tolerance(b.meta)`). A failure
     names the field, the worst array (by key) and the bound; non-finite arrays are named by key and side."""
     tol = tol or tolerance(b.meta)
-    d = trace_mod.diff(a, b, check_config=check_config, with_ulp=with_ulp)
+    allow = error_model.allowance(a, b)
+    d = trace_mod.diff(a, b, check_config=check_config, with_ulp=with_ulp, allowance=allow)
     steps = range(b.first_step, b.steps + 1)
     worst_at = {}  # (field, step) -> (error, key)
     for key, err in d["norm"].items():
@@ -160,11 +165,14 @@ def judge(a, b, tol: Tolerance | None = None, label: str = "", cfg: RunConfig | 
     for f in ("loss", "grad", "param", "update"):
         per_step[f] = [worst_at.get((f, s), (0.0, ""))[0] for s in steps]
         worst_key[f] = max((worst_at[(f, s)] for s in steps if (f, s) in worst_at), default=(0.0, ""))[1]
-    per_step["step update"] = step_update_errors(a, b)
+    per_step["step update"] = step_update_errors(a, b, allow)
     worst = {f: max(v, default=0.0) for f, v in per_step.items()}
     worst_key["step update"] = f"step {b.first_step + int(np.argmax(per_step['step update']))}" if steps else ""
     init_identical = all(np.array_equal(a.arrays[k], b.arrays[k]) for k in b.arrays if k.startswith("init/"))
-    row = Row(label, cfg, worst, per_step, worst_key, init_identical, tol, diff=d)
+    row = Row(label, cfg, worst, per_step, worst_key, init_identical, tol, diff=d, allowance=allow,
+              model_note=error_model.why_none(a, b) or "")
+    if allow is not None:
+        row.relaxed = error_model.relaxations(a, b, allow, d, tol, d["floor"])
     row.failures += [f"non-finite: {k} holds NaN or Inf in {_sides(w, sides)}" for k, w in d["non_finite"].items()]
     if not init_identical:
         row.failures.append("initial parameters differ")
@@ -193,8 +201,9 @@ def _sides(which: str, sides) -> str:
     return {"a": sides[0], "b": sides[1]}.get(which, f"{sides[0]} and {sides[1]}")
 
 
-def step_update_errors(a, b) -> list[float]:
-    """Per step: ||du_a - du_b|| / ||du_b|| over all tensors at once (inf where non-finite)."""
+def step_update_errors(a, b, allow=None) -> list[float]:
+    """Per step: ||du_a - du_b|| / ||du_b|| over all tensors at once (inf where non-finite), the
+    difference measured beyond `allow`'s per-element allowances (jaxdp.error_model)."""
     ua, ub = trace_mod.updates(a), trace_mod.updates(b)
     out = []
     for s in range(b.first_step, b.steps + 1):
@@ -202,7 +211,8 @@ def step_update_errors(a, b) -> list[float]:
         if not all(np.isfinite(ua[k]).all() and np.isfinite(ub[k]).all() for k in keys):
             out.append(math.inf)
             continue
-        num = math.sqrt(sum(float(np.sum((ua[k] - ub[k]) ** 2)) for k in keys))
+        over = {k: error_model.excess(ua[k], ub[k], allow.update.get(k) if allow else None) for k in keys}
+        num = math.sqrt(sum(float(np.sum(over[k] ** 2)) for k in keys))
         den = math.sqrt(sum(float(np.sum(ub[k] ** 2)) for k in keys))
         out.append(num / den if den > 0 else num)
     return out

@@ -130,14 +130,14 @@ def check_comparable(a: Trace, b: Trace) -> None:
                          + " (compare them anyway with --no-config-check)")
 
 
-def errors(a, b, floor: float = 0.0) -> tuple[float, float, float]:
+def errors(a, b, floor: float = 0.0, allow=None) -> tuple[float, float, float]:
     """(relative, norm, elementwise) errors of `a` against reference `b`:
       relative     max |a - b| / max |b|       (the worst element relative to the array's scale)
       norm         ||a - b|| / ||b||           (2-norms over the whole array)
       elementwise  max_i |a_i - b_i| / max(|b_i|, floor)   (every element relative to itself;
                    those below the absolute `floor` judged against the floor)
     each the absolute error where its scale is 0, and all inf when either array holds NaN or Inf
-    (non-finite is never agreement)."""
+    (non-finite is never agreement). `allow`: |a - b| beyond these (jaxdp.error_model)."""
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     if a.shape != b.shape:
@@ -147,6 +147,7 @@ def errors(a, b, floor: float = 0.0) -> tuple[float, float, float]:
     if not b.size:
         return 0.0, 0.0, 0.0
     d, mag = np.abs(a - b), np.abs(b)
+    d = d if allow is None else np.maximum(d - allow, 0.0)
     err, scale = float(d.max()), float(mag.max())
     norm_err, norm_scale = float(np.linalg.norm(d)), float(np.linalg.norm(b))
     elementwise = float(np.max(d / np.maximum(mag, max(floor, np.finfo(np.float64).tiny))))
@@ -159,9 +160,9 @@ def relative_error(a, b) -> float:
     return errors(a, b)[0]
 
 
-def norm_error(a, b) -> float:
-    """||a - b|| / ||b||; inf when either array is non-finite."""
-    return errors(a, b)[1]
+def norm_error(a, b, allow=None) -> float:
+    """||a - b|| / ||b|| (beyond `allow`); inf when either array is non-finite."""
+    return errors(a, b, allow=allow)[1]
 
 
 def ulp_distance(a, b) -> float | None:
@@ -228,7 +229,8 @@ def non_finite(t: Trace) -> list[str]:
 FLOOR = {"float64": 1e-12, "float32": 1e-6, "bfloat16": 1e-6}
 
 
-def diff(a: Trace, b: Trace, check_config: bool = True, floor: float | None = None, with_ulp: bool = True) -> dict:
+def diff(a: Trace, b: Trace, check_config: bool = True, floor: float | None = None, with_ulp: bool = True,
+         allowance=None) -> dict:
     """Errors of `a` against reference `b`, per array and per field. Arrays present in only one
     trace are an error. Returns
       per_array / worst:  the worst |a - b| over the largest |b| per array / per field;
@@ -236,7 +238,8 @@ def diff(a: Trace, b: Trace, check_config: bool = True, floor: float | None = No
       elementwise:        max |a_i - b_i| / max(|b_i|, floor) per array (floor: FLOOR[dtype]);
       ulp:                the largest ULP distance per float array (in its own dtype; with_ulp);
       non_finite:         {key: 'a', 'b' or 'a and b'}: arrays holding NaN or Inf, whose errors are inf;
-      fields:             {field: {'relative', 'norm', 'elementwise', 'ulp'}}: the worst of each."""
+      fields:             {field: {'relative', 'norm', 'elementwise', 'ulp'}}: the worst of each.
+    `allowance` (jaxdp.error_model): param and update norm/elementwise errors beyond its allowances."""
     if check_config:
         check_comparable(a, b)
     only = sorted(set(a.arrays) ^ set(b.arrays))
@@ -247,8 +250,11 @@ def diff(a: Trace, b: Trace, check_config: bool = True, floor: float | None = No
     per_array, norm, elementwise = {}, {}, {}
     for k in keys:
         per_array[k], norm[k], elementwise[k] = errors(a.arrays[k], b.arrays[k], floor)
+        if allowance and k in allowance.param:  # the relative error stays the raw one
+            _, norm[k], elementwise[k] = errors(a.arrays[k], b.arrays[k], floor, allowance.param[k])
     ua, ub = updates(a), updates(b)
-    norm.update({k: norm_error(ua[k], ub[k]) for k in sorted(ub) if k in ua})
+    norm.update({k: norm_error(ua[k], ub[k], allowance.update.get(k) if allowance else None)
+                 for k in sorted(ub) if k in ua})
     ulp = {k: u for k in keys if (u := ulp_distance(a.arrays[k], b.arrays[k])) is not None} if with_ulp else {}
     bad_a, bad_b = set(non_finite(a)), set(non_finite(b))
     nonfinite = {k: " and ".join(s for s, bad in (("a", bad_a), ("b", bad_b)) if k in bad)

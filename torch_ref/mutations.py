@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from jaxdp import data
+from jaxdp.mutations import FUSED_BIAS, FUSED_KERNEL
 
 from . import batchnorm, models, optim, train
 from .collectives import ring_all_reduce
@@ -133,7 +134,49 @@ def bn_no_backward_reduce():
     return [(batchnorm, "_AllReduceSum", _AllReduceForwardOnly)]
 
 
+def _edit_update(size: int, edit):
+    """`optim.make`'s optimizer with `edit(k, update, param, lr, weight_decay)` applied after each step
+    (k from 1) to the update of the tensor of `size` elements, as a bug in one tensor's optimizer would."""
+    make = optim.make
+
+    def made(cfg, params):
+        opt = make(cfg, params)
+        target = [p for g in opt.param_groups for p in g["params"] if p.numel() == size]
+        before, count = {}, [0]
+
+        def pre(optimizer, args, kwargs):
+            count[0] += 1
+            before.update({id(p): p.detach().clone() for p in target})
+
+        def post(optimizer, args, kwargs):
+            with torch.no_grad():
+                for p in target:
+                    p0 = before[id(p)]
+                    p.copy_(p0 + edit(count[0], p - p0, p0, cfg.lr, cfg.weight_decay))
+
+        opt.register_step_pre_hook(pre)
+        opt.register_step_post_hook(post)
+        return opt
+
+    return [(optim, "make", made)]
+
+
+def _doubled_first(u):
+    u = u.clone()
+    u.view(-1)[0] *= 2
+    return u
+
+
+def adam_eps():
+    """torch's Adam and AdamW built with eps 1e-6 (the default, and jaxdp's, is 1e-8)."""
+    return [(optim, "ADAM", dict(optim.ADAM, eps=1e-6))]
+
+
 PATCHES = {
+    "lr-1.0001x": lambda: _edit_update(FUSED_BIAS, lambda k, u, p, lr, wd: u * 1.0001),
+    "decay-skipped-once": lambda: _edit_update(FUSED_KERNEL, lambda k, u, p, lr, wd: u + lr * wd * p if k == 2 else u),
+    "adam-eps-1e-6": adam_eps,
+    "one-element": lambda: _edit_update(FUSED_BIAS, lambda k, u, p, lr, wd: _doubled_first(u) if k == 2 else u),
     "missing-1/N": missing_one_over_n,
     "summed-twice": summed_twice,
     "clip-shard-norm": clip_shard_norm,

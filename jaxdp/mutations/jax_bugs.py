@@ -14,6 +14,7 @@ from .. import optim
 from ..devices import AXIS
 from ..models import cnn, flat_names
 from ..strategies import bucket, common, ddp, zero
+from . import FUSED_BIAS, FUSED_KERNEL
 
 
 def missing_one_over_n():
@@ -139,6 +140,41 @@ def bn_no_backward_reduce():
     return [(cnn, "lax", _LaxWithLocalBackward())]
 
 
+def _edit_update(size: int, edit):
+    """`optim.make`'s optimizer followed by `edit(k, update, param, lr, weight_decay)` on the update of
+    the tensor of `size` elements (at step k, from 1), as a bug in one tensor's optimizer would."""
+    make = optim.make
+
+    def made(name, lr, weight_decay=0.0, clip_norm=0.0):
+        def update(updates, count, params=None):
+            return jax.tree.map(lambda u, p: edit(count + 1, u, p, lr, weight_decay) if u.size == size else u,
+                                updates, params), count + 1
+
+        edits = optax.GradientTransformation(lambda params: jnp.zeros((), jnp.int32), update)
+        return optax.chain(make(name, lr, weight_decay, clip_norm), edits)
+
+    return [(optim, "make", made)]
+
+
+def lr_one_tensor():
+    return _edit_update(FUSED_BIAS, lambda k, u, p, lr, wd: u * 1.0001)
+
+
+def decay_skipped_once():
+    return _edit_update(FUSED_KERNEL, lambda k, u, p, lr, wd: jnp.where(k == 2, u + lr * wd * p, u))
+
+
+def one_element():
+    return _edit_update(FUSED_BIAS, lambda k, u, p, lr, wd: jnp.where(k == 2, u.at[0].multiply(2.0), u))
+
+
+def adam_eps():
+    """optax's adam and adamw built with eps 1e-6 (torch's default and jaxdp's is 1e-8)."""
+    adam, adamw = optax.adam, optax.adamw
+    return [(optax, "adam", lambda *a, **kw: adam(*a, **{**kw, "eps": 1e-6})),
+            (optax, "adamw", lambda *a, **kw: adamw(*a, **{**kw, "eps": 1e-6}))]
+
+
 PATCHES = {
     "missing-1/N": missing_one_over_n,
     "summed-twice": summed_twice,
@@ -151,4 +187,8 @@ PATCHES = {
     "decay-one-replica": decay_one_shard,
     "bn-local-stats": bn_local_stats,
     "bn-no-backward-reduce": bn_no_backward_reduce,
+    "lr-1.0001x": lr_one_tensor,
+    "decay-skipped-once": decay_skipped_once,
+    "adam-eps-1e-6": adam_eps,
+    "one-element": one_element,
 }

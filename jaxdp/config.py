@@ -96,6 +96,9 @@ class RunConfig:
         "sync", "cnn: BatchNorm statistics under data parallelism: sync (over the global micro-batch, every "
         "strategy equals single) or local (each device its own rows, torch DDP's default; rank 0's running "
         "statistics)", BATCHNORMS)
+    conv_bias: bool = _flag(
+        False, "cnn: a bias in each convolution, before its BatchNorm (as many models write it; the mean "
+        "subtraction cancels it, so its gradient is roundoff only)", type=_bool_text)
     bucket_mb: float = _flag(25.0, "ddp-bucket: bucket capacity in MB (2**20 bytes)")
     n_layer: int = _flag(2, "gpt: transformer blocks")
     n_head: int = _flag(2, "gpt: attention heads")
@@ -266,6 +269,7 @@ COMPARABLE_FIELDS = (
     "hidden",
     "channels",
     "batchnorm",
+    "conv_bias",
     "n_layer",
     "n_head",
     "d_model",

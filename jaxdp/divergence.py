@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import error_model, parity
+from . import error_model, parity, relaxed
 from . import trace as trace_mod
 
 ORDER = ("init", "x", "y", "loss", "grad", "param", "state")
@@ -156,14 +156,15 @@ def compare(a: trace_mod.Trace, b: trace_mod.Trace, tolerance: float | None = No
     allow = row.allowance if row is not None else None
     if first is not None and first.key in a.arrays and first.key in b.arrays and not first.detail:
         _locate(first, a, b, first_step, d["floor"], allow)
-    relaxed = []
+    kept = []
     if row is not None:
+        opt = row.allowance.opt if row.allowance else None
         notes.append(row.model_note or f"error model: updates and parameters judged beyond what the gradients' "
-                                       f"differences become after {row.allowance.opt.describe()} (docs/PARITY.md)")
-        relaxed = [r.describe(row.allowance.opt, ("A", "B")) for r in row.relaxed]
+                                       f"differences become after {opt.describe()} (docs/PARITY.md)")
+        kept = [r.describe(opt, ("A", "B")) for r in row.relaxed]
     ok = not divergences and not failures
     return Report(ok, first, divergences, cells, failures, notes, bounds, first_step=first_step, steps=steps,
-                  extra={"diff": d, "row": row, "tolerance": tolerance}, relaxed=relaxed)
+                  extra={"diff": d, "row": row, "tolerance": tolerance}, relaxed=kept)
 
 
 def _missing(a, b, pos, notes) -> list[Divergence]:
@@ -269,7 +270,7 @@ def _locate(v: Divergence, a, b, first_step: int, floor: float, allow=None) -> N
         if allowed is not None and float(allowed[index]) > 0 and not bad.any():
             g_a, g_b = (allow.grads.get((s, v.step, v.name)) for s in ("a", "b"))
             if g_a is not None and g_b is not None:
-                v.allowance = error_model.why(allow.opt, float(g_a[index]), float(g_b[index]),
+                v.allowance = relaxed.why(allow.opt, float(g_a[index]), float(g_b[index]),
                                               float(np.max(np.abs(g_b))), float(allowed[index]),
                                               float(np.abs(xa - xb)[index]), ("A", "B"))
 

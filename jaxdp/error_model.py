@@ -39,11 +39,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .trace import errors, updates
+from .trace import errors
 
 CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s: coef = max_norm / (norm + 1e-6)
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 DTYPES = ("float64", "float32")
+UNIT = {"float64": 2.0 ** -53, "float32": 2.0 ** -24}  # unit roundoff u
+# Roundoff-only gradients (cnn's conv biases before BatchNorm, jaxdp and torch, N in 2..4) measured
+# <= 9 u ||g_step|| in norm and <= 24 u max|g_step| per element; a sum's roundoff grows as the square
+# root of its terms' count, so 256 covers ~100x the cnn's terms per gradient element.
+C_GRAD = 256
 
 
 @dataclass(frozen=True)
@@ -75,35 +80,47 @@ def optimizer_of(meta: dict) -> Optimizer | None:
 
 @dataclass
 class Allowance:
-    """Per-element allowances (key -> array, float64) and what they were computed from."""
-    opt: Optimizer
+    """Per-element allowances (key -> array, float64), the gradients' floors, and what they came from."""
+    opt: Optimizer | None  # None: no optimizer to replay (resumed, or none named): gradient floors only
     update: dict = field(default_factory=dict)  # update/<k>/<name>
     param: dict = field(default_factory=dict)  # step/<k>/param/<name>
     grads: dict = field(default_factory=dict)  # (side, k, name) -> recorded gradient (float64), for explanations
+    grad_floor: dict = field(default_factory=dict)  # step/<k>/grad/<name> -> (norm floor, elementwise floor,
+    #                                                   the step's gradient norm)
 
     def of(self, key: str):
         return self.update.get(key, self.param.get(key))
 
+    def errors(self, key: str, a, b, floor: float) -> tuple[float, float, float]:
+        """trace.errors of one array under the model: beyond its allowance, above its floors."""
+        norm_floor, elem_floor, _ = self.grad_floor.get(key, (0.0, 0.0, 0.0))
+        return errors(a, b, max(floor, elem_floor), self.param.get(key), norm_floor)
+
 
 def why_none(a, b) -> str | None:
-    """Why the pair gets no allowance (None when it gets one)."""
+    """Why the pair gets no optimizer allowance (None when it gets one)."""
     meta = {**a.meta, **b.meta}
     if meta.get("dtype") not in DTYPES:
         return f"no per-element error model for dtype {meta.get('dtype')!r} (float64 and float32 only)"
     if optimizer_of(b.meta) is None and optimizer_of(a.meta) is None:
-        return "no per-element error model: meta names no optimizer (sgd, momentum, adam, adamw) with its lr"
+        return ("no optimizer in the error model: meta names none of sgd, momentum, adam, adamw with its lr "
+                "(gradients judged with their roundoff floors)")
     if a.first_step != 1 or b.first_step != 1:
-        return "no per-element error model: a resumed trace has no optimizer state to replay"
+        return "no optimizer in the error model: a resumed trace has no optimizer state to replay"
     return None
 
 
-def allowance(a, b) -> Allowance | None:
-    """The allowances of trace `a` against `b` (module docstring), or None (`why_none` says why)."""
-    if why_none(a, b) is not None:
+def allowance(a, b, grad_bound: float = math.inf, elementwise_bound: float = math.inf) -> Allowance | None:
+    """The error model of trace `a` against `b` (module docstring); None for a dtype it does not
+    cover, and gradient floors only where the optimizer cannot be replayed (`why_none` says why)."""
+    dtype = b.meta.get("dtype", a.meta.get("dtype"))
+    if dtype not in DTYPES:
         return None
-    opt = optimizer_of(b.meta) or optimizer_of(a.meta)
+    opt = None if why_none(a, b) else optimizer_of(b.meta) or optimizer_of(a.meta)
+    out = Allowance(opt, grad_floor=grad_floors(b, UNIT[dtype], grad_bound, elementwise_bound))
+    if opt is None:
+        return out
     names = [n for n in b.names() if f"init/{n}" in a.arrays]
-    out = Allowance(opt)
     ua, ub = replay(a, opt, names, out.grads, "a"), replay(b, opt, names, out.grads, "b")
     total = {n: 0.0 for n in names}
     for k in sorted(set(ua) & set(ub)):
@@ -112,7 +129,36 @@ def allowance(a, b) -> Allowance | None:
                 allow = np.abs(ua[k][n] - ub[k][n])
                 allow = np.where(np.isfinite(allow), allow, 0.0)  # non-finite is judged elsewhere, never excused
                 total[n] = total[n] + allow
-                out.update[f"update/{k}/{n}"], out.param[f"step/{k}/param/{n}"] = allow, total[n]
+                out.param[f"step/{k}/param/{n}"] = total[n]
+                out.update[f"update/{k}/{n}"] = allow + storage(b, f"step/{k}/param/{n}")
+    return out
+
+
+def storage(t, key: str):
+    """Each side rounds a parameter it stores to its dtype (half a unit in the last place): the two
+    roundings of p_k differ by at most one ulp(p_k), which the update p_k - p_(k-1) carries (relative to
+    the update, u |p| / |du|: 1.7e-4 for a LayerNorm scale of 1 moved by 7e-4 in float32). The
+    parameter's own measure is relative to |p| and needs no such term."""
+    p = t.arrays.get(key)
+    return 0.0 if p is None else np.abs(np.spacing(np.asarray(p))).astype(np.float64)
+
+
+def grad_floors(b, u: float, grad_bound: float, elementwise_bound: float) -> dict:
+    """{step/<k>/grad/<name>: (norm floor, elementwise floor, ||g_step||)}: a gradient whose terms cancel (a bias
+    before a normalisation) is roundoff only, ~u times the size of the terms, which the trace does not
+    hold; the step's gradient stands for it (`C_GRAD`): a tensor's norm error is
+    judged against max(||g_t||, C u ||g_step|| / bound), an element's against max(|g_i|, floor,
+    C u max|g_step| / elementwise bound)."""
+    out = {}
+    for k in range(b.first_step, b.steps + 1):
+        keys = [key for n in b.names() if (key := f"step/{k}/grad/{n}") in b.arrays]
+        grads = [np.asarray(b.arrays[key], np.float64) for key in keys]
+        if not grads or not all(np.isfinite(g).all() for g in grads):
+            continue
+        norm = math.sqrt(sum(float(np.sum(g * g)) for g in grads))
+        top = max(float(np.max(np.abs(g))) if g.size else 0.0 for g in grads)
+        floors = (C_GRAD * u * norm / grad_bound, C_GRAD * u * top / elementwise_bound, norm)
+        out.update({key: floors for key in keys})
     return out
 
 
@@ -168,76 +214,3 @@ def excess(a, b, allow) -> np.ndarray:
     """|a - b| beyond the allowance, elementwise (NaN stays NaN: never agreement)."""
     d = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
     return d if allow is None else np.where(d > allow, d - allow, 0.0) + np.where(np.isnan(d), np.nan, 0.0)
-
-
-@dataclass
-class Relaxed:
-    """A parameter or update that the allowances kept within its bound: its raw error was beyond."""
-    key: str
-    step: int
-    field: str  # "update" or "param"
-    name: str
-    measure: str  # "norm" or "elementwise"
-    raw: float
-    judged: float
-    bound: float
-    index: tuple
-    grad_a: float
-    grad_b: float
-    tensor_max: float
-    allowance: float
-    measured: float
-
-    def describe(self, opt: Optimizer, sides=("a", "b")) -> str:
-        return (f"step {self.step}, {self.field}, {self.name} at {list(self.index)}: {self.measure} error "
-                f"{self.raw:.2e} > {self.bound:g} raw, {self.judged:.2e} beyond the allowance; "
-                + why(opt, self.grad_a, self.grad_b, self.tensor_max, self.allowance, self.measured, sides))
-
-
-def why(opt: Optimizer, g_a: float, g_b: float, tensor_max: float, allow: float, measured: float,
-        sides=("a", "b")) -> str:
-    """The error model's reason for one element's allowance, in words."""
-    ratio = abs(g_b) / tensor_max if tensor_max > 0 else math.inf
-    level = "roundoff level" if ratio < 1e-6 else "small" if ratio < 1e-3 else "resolved"
-    how = ("that Adam's m / (sqrt(v) + eps) amplifies" if opt.name in ("adam", "adamw")
-           else "that the update carries linearly")
-    return (f"gradient {g_b:.1e} ({sides[1]}) and {g_a:.1e} ({sides[0]}) against the tensor's max "
-            f"{tensor_max:.1e} ({level}): a difference {how} ({opt.describe()}); allowance {allow:.1e} "
-            f"for this element, measured {measured:.1e}")
-
-
-def relaxations(a, b, allow: Allowance, diff: dict, tol, floor: float) -> list[Relaxed]:
-    """The parameters and updates whose raw error is beyond `tol` but whose error beyond the allowances
-    (in `diff`, trace.diff's result) is not: each with its most relaxed element."""
-    out, ua, ub = [], None, None
-    for key, A in list(allow.param.items()) + list(allow.update.items()):
-        field_name = "update" if key.startswith("update/") else "param"
-        step, name = int(key.split("/")[1]), key.split("/", 3)[-1] if field_name == "param" else key.split("/", 2)[2]
-        if field_name == "update":
-            ua, ub = ua or updates(a), ub or updates(b)
-            xa, xb = ua.get(key), ub.get(key)
-        else:
-            xa, xb = a.arrays.get(key), b.arrays.get(key)
-        if xa is None or xb is None or not A.size or float(A.max()) == 0.0:
-            continue
-        judged_norm, judged_elem = diff["norm"].get(key, 0.0), diff["elementwise"].get(key, 0.0)
-        _, raw_norm, raw_elem = errors(xa, xb, floor)
-        checks = [("norm", raw_norm, judged_norm, tol.bound(field_name))]
-        if field_name == "param":
-            checks.append(("elementwise", raw_elem, judged_elem, tol.elementwise))
-        for measure, raw, judged, bound in checks:
-            if raw > bound >= judged:
-                out.append(_relaxed(key, step, field_name, name, measure, raw, judged, bound, xa, xb, A, allow))
-                break
-    return sorted(out, key=lambda r: (r.step, r.field, r.name))
-
-
-def _relaxed(key, step, field_name, name, measure, raw, judged, bound, xa, xb, A, allow) -> Relaxed:
-    d = np.abs(np.asarray(xa, np.float64) - np.asarray(xb, np.float64))
-    index = np.unravel_index(int(np.argmax(np.minimum(d, A))), d.shape) if d.ndim else ()
-    g_a, g_b = (allow.grads.get((s, step, name)) for s in ("a", "b"))
-    g_b = np.zeros_like(d) if g_b is None else g_b
-    g_a = g_b if g_a is None else g_a
-    return Relaxed(key, step, field_name, name, measure, raw, judged, bound, tuple(int(i) for i in index),
-                   float(g_a[index]), float(g_b[index]), float(np.max(np.abs(g_b))) if g_b.size else 0.0,
-                   float(A[index]), float(d[index]))

@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import error_model
+from . import error_model, relaxed
 from . import trace as trace_mod
 from .config import RunConfig
 
@@ -140,7 +140,7 @@ class Row:
     failures: list = field(default_factory=list)
     diff: dict = field(default_factory=dict, repr=False)  # trace.diff's result
     allowance: error_model.Allowance | None = field(default=None, repr=False)  # the per-element error model
-    relaxed: list = field(default_factory=list)  # error_model.Relaxed: kept within bounds by the allowances
+    relaxed: list = field(default_factory=list)  # jaxdp.relaxed: kept within bounds by the error model
     model_note: str = ""  # why the pair has no error model ("" when it has one)
 
     @property
@@ -153,7 +153,7 @@ def judge(a, b, tol: Tolerance | None = None, label: str = "", cfg: RunConfig | 
     """Judge trace `a` against reference `b` with `tol` (default: `tolerance(b.meta)`). A failure
     names the field, the worst array (by key) and the bound; non-finite arrays are named by key and side."""
     tol = tol or tolerance(b.meta)
-    allow = error_model.allowance(a, b)
+    allow = error_model.allowance(a, b, tol.grad, tol.elementwise)
     d = trace_mod.diff(a, b, check_config=check_config, with_ulp=with_ulp, allowance=allow)
     steps = range(b.first_step, b.steps + 1)
     worst_at = {}  # (field, step) -> (error, key)
@@ -172,7 +172,7 @@ def judge(a, b, tol: Tolerance | None = None, label: str = "", cfg: RunConfig | 
     row = Row(label, cfg, worst, per_step, worst_key, init_identical, tol, diff=d, allowance=allow,
               model_note=error_model.why_none(a, b) or "")
     if allow is not None:
-        row.relaxed = error_model.relaxations(a, b, allow, d, tol, d["floor"])
+        row.relaxed = relaxed.relaxations(a, b, allow, d, tol, d["floor"])
     row.failures += [f"non-finite: {k} holds NaN or Inf in {_sides(w, sides)}" for k, w in d["non_finite"].items()]
     if not init_identical:
         row.failures.append("initial parameters differ")

@@ -130,14 +130,15 @@ def check_comparable(a: Trace, b: Trace) -> None:
                          + " (compare them anyway with --no-config-check)")
 
 
-def errors(a, b, floor: float = 0.0, allow=None) -> tuple[float, float, float]:
+def errors(a, b, floor: float = 0.0, allow=None, norm_floor: float = 0.0) -> tuple[float, float, float]:
     """(relative, norm, elementwise) errors of `a` against reference `b`:
       relative     max |a - b| / max |b|       (the worst element relative to the array's scale)
       norm         ||a - b|| / ||b||           (2-norms over the whole array)
       elementwise  max_i |a_i - b_i| / max(|b_i|, floor)   (every element relative to itself;
                    those below the absolute `floor` judged against the floor)
     each the absolute error where its scale is 0, and all inf when either array holds NaN or Inf
-    (non-finite is never agreement). `allow`: |a - b| beyond these (jaxdp.error_model)."""
+    (non-finite is never agreement). `allow`: |a - b| beyond these; `norm_floor`: the least ||b||
+    (both from jaxdp.error_model)."""
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     if a.shape != b.shape:
@@ -149,7 +150,7 @@ def errors(a, b, floor: float = 0.0, allow=None) -> tuple[float, float, float]:
     d, mag = np.abs(a - b), np.abs(b)
     d = d if allow is None else np.maximum(d - allow, 0.0)
     err, scale = float(d.max()), float(mag.max())
-    norm_err, norm_scale = float(np.linalg.norm(d)), float(np.linalg.norm(b))
+    norm_err, norm_scale = float(np.linalg.norm(d)), max(float(np.linalg.norm(b)), norm_floor)
     elementwise = float(np.max(d / np.maximum(mag, max(floor, np.finfo(np.float64).tiny))))
     return (err / scale if scale > 0 else err, norm_err / norm_scale if norm_scale > 0 else norm_err, elementwise)
 
@@ -239,7 +240,7 @@ def diff(a: Trace, b: Trace, check_config: bool = True, floor: float | None = No
       ulp:                the largest ULP distance per float array (in its own dtype; with_ulp);
       non_finite:         {key: 'a', 'b' or 'a and b'}: arrays holding NaN or Inf, whose errors are inf;
       fields:             {field: {'relative', 'norm', 'elementwise', 'ulp'}}: the worst of each.
-    `allowance` (jaxdp.error_model): param and update norm/elementwise errors beyond its allowances."""
+    `allowance` (jaxdp.error_model): param/update errors beyond its allowances, gradients above its floors."""
     if check_config:
         check_comparable(a, b)
     only = sorted(set(a.arrays) ^ set(b.arrays))
@@ -250,8 +251,8 @@ def diff(a: Trace, b: Trace, check_config: bool = True, floor: float | None = No
     per_array, norm, elementwise = {}, {}, {}
     for k in keys:
         per_array[k], norm[k], elementwise[k] = errors(a.arrays[k], b.arrays[k], floor)
-        if allowance and k in allowance.param:  # the relative error stays the raw one
-            _, norm[k], elementwise[k] = errors(a.arrays[k], b.arrays[k], floor, allowance.param[k])
+        if allowance and (k in allowance.param or k in allowance.grad_floor):  # relative stays the raw one
+            _, norm[k], elementwise[k] = allowance.errors(k, a.arrays[k], b.arrays[k], floor)
     ua, ub = updates(a), updates(b)
     norm.update({k: norm_error(ua[k], ub[k], allowance.update.get(k) if allowance else None)
                  for k in sorted(ub) if k in ua})

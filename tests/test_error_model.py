@@ -65,12 +65,14 @@ def test_honest_runs_pass_and_would_not_without_the_model(dtype, monkeypatch):
     row = judged(a, b)
     assert row.ok, row.failures
     assert {r.name for r in row.relaxed} == {"attn/bias"}
-    monkeypatch.setattr(error_model, "allowance", lambda a, b: None)
+    monkeypatch.setattr(error_model, "allowance", lambda a, b, *r: None)
     assert not judged(a, b).ok  # the trap is real: the old verdict was MISMATCH
 
 
 def lr_off(k, n, up, p):
-    return up * 1.0001 if n == "attn/kernel" else up
+    """On the bias, which starts at 0 (|p| ~ |du|): on a tensor of |p| ~ 1000 |du| a 1e-4 change of
+    the update is below float32's storage rounding (docs/PARITY.md, detection limits)."""
+    return up * 1.0001 if n == "attn/bias" else up
 
 
 def decay_skipped(k, n, up, p):
@@ -118,19 +120,23 @@ def test_a_wrong_gradient_is_judged_on_the_gradient_not_excused_after_the_optimi
 
 
 @pytest.mark.parametrize("meta, why", [
-    ({"optimizer": "lion"}, "names no optimizer"), ({"dtype": "bfloat16"}, "dtype 'bfloat16'"),
+    ({"optimizer": "lion"}, "names none of"), ({"dtype": "bfloat16"}, "dtype 'bfloat16'"),
     ({"first_step": 2}, "resumed trace")])
 def test_no_allowance_where_the_optimizer_cannot_be_replayed(meta, why):
     a, b = (trace.Trace({**t.meta, **meta}, t.arrays) for t in (run(run_seed=1), run(run_seed=2)))
-    assert error_model.allowance(a, b) is None
+    allow = error_model.allowance(a, b)
+    assert allow is None or (allow.opt is None and not allow.update and not allow.param)
     assert why in error_model.why_none(a, b)
     assert why in judged(a, b).model_note
 
 
-def test_identical_runs_get_zero_allowance():
+def test_identical_runs_get_only_the_storage_rounding():
     a = run(run_seed=1)
     allow = error_model.allowance(a, a)
-    assert allow.update and all(float(v.max()) == 0.0 for v in allow.update.values())
+    assert allow.param and all(float(v.max()) == 0.0 for v in allow.param.values())
+    for key, v in allow.update.items():
+        p = a.arrays["step/" + key.split("/")[1] + "/param/" + key.split("/", 2)[2]]
+        np.testing.assert_array_equal(v, np.abs(np.spacing(p)))
 
 
 def test_diff_explains_each_relaxed_tensor_in_text_and_json(tmp_path, capsys):

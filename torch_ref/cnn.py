@@ -1,7 +1,7 @@
 """`cnn` in torch (NCHW), the mirror of jaxdp/models/cnn.py: conv1 -> bn1 -> relu -> conv2 -> bn2 ->
 relu -> mean over H, W -> head; initialised from the JAX side's bits (`torch_ref.convert`: a Conv2d
 weight [O, I, kh, kw] is the Flax kernel [kh, kw, I, O]; BatchNorm running_mean / running_var are
-the Flax `mean` / `var`). No bias in the convolutions (BatchNorm cancels it: jaxdp/models/cnn.py).
+the Flax `mean` / `var`). No bias in the convolutions unless `conv_bias` (BatchNorm cancels it: jaxdp/models/cnn.py).
 zero3 shards it by jaxdp's units (`fsdp_units`)."""
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ IMAGE = (1, 8, 8)  # digits: one channel, 8x8 (NCHW)
 
 
 class CNN(nn.Module):
-    def __init__(self, channels, n_classes: int, batchnorm: str = "sync"):
+    def __init__(self, channels, n_classes: int, batchnorm: str = "sync", conv_bias: bool = False):
         super().__init__()
         c1, c2 = channels
         sync = batchnorm == "sync"
-        self.conv1 = nn.Conv2d(IMAGE[0], c1, 3, padding=1, bias=False)
+        self.conv1 = nn.Conv2d(IMAGE[0], c1, 3, padding=1, bias=conv_bias)
         self.bn1 = BatchNorm2d(c1, sync)
-        self.conv2 = nn.Conv2d(c1, c2, 3, padding=1, bias=False)
+        self.conv2 = nn.Conv2d(c1, c2, 3, padding=1, bias=conv_bias)
         self.bn2 = BatchNorm2d(c2, sync)
         self.head = nn.Linear(c2, n_classes)
 

@@ -120,7 +120,7 @@ def build(cfg, dataset) -> nn.Module:
     elif cfg.model == "cnn":
         from .cnn import CNN
 
-        model = CNN(cfg.channels, dataset.n_classes, cfg.batchnorm)
+        model = CNN(cfg.channels, dataset.n_classes, cfg.batchnorm, cfg.conv_bias)
     elif cfg.model == "gpt2":
         model = GPT2(vocab=dataset.n_classes, seq_len=cfg.seq_len, n_layer=cfg.n_layer, n_head=cfg.n_head,
                      d_model=cfg.d_model)

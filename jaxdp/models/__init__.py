@@ -34,7 +34,7 @@ def build(cfg, dataset) -> nnx.Module:
         return GPT(vocab=dataset.n_classes, seq_len=cfg.seq_len, n_layer=cfg.n_layer, n_head=cfg.n_head,
                    d_model=cfg.d_model, **kw)
     if cfg.model == "cnn":
-        return CNN(cfg.channels, dataset.n_classes, batchnorm=cfg.batchnorm, **kw)
+        return CNN(cfg.channels, dataset.n_classes, batchnorm=cfg.batchnorm, conv_bias=cfg.conv_bias, **kw)
     if cfg.model == "gpt2":
         return GPT2(vocab=dataset.n_classes, seq_len=cfg.seq_len, n_layer=cfg.n_layer, n_head=cfg.n_head,
                     d_model=cfg.d_model, **kw)

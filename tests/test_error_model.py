@@ -145,12 +145,15 @@ def test_diff_explains_each_relaxed_tensor_in_text_and_json(tmp_path, capsys):
         t = run(run_seed=seed)
         paths.append(str(tmp_path / f"{seed}.npz"))
         trace.save(paths[-1], t.meta, t.arrays)
-    assert cli.main(["diff", *paths, "--no-config-check", "--json", str(tmp_path / "d.json")]) == 0
+    assert cli.main(["diff", *paths, "--no-config-check", "--json", str(tmp_path / "d.json"),
+                     "--html", str(tmp_path / "d.html")]) == 0
     out = capsys.readouterr().out
     assert "within bounds by the error model" in out and "attn/bias" in out
     assert "against the tensor's max" in out and "Adam's m / (sqrt(v) + eps)" in out
     doc = json.loads((tmp_path / "d.json").read_text())
     assert doc["ok"] and doc["relaxed"] and all("attn/bias" in r for r in doc["relaxed"])
+    page = (tmp_path / "d.html").read_text()
+    assert 'id="relaxed"' in page and "against the tensor&#x27;s max" in page
 
 
 def test_a_bug_next_to_the_relaxed_region_names_the_allowance():

@@ -122,6 +122,10 @@ def page(report: divergence.Report, a_path: str = "A", b_path: str = "B") -> str
     step, table = step_table(report)
     at = "init" if step is not None and step < report.first_step else step
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in report.notes + report.failures)
+    relaxed = "".join(f"<li>{html.escape(r)}</li>" for r in report.relaxed)
+    relaxed = (f'<h2>Within bounds by the error model ({len(report.relaxed)})</h2><p>Raw error beyond the bound, '
+               f'explained by the gradients\' roundoff after the optimizer (docs/PARITY.md).</p>'
+               f'<ul id="relaxed">{relaxed}</ul>') if relaxed else ""
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>jaxdp diff</title><style>{STYLE}</style></head><body>
 <h1>jaxdp diff: {verdict}</h1>
@@ -129,6 +133,7 @@ def page(report: divergence.Report, a_path: str = "A", b_path: str = "B") -> str
 bounds: {html.escape(str(report.bounds.get("source")))}</p>
 <h2>First divergence</h2><p id="first-divergence">{first}</p>
 <ul>{notes}</ul>
+{relaxed}
 <h2>Error / bound, step by step</h2>{legend()}
 {heatmap(report)}
 <h2>Every tensor at step {at}</h2>

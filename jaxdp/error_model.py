@@ -84,7 +84,7 @@ class Allowance:
     opt: Optimizer | None  # None: no optimizer to replay (resumed, or none named): gradient floors only
     update: dict = field(default_factory=dict)  # update/<k>/<name>
     param: dict = field(default_factory=dict)  # step/<k>/param/<name>
-    grads: dict = field(default_factory=dict)  # (side, k, name) -> recorded gradient (float64), for explanations
+    grads: dict = field(default_factory=dict)  # (side, k, name) -> the recorded gradient, for explanations
     grad_floor: dict = field(default_factory=dict)  # step/<k>/grad/<name> -> (norm floor, elementwise floor,
     #                                                   the step's gradient norm)
 
@@ -172,9 +172,9 @@ def replay(t, opt: Optimizer, names, grads_out: dict | None = None, side: str = 
         keys = {n: f"step/{k}/grad/{n}" for n in names}
         if not all(key in t.arrays for key in keys.values()):
             break
+        if grads_out is not None:  # the recorded arrays themselves, not float64 copies
+            grads_out.update({(side, k, n): t.arrays[key] for n, key in keys.items()})
         grads = {n: np.asarray(t.arrays[key], np.float64) for n, key in keys.items()}
-        if grads_out is not None:
-            grads_out.update({(side, k, n): g for n, g in grads.items()})
         out[k] = _update(opt, grads, params, state, k - t.first_step + 1)
         params = {n: np.asarray(t.arrays.get(f"step/{k}/param/{n}", params[n]), np.float64) for n in names}
     return out

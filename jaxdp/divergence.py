@@ -156,12 +156,8 @@ def compare(a: trace_mod.Trace, b: trace_mod.Trace, tolerance: float | None = No
     allow = row.allowance if row is not None else None
     if first is not None and first.key in a.arrays and first.key in b.arrays and not first.detail:
         _locate(first, a, b, first_step, d["floor"], allow)
-    kept = []
-    if row is not None:
-        opt = row.allowance.opt if row.allowance else None
-        notes.append(row.model_note or f"error model: updates and parameters judged beyond what the gradients' "
-                                       f"differences become after {opt.describe()} (docs/PARITY.md)")
-        kept = [r.describe(opt, ("A", "B")) for r in row.relaxed]
+    note, kept = relaxed.lines(row) if row is not None else ("", [])
+    notes += [note] if note else []
     ok = not divergences and not failures
     return Report(ok, first, divergences, cells, failures, notes, bounds, first_step=first_step, steps=steps,
                   extra={"diff": d, "row": row, "tolerance": tolerance}, relaxed=kept)

@@ -1,6 +1,6 @@
-"""The error model behind the judge's update and parameter measures: how far apart two honest runs'
-updates may be, element by element, given the gradients they recorded (docs/PARITY.md, "The error
-model per element").
+"""The error model behind the judge's update, parameter and gradient measures: how far apart two
+honest runs' updates may be, element by element, given the gradients they recorded, and at what
+scale a gradient that is roundoff only is judged (docs/PARITY.md, "The error model per element").
 
 Two honest runs compute the same gradients in different summation orders. The judge bounds that
 difference where it arises, on the gradients (the `grad` bound). An optimizer is a function U of the
@@ -9,13 +9,14 @@ and no more:
 
     du_a - du_b = [U(g_a, p_a) - U(g_b, p_b)] + (r_a - r_b)
 
-where r is each run's own rounding of the update arithmetic (a few unit roundoffs of |du|: what the
-update bounds were derived for). The first term is computed here, exactly (float64), by replaying the
-run's nominal optimizer (meta `optimizer`, `lr`, `weight_decay`, `clip_norm`; Adam's betas and eps,
-SGD's momentum: torch's defaults unless meta gives `adam_betas`, `adam_eps`, `momentum`) on each
-trace's own recorded gradients and parameters. Its magnitude is each element's **allowance**:
-    update/<k>/<name>      A_k = |U_k(g_a, p_a) - U_k(g_b, p_b)|
-    step/<k>/param/<name>  the sum of A_j over j <= k    (p_k = init + the sum of the updates)
+where r is each run's own rounding: of the update arithmetic (a few unit roundoffs of |du|: what the
+update bounds were derived for), and of storing p_k in its dtype (`storage`: one ulp). The first term
+is computed here, exactly (float64), by replaying the run's nominal optimizer (meta `optimizer`, `lr`,
+`weight_decay`, `clip_norm`; Adam's betas and eps, SGD's momentum: torch's defaults unless meta gives
+`adam_betas`, `adam_eps`, `momentum`) on each trace's own recorded gradients and parameters. With the
+storage term it is each element's **allowance**:
+    update/<k>/<name>      A_k = |U_k(g_a, p_a) - U_k(g_b, p_b)| + ulp(p_k)
+    step/<k>/param/<name>  the sum over j <= k of |U_j(g_a, p_a) - U_j(g_b, p_b)|
 and the judge measures only the excess, max(|a - b| - A, 0), against its unchanged bounds.
 
 For an element whose gradient is well above its roundoff, A is a few roundoffs of the update and
@@ -28,9 +29,12 @@ run's; and a wrong gradient, which the gradient bound judges directly. The limit
 two gradients differ by as much as the element itself has an update that roundoff alone decides, and
 a bug confined to such elements is not seen.
 
-Applied to float64 and float32 runs that start at step 1 with a known optimizer; bf16 runs keep their
-bounds (Adam's updates there are judged per step, which already absorbs such elements); a resumed trace
-(no optimizer state to replay from) or an unknown optimizer gets no allowance, which the notes say.
+A gradient whose terms cancel is roundoff only as a whole tensor (a bias before BatchNorm): its error
+relative to itself is O(1), so it is judged at the step's gradient scale (`grad_floors`).
+
+Applied to float64 and float32 runs; bf16 runs keep their bounds (Adam's updates there are judged per
+step, which already absorbs such elements). A resumed trace (no optimizer state to replay from) or an
+optimizer meta does not name gets the gradient floors only, which the notes say.
 """
 from __future__ import annotations
 

@@ -125,3 +125,12 @@ def _relaxed(key, step, field_name, name, measure, raw, judged, bound, xa, xb, A
     return Relaxed(key, step, field_name, name, measure, raw, judged, bound, tuple(int(i) for i in index),
                    float(g_a[index]), float(g_b[index]), float(np.max(np.abs(g_b))) if g_b.size else 0.0,
                    float(A[index]), float(d[index]))
+
+
+def lines(row, sides=("A", "B")) -> tuple[str, list[str]]:
+    """A judged row's note on its error model (which optimizer it replayed, or why none) and one line
+    per tensor it relaxed."""
+    opt = row.allowance.opt if row.allowance else None
+    note = row.model_note or (f"error model: updates and parameters judged beyond what the gradients' "
+                              f"differences become after {opt.describe()} (docs/PARITY.md)")
+    return note, [r.describe(opt, sides) for r in row.relaxed]

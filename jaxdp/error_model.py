@@ -130,7 +130,8 @@ def allowance(a, b, grad_bound: float = math.inf, elementwise_bound: float = mat
     for k in sorted(set(ua) & set(ub)):
         for n in names:
             if n in ua[k] and n in ub[k]:
-                allow = np.abs(ua[k][n] - ub[k][n])
+                with np.errstate(invalid="ignore", over="ignore"):
+                    allow = np.abs(ua[k][n] - ub[k][n])
                 allow = np.where(np.isfinite(allow), allow, 0.0)  # non-finite is judged elsewhere, never excused
                 total[n] = total[n] + allow
                 out.param[f"step/{k}/param/{n}"] = total[n]

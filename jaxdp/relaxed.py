@@ -10,7 +10,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from .error_model import Allowance, Optimizer
-from .trace import errors, updates
 
 
 @dataclass
@@ -74,46 +73,27 @@ class GradRelaxed:
 
 def relaxations(a, b, allow: Allowance, diff: dict, tol, floor: float) -> list[Relaxed]:
     """The parameters and updates whose raw error is beyond `tol` but whose error beyond the allowances
-    (in `diff`, trace.diff's result) is not: each with its most relaxed element."""
-    out, ua, ub = [], None, None
+    (in `diff`, trace.diff's result: its `raw` errors and the judged ones) is not: each with its most
+    relaxed element."""
+    out = []
+    ua, ub = diff["updates"]
     for key, A in list(allow.param.items()) + list(allow.update.items()):
         field_name = "update" if key.startswith("update/") else "param"
         step, name = int(key.split("/")[1]), key.split("/", 3)[-1] if field_name == "param" else key.split("/", 2)[2]
-        if field_name == "update":
-            ua, ub = ua or updates(a), ub or updates(b)
-            xa, xb = ua.get(key), ub.get(key)
-        else:
-            xa, xb = a.arrays.get(key), b.arrays.get(key)
-        if xa is None or xb is None or not A.size or float(A.max()) == 0.0:
-            continue
-        judged_norm, judged_elem = diff["norm"].get(key, 0.0), diff["elementwise"].get(key, 0.0)
-        _, raw_norm, raw_elem = errors(xa, xb, floor)
-        checks = [("norm", raw_norm, judged_norm, tol.bound(field_name))]
+        raw_norm, raw_elem = diff["raw"].get(key, (0.0, None))
+        checks = [("norm", raw_norm, diff["norm"].get(key, 0.0), tol.bound(field_name))]
         if field_name == "param":
-            checks.append(("elementwise", raw_elem, judged_elem, tol.elementwise))
+            checks.append(("elementwise", raw_elem, diff["elementwise"].get(key, 0.0), tol.elementwise))
         for measure, raw, judged, bound in checks:
             if raw > bound >= judged:
+                xa, xb = (ua.get(key), ub.get(key)) if field_name == "update" else (a.arrays[key], b.arrays[key])
                 out.append(_relaxed(key, step, field_name, name, measure, raw, judged, bound, xa, xb, A, allow))
                 break
     out += _grads(a, b, allow, diff, tol, floor)
     return sorted(out, key=lambda r: (r.step, r.field, r.name))
 
 
-def _grads(a, b, allow: Allowance, diff: dict, tol, floor: float) -> list[GradRelaxed]:
-    out = []
-    for key, (norm_floor, elem_floor, step_norm) in allow.grad_floor.items():
-        xa, xb = a.arrays.get(key), b.arrays.get(key)
-        if xa is None or xb is None:
-            continue
-        _, raw_norm, raw_elem = errors(xa, xb, floor)
-        checks = [("norm", raw_norm, diff["norm"].get(key, 0.0), tol.grad, norm_floor),
-                  ("elementwise", raw_elem, diff["elementwise"].get(key, 0.0), tol.elementwise, elem_floor)]
-        for measure, raw, judged, bound, at in checks:
-            if raw > bound >= judged:
-                out.append(GradRelaxed(int(key.split("/")[1]), key.split("/", 3)[-1], measure, raw, judged, bound,
-                                       float(np.linalg.norm(np.asarray(xb, np.float64))), step_norm, at))
-                break
-    return out
+
 
 
 def _relaxed(key, step, field_name, name, measure, raw, judged, bound, xa, xb, A, allow) -> Relaxed:
@@ -125,6 +105,20 @@ def _relaxed(key, step, field_name, name, measure, raw, judged, bound, xa, xb, A
     return Relaxed(key, step, field_name, name, measure, raw, judged, bound, tuple(int(i) for i in index),
                    float(g_a[index]), float(g_b[index]), float(np.max(np.abs(g_b))) if g_b.size else 0.0,
                    float(A[index]), float(d[index]))
+
+
+def _grads(a, b, allow: Allowance, diff: dict, tol, floor: float) -> list[GradRelaxed]:
+    out = []
+    for key, (norm_floor, elem_floor, step_norm) in allow.grad_floor.items():
+        raw_norm, raw_elem = diff["raw"].get(key, (0.0, 0.0))
+        checks = [("norm", raw_norm, diff["norm"].get(key, 0.0), tol.grad, norm_floor),
+                  ("elementwise", raw_elem, diff["elementwise"].get(key, 0.0), tol.elementwise, elem_floor)]
+        for measure, raw, judged, bound, at in checks:
+            if raw > bound >= judged:
+                out.append(GradRelaxed(int(key.split("/")[1]), key.split("/", 3)[-1], measure, raw, judged, bound,
+                                       float(np.linalg.norm(np.asarray(b.arrays[key], np.float64))), step_norm, at))
+                break
+    return out
 
 
 def lines(row, sides=("A", "B")) -> tuple[str, list[str]]:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import COMPARABLE_FIELDS
+from .ulp import ulp_distance
 
 FIELDS = ("loss", "grad", "param", "update", "init", "x", "y", "state")
 
@@ -166,36 +167,6 @@ def norm_error(a, b, allow=None) -> float:
     return errors(a, b, allow=allow)[1]
 
 
-def ulp_distance(a, b) -> float | None:
-    """The largest distance in units in the last place between a_i and b_i, counted in the arrays'
-    own float type (float64, float32, or bfloat16 stored as such); None for other types and for
-    arrays of different types; inf when either is non-finite."""
-    a, b = np.asarray(a), np.asarray(b)
-    bits = ULP_BITS.get(a.dtype.name)
-    if bits is None or a.dtype != b.dtype or a.shape != b.shape:
-        return None
-    if not (np.isfinite(a.astype(np.float64)).all() and np.isfinite(b.astype(np.float64)).all()):
-        return math.inf
-    if not a.size:
-        return 0.0
-    ia, ib = _ordered(a, bits), _ordered(b, bits)
-    same_sign = (ia >= 0) == (ib >= 0)
-    # Same sign: an exact integer difference; opposite signs: |ia| + |ib| may pass 2^63, so in floats.
-    exact = np.where(same_sign, np.abs(ia - np.where(same_sign, ib, ia)), 0)
-    across = np.where(same_sign, 0.0, np.abs(ia).astype(np.float64) + np.abs(ib).astype(np.float64))
-    return float(max(exact.max(), across.max()))
-
-
-ULP_BITS = {"float64": 64, "float32": 32, "bfloat16": 16}
-
-
-def _ordered(x, bits: int) -> np.ndarray:
-    """Float bits as int64 counting representable values in order (+0 and -0 both 0)."""
-    raw = x.view({64: np.int64, 32: np.int32, 16: np.int16}[bits]).astype(np.int64)
-    magnitude = raw & ((1 << (bits - 1)) - 1)
-    return np.where(raw < 0, -magnitude, magnitude)
-
-
 def _field(key: str) -> str:
     """The field of a key: `init` for init/ and state/ (the values before step 1), `update`, or
     step/<k>/<field>."""
@@ -239,7 +210,8 @@ def diff(a: Trace, b: Trace, check_config: bool = True, floor: float | None = No
       elementwise:        max |a_i - b_i| / max(|b_i|, floor) per array (floor: FLOOR[dtype]);
       ulp:                the largest ULP distance per float array (in its own dtype; with_ulp);
       non_finite:         {key: 'a', 'b' or 'a and b'}: arrays holding NaN or Inf, whose errors are inf;
-      fields:             {field: {'relative', 'norm', 'elementwise', 'ulp'}}: the worst of each.
+      fields:             {field: {'relative', 'norm', 'elementwise', 'ulp'}}: the worst of each;
+      raw, updates:       the error model's keys' (norm, elementwise) without it; both traces' updates.
     `allowance` (jaxdp.error_model): param/update errors beyond its allowances, gradients above its floors."""
     if check_config:
         check_comparable(a, b)
@@ -248,14 +220,17 @@ def diff(a: Trace, b: Trace, check_config: bool = True, floor: float | None = No
         raise TraceError(f"traces hold different arrays, e.g. {only[:3]} ({len(only)} in all)")
     floor = FLOOR.get(b.meta.get("dtype"), 1e-6) if floor is None else floor
     keys = sorted(a.arrays)
-    per_array, norm, elementwise = {}, {}, {}
+    per_array, norm, elementwise, raw = {}, {}, {}, {}  # raw: (norm, elementwise) before the error model
     for k in keys:
         per_array[k], norm[k], elementwise[k] = errors(a.arrays[k], b.arrays[k], floor)
         if allowance and (k in allowance.param or k in allowance.grad_floor):  # relative stays the raw one
+            raw[k] = (norm[k], elementwise[k])
             _, norm[k], elementwise[k] = allowance.errors(k, a.arrays[k], b.arrays[k], floor)
     ua, ub = updates(a), updates(b)
-    norm.update({k: norm_error(ua[k], ub[k], allowance.update.get(k) if allowance else None)
-                 for k in sorted(ub) if k in ua})
+    for k in (k for k in sorted(ub) if k in ua):
+        norm[k] = norm_error(ua[k], ub[k])
+        if allowance and k in allowance.update:
+            raw[k], norm[k] = (norm[k], None), norm_error(ua[k], ub[k], allowance.update[k])
     ulp = {k: u for k in keys if (u := ulp_distance(a.arrays[k], b.arrays[k])) is not None} if with_ulp else {}
     bad_a, bad_b = set(non_finite(a)), set(non_finite(b))
     nonfinite = {k: " and ".join(s for s, bad in (("a", bad_a), ("b", bad_b)) if k in bad)
@@ -270,7 +245,7 @@ def diff(a: Trace, b: Trace, check_config: bool = True, floor: float | None = No
             entry = fields[_field(key)]
             entry[name] = err if entry[name] is None else max(entry[name], err)
     return {"worst": worst, "per_array": per_array, "norm": norm, "elementwise": elementwise, "ulp": ulp,
-            "non_finite": nonfinite, "fields": fields, "floor": floor}
+            "non_finite": nonfinite, "fields": fields, "floor": floor, "raw": raw, "updates": (ua, ub)}
 
 
 def format_diff(result: dict, tolerance: float | None = None) -> str:

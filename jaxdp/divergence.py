@@ -267,8 +267,8 @@ def _locate(v: Divergence, a, b, first_step: int, floor: float, allow=None) -> N
             g_a, g_b = (allow.grads.get((s, v.step, v.name)) for s in ("a", "b"))
             if g_a is not None and g_b is not None:
                 v.allowance = relaxed.why(allow.opt, float(g_a[index]), float(g_b[index]),
-                                              float(np.max(np.abs(g_b))), float(allowed[index]),
-                                              float(np.abs(xa - xb)[index]), ("A", "B"))
+                                          float(np.max(np.abs(g_b))), float(allowed[index]),
+                                          float(np.abs(xa - xb)[index]), ("A", "B"))
 
 
 def as_json(report: Report, a_path: str = "", b_path: str = "") -> dict:

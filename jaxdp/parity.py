@@ -53,7 +53,7 @@ above what honest runs reach, with margin on both sides.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -141,7 +141,7 @@ class Row:
     diff: dict = field(default_factory=dict, repr=False)  # trace.diff's result
     allowance: error_model.Allowance | None = field(default=None, repr=False)  # the per-element error model
     relaxed: list = field(default_factory=list)  # jaxdp.relaxed: kept within bounds by the error model
-    model_note: str = ""  # why the pair has no error model ("" when it has one)
+    model_note: str = ""  # why the error model replayed no optimizer ("" when it did)
 
     @property
     def ok(self) -> bool:
@@ -151,9 +151,21 @@ class Row:
 def judge(a, b, tol: Tolerance | None = None, label: str = "", cfg: RunConfig | None = None,
           sides=("a", "b"), check_config: bool = True, with_ulp: bool = False) -> Row:
     """Judge trace `a` against reference `b` with `tol` (default: `tolerance(b.meta)`). A failure
-    names the field, the worst array (by key) and the bound; non-finite arrays are named by key and side."""
+    names the field, the worst array (by key) and the bound; non-finite arrays are named by key and side.
+    The error model (jaxdp/error_model.py) only lowers measures: it runs where they fail without it."""
     tol = tol or tolerance(b.meta)
+    row = _judged(a, b, tol, label, cfg, sides, check_config, with_ulp, None)
+    if row.ok:
+        row.model_note = "error model: not needed (every measure within its bound without it)"
+        return row
     allow = error_model.allowance(a, b, tol.grad, tol.elementwise)
+    if allow is None:  # a dtype it does not cover
+        return replace(row, model_note=error_model.why_none(a, b))
+    return _judged(a, b, tol, label, cfg, sides, check_config, with_ulp, allow)
+
+
+def _judged(a, b, tol, label, cfg, sides, check_config, with_ulp, allow) -> Row:
+    """`judge`'s measures and failures, with the error model's allowances `allow` (or None)."""
     d = trace_mod.diff(a, b, check_config=check_config, with_ulp=with_ulp, allowance=allow)
     steps = range(b.first_step, b.steps + 1)
     worst_at = {}  # (field, step) -> (error, key)

@@ -127,7 +127,8 @@ def test_no_allowance_where_the_optimizer_cannot_be_replayed(meta, why):
     allow = error_model.allowance(a, b)
     assert allow is None or (allow.opt is None and not allow.update and not allow.param)
     assert why in error_model.why_none(a, b)
-    assert why in judged(a, b).model_note
+    note = judged(a, b).model_note  # bf16's loose bounds pass these traces without the model
+    assert why in note or (meta.get("dtype") == "bfloat16" and "not needed" in note)
 
 
 def test_identical_runs_get_only_the_storage_rounding():

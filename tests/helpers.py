@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from jaxdp import parity, trace
+from jaxdp.mutations.limits import scaled_update
 
 
 def as_trace(result) -> trace.Trace:
@@ -27,15 +28,10 @@ def assert_judged_ok(got, ref, **kw) -> parity.Row:
 def with_update(t: trace.Trace, step: int, factor: float) -> trace.Trace:
     """`t` as if step `step`'s update had been multiplied by `factor` (-1 negated, 0 skipped, 0.5
     halved, 2 doubled) and every later update had been the same: parameters from `step` on move by
-    (factor - 1) x that update."""
-    arrays = dict(t.arrays)
+    (factor - 1) x that update (`jaxdp.mutations.limits.scaled_update`, tensor by tensor)."""
     for name in t.names():
-        before = t.arrays[f"init/{name}" if step == t.first_step else f"step/{step - 1}/param/{name}"]
-        delta = (factor - 1) * (t.arrays[f"step/{step}/param/{name}"].astype(np.float64) - before)
-        for k in range(step, t.steps + 1):
-            key = f"step/{k}/param/{name}"
-            arrays[key] = (arrays[key] + delta).astype(t.arrays[key].dtype)
-    return trace.Trace(t.meta, arrays)
+        t = scaled_update(t, step, name, factor - 1)
+    return t
 
 
 def with_grads(t: trace.Trace, step: int, factor: float) -> trace.Trace:

@@ -6,8 +6,8 @@ write report.html / report.md / summary.json (the same as `jaxdp compare`).
 import argparse
 
 from jaxdp import devices
-from jaxdp.config import RunConfig
-from jaxdp.report import render, runner
+from jaxdp.core.config import RunConfig
+from jaxdp.harness.report import render, runner
 
 
 def main():

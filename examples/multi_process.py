@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 
-from jaxdp import trace
+from jaxdp.core import trace
 
 
 def main():

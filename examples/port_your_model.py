@@ -161,8 +161,9 @@ def main():
     launch.launch(torch_rank, args.devices, args, data, init, torch_path, platform="cpu", timeout_s=300)
     print(f"torch: {args.strategy} on {args.devices} rank(s), {args.steps} steps -> {torch_path}")
 
-    from jaxdp import divergence, trace
-    from jaxdp.report import diff_html
+    from jaxdp.core import trace
+    from jaxdp.harness import divergence
+    from jaxdp.harness.report import diff_html
 
     a, b = trace.load(torch_path), trace.load(jax_path)
     report = divergence.compare(a, b)

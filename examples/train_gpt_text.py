@@ -7,8 +7,10 @@ import argparse
 
 import numpy as np
 
-from jaxdp import accounting, data, devices, models, train
-from jaxdp.config import RunConfig
+from jaxdp import devices, models, train
+from jaxdp.analysis import accounting
+from jaxdp.core import data
+from jaxdp.core.config import RunConfig
 
 
 def main():

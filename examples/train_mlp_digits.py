@@ -8,7 +8,7 @@ import argparse
 import numpy as np
 
 from jaxdp import devices, train
-from jaxdp.config import RunConfig
+from jaxdp.core.config import RunConfig
 
 
 def main():
@@ -32,7 +32,8 @@ def main():
         print(f"  {strategy:<9} max |loss - ddp loss| over all steps: {np.max(np.abs(np.array(r.losses) - ref)):.1e}")
 
     # Accuracy of zero3's final parameters (read back from its trace) on all 1797 images.
-    from jaxdp import data, models  # noqa: E402
+    from jaxdp import models
+    from jaxdp.core import data  # noqa: E402
 
     dataset = data.load("digits", 0)
     problem = models.init(base, dataset)

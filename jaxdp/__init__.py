@@ -6,7 +6,10 @@ optimizer, strategy=...)`, `jaxdp.trace.Recorder(path, meta)`.
 Importing jaxdp does not initialise JAX's backends (nor import JAX): the API is loaded on first
 use, so `jaxdp.setup_devices(n)` can still ask for n simulated CPU devices afterwards.
 """
+from . import _moved
+
 __version__ = "0.1.0"
+_moved.install()  # the paths modules had before jaxdp.core / .analysis / .harness still import
 
 _LAZY = {"setup_devices": "api", "parallelize": "api", "Parallel": "api"}
 __all__ = ["Parallel", "parallelize", "setup_devices"]

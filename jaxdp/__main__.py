@@ -1,5 +1,6 @@
+"""`python -m jaxdp`: the `jaxdp` command (jaxdp/harness/cli.py)."""
 import sys
 
-from .cli import main
+from .harness.cli import main
 
 sys.exit(main())

@@ -18,11 +18,12 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from . import data, models, strategies
 from . import devices as devices_mod
-from .config import ConfigError
+from . import models, strategies
+from .core import data
+from .core.config import ConfigError
+from .core.reduction import resolve_shards
 from .optax_check import check_elementwise
-from .reduction import resolve_shards
 from .strategies import stats
 from .strategies.common import put_sharded, read_on
 

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .reduction import BLOCKS, MIN_SHARD_ROWS, REDUCTIONS, default_shards, resolve_shards  # noqa: F401
+from .core.reduction import BLOCKS, MIN_SHARD_ROWS, REDUCTIONS, default_shards, resolve_shards  # noqa: F401
 
 COMPILER_OPTIONS = {"xla_disable_hlo_passes": "algsimp"}
 

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from . import canonical
-from .config import ConfigError
+from .core.config import ConfigError
 from .devices import AXIS
 from .models import given as given_mod
 

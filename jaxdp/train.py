@@ -4,28 +4,12 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import devices as devices_mod
-from .config import RunConfig
-
-
-class NonFiniteLoss(FloatingPointError):
-    """The loss became NaN or Inf; the message names the step."""
-
-
-@dataclass
-class RunResult:
-    """What a run returns, the same for both frameworks (torch_ref.train returns this class too)."""
-    cfg: RunConfig
-    losses: list[float] = field(default_factory=list)
-    arrays: dict[str, np.ndarray] = field(default_factory=dict)  # the trace's arrays (when tracing)
-    meta: dict = field(default_factory=dict)
-    first_step_s: float = 0.0  # JAX: tracing + compilation + the step; torch: eager, first allocations
-    steps_per_s: float = 0.0  # over steps 2..N
-    step_times: list[float] = field(default_factory=list)  # wall seconds of each step, the first included
+from .core.config import RunConfig
+from .core.results import NonFiniteLoss, RunResult  # noqa: F401 (re-exported: jaxdp.train's names)
 
 
 def versions() -> dict:
@@ -51,7 +35,8 @@ def prepare(cfg: RunConfig, return_grads: bool = False, distributed: devices_mod
         raise devices_mod.DeviceError("strategy 'single' runs on one device of one process; drop --processes")
     if cfg.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
-    from . import api, data, models, optim, strategies
+    from . import api, models, optim, strategies
+    from .core import data
 
     dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
     with jax.default_device(jax.local_devices(backend="cpu")[0]):
@@ -84,7 +69,7 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
     devices, dataset, problem, optimizer, par = prepare(cfg, record, distributed)
     import jax
 
-    from .recorder import Recorder
+    from .core.recorder import Recorder
 
     state, start, saver = _start(cfg, par, problem, optimizer)
     result = RunResult(cfg, meta={"framework": "jax", **cfg.to_dict(), "platform": devices[0].platform,
@@ -97,7 +82,7 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
         recorder.close()  # process 0 writes the trace (atomically)
         result.arrays = recorder.arrays
     elif trace_path is not None and jax.process_index() == 0:
-        from . import trace
+        from .core import trace
 
         trace.save(trace_path, result.meta, result.arrays)
     return result
@@ -142,7 +127,7 @@ def _process_rows(a, accum: int):
     the p-th share of every micro-batch: `data.part_rows`); all of it in a single-process run."""
     import jax
 
-    from . import data
+    from .core import data
 
     return data.part_rows(a, jax.process_index(), jax.process_count(), accum) if jax.process_count() > 1 else a
 

@@ -2,8 +2,8 @@
 device count) trains all of its configurations in one spawn, once per session."""
 from __future__ import annotations
 
-from jaxdp.config import RunConfig
-from jaxdp.parity import PAIRS
+from jaxdp.core.config import RunConfig
+from jaxdp.harness.parity import PAIRS
 from tests.pairwise import pairwise
 
 # batch 36 divides by N x accum for N in 1..4 and accum in {1, 3}; 10 steps, as the issue asks.

@@ -13,7 +13,8 @@ import jax  # noqa: E402
 jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_enable_x64", True)
 
-from jaxdp import pair_runs, parity, trace  # noqa: E402
+from jaxdp.core import trace  # noqa: E402
+from jaxdp.harness import pair_runs, parity  # noqa: E402
 
 from .cases import ALL, sides  # noqa: E402
 

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from jaxdp import cli, parity, trace
+from jaxdp.core import trace
+from jaxdp.harness import cli, parity
 from tests.helpers import as_trace, with_grads, with_update, with_value
 
 from .cases import BF16, FLOAT32, FLOAT64

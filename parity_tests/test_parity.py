@@ -1,11 +1,12 @@
 """jaxdp and torch_ref, same configuration, same numbers: loss, every gradient and every parameter
-after every step, strategy by strategy (tolerances and their reasons: jaxdp/parity.py)."""
+after every step, strategy by strategy (tolerances and their reasons: jaxdp/harness/parity.py)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from jaxdp import parity, trace
+from jaxdp.core import trace
+from jaxdp.harness import parity
 from tests.helpers import as_trace, with_grads, with_update, with_value
 
 from .cases import BF16, DIMENSIONS, FLOAT32, FLOAT64, GPT64, SINGLE, TRAPS
@@ -149,7 +150,7 @@ def test_roundoff_only_gradients_pass_in_both_frameworks_and_across(case):
 
 def test_without_the_error_model_the_honest_traps_would_fail(monkeypatch):
     """The old verdict on the same honest pairs: MISMATCH (what issue 23 reported)."""
-    from jaxdp import error_model
+    from jaxdp.harness import error_model
 
     monkeypatch.setattr(error_model, "allowance", lambda *args: None)
     for label, cfg in TRAPS[:3]:

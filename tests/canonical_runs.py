@@ -61,7 +61,7 @@ def main(argv) -> None:
     import jax
 
     from jaxdp import train
-    from jaxdp.config import RunConfig
+    from jaxdp.core.config import RunConfig
 
     for case in cases:
         saved = _mutate(case.get("mutate"))

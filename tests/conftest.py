@@ -13,7 +13,7 @@ jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_enable_x64", True)
 
 from jaxdp import train  # noqa: E402
-from jaxdp.config import RunConfig  # noqa: E402
+from jaxdp.core.config import RunConfig  # noqa: E402
 
 # A small problem on which every strategy, N in {1,2,3,4,8} and accum in {1,3} divide the batch.
 BASE = RunConfig(model="mlp", data="synthetic", hidden=(16, 16), steps=4, batch_size=72, lr=0.05,

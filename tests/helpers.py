@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxdp import parity, trace
-from jaxdp.mutations.limits import scaled_update
+from jaxdp.core import trace
+from jaxdp.harness import parity
+from jaxdp.harness.mutations.limits import scaled_update
 
 
 def as_trace(result) -> trace.Trace:

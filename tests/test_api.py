@@ -16,8 +16,8 @@ from flax import nnx
 
 import jaxdp
 from jaxdp import devices as jaxdp_devices
-from jaxdp import mutations
-from jaxdp.config import ConfigError
+from jaxdp.core.config import ConfigError
+from jaxdp.harness import mutations
 from jaxdp.optax_check import ShapeDependentOptimizer, check_elementwise
 
 FEATURES, HIDDEN, OUT, ROWS, STEPS = 5, 7, 3, 36, 3  # 36 rows: N in {1, 2, 3} x accum in {1, 3} divide it

@@ -24,9 +24,9 @@ import math
 
 import pytest
 
-from jaxdp.bench import reduction
-from jaxdp.bench.markdown import reduction_section
-from jaxdp.bench.plan import plan
+from jaxdp.harness.bench import reduction
+from jaxdp.harness.bench.markdown import reduction_section
+from jaxdp.harness.bench.plan import plan
 
 # canonical / native bytes per step: at least 1 (never less than the ring's bytes), at most this
 # (ddp: the loss's 4 bytes; zero1: the 64-block padding of this tiny model's shards)

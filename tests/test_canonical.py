@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from jaxdp import strategies
-from jaxdp.config import ConfigError, RunConfig
+from jaxdp.core.config import ConfigError, RunConfig
 
 from .pairwise import pairwise
 
@@ -187,7 +187,8 @@ def test_canonical_batchnorm_is_batchnorms_gradient(traces):
 def test_layout_refuses_a_batchnorm_it_cannot_give_statistics_to():
     from flax import nnx
 
-    from jaxdp import canonical_bn, data, models
+    from jaxdp import canonical_bn, models
+    from jaxdp.core import data
 
     model = nnx.Sequential(nnx.Linear(3, 4, rngs=nnx.Rngs(0)), nnx.BatchNorm(4, rngs=nnx.Rngs(0)))
     problem = models.from_module(model, models.cross_entropy)

@@ -9,7 +9,8 @@ import sys
 import jax
 import pytest
 
-from jaxdp import cli, trace
+from jaxdp.core import trace
+from jaxdp.harness import cli
 
 from .conftest import BASE, run
 

@@ -15,8 +15,8 @@ import itertools
 import numpy as np
 import pytest
 
-from jaxdp import trace
-from jaxdp.config import ConfigError
+from jaxdp.core import trace
+from jaxdp.core.config import ConfigError
 
 from .conftest import run
 from .helpers import as_trace

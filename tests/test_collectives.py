@@ -12,8 +12,9 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxdp import accounting, collectives, devices
-from jaxdp.bench.collectives import OPS, collectives_benchmark
+from jaxdp import collectives, devices
+from jaxdp.analysis import accounting
+from jaxdp.harness.bench.collectives import OPS, collectives_benchmark
 
 SIZES = [1, 5, 12, 17]
 NS = [1, 2, 3, 4, 8]

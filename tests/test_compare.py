@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from jaxdp import cli
-from jaxdp.report import plots, projection, references, render, runner
+from jaxdp.harness import cli
+from jaxdp.harness.report import plots, projection, references, render, runner
 
 from .conftest import BASE
 
@@ -168,7 +168,7 @@ def test_examples_run(script, tmp_path):
 def test_local_batchnorm_is_a_finding_next_to_the_verdict_not_a_failure():
     """`--batchnorm local` on N > 1 is measured against jaxdp `single` and reported as a difference
     by design; the parity verdict (jaxdp against torch_ref) stays what it is."""
-    from jaxdp.config import RunConfig
+    from jaxdp.core.config import RunConfig
 
     entry = {"parity": {"pass": True}, "vs_single": {"finding": runner.BY_DESIGN, "differs": True,
                                                      "worst": {"grad": 0.29}}}

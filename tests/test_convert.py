@@ -11,8 +11,8 @@ import torch
 from flax import nnx
 from torch import nn
 
-from jaxdp import data
 from jaxdp import models as jax_models
+from jaxdp.core import data
 from torch_ref import convert, models
 
 from .convert_ranks import Net, fsdp2_round_trip

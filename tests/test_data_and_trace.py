@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxdp import data, trace
+from jaxdp.core import data, trace
 
 from .conftest import BASE, run
 
@@ -159,7 +159,7 @@ def test_the_bit_for_bit_helper_refuses_identical_nans():
 def test_a_no_nan_check_run_records_and_its_trace_never_agrees_even_with_itself(tmp_path, capsys):
     """--no-nan-check: the run goes on and records the non-finite values; `jaxdp diff` of that trace
     against itself exits 1, naming every non-finite array (before issue 13 it scored 0.0 and exited 0)."""
-    from jaxdp import cli
+    from jaxdp.harness import cli
 
     res = run(BASE.replace(strategy="single", devices=1, dtype="float32", optimizer="sgd", lr=1e38, steps=3,
                            nan_check=False))

@@ -8,8 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from jaxdp import cli, divergence, parity, trace
-from jaxdp.report import diff_html
+from jaxdp.core import trace
+from jaxdp.harness import cli, divergence, parity
+from jaxdp.harness.report import diff_html
 
 SHAPES = {"dense/kernel": (3, 4), "dense/bias": (4,), "norm/scale": (4,)}
 STATE = {"norm/mean": (4,)}

@@ -1,4 +1,4 @@
-"""The judge's per-element error model (jaxdp/error_model.py) on traces built to the point: two honest
+"""The judge's per-element error model (jaxdp/harness/error_model.py) on traces built to the point: two honest
 runs of AdamW whose gradients differ only by roundoff, one tensor holding a gradient that is zero in
 exact arithmetic (a fused key bias: roundoff, 3e-20 in float64, against a tensor max of 1e-2), an unused embedding
 row and a dead ReLU unit (gradients exactly 0). Honest pairs pass, with the relaxed tensors explained;
@@ -11,7 +11,8 @@ import json
 import numpy as np
 import pytest
 
-from jaxdp import cli, divergence, error_model, parity, trace
+from jaxdp.core import trace
+from jaxdp.harness import cli, divergence, error_model, parity
 
 SHAPES = {"attn/bias": (12,), "attn/kernel": (4, 12), "wte": (5, 4), "mlp/kernel": (4, 6)}
 KEY = slice(4, 8)  # attn/bias[4:8]: the key third, whose gradient is roundoff only

@@ -22,8 +22,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxdp import accounting, data, hlo, models, trace
-from jaxdp.config import ConfigError, RunConfig
+from jaxdp import models
+from jaxdp.analysis import accounting, hlo
+from jaxdp.core import data, trace
+from jaxdp.core.config import ConfigError, RunConfig
 from jaxdp.models import gpt2
 from jaxdp.models import units as unit_lib
 

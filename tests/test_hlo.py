@@ -8,7 +8,8 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxdp import accounting, devices, hlo, train
+from jaxdp import devices, train
+from jaxdp.analysis import accounting, hlo
 
 from .conftest import BASE
 

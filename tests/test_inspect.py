@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from jaxdp import cli, inspect
+from jaxdp.analysis import inspect
+from jaxdp.harness import cli
 from jaxdp.strategies.bucket import MB
 
 from .conftest import BASE

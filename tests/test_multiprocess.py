@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from jaxdp import trace
-from jaxdp.config import FRAMEWORK_STRATEGIES
+from jaxdp.core import trace
+from jaxdp.core.config import FRAMEWORK_STRATEGIES
 
 from .conftest import BASE, run
 

@@ -11,9 +11,9 @@ import functools
 
 import pytest
 
-from jaxdp import mutations, pair_runs
-from jaxdp.config import FRAMEWORK_STRATEGIES
-from jaxdp.mutations import checks, score
+from jaxdp.core.config import FRAMEWORK_STRATEGIES
+from jaxdp.harness import mutations, pair_runs
+from jaxdp.harness.mutations import checks, score
 
 # (bug, framework, dtype): every check kind and every dtype at least once, all on two devices (one
 # torch world): the issue's own missing 1/N in bf16 (it moved the loss by 0.06% and parity said ok), and

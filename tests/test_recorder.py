@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxdp import trace
+from jaxdp.core import trace
 from jaxdp.models import flat_names
 
 PARAMS = {"layers": {0: {"kernel": np.arange(6.0).reshape(2, 3), "bias": np.ones(3)}}, "scale": np.float64(2.0)}

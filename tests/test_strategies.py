@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxdp import parity, trace
-from jaxdp.config import FRAMEWORK_STRATEGIES
+from jaxdp.core import trace
+from jaxdp.core.config import FRAMEWORK_STRATEGIES
+from jaxdp.harness import parity
 
 from .conftest import BASE, run
 from .helpers import as_trace, assert_judged_ok
@@ -98,7 +99,7 @@ def test_the_comparison_can_fail():
 
 def test_float32_matches_single_within_the_float32_bounds():
     """float32: per-tensor gradients and parameters within 1e-5, every step's update within 1e-4 (the
-    bounds and their derivation: jaxdp/parity.py, docs/PARITY.md)."""
+    bounds and their derivation: jaxdp/harness/parity.py, docs/PARITY.md)."""
     cfg = BASE.replace(strategy="ddp-ring", devices=4, dtype="float32", optimizer="adam", lr=1e-3)
     got, ref = run(cfg), run(cfg.replace(strategy="single", devices=1))
     assert got.arrays["step/4/param/layers/0/kernel"].dtype == np.float32

@@ -17,7 +17,8 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxdp import accounting, devices, hlo, models, train
+from jaxdp import devices, models, train
+from jaxdp.analysis import accounting, hlo
 from jaxdp.strategies import bucket
 from jaxdp.strategies.bucket import MB, plan_buckets
 

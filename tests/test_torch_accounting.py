@@ -11,7 +11,7 @@ import functools
 
 import pytest
 
-from jaxdp import data
+from jaxdp.core import data
 from torch_ref import accounting, models
 from torch_ref.launch import launch
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torch_ref
-from jaxdp import trace
+from jaxdp.core import trace
 from torch_ref.strategies import zero3
 from torch_ref.trace import Recorder
 

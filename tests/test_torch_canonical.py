@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import torch_ref
-from jaxdp.config import FRAMEWORK_STRATEGIES, RunConfig
+from jaxdp.core.config import FRAMEWORK_STRATEGIES, RunConfig
 from torch_ref import canonical as C
 from torch_ref import canonical_bn, launch
 

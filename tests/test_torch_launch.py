@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from jaxdp import trace
+from jaxdp.core import trace
 from torch_ref import cli
 from torch_ref.launch import RankError
 from torch_ref.train import FAIL_ENV, InjectedFailure, run
@@ -78,7 +78,7 @@ def test_config_errors_are_one_line(argv, message, capsys):
 
 
 def test_fsdp_is_an_alias_of_zero3():
-    from jaxdp.config import RunConfig
+    from jaxdp.core.config import RunConfig
 
     assert RunConfig(strategy="fsdp").validate("torch").strategy == "zero3"
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from jaxdp import data, trace
 from jaxdp import models as jax_models
 from jaxdp import train as jax_train
+from jaxdp.core import data, trace
 from torch_ref import models
 
 from .torch_helpers import BASE, GPT, as_trace, init_for, init_key, single

@@ -12,7 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxdp import data, models, parity, trace
+from jaxdp import models
+from jaxdp.core import data, trace
+from jaxdp.harness import parity
 from jaxdp.strategies import bucket
 
 from .helpers import assert_judged_ok
@@ -98,7 +100,7 @@ def test_the_comparison_can_fail():
 
 def test_float32_matches_single_within_the_float32_bounds():
     """float32: per-tensor gradients and parameters within 1e-5, every step's update within 1e-4
-    (jaxdp/parity.py, docs/PARITY.md), as the JAX suite."""
+    (jaxdp/harness/parity.py, docs/PARITY.md), as the JAX suite."""
     got, ref = result(FLOAT32), single(FLOAT32)
     assert got.arrays["step/4/param/layers/0/kernel"].dtype == np.float32
     assert_judged_ok(got, ref)

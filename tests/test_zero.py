@@ -7,7 +7,9 @@ import jax
 import numpy as np
 import pytest
 
-from jaxdp import accounting, models, trace
+from jaxdp import models
+from jaxdp.analysis import accounting
+from jaxdp.core import trace
 
 from .conftest import BASE, run
 from .pairwise import pairwise

@@ -15,7 +15,8 @@ import numpy as np
 import optax
 import pytest
 
-from jaxdp import accounting, api, hlo, models
+from jaxdp import api, models
+from jaxdp.analysis import accounting, hlo
 from jaxdp.models import units as unit_lib
 from jaxdp.strategies import fsdp
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torch_ref
-from jaxdp.config import FRAMEWORK_STRATEGIES
+from jaxdp.core.config import FRAMEWORK_STRATEGIES
 from torch_ref.trace import Recorder
 
 BATCH, FEATURES, HIDDEN, CLASSES, STEPS = 18, 5, 7, 3, 3  # 18 rows: N x accum divide it for N <= 3

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torch_ref
-from jaxdp import data
+from jaxdp.core import data
 from torch_ref import canonical as C
 from torch_ref import launch
 from torch_ref.cnn import CNN
@@ -146,7 +146,7 @@ RESUMED = ("zero2", None, 3, "adamw", 0.5, "canonical", SHARDS)
 def resumed(rank: int, n: int, directory: str, case: tuple) -> dict:
     """`case` trained for step 1 and checkpointed at N = 2 (torch_ref.checkpoint, DCP), resumed at N = 4
     for the steps after: rank 0's arrays of those steps."""
-    from jaxdp.config import RunConfig
+    from jaxdp.core.config import RunConfig
     from torch_ref import api, checkpoint
 
     strategy, _, accum, optimizer, clip_norm, _, shards = case

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from jaxdp import data, trace
-from jaxdp.config import ALL_STRATEGIES, FRAMEWORK_STRATEGIES, RunConfig
+from jaxdp.core import data, trace
+from jaxdp.core.config import ALL_STRATEGIES, FRAMEWORK_STRATEGIES, RunConfig
 
 from . import torch_api_ranks
 from .pairwise import pairwise
@@ -76,9 +76,9 @@ API_SIZES = (1, 2, 3)  # the world sizes tests/test_torch_api.py's cases need
 @functools.cache
 def init_for(cfg: RunConfig) -> dict:
     """The JAX initial parameters (depend only on the model, the data and the seed)."""
-    from torch_ref import models
+    from jaxdp import models
 
-    return models.jax_init(cfg, data.load(cfg.data, cfg.seed, cfg.seq_len))
+    return models.initial_arrays(cfg, data.load(cfg.data, cfg.seed, cfg.seq_len))
 
 
 def init_key(cfg: RunConfig) -> RunConfig:
@@ -171,11 +171,11 @@ def ring_errors(rank: int, n: int, sizes) -> dict:
 
 
 def _strategy_and_batch(rank, n, cfg, init):
-    from torch_ref import models, strategies
+    from torch_ref import models, train
 
     dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
     model = models.load_flax(models.build(cfg, dataset), init)
-    strategy = strategies.make(cfg.strategy, model, cfg, return_grads=False)
+    strategy = train.strategy(model, cfg)
     x, y = dataset.batch(1, cfg.batch_size)
     rows = slice(rank * cfg.batch_size // n, (rank + 1) * cfg.batch_size // n)
     return strategy, torch.from_numpy(x[rows]), torch.from_numpy(y[rows].astype(np.int64))

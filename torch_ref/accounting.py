@@ -1,5 +1,5 @@
 """What torch_ref's strategies communicate and hold, measured, next to the formula of what they run.
-The torch twin of `jaxdp/accounting.py` (same kinds, same ring conventions, bytes per device per step).
+The torch twin of `jaxdp/analysis/accounting.py` (same kinds, same ring conventions, bytes per device per step).
 
 Communication is read from what the process group ran: `torch.profiler` records every backend
 collective as an event named `gloo:<op>` (`nccl:<op>` on GPU) with its input's shape, including
@@ -134,14 +134,14 @@ def measure_rank(rank: int, n: int, cfg, init: dict, steps: int = 2, warmup: int
     """Run `warmup` steps, then `steps` steps of `cfg` on this rank under the profiler; return this
     rank's view. The warm-up steps hold what happens once: DDP's broadcast of its bucket layout
     (int64 indices, in its first forward here), FSDP2's lazy initialisation."""
-    from jaxdp import data
+    from jaxdp.core import data
 
-    from . import launch, models, strategies
+    from . import launch, models, train
 
     device = launch.rank_device(cfg.platform, rank)
     dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
     model = models.load_flax(models.build(cfg, dataset).to(device), init)
-    strategy = strategies.make(cfg.strategy, model, cfg, return_grads=False)
+    strategy = train.strategy(model, cfg)
     held = strategy.checkpoint  # the model and this rank's optimizer, as checkpoints see them
     optimizer = getattr(held, "optimizer", None)
     tensors = {id(p): p for p in held.model.parameters()}
@@ -261,19 +261,17 @@ def dist_backend(cfg) -> str:
     return launch.backend_for(launch.rank_device(cfg.platform, 0))
 
 
-def measure(cfg, steps: int = 2, warmup: int = 1, timeout_s: float = 600.0) -> dict:
-    """Launch cfg.devices ranks, run `warmup` steps and then `steps` steps of cfg's strategy under the
+def measure(cfg, init: dict, steps: int = 2, warmup: int = 1, timeout_s: float = 600.0) -> dict:
+    """Launch cfg.devices ranks from the initial parameters `init` (Flax-named arrays, the JAX side's:
+    `jaxdp.models.initial_arrays`), run `warmup` steps and then `steps` steps of cfg's strategy under the
     profiler (only those are counted), and return
     {comm: {kind: bytes sent per device per step, total}, comm_ops: {kind: ops per step},
      comm_requested: {c10d op: count}, memory: {params, grads, opt_state, master_params} (rank 0),
      memory_per_rank: [...], step_times: [s per step, the slowest rank's], notes: [...],
      comm_per_rank: [...] only where ranks differ}."""
-    from jaxdp import data
-
-    from . import launch, models
+    from . import launch
 
     cfg = cfg.validate("torch")
-    init = models.jax_init(cfg, data.load(cfg.data, cfg.seed, cfg.seq_len))
     views = launch.launch(
         measure_rank, cfg.devices, cfg, init, steps, warmup, platform=cfg.platform, timeout_s=timeout_s
     )

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from jaxdp.config import ConfigError
+from jaxdp.core.config import ConfigError
 
 from . import strategies
 from .strategies.common import Parallel, train

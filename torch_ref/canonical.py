@@ -22,8 +22,12 @@ import contextlib
 import torch
 import torch.distributed as dist
 
-from jaxdp.config import ConfigError
-from jaxdp.reduction import BLOCKS, default_shards, resolve_shards  # noqa: F401 (one definition of S for both sides)
+from jaxdp.core.config import ConfigError
+from jaxdp.core.reduction import (  # noqa: F401 (one definition of S for both sides)
+    BLOCKS,
+    default_shards,
+    resolve_shards,
+)
 
 from .collectives import ring_all_gather
 from .strategies.common import flatten, micro_batches

@@ -40,7 +40,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from jaxdp.checkpoint import RECORD_FIELDS, CheckpointError, check_resumable  # noqa: F401 (one contract for both sides; RECORD_FIELDS re-exported)
+from jaxdp.core.record import RECORD_FIELDS, CheckpointError, check_resumable  # noqa: F401 (one contract for both sides; RECORD_FIELDS re-exported)
 
 RECORD = "record.json"
 PARTIAL = ".partial"

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from jaxdp.recorder import unflatten  # the trace's names -> nested dicts (JAX-free)
+from jaxdp.core.recorder import unflatten  # the trace's names -> nested dicts (JAX-free)
 
 FIX = ("fix: pass names={torch name: Flax name, (Flax name, axes) or None}, or filter the Flax state "
        "(nnx.state(model, nnx.Param, nnx.BatchStat))")

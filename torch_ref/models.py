@@ -156,18 +156,3 @@ def to_flax(tensors: dict[str, torch.Tensor], names: dict[str, tuple]) -> dict[s
 def load_flax(model: nn.Module, flat: dict[str, np.ndarray]) -> nn.Module:
     """Copy Flax-named NumPy parameters (from `jaxdp.models.init`) into `model`, bit for bit."""
     return convert.load_flax(model, flat)
-
-
-def jax_init(cfg, dataset) -> dict[str, np.ndarray]:
-    """The JAX side's initial parameters for `cfg` as Flax-named NumPy arrays (the one source of the
-    initial bits for both frameworks), created on JAX's CPU device as `jaxdp.train` does."""
-    import jax
-
-    if cfg.dtype == "float64":
-        jax.config.update("jax_enable_x64", True)
-    from jaxdp import models as jax_models
-
-    with jax.default_device(jax.devices("cpu")[0]):
-        problem = jax_models.init(cfg, dataset)
-    flat = {**jax_models.flat_names(problem.params), **jax_models.flat_names(problem.state or {})}  # + BatchNorm's
-    return {k: np.array(v) for k, v in flat.items()}

@@ -8,8 +8,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from jaxdp import data
-from jaxdp.mutations import FUSED_BIAS, FUSED_KERNEL
+from jaxdp.core import data
 
 from . import batchnorm, models, optim, train
 from .collectives import ring_all_reduce
@@ -134,14 +133,23 @@ def bn_no_backward_reduce():
     return [(batchnorm, "_AllReduceSum", _AllReduceForwardOnly)]
 
 
-def _edit_update(size: int, edit):
+def fused_bias(cfg) -> int:
+    return 3 * cfg.d_model  # gpt2's c_attn bias, [q | k | v]: the size that picks it out of the model
+
+
+def fused_kernel(cfg) -> int:
+    return 3 * cfg.d_model ** 2  # gpt2's c_attn kernel
+
+
+def _edit_update(size_of, edit):
     """`optim.make`'s optimizer with `edit(k, update, param, lr, weight_decay)` applied after each step
-    (k from 1) to the update of the tensor of `size` elements, as a bug in one tensor's optimizer would."""
+    (k from 1) to the update of the tensor of `size_of(cfg)` elements, as a bug in one tensor's optimizer
+    would."""
     make = optim.make
 
     def made(cfg, params):
         opt = make(cfg, params)
-        target = [p for g in opt.param_groups for p in g["params"] if p.numel() == size]
+        target = [p for g in opt.param_groups for p in g["params"] if p.numel() == size_of(cfg)]
         before, count = {}, [0]
 
         def pre(optimizer, args, kwargs):
@@ -173,10 +181,10 @@ def adam_eps():
 
 
 PATCHES = {
-    "lr-1.0001x": lambda: _edit_update(FUSED_BIAS, lambda k, u, p, lr, wd: u * 1.0001),
-    "decay-skipped-once": lambda: _edit_update(FUSED_KERNEL, lambda k, u, p, lr, wd: u + lr * wd * p if k == 2 else u),
+    "lr-1.0001x": lambda: _edit_update(fused_bias, lambda k, u, p, lr, wd: u * 1.0001),
+    "decay-skipped-once": lambda: _edit_update(fused_kernel, lambda k, u, p, lr, wd: u + lr * wd * p if k == 2 else u),
     "adam-eps-1e-6": adam_eps,
-    "one-element": lambda: _edit_update(FUSED_BIAS, lambda k, u, p, lr, wd: _doubled_first(u) if k == 2 else u),
+    "one-element": lambda: _edit_update(fused_bias, lambda k, u, p, lr, wd: _doubled_first(u) if k == 2 else u),
     "missing-1/N": missing_one_over_n,
     "summed-twice": summed_twice,
     "clip-shard-norm": clip_shard_norm,

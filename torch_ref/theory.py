@@ -1,6 +1,6 @@
 """What torch_ref's strategies should communicate and hold, by formula: the theory that
 `torch_ref.accounting` (the measurement) is set against. The torch twin of the theory half of
-`jaxdp/accounting.py`; conventions (bytes each device sends by the ring algorithm) in that module's
+`jaxdp/analysis/accounting.py`; conventions (bytes each device sends by the ring algorithm) in that module's
 docstring and in `torch_ref/accounting.py`'s.
 """
 from __future__ import annotations

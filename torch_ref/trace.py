@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 import torch.distributed as dist
 
-from jaxdp import trace as jax_trace
-from jaxdp.config import ConfigError
+from jaxdp.core import trace as jax_trace
+from jaxdp.core.config import ConfigError
 
 from . import api, convert
 

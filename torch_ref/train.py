@@ -9,15 +9,16 @@ import functools
 import math
 import os
 import time
+from typing import NamedTuple
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from jaxdp import data
-from jaxdp.config import ConfigError, RunConfig
-from jaxdp.train import NonFiniteLoss, RunResult  # one error type and one result for both frameworks
+from jaxdp.core import data
+from jaxdp.core.config import ConfigError, RunConfig
+from jaxdp.core.results import NonFiniteLoss, RunResult  # one error type and one result for both frameworks
 
 from . import api, checkpoint, cnn, launch, models, optim, strategies
 from .trace import Recorder
@@ -62,7 +63,18 @@ def configured(module: torch.nn.Module, cfg: RunConfig):
                            **reduction, **strategies.options_of(cfg))
 
 
-def strategy(module: torch.nn.Module, cfg: RunConfig, return_grads: bool = False) -> strategies.Strategy:
+class Strategy(NamedTuple):
+    """The CLI's configuration as one value (what `torch_ref.accounting` and the tests drive):
+    `step(x, y)` -> {'loss': float, 'grads': {torch name: tensor} when return_grads}, and the
+    `Parallel`'s `full_params`, `wrapped` and `checkpoint`."""
+    name: str
+    step: object
+    full_params: object
+    wrapped: object = None
+    checkpoint: object = None
+
+
+def strategy(module: torch.nn.Module, cfg: RunConfig, return_grads: bool = False) -> Strategy:
     """`cfg`'s run as one value with `step(x, y)` (accounting, mutation checks and tests drive it)."""
     model, optimizer = configured(module, cfg)
     par = api.state_of(model)
@@ -72,7 +84,7 @@ def strategy(module: torch.nn.Module, cfg: RunConfig, return_grads: bool = False
         loss = api.train_step(model, optimizer, x, y, cross_entropy, clip_norm=cfg.clip_norm)
         return {"loss": loss, "grads": par.grads} if return_grads else {"loss": loss}
 
-    return strategies.Strategy(par.name, step, par.full_params, par.wrapped, par.checkpoint)
+    return Strategy(par.name, step, par.full_params, par.wrapped, par.checkpoint)
 
 
 def train_rank(rank: int, world: int, cfg: RunConfig, init: dict[str, np.ndarray], record: bool,
@@ -127,9 +139,13 @@ def train_rank(rank: int, world: int, cfg: RunConfig, init: dict[str, np.ndarray
 
 
 def run(cfg: RunConfig, trace_path=None, record: bool | None = None, timeout_s: float = 3600.0,
-        pg_timeout_s: float = 300.0) -> RunResult | None:
-    """Train `cfg` and write the trace to `trace_path` (on rank 0). Returns rank 0's result (None on
-    other ranks under torchrun)."""
+        pg_timeout_s: float = 300.0, *, init: dict[str, np.ndarray] | None = None) -> RunResult | None:
+    """Train `cfg` from the initial parameters `init` (Flax-named arrays: the JAX side's, so that both
+    frameworks start from the same bits) and write the trace to `trace_path` (on rank 0). Returns rank
+    0's result (None on other ranks under torchrun). `jaxdp.harness.torch_run.run` computes `init`."""
+    if init is None:
+        raise ConfigError("torch_ref.train.run needs init= (the initial parameters as Flax-named arrays, "
+                          "jaxdp.models.initial_arrays(cfg, dataset)); jaxdp.harness.torch_run.run computes them")
     record = trace_path is not None if record is None else record
     env = launch.from_env()
     if env is not None:
@@ -141,9 +157,6 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, timeout_s: 
     cfg.validate("torch")
     if cfg.resume:  # a clear error before any rank starts (each rank checks again as it loads)
         checkpoint.find(cfg.checkpoint_dir, cfg)
-    dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
-    init = models.jax_init(cfg, dataset)  # the JAX side's initial parameters, the one source
-
     if env is not None:  # one rank of a torchrun world: every rank computed the same init
         device = launch.rank_device(cfg.platform, local_rank)
         launch.init_process_group(device, rank, world, pg_timeout_s)
@@ -164,7 +177,7 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, timeout_s: 
         result = launch.launch(train_rank, cfg.devices, cfg, init, record, platform=cfg.platform,
                                timeout_s=timeout_s, pg_timeout_s=pg_timeout_s)[0]
     if trace_path is not None and result is not None:
-        from jaxdp import trace
+        from jaxdp.core import trace
 
         trace.save(trace_path, result.meta, result.arrays)
     return result

@@ -11,10 +11,11 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
-from ..recorder import unflatten
+from ..core.recorder import unflatten
 from . import units
 from .cnn import CNN
 from .gpt import GPT
@@ -126,4 +127,16 @@ def flat_names(tree) -> dict[str, object]:
     return out
 
 
-unflatten_names = unflatten  # the inverse of `flat_names` (jaxdp/recorder.py: JAX-free)
+unflatten_names = unflatten  # the inverse of `flat_names` (jaxdp/core/recorder.py: JAX-free)
+
+
+def initial_arrays(cfg, dataset) -> dict[str, np.ndarray]:
+    """`cfg`'s initial parameters (and BatchNorm's statistics) as Flax-named NumPy arrays, created on JAX's
+    CPU device as `jaxdp.train` does: the one source of the initial bits for both frameworks (the torch
+    side loads them, `torch_ref.models.load_flax`)."""
+    if cfg.dtype == "float64":
+        jax.config.update("jax_enable_x64", True)
+    with jax.default_device(jax.devices("cpu")[0]):
+        problem = init(cfg, dataset)
+    flat = {**flat_names(problem.params), **flat_names(problem.state or {})}  # + BatchNorm's
+    return {k: np.array(v) for k, v in flat.items()}

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..config import ALIASES, FRAMEWORK_STRATEGIES, ConfigError
-from ..reduction import REDUCTIONS
+from ..core.config import ALIASES, FRAMEWORK_STRATEGIES, ConfigError
+from ..core.reduction import REDUCTIONS
 from . import bucket, ddp, ddp_pmap, dp, ring, single, zero
 from .common import Strategy, TrainState
 

@@ -8,7 +8,6 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from jax import lax
@@ -16,6 +15,8 @@ from jax.sharding import PartitionSpec as P
 
 from .. import canonical
 from ..devices import AXIS, batch_sharded, replicated
+from . import fsdp
+from .grads import local_grads  # noqa: F401 (re-exported: every strategy's first half)
 
 
 class TrainState(NamedTuple):
@@ -73,28 +74,6 @@ def read_on(a, device) -> np.ndarray:
     return to_host(a)
 
 
-def local_grads(loss_fn, params, x, y, accum: int):
-    """Mean loss and mean gradient over `accum` equal micro-batches of this device's batch.
-
-    No communication happens here: accumulation is local and the caller syncs once per step (the
-    `no_sync` idea). The mean of equal-sized micro-batch means is the mean over all the samples.
-    """
-    grad_fn = jax.value_and_grad(loss_fn)
-    xs = x.reshape(accum, x.shape[0] // accum, *x.shape[1:])
-    ys = y.reshape(accum, y.shape[0] // accum, *y.shape[1:])
-    loss, grads = grad_fn(params, xs[0], ys[0])
-    if accum > 1:
-        def micro_step(carry, batch):
-            loss_sum, grad_sum = carry
-            micro_loss, g = grad_fn(params, *batch)
-            return (loss_sum + micro_loss, jax.tree.map(jnp.add, grad_sum, g)), None
-
-        (loss, grads), _ = lax.scan(micro_step, (loss, grads), (xs[1:], ys[1:]))
-        loss = loss / accum
-        grads = jax.tree.map(lambda g: g / accum, grads)
-    return loss, grads
-
-
 def apply_update(optimizer, grads, opt_state, params):
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
@@ -138,10 +117,8 @@ def unit_value_and_grad(problem, gather_leaf=None, reshard_after_forward: bool =
     parameter itself, for strategies that hold full ones). Measured: XLA:CPU compiles the plain
     `jax.value_and_grad` of GPT into a program whose bias gradients differ in the last bit from the
     unit-by-unit one, so one program for all is the only way zero3 gives `single`'s bits."""
-    from .fsdp import unit_value_and_grad as by_units
-
     shapes = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), problem.params)
-    return by_units(problem, shapes, gather_leaf or (lambda p, shape: p), reshard_after_forward)
+    return fsdp.unit_value_and_grad(problem, shapes, gather_leaf or (lambda p, shape: p), reshard_after_forward)
 
 
 def shard_values_of(problem, gather_leaf=None, reshard_after_forward: bool = True):

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from ..models import units as unit_lib
-from .common import local_grads
+from .grads import local_grads
 
 SAVE = jax.checkpoint_policies.dots_saveable  # residuals: matmul outputs (+ inputs); the rest recomputed
 

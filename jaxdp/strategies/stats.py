@@ -22,8 +22,8 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from .. import canonical, canonical_bn
+from ..core.reduction import resolve_shards
 from ..devices import AXIS, replicated
-from ..reduction import resolve_shards
 from .common import to_numpy
 from .zero import unpad
 

@@ -6,9 +6,7 @@ is the public door (`torch_ref/api.py`).
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
-from jaxdp.config import ALIASES, FRAMEWORK_STRATEGIES, ConfigError
+from jaxdp.core.config import ALIASES, FRAMEWORK_STRATEGIES, ConfigError
 
 from . import bucket, ddp, dp, naive, ring, single, zero1, zero2, zero3
 from .common import Options, Parallel
@@ -56,22 +54,4 @@ def options_of(cfg) -> dict:
     return {k: values[k] for k in OPTIONS[canonical(cfg.strategy)] if k in values}
 
 
-class Strategy(NamedTuple):
-    """The CLI's configuration as one value (what `torch_ref.accounting` and the tests drive):
-    `step(x, y)` -> {'loss': float, 'grads': {torch name: tensor} when return_grads}, and the
-    `Parallel`'s `full_params`, `wrapped` and `checkpoint`."""
-    name: str
-    step: object
-    full_params: object
-    wrapped: object = None
-    checkpoint: object = None
-
-
-def make(name, model, cfg, return_grads: bool = False) -> Strategy:
-    """`model` trained as `python -m torch_ref train` trains it (`torch_ref.train.configured`)."""
-    from .. import train  # train is built on this package: imported when called, not at import time
-
-    return train.strategy(model, cfg.replace(strategy=name), return_grads)
-
-
-__all__ = ["FACTORIES", "OPTIONS", "Options", "Parallel", "Strategy", "build", "canonical", "make", "options_of"]
+__all__ = ["FACTORIES", "OPTIONS", "Options", "Parallel", "build", "canonical", "options_of"]

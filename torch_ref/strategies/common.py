@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from jaxdp.config import ConfigError
+from jaxdp.core.config import ConfigError
 
 from .. import optim
 from ..checkpoint import ModelOptimizer

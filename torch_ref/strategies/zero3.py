@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from jaxdp.config import ConfigError
+from jaxdp.core.config import ConfigError
 
 from .. import cnn, gpt2, models
 from .common import Parallel, make_parallel

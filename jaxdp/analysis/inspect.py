@@ -1,0 +1,79 @@
+"""`jaxdp inspect`: what a strategy's compiled training step does, read from the program itself.
+
+For one run configuration: every collective of the compiled (post-optimisation) step in program
+order, with `op` (all-reduce, reduce-scatter, all-gather, collective-permute, all-to-all), `dtype`,
+`elements` (of its result), `bytes_per_device` (what one device sends for one run of it, counted
+as `accounting.collectives` does: ring algorithms) and `trips` (the times it runs per step: inside
+a loop, the loop's trip count); the totals `bytes_per_device` (the sum of bytes_per_device x trips)
+and `theory_bytes_per_device` (`accounting.theory`); the memory per device `state_bytes`,
+`temp_bytes` and `peak_bytes` (`accounting.step_memory`); for ddp-bucket, the plan as `buckets`
+(elements per bucket, in the order they are all-reduced). A model with running statistics
+(BatchNorm) advances them in a second, forward-only program (jaxdp/strategies/stats.py): its bytes are
+not the train step's, and are given apart as `stats_bytes_per_device` (measured from its compiled HLO)
+and `stats_theory_bytes_per_device` (`accounting.stats_theory`). These keys are a contract: scripts
+read them from `--json`.
+"""
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+
+from .. import models
+from ..strategies import bucket
+from . import accounting
+
+
+def inspect(cfg, step: accounting.CompiledStep | None = None) -> dict:
+    """The contract's dictionary for `cfg`'s compiled training step (the one `jaxdp train` runs);
+    `step`: that step already compiled (`accounting.compile_step(cfg)`)."""
+    step = step or accounting.compile_step(cfg)
+    problem, compiled = step.problem, step.program
+    found = accounting.collectives(compiled.as_text(), cfg.devices)
+    ops = [{"op": c["op"], "dtype": c["dtype"], "elements": c["elements"], "bytes_per_device": c["sent"],
+            "trips": c["trips"]} for c in found]
+    sizes = [int(np.prod(p.shape)) for p in jax.tree.leaves(problem.params)]
+    root = accounting.root_sizes(problem)  # zero3: a tied weight, gathered once per micro-batch
+    channels = accounting.batchnorm_channels(problem)  # BatchNorm: its statistics' all-reduces
+    out = {"strategy": cfg.strategy, "devices": cfg.devices, "model": cfg.model, "dtype": cfg.dtype,
+           "accum": cfg.accum, "collectives": ops,
+           "bytes_per_device": sum(c["bytes_per_device"] * (c["trips"] or 1) for c in ops),
+           "theory_bytes_per_device": accounting.theory_for(cfg, sizes, root, channels)["total"],
+           **accounting.step_memory(compiled)}
+    if step.stats_program is not None:  # the running statistics' own program, next to the train step
+        stats_ops = accounting.collectives(step.stats_program.as_text(), cfg.devices)
+        out["stats_bytes_per_device"] = sum(c["sent"] * (c["trips"] or 1) for c in stats_ops)
+        out["stats_theory_bytes_per_device"] = accounting.stats_theory_for(cfg, step.stats_sizes, channels)["total"]
+    if cfg.strategy == "ddp-bucket":
+        named = models.flat_names(problem.params)
+        out["buckets"] = [sum(int(named[name].size) for name in b) for b in bucket.plan(problem, cfg.bucket_mb)]
+    return out
+
+
+def format_inspect(r: dict) -> str:
+    lines = [f"{r['strategy']} on {r['devices']} devices ({r['model']}, {r['dtype']}, accum {r['accum']}): "
+             f"{len(r['collectives'])} collectives in program order",
+             f"  {'#':>3} {'op':<19} {'dtype':<6} {'elements':>10} {'bytes/device':>13} {'trips':>5}"]
+    lines += [f"  {i:>3} {c['op']:<19} {c['dtype']:<6} {c['elements']:>10} {c['bytes_per_device']:>13.0f} "
+              f"{c['trips'] if c['trips'] is not None else '?':>5}" for i, c in enumerate(r["collectives"])]
+    lines.append(f"sent per device per step: {r['bytes_per_device']:.0f} bytes "
+                 f"(theory {r['theory_bytes_per_device']:.0f})")
+    if "stats_bytes_per_device" in r:
+        lines.append(f"running statistics' program: {r['stats_bytes_per_device']:.0f} bytes per device per step "
+                     f"(theory {r['stats_theory_bytes_per_device']:.0f})")
+    lines.append(f"bytes per device: state {r['state_bytes']}, temp {r['temp_bytes']}, peak {r['peak_bytes']} "
+                 "(state + temp + unaliased outputs)")
+    if "buckets" in r:
+        lines.append(f"buckets (elements, in the order reduced): {r['buckets']}")
+    return "\n".join(lines)
+
+
+def main(cfg, json_path: str | None = None) -> int:
+    result = inspect(cfg)
+    print(format_inspect(result))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {json_path}")
+    return 0

@@ -1,0 +1,159 @@
+"""Communication theory for jaxdp's compiled steps: the bytes each device sends per step by the textbook
+algorithms (ring collectives), by kind, set against what `jaxdp.accounting` reads from the compiled
+HLO. The twin of torch_ref/theory.py; conventions in `jaxdp.accounting.collectives`. Re-exported by
+`jaxdp.accounting` (its callers name it there)."""
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+from jax.extend.core import Literal
+
+from .. import models
+from ..models import units
+from ..strategies import stats
+
+
+def dp_theory(sizes: list[int], n: int, itemsize: int, loss_itemsize: int | None = None) -> dict:
+    """`dp`'s binomial tree: the reduce to device 0 and the broadcast from it each move N-1
+    messages of Psi values in all, so the mean device sends 2 (N-1)/N Psi (the busiest, device 0,
+    sends ceil(log2 N) Psi in the broadcast). The loss takes the same tree (reduced to device 0,
+    broadcast back for every process's log): one more value, in the loss's dtype."""
+    psi = sum(sizes) * itemsize + (loss_itemsize or itemsize)
+    p2p = 2 * (n - 1) / n * psi if n > 1 else 0.0
+    return {"all-reduce": 0.0, "reduce-scatter": 0.0, "all-gather": 0.0, "point-to-point": p2p, "total": p2p}
+
+
+def theory(strategy: str, sizes: list[int], n: int, itemsize: int, loss_itemsize: int | None = None,
+           accum: int = 1, reshard_after_forward: bool = True, root_sizes: list[int] = ()) -> dict:
+    """Bytes each device sends per step by the textbook algorithms (ring collectives), by kind.
+    Psi = sum(sizes); Psi_N = sum(ceil(size / n)) (ZeRO pads each parameter to a multiple of n).
+    The loss is averaged for the log by one scalar all-reduce (not for `dp`, whose tree is counted
+    separately, nor for one device). zero3 gathers every micro-batch (`accum`) for forward and,
+    with `reshard_after_forward`, again for backward, except `root_sizes` (its root's: a tied weight,
+    `root_sizes` among `sizes` once), gathered once per micro-batch; the others sync once per step."""
+    psi = sum(sizes)
+    psi_n = sum(math.ceil(s / n) for s in sizes)
+    loss = 2 * (n - 1) / n * (loss_itemsize or itemsize)
+    ring = 2 * (n - 1) / n
+    out = {"all-reduce": loss, "reduce-scatter": 0.0, "all-gather": 0.0, "point-to-point": 0.0}
+    if strategy in ("ddp", "ddp-pmap", "ddp-bucket"):
+        out["all-reduce"] += ring * psi * itemsize
+    elif strategy == "ddp-ring":
+        out["point-to-point"] = 2 * (n - 1) * math.ceil(psi / n) * itemsize
+    elif strategy == "zero1":
+        out["all-reduce"] += ring * psi * itemsize
+        out["all-gather"] = (n - 1) * psi_n * itemsize
+    elif strategy in ("zero2", "zero3"):
+        out["reduce-scatter"] = (n - 1) * psi_n * itemsize
+        gathers = accum * (2 if reshard_after_forward else 1) if strategy == "zero3" else 1
+        root_n = sum(math.ceil(s / n) for s in root_sizes) if strategy == "zero3" else 0
+        regathered = (gathers - accum) * root_n  # the root is gathered for forward only
+        out["all-gather"] = (n - 1) * (psi_n * gathers - regathered) * itemsize
+    else:
+        raise ValueError(f"no communication theory for {strategy!r}")
+    if n == 1:
+        out = {k: 0.0 for k in out}
+    out["total"] = sum(out.values())
+    return out
+
+
+def root_sizes(problem) -> list[int]:
+    """Sizes of the parameters zero3's root owns: those several units share (a tied weight)."""
+    return [int(np.prod(leaf.shape)) for path in units.shared_paths(problem.units)
+            for leaf in jax.tree.leaves(units.at(problem.params, path))]
+
+
+# ---- BatchNorm's synchronised statistics (jaxdp/models/cnn.py, `--batchnorm sync`) -------------------
+# Each BatchNorm layer of C channels, per micro-batch, all-reduces C-element vectors (in the master
+# dtype: bf16 runs keep their statistics in f32):
+#   forward   2: the pmean of the batch mean and the pmean of the biased variance;
+#   backward  the transposes of the cross-device statistics' uses. Where the strategy's shard_map checks
+#             replication (check_vma=True: ddp, ddp-bucket), each use of an invariant statistic
+#             by varying rows is an implicit pcast whose transpose is a psum: the mean is used twice
+#             (centring for the variance, and for the output), 1/sqrt(var + eps) once: 3. Unchecked
+#             (check_vma=False, or pmap: dp, ddp-pmap, ddp-ring,
+#             zero1/2/3), each pmean's transpose is one psum: 2;
+#   zero3     +2: its unit runs under jax.checkpoint (dots_saveable), so backward recomputes the
+#             forward's two pmeans.
+BN_FORWARD = 2
+BN_BACKWARD = {"ddp": 3, "ddp-bucket": 3}  # the others: 2
+BN_RECOMPUTED = {"zero3": 2}
+
+
+def batchnorm_channels(problem) -> int:
+    """Channels over every BatchNorm layer: the running means' elements (0 without running statistics)."""
+    if problem.state is None:
+        return 0
+    return sum(int(np.size(leaf)) for path, leaf in jax.tree.flatten_with_path(problem.state)[0]
+               if jax.tree_util.keystr(path).endswith("['mean']"))
+
+
+def batchnorm_vectors(strategy: str) -> int:
+    """C-channel vectors all-reduced per BatchNorm layer per micro-batch in `strategy`'s train step."""
+    return BN_FORWARD + BN_BACKWARD.get(strategy, 2) + BN_RECOMPUTED.get(strategy, 0)
+
+
+def batchnorm_theory(strategy: str, channels: int, n: int, itemsize: int, accum: int = 1) -> float:
+    """Bytes each device sends per step for synchronised BatchNorm statistics (all-reduces, ring)."""
+    if n == 1 or strategy == "single" or not channels:
+        return 0.0
+    return 2 * (n - 1) / n * accum * batchnorm_vectors(strategy) * channels * itemsize
+
+
+def statistics_inputs(problem, x) -> list[int]:
+    """Sizes of the parameters the running statistics depend on, for inputs shaped like `x`: the live
+    inputs of `problem.update_state`'s jaxpr (equations walked backwards from its outputs). The others
+    (for cnn: the last BatchNorm's scale and bias, the head) are dead code in the statistics' program,
+    which XLA removes with their zero3 gathers."""
+    leaves = jax.tree.leaves(problem.params)
+    x = jax.ShapeDtypeStruct((1, *np.shape(x)[1:]), x.dtype)
+    closed = jax.make_jaxpr(problem.update_state)(problem.params, problem.state, x)
+    live = {v for v in closed.jaxpr.outvars if not isinstance(v, Literal)}
+    for eqn in reversed(closed.jaxpr.eqns):
+        if any(v in live for v in eqn.outvars):
+            live.update(v for v in eqn.invars if not isinstance(v, Literal))
+    return [int(np.size(p)) for p, v in zip(leaves, closed.jaxpr.invars[:len(leaves)], strict=True) if v in live]
+
+
+def stats_theory(strategy: str, sizes: list[int], channels: int, n: int, itemsize: int, accum: int = 1,
+                 sync: bool = True) -> dict:
+    """Bytes each device sends in the running statistics' own program (jaxdp/strategies/stats.py), by
+    kind: zero3 gathers the parameters the statistics read once (`sizes`: `statistics_inputs`;
+    (n-1) Psi_N); under `sync`, each micro-batch's forward all-reduces every layer's mean and
+    variance (2 C); and every device takes device 0's statistics, one psum of all of them (2 C).
+    Nothing on one device or for `single`."""
+    out = {"all-reduce": 0.0, "reduce-scatter": 0.0, "all-gather": 0.0, "point-to-point": 0.0}
+    if n > 1 and strategy != "single" and channels:
+        ring = 2 * (n - 1) / n
+        out["all-reduce"] = ring * (BN_FORWARD * accum * sync + 2) * channels * itemsize
+        if strategy in stats.SHARDED_PARAMS:
+            out["all-gather"] = (n - 1) * sum(math.ceil(s / n) for s in sizes) * itemsize
+    out["total"] = sum(out.values())
+    return out
+
+
+def theory_for(cfg, sizes: list[int], root: list[int] = (), channels: int = 0) -> dict:
+    """`theory` (or `dp_theory`) for a run configuration: its strategy, devices, master dtype,
+    accumulation and zero3's reshard mode, plus the synchronised BatchNorm statistics of a model with
+    `channels` BatchNorm channels (`batchnorm_theory`, under `--batchnorm sync`). No communication for
+    `single` or one device."""
+    itemsize = np.dtype(models.MASTER_DTYPE[cfg.dtype]).itemsize
+    if cfg.strategy == "single" or cfg.devices == 1:
+        return {"all-reduce": 0.0, "reduce-scatter": 0.0, "all-gather": 0.0, "point-to-point": 0.0, "total": 0.0}
+    if cfg.strategy == "dp":
+        out = dp_theory(sizes, cfg.devices, itemsize)
+    else:
+        out = theory(cfg.strategy, sizes, cfg.devices, itemsize, accum=cfg.accum,
+                     reshard_after_forward=cfg.reshard_after_forward, root_sizes=root)
+    if cfg.batchnorm == "sync":
+        out["all-reduce"] += batchnorm_theory(cfg.strategy, channels, cfg.devices, itemsize, cfg.accum)
+        out["total"] = sum(v for k, v in out.items() if k != "total")
+    return out
+
+
+def stats_theory_for(cfg, sizes: list[int], channels: int) -> dict:
+    """`stats_theory` for a run configuration."""
+    itemsize = np.dtype(models.MASTER_DTYPE[cfg.dtype]).itemsize
+    return stats_theory(cfg.strategy, sizes, channels, cfg.devices, itemsize, cfg.accum, cfg.batchnorm == "sync")

@@ -1,0 +1,273 @@
+"""One run configuration, shared by `jaxdp train`, `python -m torch_ref train` and every report.
+
+`RunConfig` is the single definition of the flags: `add_arguments` builds the argparse flags from
+its fields and `from_args` reads them back, so the two frameworks can never drift apart.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+from dataclasses import dataclass, field
+
+from .errors import ConfigError
+from .reduction import REDUCTIONS, resolve_shards
+
+MODELS = ("mlp", "gpt", "cnn", "gpt2")
+DATASETS = ("synthetic", "digits", "text", "tokens")
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
+DTYPES = ("float64", "float32", "bfloat16")
+BATCHNORMS = ("sync", "local")
+PLATFORMS = ("auto", "cpu", "gpu")
+COLLECTIVES = ("xla", "ring")
+# Strategy names per framework; a name means the same algorithm on both sides.
+FRAMEWORK_STRATEGIES = {
+    "jax": ("single", "dp", "ddp", "ddp-pmap", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3"),
+    "torch": ("single", "dp", "ddp", "ddp-naive", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3"),
+}
+ALL_STRATEGIES = tuple(dict.fromkeys(FRAMEWORK_STRATEGIES["jax"] + FRAMEWORK_STRATEGIES["torch"]))
+ALIASES = {"fsdp": "zero3"}
+# --preset: sets these fields (over their flags); gpt2-124m is GPT-2 small on the package's token data.
+PRESETS = {"gpt2-124m": dict(model="gpt2", data="tokens", n_layer=12, n_head=12, d_model=768, seq_len=1024)}
+PACKAGE = {"jax": "jaxdp", "torch": "torch_ref"}
+
+
+def require_torch(command: str) -> None:
+    """`command` runs torch_ref: say in one line how to install PyTorch when it is missing."""
+    if importlib.util.find_spec("torch") is None:  # asked, not imported: the core loads no framework
+        raise ConfigError(
+            f"{command} needs PyTorch, which is not installed: pip install -c constraints-cpu.txt -e '.[torch]' "
+            f"(in a clone of jaxdp), or pip install 'jaxdp[torch]'"
+        )
+
+
+def _flag(default, help, choices=None, type=None):
+    return field(default=default, metadata={"help": help, "choices": choices, "type": type})
+
+
+def _bool_text(text: str) -> bool:
+    if str(text).lower() in ("true", "1", "yes"):
+        return True
+    if str(text).lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        widths = tuple(int(w) for w in text.split(",") if w.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not widths or min(widths) <= 0:
+        raise argparse.ArgumentTypeError(f"expected positive widths such as 64,64, got {text!r}")
+    return widths
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    model: str = _flag("mlp", "model architecture", MODELS)
+    data: str = _flag("synthetic", "dataset (gpt needs text)", DATASETS)
+    strategy: str = _flag("ddp", "data-parallel strategy (fsdp is an alias of zero3)", ALL_STRATEGIES + tuple(ALIASES))
+    devices: int = _flag(1, "number of devices (simulated CPU devices when no accelerator)")
+    platform: str = _flag("auto", "device platform; cpu simulates --devices CPU devices", PLATFORMS)
+    steps: int = _flag(20, "optimizer steps")
+    batch_size: int = _flag(64, "global batch of one optimizer step (all devices, all micro-batches)")
+    accum: int = _flag(1, "gradient-accumulation micro-batches per step (one sync per step)")
+    optimizer: str = _flag("adamw", "optimizer (torch.optim semantics)", OPTIMIZERS)
+    lr: float = _flag(1e-3, "learning rate")
+    weight_decay: float = _flag(
+        0.0, "weight decay: coupled (L2 in the gradient) for sgd/momentum/adam, decoupled for adamw"
+    )
+    clip_norm: float = _flag(
+        0.0, "clip the global gradient norm to this value as torch.nn.utils.clip_grad_norm_ (0: off)"
+    )
+    dtype: str = _flag(
+        "float32",
+        "float64, float32, or bfloat16 (bf16 compute, fp32 master params, reduction and optimizer state)",
+        DTYPES,
+    )
+    seed: int = _flag(0, "seed for parameters and data")
+    hidden: tuple = _flag((64, 64), "mlp hidden widths, comma separated", type=_int_list)
+    channels: tuple = _flag((8, 16), "cnn: output channels of its two 3x3 convolutions, comma separated",
+                            type=_int_list)
+    batchnorm: str = _flag(
+        "sync", "cnn: BatchNorm statistics under data parallelism: sync (over the global micro-batch, every "
+        "strategy equals single) or local (each device its own rows, torch DDP's default; rank 0's running "
+        "statistics)", BATCHNORMS)
+    conv_bias: bool = _flag(
+        False, "cnn: a bias in each convolution, before its BatchNorm (as many models write it; the mean "
+        "subtraction cancels it, so its gradient is roundoff only)", type=_bool_text)
+    bucket_mb: float = _flag(25.0, "ddp-bucket: bucket capacity in MB (2**20 bytes)")
+    n_layer: int = _flag(2, "gpt: transformer blocks")
+    n_head: int = _flag(2, "gpt: attention heads")
+    d_model: int = _flag(32, "gpt: embedding width")
+    seq_len: int = _flag(32, "gpt: context length in characters")
+    preset: str = _flag("", "gpt2-124m: GPT-2 small (12 layers, 12 heads, width 768, context 1024, vocabulary "
+                        "50304) on --data tokens; sets --model, --data and those sizes", tuple(PRESETS))
+    collectives: str = _flag("xla", "zero1/2/3: XLA's built-in collectives or the explicit ring", COLLECTIVES)
+    reshard_after_forward: bool = _flag(
+        True, "zero3 (FSDP2's name): true frees each unit's gathered parameters after its forward and gathers "
+        "them again for backward (3 x (N-1)/N Psi sent); false keeps them until backward (2 x, more memory)",
+        type=_bool_text)
+    reduction: str = _flag(
+        "native", "gradient reduction: native (each N sums in its own order) or canonical (the same bits on any "
+        "N dividing --shards: docs/CANONICAL.md)", REDUCTIONS)
+    shards: int = _flag(
+        0, "canonical: shards per micro-batch, a power of two that --devices divides (0: the largest power of two "
+        "dividing batch/accum that keeps >= 4 rows per shard, at most 64)")
+    nan_check: bool = _flag(True, "stop with the step number on a NaN or Inf loss")
+    checkpoint_dir: str = _flag(
+        "", "directory for checkpoints (orbax in jaxdp, torch.distributed.checkpoint in torch_ref)"
+    )
+    checkpoint_every: int = _flag(0, "save a checkpoint every K steps (0: never)")
+    resume: bool = _flag(False, "resume from the latest complete checkpoint in --checkpoint-dir")
+
+    def __post_init__(self):
+        if self.strategy in ALIASES:
+            object.__setattr__(self, "strategy", ALIASES[self.strategy])
+        if self.preset in PRESETS:  # applied once, then cleared: a later replace(n_layer=...) is not undone
+            for name, value in PRESETS[self.preset].items():
+                object.__setattr__(self, name, value)
+            object.__setattr__(self, "preset", "")
+
+    # ---- validation -------------------------------------------------------------------------
+    def validate(self, framework: str = "jax") -> RunConfig:
+        """Check the configuration for `framework` ('jax' or 'torch'); raise ConfigError naming the fix."""
+        for name, valid in (
+            ("model", MODELS),
+            ("data", DATASETS),
+            ("optimizer", OPTIMIZERS),
+            ("dtype", DTYPES),
+            ("platform", PLATFORMS),
+            ("collectives", COLLECTIVES),
+            ("batchnorm", BATCHNORMS),
+        ):
+            value = getattr(self, name)
+            if value not in valid:
+                raise ConfigError(f"unknown {name} {value!r}; valid: {', '.join(valid)}")
+        here = FRAMEWORK_STRATEGIES[framework]
+        if self.strategy not in ALL_STRATEGIES:
+            raise ConfigError(f"unknown strategy {self.strategy!r}; valid: {', '.join(here)}")
+        if self.strategy not in here:
+            owners = " and ".join(PACKAGE[f] for f, names in FRAMEWORK_STRATEGIES.items() if self.strategy in names)
+            raise ConfigError(
+                f"strategy {self.strategy!r} exists only in {owners}; {PACKAGE[framework]} has: {', '.join(here)}"
+            )
+        for name in ("devices", "steps", "batch_size", "accum"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.strategy == "single" and self.devices != 1:
+            raise ConfigError(f"strategy 'single' runs on one device; got --devices {self.devices} (use --devices 1)")
+        per = self.devices * self.accum
+        if self.batch_size % per:
+            lo = max(per, self.batch_size - self.batch_size % per)
+            raise ConfigError(
+                f"--batch-size {self.batch_size} does not divide by devices x accum = "
+                f"{self.devices} x {self.accum} = {per}; valid sizes near it: {lo}, {lo + per}"
+            )
+        if self.model == "gpt" and self.data != "text":
+            raise ConfigError("model 'gpt' trains on characters: use --data text")
+        if self.preset and self.preset not in PRESETS:
+            raise ConfigError(f"unknown preset {self.preset!r}; valid: {', '.join(PRESETS)}")
+        if self.model == "gpt2" and self.data not in ("text", "tokens"):
+            raise ConfigError("model 'gpt2' trains on tokens: use --data text or --data tokens")
+        if self.data == "tokens" and self.model != "gpt2":
+            raise ConfigError("data 'tokens' (vocabulary 50304) is for --model gpt2")
+        if self.model == "mlp" and self.data == "text":
+            raise ConfigError("data 'text' is for --model gpt; use --data synthetic or digits for mlp")
+        if self.model in ("gpt", "gpt2") and self.d_model % self.n_head:
+            raise ConfigError(f"--d-model {self.d_model} must divide by --n-head {self.n_head}")
+        if self.model == "cnn" and self.data != "digits":
+            raise ConfigError("model 'cnn' trains on 8x8 images: use --data digits")
+        if len(self.channels) != 2:
+            raise ConfigError(f"--channels takes two widths (conv1,conv2), got {len(self.channels)}; "
+                              f"e.g. --channels 8,16")
+        if (self.resume or self.checkpoint_every > 0) and not self.checkpoint_dir:
+            raise ConfigError("--resume and --checkpoint-every need --checkpoint-dir DIR")
+        if self.checkpoint_every < 0:
+            raise ConfigError(f"--checkpoint-every must be 0 (off) or positive, got {self.checkpoint_every}")
+        self._validate_reduction()
+        if self.lr <= 0 or self.weight_decay < 0 or self.clip_norm < 0 or self.bucket_mb <= 0:
+            raise ConfigError("--lr and --bucket-mb must be positive; --weight-decay and --clip-norm non-negative")
+        return self
+
+    def _validate_reduction(self) -> None:
+        if self.reduction not in REDUCTIONS:
+            raise ConfigError(f"unknown reduction {self.reduction!r}; valid: {', '.join(REDUCTIONS)}")
+        if self.reduction == "native":
+            if self.shards:
+                raise ConfigError("--shards is for --reduction canonical")
+            return
+        resolve_shards(self.shards, self.batch_size // self.accum, self.devices)
+        if self.model == "cnn" and self.batchnorm == "local":
+            raise ConfigError("--reduction canonical needs --batchnorm sync: local statistics are per device, so "
+                              "they depend on N (or use --reduction native)")
+
+    def replace(self, **changes) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["hidden"] = list(self.hidden)
+        d["channels"] = list(self.channels)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RunConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        d = {k: v for k, v in d.items() if k in known}
+        if "hidden" in d:
+            d["hidden"] = tuple(d["hidden"])
+        if "channels" in d:
+            d["channels"] = tuple(d["channels"])
+        return cls(**d)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one `--flag` per RunConfig field (the single definition of the CLI)."""
+    for f in dataclasses.fields(RunConfig):
+        flag = "--" + f.name.replace("_", "-")
+        meta = f.metadata
+        if f.type in ("bool", bool) and not meta.get("type"):  # --flag / --no-flag
+            parser.add_argument(
+                flag, dest=f.name, default=f.default, action=argparse.BooleanOptionalAction, help=meta["help"]
+            )
+            continue
+        kind = meta.get("type") or {"int": int, "float": float, "str": str}[f.type]
+        parser.add_argument(
+            flag,
+            dest=f.name,
+            default=f.default,
+            type=kind,
+            choices=meta.get("choices"),
+            help=meta["help"] + (" (default: %(default)s)"),
+        )
+
+
+def from_args(args: argparse.Namespace, framework: str = "jax") -> RunConfig:
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig)}
+    return RunConfig(**values).validate(framework)
+
+
+# Fields that define *what* is computed; two traces are comparable when these agree.
+COMPARABLE_FIELDS = (
+    "model",
+    "data",
+    "steps",
+    "batch_size",
+    "accum",
+    "optimizer",
+    "lr",
+    "weight_decay",
+    "clip_norm",
+    "dtype",
+    "seed",
+    "hidden",
+    "channels",
+    "batchnorm",
+    "conv_bias",
+    "n_layer",
+    "n_head",
+    "d_model",
+    "seq_len",
+)

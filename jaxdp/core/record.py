@@ -1,0 +1,26 @@
+"""A checkpoint's record, the part both frameworks share: which configuration fields must match to
+resume (`RECORD_FIELDS`), the one error (`CheckpointError`) and the check (`check_resumable`). The arrays
+are each framework's own (orbax in jaxdp/checkpoint.py, torch.distributed.checkpoint in torch_ref)."""
+from __future__ import annotations
+
+from .config import COMPARABLE_FIELDS
+
+RECORD_FIELDS = tuple(f for f in COMPARABLE_FIELDS if f != "steps")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used; the message says why and what to do."""
+
+
+def check_resumable(saved_config: dict, step: int, cfg, directory) -> None:
+    """Refuse a checkpoint of another configuration (naming every field that differs) or one that
+    leaves no step to run. Shared by jaxdp and torch_ref."""
+    ours = cfg.to_dict()
+    diffs = [f"{k}: checkpoint {saved_config.get(k)!r}, run {ours.get(k)!r}" for k in RECORD_FIELDS
+             if saved_config.get(k) != ours.get(k)]
+    if diffs:
+        raise CheckpointError(f"checkpoint in {directory!r} is from another configuration: " + "; ".join(diffs))
+    if step >= cfg.steps:
+        raise CheckpointError(
+            f"checkpoint in {directory!r} is at step {step}; --steps {cfg.steps} leaves nothing to run"
+        )

@@ -1,0 +1,25 @@
+"""What a run returns (`RunResult`) and how it stops on a NaN loss (`NonFiniteLoss`): one class each for
+both frameworks (torch_ref.train returns and raises these too)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .config import RunConfig
+
+
+class NonFiniteLoss(FloatingPointError):
+    """The loss became NaN or Inf; the message names the step."""
+
+
+@dataclass
+class RunResult:
+    """What a run returns, the same for both frameworks (torch_ref.train returns this class too)."""
+    cfg: RunConfig
+    losses: list[float] = field(default_factory=list)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)  # the trace's arrays (when tracing)
+    meta: dict = field(default_factory=dict)
+    first_step_s: float = 0.0  # JAX: tracing + compilation + the step; torch: eager, first allocations
+    steps_per_s: float = 0.0  # over steps 2..N
+    step_times: list[float] = field(default_factory=list)  # wall seconds of each step, the first included

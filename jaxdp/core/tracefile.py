@@ -1,0 +1,112 @@
+"""The trace file: a run's every loss, batch, gradient and parameter, as a NumPy `.npz` (a public
+contract, documented in docs/TRACE.md): `Trace`, `save` (atomic) and `load` (checked). Both frameworks
+write it; users may write it from their own code.
+
+Keys:
+  meta                    0-d string array holding JSON (the run configuration, framework, versions)
+  init/<name>             every parameter before step 1
+  step/<k>/loss           mean loss over step k's global batch (k = 1..steps)
+  step/<k>/x, step/<k>/y  step k's whole global batch
+  step/<k>/grad/<name>    the full averaged gradient the update used (before clipping)
+  step/<k>/param/<name>   every parameter after step k's update
+  state/<name>            optional: every non-trainable variable (e.g. running statistics) before step 1
+  step/<k>/state/<name>   optional: every non-trainable variable after step k
+<name> is the Flax path joined with '/', in Flax layout (a kernel is [in, out]), unsharded.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import zipfile
+from dataclasses import dataclass
+
+import numpy as np
+
+FIELDS = ("loss", "grad", "param", "update", "init", "x", "y", "state")
+
+
+class TraceError(ValueError):
+    """A trace that cannot be read or compared; the message says why."""
+
+
+@dataclass
+class Trace:
+    meta: dict
+    arrays: dict[str, np.ndarray]
+
+    @property
+    def steps(self) -> int:
+        """meta `steps`, or (a user's trace without it) the last step with a loss."""
+        return int(self.meta["steps"]) if "steps" in self.meta else max(self._loss_steps(), default=0)
+
+    @property
+    def first_step(self) -> int:
+        """1, or the step after the checkpoint a resumed run started from (without meta `steps`: the
+        first step with a loss)."""
+        if "first_step" in self.meta or "steps" in self.meta:
+            return int(self.meta.get("first_step", 1))
+        return min(self._loss_steps(), default=1)
+
+    def _loss_steps(self) -> list[int]:
+        parts = [k.split("/") for k in self.arrays if k.startswith("step/") and k.endswith("/loss")]
+        return [int(p[1]) for p in parts if len(p) == 3 and p[1].isdigit()]
+
+    def names(self) -> list[str]:
+        return sorted(k[len("init/"):] for k in self.arrays if k.startswith("init/"))
+
+    def losses(self) -> np.ndarray:
+        return np.array([float(self.arrays[f"step/{k}/loss"]) for k in range(self.first_step, self.steps + 1)])
+
+
+def check_writable(path, flag: str = "--trace") -> None:
+    """Fail now, in one line, if a file cannot be written at `path` later (checked before training,
+    so a long run never dies at its end): creates the folder as `save` would, and a probe file in it."""
+    folder = os.path.dirname(os.path.abspath(os.fspath(path)))
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, suffix=".probe"):
+            pass
+    except OSError as e:
+        raise TraceError(f"cannot write {flag} {os.fspath(path)!r}: {e.strerror}: {e.filename!r}; "
+                         f"choose a writable path") from None
+
+
+def save(path, meta: dict, arrays: dict[str, np.ndarray]) -> None:
+    """Write atomically: a reader never sees a half-written trace."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".npz.tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, meta=np.array(json.dumps(meta, sort_keys=True)), **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load(path) -> Trace:
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise TraceError(f"trace {path!r} does not exist")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
+        raise TraceError(
+            f"trace {path!r} is corrupt or truncated ({type(e).__name__}: {e}); re-run to write it again"
+        ) from None
+    if "meta" not in arrays:
+        raise TraceError(f"trace {path!r} has no 'meta' entry: not a jaxdp trace")
+    try:
+        meta = json.loads(str(arrays.pop("meta")))
+    except json.JSONDecodeError as e:
+        raise TraceError(f"trace {path!r}: 'meta' is not valid JSON ({e})") from None
+    trace = Trace(meta, arrays)
+    missing = [f"step/{k}/loss" for k in range(trace.first_step, trace.steps + 1) if f"step/{k}/loss" not in arrays]
+    if missing:
+        raise TraceError(f"trace {path!r} is incomplete: missing {missing[0]} (and {len(missing) - 1} more)")
+    return trace

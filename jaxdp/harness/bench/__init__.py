@@ -1,0 +1,128 @@
+"""`jaxdp bench`: performance, measured side by side in one run, reported as ratios.
+
+Nine measurements (the keys of the result dictionary, written to bench.json by the CLI):
+
+1. `step_time`: JAX vs torch step time for every strategy both have, at N = 2 and 4, on one
+   `mlp` large enough that compute matters and one small `gpt`: same model, batch, dtype and
+   initial parameters on both sides; the first (compiling) step and one warm-up step excluded,
+   the median of the rest.
+2. `dp_overhead`: each strategy at N devices over `single` on the same global batch and cores.
+3. `ring_vs_xla`: the explicit ring (`ddp-ring`) over XLA's all-reduce (`ddp`).
+4. `communication`: bytes sent per device per step read from the compiled HLO, against the ring
+   theory (`accounting.theory`), for N = 2, 4, 8, 16; rows with `model` `cnn` (sync BatchNorm: its
+   statistics' all-reduces in the theory, and its running statistics' own program as
+   `stats_measured_bytes` / `stats_theory_bytes`) and `gpt2` (tied wte, counted once) besides the mlp.
+5. `memory`: per-device state bytes (parameters, gradient, optimizer state) against N, measured
+   from the arrays' shards on device 0, next to the ZeRO formula.
+6. `compile`: lowering + compilation time of each JAX step, and the first step of each framework.
+7. `gpu_throughput`: on a GPU only: tokens/s, TFLOP/s and MFU of a bf16 `gpt` on one device.
+8. `collectives`: the hand-written ring all-reduce, reduce-scatter and all-gather timed alone
+   against XLA's built-ins (psum, psum_scatter, all_gather), 1-64 MB per device, N = 2 and 4.
+9. `reduction`: `--reduction canonical` against `native` per strategy (ZeRO with both collectives),
+   N = 4 and 8 (2 in --quick): step time ratio, bytes sent and temporaries of each compiled program,
+   both modes in one child process started without fused multiply-adds (`reduction.py`).
+
+Items 1-6, 8 and 9 run on simulated CPU devices (`--platform cpu`) on every machine: the "devices" share
+the machine's cores, and torch's ranks are processes (gloo) on the same cores, so times say how
+the programs schedule on this CPU, not how they would communicate on a GPU cluster. Bytes and
+memory do not depend on the machine.
+
+The package: `plan` (what runs), `measure` (timed runs; compiled steps in a child process), `gpu`
+(item 7), `tables` (bench.json's rows), `goals`, `markdown` (bench.md); `run` below ties them.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import platform as platform_mod
+import sys
+import time
+
+from ... import devices, train
+from ...core.timing import WARMUP_STEPS
+from . import tables
+from .collectives import collectives_benchmark
+from .goals import goals
+from .gpu import gpu_throughput
+from .markdown import markdown
+from .measure import inspect_all, time_strategies
+from .plan import Plan, plan
+from .reduction import reduction_benchmark
+
+MODEL_FIELDS = ("model", "data", "hidden", "n_layer", "n_head", "d_model", "seq_len", "channels", "batchnorm",
+                "batch_size", "dtype", "optimizer")
+
+
+def run(quick: bool = False, out: str | None = None, progress=None) -> dict:
+    """Run every item; returns the JSON-serialisable result (the CLI writes bench.json / bench.md)."""
+    say = progress or (lambda m: print(m, flush=True))
+    p = plan(quick)
+    omp = _passive_omp()
+    devices.setup(max(p.time_ns), "cpu")  # before JAX initialises: the count is then fixed
+    t0 = time.perf_counter()
+    times = time_strategies(p, say)
+    inspected = inspect_all(p, say)
+    say(f"collectives: ring vs XLA built-ins, {p.coll_sizes_mb} MB, N = {p.time_ns}")
+    coll = collectives_benchmark(p.coll_sizes_mb, p.time_ns, p.coll_repeats)
+    results = {
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "quick": quick,
+        "machine": machine(),
+        "setup": _setup(p, omp),
+        "step_time": {"rows": tables.step_time_table(times)},
+        "dp_overhead": {"rows": tables.overhead_table(times)},
+        "ring_vs_xla": {"rows": tables.ring_table(times)},
+        "communication": {"rows": tables.communication_table(inspected)},
+        "memory": {"rows": tables.memory_table(inspected)},
+        "compile": {"rows": tables.compile_table(inspected, times)},
+        "gpu_throughput": gpu_throughput(p, say),
+        "collectives": {"rows": coll},
+        "reduction": reduction_benchmark(p, say),
+    }
+    results["goals"] = goals(results)
+    results["wall_s"] = time.perf_counter() - t0
+    return tables.jsonable(results)
+
+
+def _setup(p: Plan, omp: str) -> dict:
+    return {"omp_wait_policy": omp,
+            "platform": "cpu (simulated devices share the cores; torch ranks are gloo processes on the same cores)",
+            "steps_per_run": p.steps, "excluded": f"first step (compile) + {WARMUP_STEPS} warm-up",
+            "timed_steps": p.steps - 1 - WARMUP_STEPS, "statistic": "median",
+            "models": {k: {f: getattr(c, f) for f in MODEL_FIELDS} for k, c in p.models.items()},
+            "comm_model": {f: getattr(p.comm_model, f)
+                           for f in ("model", "hidden", "batch_size", "dtype", "optimizer")},
+            "ported_models": {label: {f: getattr(c, f) for f in MODEL_FIELDS} for label, c, *_ in p.model_comm}}
+
+
+def machine() -> dict:
+    cpu = platform_mod.processor() or platform_mod.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    versions = train.versions()
+    try:
+        import torch
+
+        versions["torch"] = torch.__version__
+    except ImportError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform_mod.python_version(),
+            "system": f"{platform_mod.system()} {platform_mod.release()}", "versions": versions}
+
+
+def _passive_omp() -> str:
+    """torch's OpenMP threads spin-wait by default; on this 2-core machine a spinning worker starves
+    the thread it waits for and a 0.7 ms step of the small mlp takes ~100 ms with 2 threads
+    (profiled: see docs/BENCHMARKS.md). PASSIVE (sleep while waiting) must be set before torch
+    loads libgomp; the spawned ranks inherit it. Returns what torch runs with."""
+    if "torch" not in sys.modules:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        return os.environ["OMP_WAIT_POLICY"]
+    return os.environ.get("OMP_WAIT_POLICY", "default") + " (torch was imported before the bench set it)"
+
+
+__all__ = ["markdown", "run"]

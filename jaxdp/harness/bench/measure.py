@@ -1,0 +1,130 @@
+"""The measurements: timed runs of both frameworks (items 1-3, 6's first step) and the compiled JAX
+steps on up to 16 simulated devices, in a child process (items 4-6)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from ... import devices, train
+from ...analysis import accounting
+from ...core import data
+from ...core.config import RunConfig
+from ...core.timing import timing
+from .plan import Plan, plan
+from .tables import jsonable
+
+# ---- timed runs (items 1, 2, 3, 6) --------------------------------------------------------------
+
+
+def _torch_rank(rank: int, n: int, jobs: list) -> list:
+    """Runs in each spawned torch rank: every job of this world, no trace recording."""
+    from torch_ref.train import train_rank
+
+    out = []
+    for cfg, init in jobs:
+        res = train_rank(rank, n, cfg, init, False)
+        out.append(None if res is None else {"step_times": list(res.step_times), "losses": list(res.losses)})
+    return out
+
+
+def run_torch(cfgs: list, n: int) -> dict:
+    """{strategy: {"step_times", "losses"}} for configs of one device count: a spawned gloo world of
+    n ranks runs them all (one spawn per world); n = 1 runs in this process."""
+    import torch
+
+    from torch_ref import launch
+    from torch_ref.train import train_rank
+
+    from ... import models
+
+    jobs = [(c, models.initial_arrays(c, data.load(c.data, c.seed, c.seq_len))) for c in cfgs]
+    if n == 1:
+        out = {}
+        for cfg, init in jobs:
+            res = train_rank(0, 1, cfg, init, False, device=torch.device("cpu"))
+            out[cfg.strategy] = {"step_times": list(res.step_times), "losses": list(res.losses)}
+        return out
+    per_rank = launch.launch(_torch_rank, n, jobs, platform="cpu", timeout_s=900, pg_timeout_s=120)
+    return {cfg.strategy: r for (cfg, _), r in zip(jobs, per_rank[0], strict=False)}
+
+
+def run_jax(cfg: RunConfig) -> dict:
+    res = train.run(cfg, record=False, progress=False)
+    return {"step_times": list(res.step_times), "losses": list(res.losses)}
+
+
+def _entry(cfg: RunConfig, res: dict) -> dict:
+    return {"strategy": cfg.strategy, "devices": cfg.devices, **timing(res["step_times"]),
+            "loss_first": res["losses"][0], "loss_last": res["losses"][-1]}
+
+
+def time_strategies(p: Plan, say) -> dict:
+    """{model: {framework: {"strategy@N": timing + losses}}}; per model and N, the torch world runs
+    first, then the JAX strategies, in the same process run."""
+    out = {}
+    for label, base in p.models.items():
+        rows = {"jax": {}, "torch": {}}
+        for n in (1,) + tuple(p.time_ns):
+            names = ["single"] if n == 1 else [s for s in p.time_strategies if s != "single"]
+            cfgs = [base.replace(strategy=s, devices=n, steps=p.steps).validate("jax") for s in names]
+            say(f"bench: {label} N={n}: torch_ref {', '.join(names)}")
+            t_res = run_torch(cfgs, n)
+            for c in cfgs:
+                say(f"bench: {label} N={n}: jaxdp {c.strategy}")
+                rows["jax"][f"{c.strategy}@{n}"] = _entry(c, run_jax(c))
+                rows["torch"][f"{c.strategy}@{n}"] = _entry(c, t_res[c.strategy])
+        out[label] = rows
+    return out
+
+
+# ---- compiled programs: communication, memory, compile time (items 4, 5, 6) ---------------------
+
+
+def inspect(cfg: RunConfig) -> dict:
+    """Compile `cfg`'s step on N simulated CPU devices (`accounting.measure_step`): compile time, HLO
+    communication against theory, per-device state bytes (device 0) against the ZeRO formula, and
+    temporaries. The gradient's bytes come from a second program that returns it (return_grads);
+    the communication is the first's, which returns no grads."""
+    acc = accounting.measure_step(cfg.replace(platform="cpu"))
+    comm, itemsize, theory = acc["comm"], acc["param_bytes"], acc["theory"]
+    kinds = [k for k in comm if k != "total"]
+    return {"lower_s": acc["lower_s"], "compile_s": acc["compile_s"], "psi": acc["psi"], "itemsize": itemsize,
+            "comm": {k: (v if k == "total" else v["sent"]) for k, v in comm.items()},
+            "comm_max": sum(comm[k]["max_sent"] for k in kinds),
+            "comm_ops": {k: comm[k]["ops"] for k in kinds},
+            "comm_theory": theory,
+            "memory": {**acc["measured"], "total": sum(acc["measured"].values())},
+            "memory_formula": {**acc["formula"], "total": sum(acc["formula"].values())},
+            "temp_bytes": acc["temp_bytes"], "peak_bytes": acc["peak_bytes"],
+            **({"stats_comm": acc["stats_comm"], "stats_theory": acc["stats_theory"]} if "stats_comm" in acc else {})}
+
+
+def inspect_all(p: Plan, say) -> dict:
+    """Items 4-5 need up to 16 simulated devices, and the device count of a process is fixed at
+    first use; a process with 16 CPU devices runs `single` ~25% slower than one with 1 (profiled),
+    so these compiles run in a child process and the timed runs keep only the devices they use."""
+    say(f"bench: compiling {len(p.comm_strategies)} strategies on {', '.join(map(str, p.comm_ns))} devices "
+        f"(HLO bytes, memory) in a child process")
+    code = f"import json, sys; from jaxdp.bench import measure; json.dump(measure.child({p.quick!r}), sys.stdout)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800)
+    if proc.returncode:
+        raise RuntimeError(f"bench: the compile child failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout)
+
+
+def child(quick: bool) -> dict:
+    """In the child process: every strategy of items 4-5 at every N, with enough simulated devices."""
+    p = plan(quick)
+    devices.setup(max(p.comm_ns + tuple(n for *_, ns in p.model_comm for n in ns)), "cpu")
+    out = {}
+    runs = [(p.comm_model.model, "", p.comm_model, p.comm_strategies, p.comm_ns)]
+    runs += [(label, f"{label}:", cfg, strategies, ns) for label, cfg, strategies, ns in p.model_comm]
+    for model, prefix, base, strategies, ns in runs:  # keys: the comm model's "strategy@N", others prefixed
+        for name in strategies:
+            for n in ns:
+                print(f"bench: compiling {model} {name} on {n} devices (HLO bytes, memory)", file=sys.stderr,
+                      flush=True)
+                cfg = base.replace(strategy=name, devices=n).validate("jax")
+                out[f"{prefix}{name}@{n}"] = {"model": model, "strategy": name, "devices": n, **inspect(cfg)}
+    return jsonable(out)

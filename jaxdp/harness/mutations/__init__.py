@@ -1,0 +1,89 @@
+"""Deliberate bugs, injected into real runs to prove that the checks catch them (a test-only hook).
+
+Each mutation is a bug a data-parallel implementation can really have, written as a monkeypatch of
+one function of the strategy code (`inject(framework, name)`, a context manager: the run is
+trained inside it and the code is restored after). Nothing edits a trace: the bug runs, and its
+trace, compiled program or replicas are then judged by the same checks as honest runs
+(`jaxdp.parity.judge` against `single` and against the other framework, the reduction dtype in
+the compiled program or in what the torch process group receives, replica consistency).
+
+`python -m jaxdp.mutations --out docs/MUTATIONS.md` runs the whole catalogue in float64, float32 and
+bfloat16, in both frameworks, and writes the table (bug x dtype x caught-by), a mutation score.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import NamedTuple
+
+from ...core.config import RunConfig
+from .runs import ADAM, CLIP, CNN, CNN_DTYPES, DTYPES, GPT2, SGD, SMALL_DTYPES  # noqa: F401 (re-exported)
+
+
+class Mutation(NamedTuple):
+    name: str
+    bug: str          # what the bug is, in a line
+    cfg: RunConfig    # the run it is injected into (strategy set per framework)
+    jax: str | None   # the jaxdp strategy it is injected into (None: no such bug there)
+    torch: str | None
+    dtypes: tuple = DTYPES  # where the bug exists
+    checks: tuple = ("strategy", "parity")  # the checks that must catch it
+
+
+CATALOGUE = [
+    Mutation("missing-1/N", "gradients all-reduced (summed) but never divided by N", ADAM, "ddp", "ddp-ring"),
+    Mutation("summed-twice", "gradients summed twice: the shard_map implicit-psum trap (jax: no pcast before grad; "
+             "torch: an all-reduce on top of DDP's)", ADAM, "ddp", "ddp"),
+    Mutation("clip-shard-norm", "ZeRO clips by the norm of the device's shard, not of the whole gradient",
+             CLIP, "zero2", "zero3"),
+    Mutation("accum-K-1", "the accumulated micro-batch gradients divided by K - 1 instead of K", ADAM, "ddp", "ddp"),
+    Mutation("stale-grads", "gradients kept across steps (the buffer is never zeroed)", SGD, "ddp", "ddp"),
+    Mutation("decay-one-shard", "weight decay skipped on one shard of the optimizer (device 1)", SGD, "zero2", "zero2"),
+    Mutation("bucket-twice", "one bucket all-reduced twice", ADAM, "ddp-bucket", "ddp-bucket"),
+    Mutation("bf16-reduction", "gradients reduced in bf16 instead of fp32 (cast before the all-reduce)", ADAM,
+             "ddp", "ddp", checks=("strategy", "parity", "program")),
+    Mutation("bn-local-stats", "cnn: --batchnorm sync normalises with each device's own rows' statistics (no "
+             "cross-device mean and variance)", CNN, "ddp", "ddp", dtypes=CNN_DTYPES),
+    Mutation("bn-no-backward-reduce", "cnn: sync BatchNorm's backward all-reduce removed (the statistics are "
+             "global in forward, but each device's gradient misses the other devices' rows' dependence on them)",
+             CNN, "zero2", "ddp", dtypes=CNN_DTYPES),
+    Mutation("lr-1.0001x", "the learning rate 1.0001x on one tensor (gpt2's fused qkv bias), every step", GPT2,
+             "ddp", "ddp", dtypes=SMALL_DTYPES),
+    Mutation("decay-skipped-once", "AdamW's weight decay skipped on one tensor (the fused qkv kernel) at step 2",
+             GPT2, "ddp", "ddp", dtypes=SMALL_DTYPES),
+    Mutation("adam-eps-1e-6", "Adam's eps 1e-6 instead of 1e-8", GPT2, "ddp", "ddp", dtypes=SMALL_DTYPES),
+    Mutation("one-element", "one element's update doubled (the fused qkv bias's first, at step 2)", GPT2,
+             "ddp", "ddp", dtypes=SMALL_DTYPES),
+]
+# A bug the trace cannot see (the trace reads device 0's copy): the replica check's own mutation.
+REPLICA = Mutation("decay-one-replica", "weight decay skipped on one device's replica (ddp-ring, whose shard_map "
+                   "runs with replication unchecked)", SGD, "ddp-ring", None, checks=("replicas",))
+BY_NAME = {m.name: m for m in CATALOGUE + [REPLICA]}
+
+
+def inject(framework: str, name: str):
+    """A context manager under which `framework`'s code has bug `name`."""
+    if framework == "jax":
+        from . import jax_bugs
+
+        return _patched(jax_bugs.PATCHES[name]())
+    from torch_ref import mutations
+
+    return _patched(mutations.PATCHES[name]())
+
+
+@contextlib.contextmanager
+def _patched(patches):
+    """Set each (object, attribute, value); restore them all on exit."""
+    saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in patches]
+    try:
+        for obj, attr, value in patches:
+            setattr(obj, attr, value)
+        yield
+    finally:
+        for obj, attr, value in reversed(saved):
+            setattr(obj, attr, value)
+
+
+def config(m: Mutation, framework: str, dtype: str) -> RunConfig:
+    """The run of mutation `m` in `framework` and `dtype`."""
+    return m.cfg.replace(strategy=m.jax if framework == "jax" else m.torch, dtype=dtype)

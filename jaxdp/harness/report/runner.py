@@ -1,0 +1,194 @@
+"""`jaxdp compare`: run every listed strategy in both frameworks on one configuration, measure
+everything, and collect it into `summary.json`'s dictionary (plots and pages are drawn from it).
+
+Per strategy and framework: the losses and the traces (for parity, step by step), the step times
+(first step = compilation, one more warm-up step, both excluded from the median and reported
+separately), the communication per device per step by collective (JAX: read from the compiled
+step's HLO; torch: counted from what the process group ran), and the per-device memory (from the
+arrays / tensors each device holds), each next to its theory.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import platform as platform_mod
+
+import jax
+import numpy as np
+
+from ... import train
+from ...analysis import accounting
+from ...core import trace as trace_mod
+from ...core.config import FRAMEWORK_STRATEGIES, PACKAGE, ConfigError, RunConfig
+from ...core.timing import timing
+from .. import parity
+from . import projection
+
+
+def check_strategies(names) -> None:
+    """Every strategy must exist in both frameworks; otherwise say which side lacks it."""
+    for name in names:
+        missing = [PACKAGE[f] for f, known in FRAMEWORK_STRATEGIES.items() if name not in known]
+        if len(missing) == 2:
+            raise ConfigError(
+                f"unknown strategy {name!r}; valid in both frameworks: "
+                f"{', '.join(s for s in FRAMEWORK_STRATEGIES['jax'] if s in FRAMEWORK_STRATEGIES['torch'])}"
+            )
+        if missing:
+            raise ConfigError(
+                f"strategy {name!r} is missing in {missing[0]}: compare needs it in both frameworks "
+                f"(compare ddp-pmap / ddp-naive with `jaxdp parity`, which pairs them with ddp)"
+            )
+
+
+def flops_per_sample(cfg: RunConfig) -> float:
+    """FLOPs of one training step per sample, from XLA's cost analysis of the compiled single-device step."""
+    cost = accounting.compile_step(cfg.replace(strategy="single", devices=1)).program.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    return float(cost.get("flops", 0.0)) / cfg.batch_size
+
+
+def jax_accounting(cfg: RunConfig) -> dict:
+    """Memory, communication and temporaries of the compiled step (`accounting.measure_step`), with theory."""
+    acc = accounting.measure_step(cfg)
+    comm, sizes, itemsize = acc["comm"], acc["sizes"], acc["param_bytes"]
+    theory = acc["theory"] if cfg.strategy != "dp" else None
+    return {
+        "memory": acc["measured"],
+        "memory_formula": acc["formula"],
+        "temp_bytes": acc["temp_bytes"],
+        "peak_bytes": acc["peak_bytes"],
+        "comm": {k: v["sent"] for k, v in comm.items() if k != "total"} | {"total": comm["total"]},
+        "comm_ops": {k: v["ops"] for k, v in comm.items() if k != "total"},
+        "comm_theory": theory,
+        "psi": acc["psi"],
+        "sizes": sizes,
+        "itemsize": itemsize,
+    }
+
+
+def _torch_side(rank: int, n: int, jobs: list) -> list:
+    """In each spawned rank: train every configuration (for its trace and step times), then measure
+    its communication and memory (torch_ref.accounting), all in one world."""
+    from torch_ref import accounting
+    from torch_ref.train import train_rank
+
+    return [(train_rank(rank, n, cfg, init, True), accounting.measure_rank(rank, n, cfg, init)) for cfg, init in jobs]
+
+
+def run_torch_side(cfgs: list[RunConfig], timeout_s: float = 900.0) -> dict:
+    """{cfg: (torch_ref RunResult, torch_ref.accounting summary)}: one spawned world of N ranks."""
+    from torch_ref import accounting, launch
+
+    from ... import models
+    from ...core import data
+
+    n = cfgs[0].devices
+    jobs = [(c, models.initial_arrays(c, data.load(c.data, c.seed, c.seq_len))) for c in cfgs]
+    per_rank = launch.launch(_torch_side, n, jobs, platform=cfgs[0].platform, timeout_s=timeout_s, pg_timeout_s=120)
+    return {c: (per_rank[0][i][0], accounting.summarise(c, [r[i][1] for r in per_rank])) for i, c in enumerate(cfgs)}
+
+
+def _entry(name: str, c: RunConfig, j, jacc: dict, t, tacc: dict) -> dict:
+    """One strategy's summary entry: both frameworks' losses, timing, communication and memory, the
+    theory, and the parity of the two traces (j, t: the RunResults; jacc, tacc: their accounting)."""
+    row = parity.compare(trace_mod.Trace(j.meta, j.arrays), trace_mod.Trace(t.meta, t.arrays), c, name)
+    jax_entry = {
+        "losses": j.losses,
+        **timing(j.step_times),
+        "comm": jacc["comm"],
+        "comm_ops": jacc["comm_ops"],
+        "memory": jacc["memory"],
+        "temp_bytes": jacc["temp_bytes"],
+        "peak_bytes": jacc["peak_bytes"],
+    }
+    torch_entry = {
+        "losses": t.losses,
+        **timing(t.step_times),
+        "comm": tacc["comm"],
+        "comm_ops": tacc.get("comm_ops", {}),
+        "memory": tacc["memory"],
+        "peak_bytes": tacc.get("peak_bytes"),
+        "notes": tacc.get("notes", []),
+    }
+    theory = {"memory": jacc["memory_formula"]}
+    if jacc["comm_theory"] is not None:
+        theory["comm"] = jacc["comm_theory"]
+    return {
+        "name": name,
+        "frameworks": {"jax": jax_entry, "torch": torch_entry},
+        "theory": theory,
+        "parity": {
+            "loss": row.per_step["loss"],
+            "grad": row.per_step["grad"],
+            "param": row.per_step["param"],
+            "worst": row.worst,
+            "init_identical": row.init_identical,
+            "pass": row.ok,
+            "failures": row.failures,
+        },
+    }
+
+
+BY_DESIGN = "local BatchNorm: differs from single by design"
+
+
+def by_design_reference(cfg: RunConfig, say):
+    """jaxdp `single` on the whole batch, when the configuration is meant to differ from it: local
+    BatchNorm statistics on more than one device (each device normalises by its own rows, as torch
+    DDP does by default). None otherwise."""
+    if getattr(cfg, "batchnorm", "sync") != "local" or cfg.devices == 1 or "cnn" not in cfg.model:
+        return None
+    say("jaxdp: training single on one device (local BatchNorm differs from it by design: measured, not failed)")
+    return train.run(cfg.replace(strategy="single", devices=1), record=True, progress=False)
+
+
+def versus_single(j, reference, c: RunConfig, name: str) -> dict:
+    """How far a strategy's trace is from `single`'s: a finding reported next to the verdict."""
+    row = parity.compare(trace_mod.Trace(j.meta, j.arrays), trace_mod.Trace(reference.meta, reference.arrays), c,
+                         f"{name}~single")
+    return {"finding": BY_DESIGN, "differs": not row.ok, "worst": row.worst}
+
+
+def compare(cfg: RunConfig, strategies: list[str], progress=None) -> dict:
+    """Run and measure everything; returns the summary dictionary."""
+    check_strategies(strategies)
+    say = progress or (lambda message: None)
+    cfgs = {s: cfg.replace(strategy=s).validate("jax") for s in strategies}
+    for c in cfgs.values():
+        c.validate("torch")
+
+    say(f"torch_ref: training and measuring {len(strategies)} strategies on {cfg.devices} ranks (one world)")
+    torch_side = run_torch_side(list(cfgs.values()))
+    entries = []
+    reference = by_design_reference(cfg, say)
+    for name, c in cfgs.items():
+        say(f"jaxdp: training {name}")
+        j = train.run(c, record=True, progress=False)
+        say(f"jaxdp: accounting {name} (compiled HLO, arrays)")
+        jacc = jax_accounting(c)
+        entries.append(_entry(name, c, j, jacc, *torch_side[c]))
+        if reference is not None:
+            entries[-1]["vs_single"] = versus_single(j, reference, c, name)
+    say("projection: alpha-beta model, reference models with the measured bytes per parameter")
+    fps = flops_per_sample(cfg)
+    sent = {e["name"]: e["frameworks"]["jax"]["comm"]["total"] for e in entries}
+    # jacc: the last strategy's accounting; every strategy trains the same model, so any one's count will do
+    proj = projection.for_report(sent, jacc["psi"], jacc["itemsize"], fps, cfg.devices, cfg.batch_size, cfg.model)
+    tol = parity.tolerance(cfg)
+    return {
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "config": {k: v for k, v in cfg.to_dict().items() if k != "strategy"},
+        "devices": cfg.devices,
+        "machine": {
+            "platform": jax.devices()[0].platform,
+            "processor": platform_mod.processor() or platform_mod.machine(),
+            "cpu_count": os.cpu_count(),
+            "versions": train.versions(),
+        },
+        "tolerance": tol.grad if np.isfinite(tol.grad) else tol.loss,
+        "tolerance_why": tol.why,
+        "flops_per_sample": fps,
+        "strategies": entries,
+        "projection": proj,
+    }

@@ -40,16 +40,22 @@ def pytest_unconfigure(config):
 # at once, for all of them): one xdist work unit, so the worlds are spawned and run in one worker only.
 TORCH_WORLD_FILES = {f"tests/{name}.py" for name in ("test_cnn", "test_gpt2", "test_torch_api",
                                                      "test_torch_collectives", "test_torch_strategies")}
+# The parity suite's files share parity_tests/conftest.py's session caches (`torch_runs()` trains every
+# parity configuration's torch side in one world per N; `jax_run`): one unit, so they are computed once.
+PARITY_FILES = {f"parity_tests/{name}.py" for name in ("test_cli", "test_parity")}
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadfile`, except that TORCH_WORLD_FILES are one unit (the other files: one unit each)."""
+    """`--dist loadfile`, except that TORCH_WORLD_FILES are one unit and PARITY_FILES another (the other
+    files: one unit each)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class Scheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid):
             path = nodeid.split("::", 1)[0]
-            return "torch-worlds" if path in TORCH_WORLD_FILES else path
+            if path in TORCH_WORLD_FILES:
+                return "torch-worlds"
+            return "parity" if path in PARITY_FILES else path
 
     return Scheduling(config, log)

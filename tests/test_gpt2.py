@@ -276,7 +276,7 @@ def test_gpt2_124m_trains_one_step(framework):
 
         res = train.run(cfg, record=False, progress=False)
     else:
-        from torch_ref import train as torch_train
+        from jaxdp.harness import torch_run as torch_train
 
         res = torch_train.run(cfg, record=False)
     loss = float(res.losses[0])

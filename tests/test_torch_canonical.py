@@ -271,7 +271,7 @@ def test_the_cli_configuration_selects_it():
 def test_the_cli_takes_the_flags(capsys):
     """`python -m torch_ref train --reduction canonical --shards 3`: one line naming the fix, before any
     training (the flags reach parallelize through `configured`: the test above)."""
-    from torch_ref import cli
+    from jaxdp.harness import torch_cli as cli
 
     argv = ["train", "--dtype", "float32", "--batch-size", "16", "--reduction", "canonical", "--strategy", "zero2"]
     assert cli.main([*argv, "--shards", "3"]) == 2

@@ -17,6 +17,7 @@ import time
 import numpy as np
 import pytest
 
+from jaxdp.harness import torch_run
 from torch_ref import checkpoint, train
 from torch_ref.launch import launch
 
@@ -140,7 +141,8 @@ def test_zero3_resumes_on_fewer_ranks(four, two):
 
 
 def test_ddp_resumes_on_one_rank(four):
-    resumed = train.run(CFG.replace(strategy="ddp", devices=1, checkpoint_dir=four["ddp"][2], resume=True), record=True)
+    resumed = torch_run.run(CFG.replace(strategy="ddp", devices=1, checkpoint_dir=four["ddp"][2], resume=True),
+                            record=True)
     steps_equal(resumed, four["ddp"][0], exact=False)
 
 
@@ -156,15 +158,15 @@ def test_a_torn_checkpoint_is_never_loaded(tmp_path):
     complete one, at a later step): it is ignored and the last complete step is loaded."""
     cfg = CFG.replace(strategy="ddp", devices=1)
     folder = str(tmp_path / "ck")
-    train.run(cfg.replace(steps=3, checkpoint_dir=folder, checkpoint_every=3))
+    torch_run.run(cfg.replace(steps=3, checkpoint_dir=folder, checkpoint_every=3))
     torn = os.path.join(folder, "5" + checkpoint.PARTIAL)
     shutil.copytree(os.path.join(folder, "3"), torn)
     for name in os.listdir(torn):
         with open(os.path.join(torn, name), "r+b") as f:
             f.truncate(os.path.getsize(os.path.join(torn, name)) // 2)
-    resumed = train.run(cfg.replace(checkpoint_dir=folder, resume=True), record=True)
+    resumed = torch_run.run(cfg.replace(checkpoint_dir=folder, resume=True), record=True)
     assert resumed.meta["first_step"] == 4
-    steps_equal(resumed, train.run(cfg, record=True))
+    steps_equal(resumed, torch_run.run(cfg, record=True))
 
 
 def test_checkpoint_of_another_config_names_the_mismatch(four):
@@ -172,24 +174,24 @@ def test_checkpoint_of_another_config_names_the_mismatch(four):
     with pytest.raises(
         checkpoint.CheckpointError, match=r"another configuration: hidden: checkpoint \[16, 16\], run \[8, 8\]"
     ):
-        train.run(CFG.replace(strategy="ddp", hidden=(8, 8), checkpoint_dir=folder, resume=True))
+        torch_run.run(CFG.replace(strategy="ddp", hidden=(8, 8), checkpoint_dir=folder, resume=True))
     with pytest.raises(checkpoint.CheckpointError, match="optimizer: checkpoint 'adamw', run 'sgd'"):
-        train.run(CFG.replace(strategy="ddp", optimizer="sgd", checkpoint_dir=folder, resume=True))
+        torch_run.run(CFG.replace(strategy="ddp", optimizer="sgd", checkpoint_dir=folder, resume=True))
     with pytest.raises(checkpoint.CheckpointError, match="at step 3; --steps 3 leaves nothing to run"):
-        train.run(CFG.replace(strategy="ddp", steps=3, checkpoint_dir=folder, resume=True))
+        torch_run.run(CFG.replace(strategy="ddp", steps=3, checkpoint_dir=folder, resume=True))
     # zero2's flat shards are not the per-parameter state that ddp loads
     with pytest.raises(
         checkpoint.CheckpointError, match="saved by 'zero2'.*holds different arrays than strategy 'ddp'"
     ):
-        train.run(CFG.replace(strategy="ddp", devices=1, checkpoint_dir=four["zero2"][2], resume=True))
+        torch_run.run(CFG.replace(strategy="ddp", devices=1, checkpoint_dir=four["zero2"][2], resume=True))
 
 
 def test_missing_and_corrupt_checkpoints(four, tmp_path):
     with pytest.raises(checkpoint.CheckpointError, match="no checkpoint directory"):
-        train.run(CFG.replace(checkpoint_dir=str(tmp_path / "nothing"), resume=True))
+        torch_run.run(CFG.replace(checkpoint_dir=str(tmp_path / "nothing"), resume=True))
     os.makedirs(tmp_path / "empty" / ("3" + checkpoint.PARTIAL))  # only a torn save
     with pytest.raises(checkpoint.CheckpointError, match="no complete checkpoint"):
-        train.run(CFG.replace(checkpoint_dir=str(tmp_path / "empty"), resume=True))
+        torch_run.run(CFG.replace(checkpoint_dir=str(tmp_path / "empty"), resume=True))
     cfg = CFG.replace(strategy="ddp", devices=1)
     for victim in (".distcp", ".metadata", checkpoint.RECORD):
         folder = str(tmp_path / f"corrupt{victim}")
@@ -199,11 +201,11 @@ def test_missing_and_corrupt_checkpoints(four, tmp_path):
                 with open(os.path.join(folder, "3", name), "wb") as f:
                     f.write(b"garbage")
         with pytest.raises(checkpoint.CheckpointError, match="checkpoint step 3 in .* is corrupt"):
-            train.run(cfg.replace(checkpoint_dir=folder, resume=True))
+            torch_run.run(cfg.replace(checkpoint_dir=folder, resume=True))
 
 
 def test_cli_reports_checkpoint_errors_in_one_line(tmp_path, capsys):
-    from torch_ref.cli import main
+    from jaxdp.harness.torch_cli import main
 
     code = main(
         [

@@ -10,9 +10,10 @@ import time
 import pytest
 
 from jaxdp.core import trace
-from torch_ref import cli
+from jaxdp.harness import torch_cli as cli
+from jaxdp.harness.torch_run import run
 from torch_ref.launch import RankError
-from torch_ref.train import FAIL_ENV, InjectedFailure, run
+from torch_ref.train import FAIL_ENV, InjectedFailure
 
 from .torch_helpers import BASE, as_trace, single
 

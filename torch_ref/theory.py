@@ -2,6 +2,27 @@
 `torch_ref.accounting` (the measurement) is set against. The torch twin of the theory half of
 `jaxdp/analysis/accounting.py`; conventions (bytes each device sends by the ring algorithm) in that module's
 docstring and in `torch_ref/accounting.py`'s.
+
+`theory(strategy, ...)`: bytes per step and device, Psi = total elements, b = the item size. Every
+strategy but dp adds the loss's mean for the log: one scalar all-reduce (2 (n-1)/n b).
+  ddp, ddp-naive, ddp-bucket  all-reduce 2 (n-1)/n Psi b (DDP's buckets, one per parameter, ours)
+  ddp-ring                    point-to-point 2 (n-1) ceil(Psi/n) b (N-1 rounds of reduce-scatter
+                              and N-1 of all-gather, one padded chunk each)
+  zero1                       DDP's all-reduce + ZeroRedundancyOptimizer's broadcast of every
+                              parameter from its owner: broadcast (n-1)/n Psi b
+  zero2                       reduce-scatter of the flat gradient padded to P = n ceil(Psi/n):
+                              on gloo an all-reduce of P (2 (n-1)/n P b), on nccl (n-1)/n P b;
+                              all-gather of the parameters (n-1)/n P b; clipping: one scalar all-reduce
+  zero3 (FSDP2)               per unit and micro-batch (`accum`), all-gather before forward and again
+                              before backward
+                              (not with reshard_after_forward=False: F once; the root's own
+                              `root_params` only once): (n-1)/n (2 F - R) b with
+                              F = fsdp_padded(all), R = fsdp_padded(root_params); gradient
+                              reduce-scatter of F: on gloo all-reduce 2 (n-1)/n F b, on nccl
+                              (n-1)/n F b; clipping: one all-reduce of the parameter tensors'
+                              norms, stacked (clip_grad_norm_ on DTensors: one element each)
+  dp                          reduce (n-1)/n (Psi + 1) b (the gradients and the loss), broadcast
+                              (n-1)/n (Psi + 1) b (the parameters and the global loss)
 """
 from __future__ import annotations
 
@@ -29,27 +50,8 @@ def theory(
     """Bytes each device sends per step in what torch_ref runs, by kind (conventions: module docstring).
 
     `param_sizes`: the torch parameters' shapes (torch layout, Linear weight [out, in]) or sizes; zero3
-    needs shapes (FSDP2 pads dim 0). Psi = total elements, b = `itemsize`. Every strategy but dp adds
-    the loss's mean for the log: one scalar all-reduce (2 (n-1)/n b).
-      ddp, ddp-naive, ddp-bucket  all-reduce 2 (n-1)/n Psi b (DDP's buckets, one per parameter, ours)
-      ddp-ring                    point-to-point 2 (n-1) ceil(Psi/n) b (N-1 rounds of reduce-scatter
-                                  and N-1 of all-gather, one padded chunk each)
-      zero1                       DDP's all-reduce + ZeroRedundancyOptimizer's broadcast of every
-                                  parameter from its owner: broadcast (n-1)/n Psi b
-      zero2                       reduce-scatter of the flat gradient padded to P = n ceil(Psi/n):
-                                  on gloo an all-reduce of P (2 (n-1)/n P b), on nccl (n-1)/n P b;
-                                  all-gather of the parameters (n-1)/n P b; clipping: one scalar all-reduce
-      zero3 (FSDP2)               per unit and micro-batch (`accum`), all-gather before forward and again
-                                  before backward
-                                  (not with reshard_after_forward=False: F once; the root's own
-                                  `root_params` only once): (n-1)/n (2 F - R) b with
-                                  F = fsdp_padded(all), R = fsdp_padded(root_params); gradient
-                                  reduce-scatter of F: on gloo all-reduce 2 (n-1)/n F b, on nccl
-                                  (n-1)/n F b; clipping: one all-reduce of the parameter tensors'
-                                  norms, stacked (clip_grad_norm_ on DTensors: one element each)
-      dp                          reduce (n-1)/n (Psi + 1) b (the gradients and the loss), broadcast
-                                  (n-1)/n (Psi + 1) b (the parameters and the global loss)
-    plus, for a model with BatchNorm (`batchnorm`: `batchnorm_theory`), its statistics' collectives.
+    needs shapes (FSDP2 pads dim 0). Each strategy's formula: the module docstring's table, plus, for a
+    model with BatchNorm (`batchnorm`: `batchnorm_theory`), its statistics' collectives.
     """
     shapes = [_shape(p) for p in param_sizes]
     psi = sum(math.prod(s) for s in shapes)

@@ -152,7 +152,7 @@ def test_gradients_are_kept_only_while_a_recorder_is_attached():
     model, rec = _single()
     rec.close(write=False)
     state = torch_ref.api.state_of(model)
-    assert not state.keep_grads and state.grads is None
+    assert not state.return_grads and state.grads is None
 
 
 def test_recorder_names_override_the_automatic_mapping():

@@ -22,9 +22,9 @@ import torch.distributed as dist
 from jaxdp.core.config import ConfigError
 
 from . import strategies
-from .strategies.common import Parallel, train
+from .strategies.common import Strategy, train
 
-_STATE = "_torch_ref_parallel"  # the attribute of the returned model holding its Parallel (a cycle gc frees,
+_STATE = "_torch_ref_parallel"  # the attribute of the returned model holding its Strategy (a cycle gc frees,
 # where a WeakKeyDictionary whose values hold their keys would keep every model alive)
 
 
@@ -65,13 +65,7 @@ def parallelize(model: torch.nn.Module, *, strategy: str, optimizer: Callable, a
     if reduction not in ("native", "canonical") or (shards is not None and reduction != "canonical"):
         raise ConfigError(f"reduction must be 'native' or 'canonical' (shards= only with 'canonical'), got "
                           f"reduction={reduction!r}, shards={shards!r}; pass reduction='canonical', shards=S")
-    if reduction == "canonical":
-        from .strategies.canonical_step import Canonical, twin_of
-
-        twin = twin_of(model, name)  # zero3 with BatchNorm: a plain copy, before FSDP2 shards the model
-    par = strategies.build(name, model, _checked(optimizer), accum, **strategy_options)
-    if reduction == "canonical":
-        par.canonical = Canonical(par, shards, twin)
+    par = strategies.build(name, model, _checked(optimizer), accum, reduction, shards, **strategy_options)
     setattr(par.model, _STATE, par)
     return par.model, par.optimizer
 
@@ -95,7 +89,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torc
     return train(par, x, y, loss_fn, float(clip_norm))
 
 
-def state_of(model) -> Parallel:
+def state_of(model) -> Strategy:
     """The strategy machinery behind a model `parallelize` returned (its hooks, optimizer, checkpoint)."""
     par = getattr(model, _STATE, None) if isinstance(model, torch.nn.Module) else None
     if par is None:

@@ -8,11 +8,30 @@ A flat vector is zero-padded to a multiple of N and cut into N chunks; rank i se
 - `ring_all_gather`: N-1 rounds; every rank ends with every rank's chunk.
   Each rank sends (N-1)/N of the gathered vector's bytes.
 - `ring_all_reduce`: reduce-scatter then all-gather, 2(N-1) rounds and 2(N-1)/N of the bytes.
+And the built-ins on flat vectors, as zero2 and the canonical reduction call them: `reduce_scatter`,
+`all_gather` (on gloo a reduce-scatter is an all-reduce plus a local chunk: twice the bytes).
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def reduce_scatter(flat: torch.Tensor) -> torch.Tensor:
+    """Sum `flat` (length a multiple of N) over the ranks; return this rank's shard."""
+    shard = flat.new_empty(flat.numel() // dist.get_world_size())
+    _reduce_scatter(shard, flat)
+    return shard
+
+
+def all_gather(shard: torch.Tensor) -> torch.Tensor:
+    """Every rank's shard, concatenated in rank order."""
+    flat = shard.new_empty(shard.numel() * dist.get_world_size())
+    _all_gather(flat, shard)
+    return flat
 
 
 def _exchange(send: torch.Tensor, group=None) -> torch.Tensor:

@@ -39,7 +39,7 @@ class Recorder:
         convert.mapping(self.par.module, names)  # every parameter maps (else one error listing them)
         self.writer = not dist.is_initialized() or dist.get_rank() == 0
         self.arrays: dict[str, np.ndarray] = {}
-        self.par.keep_grads = True  # train_step now keeps the averaged gradient for `step`
+        self.par.return_grads = True  # train_step now keeps the averaged gradient for `step`
 
     def __enter__(self) -> Recorder:
         return self
@@ -73,7 +73,7 @@ class Recorder:
 
     def close(self, write: bool = True) -> None:
         """Detach (train_step stops keeping gradients) and, on rank 0, write the trace."""
-        self.par.keep_grads, self.par.grads = False, None
+        self.par.return_grads, self.par.grads = False, None
         if write and self.writer and self.path is not None:
             jax_trace.save(self.path, self.meta, self.arrays)
 

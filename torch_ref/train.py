@@ -63,10 +63,11 @@ def configured(module: torch.nn.Module, cfg: RunConfig):
                            **reduction, **strategies.options_of(cfg))
 
 
-class Strategy(NamedTuple):
-    """The CLI's configuration as one value (what `torch_ref.accounting` and the tests drive):
-    `step(x, y)` -> {'loss': float, 'grads': {torch name: tensor} when return_grads}, and the
-    `Parallel`'s `full_params`, `wrapped` and `checkpoint`."""
+class Parallel(NamedTuple):
+    """The CLI's configuration as one handle (what `torch_ref.accounting` and the tests drive), the twin
+    of `jaxdp.api.Parallel`: `step(x, y)` -> {'loss': float, 'grads': {torch name: tensor} when
+    return_grads}, and the strategy's (`strategies.common.Strategy`) `full_params`, `wrapped` and
+    `checkpoint`."""
     name: str
     step: object
     full_params: object
@@ -74,17 +75,17 @@ class Strategy(NamedTuple):
     checkpoint: object = None
 
 
-def strategy(module: torch.nn.Module, cfg: RunConfig, return_grads: bool = False) -> Strategy:
+def strategy(module: torch.nn.Module, cfg: RunConfig, return_grads: bool = False) -> Parallel:
     """`cfg`'s run as one value with `step(x, y)` (accounting, mutation checks and tests drive it)."""
     model, optimizer = configured(module, cfg)
     par = api.state_of(model)
-    par.keep_grads = return_grads
+    par.return_grads = return_grads
 
     def step(x, y):
         loss = api.train_step(model, optimizer, x, y, cross_entropy, clip_norm=cfg.clip_norm)
         return {"loss": loss, "grads": par.grads} if return_grads else {"loss": loss}
 
-    return Strategy(par.name, step, par.full_params, par.wrapped, par.checkpoint)
+    return Parallel(par.name, step, par.full_params, par.wrapped, par.checkpoint)
 
 
 def train_rank(rank: int, world: int, cfg: RunConfig, init: dict[str, np.ndarray], record: bool,

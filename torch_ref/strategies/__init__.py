@@ -1,15 +1,16 @@
 """The torch strategies, one small module each, with the JAX side's names (`jaxdp.strategies`).
 
 Each module's `make(model, optimizer, opts)` wraps `model` (on its device, parameters loaded),
-builds the optimizer from the user's factory and returns a `common.Parallel`; `torch_ref.parallelize`
-is the public door (`torch_ref/api.py`).
+builds the optimizer from the user's factory and returns a `common.Strategy` (with its own part of
+the canonical step, `canonical_parts`); `torch_ref.parallelize` is the public door (`torch_ref/api.py`).
 """
 from __future__ import annotations
 
 from jaxdp.core.config import ALIASES, FRAMEWORK_STRATEGIES, ConfigError
 
 from . import bucket, ddp, dp, naive, ring, single, zero1, zero2, zero3
-from .common import Options, Parallel
+from .canonical_step import Canonical
+from .common import Options, Strategy
 
 FACTORIES = {
     "single": single.make,
@@ -38,14 +39,19 @@ def canonical(name: str) -> str:
     return name
 
 
-def build(name: str, model, optimizer, accum: int = 1, **options) -> Parallel:
-    """Wrap `model` for strategy `name` with the optimizer factory `optimizer`; every rank calls it."""
+def build(name: str, model, optimizer, accum: int = 1, reduction: str = "native", shards: int | None = None,
+          **options) -> Strategy:
+    """Wrap `model` for strategy `name` with the optimizer factory `optimizer`; every rank calls it.
+    `reduction="canonical"`: the strategy's step is the canonical one (`canonical_step.Canonical`)."""
     name = canonical(name)
     unknown = sorted(set(options) - set(OPTIONS[name]))
     if unknown:
         takes = ", ".join(OPTIONS[name]) or "none"
         raise ConfigError(f"strategy {name!r} takes no option {', '.join(map(repr, unknown))}; its options: {takes}")
-    return FACTORIES[name](model, optimizer, Options(accum=accum, **options))
+    par = FACTORIES[name](model, optimizer, Options(accum=accum, reduction=reduction, shards=shards, **options))
+    if reduction == "canonical":
+        par.canonical = Canonical(par, shards)
+    return par
 
 
 def options_of(cfg) -> dict:
@@ -54,4 +60,4 @@ def options_of(cfg) -> dict:
     return {k: values[k] for k in OPTIONS[canonical(cfg.strategy)] if k in values}
 
 
-__all__ = ["FACTORIES", "OPTIONS", "Options", "Parallel", "build", "canonical", "options_of"]
+__all__ = ["FACTORIES", "OPTIONS", "Options", "Strategy", "build", "canonical", "options_of"]

@@ -10,17 +10,22 @@ all-reduce starts asynchronously, overlapping the rest of backward. `finish_grad
 waits on every bucket before the optimizer step and points `.grad` at `main_grad`. What the process
 group runs is one all-reduce per bucket, of its size, in plan order, then the loss's (the gloo
 events the profiler records; tests/test_torch_strategies.py).
+
+Canonical: the canonical all-reduce per bucket of this plan (`groups`), after backward instead of
+overlapping it.
 """
 from __future__ import annotations
 
-import contextlib
+import functools
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from .. import optim
-from .common import Parallel, make_parallel
+from . import common
+from .canonical_step import REPLICATED
+from .common import Strategy, make_strategy
 
 MB = 2 ** 20
 
@@ -93,13 +98,8 @@ class DataParallelBucket(nn.Module):
         if self.require_backward_grad_sync:
             self._bucket_of[id(p)].mark_ready(p)
 
-    @contextlib.contextmanager
     def no_sync(self):
-        self.require_backward_grad_sync = False
-        try:
-            yield
-        finally:
-            self.require_backward_grad_sync = True
+        return common.no_sync(lambda on: setattr(self, "require_backward_grad_sync", on))
 
     def finish_gradient_synchronization(self) -> None:
         for bucket in self.buckets:
@@ -114,7 +114,12 @@ class DataParallelBucket(nn.Module):
             bucket.reset()
 
 
-def make(model, optimizer, opts) -> Parallel:
+def groups(dp_model: DataParallelBucket, c) -> list[tuple[int, int]]:
+    """Canonical: one group per bucket of the plan, in plan (backward) order."""
+    return c.ranges([b.params for b in dp_model.buckets])
+
+
+def make(model, optimizer, opts) -> Strategy:
     dp_model = DataParallelBucket(model, opts.bucket_mb)
     built = optimizer(model.parameters())
 
@@ -124,5 +129,6 @@ def make(model, optimizer, opts) -> Parallel:
         dp_model.zero_grad()
 
     # buckets launch in the last backward; finish_gradient_synchronization waits for them
-    return make_parallel("ddp-bucket", dp_model, model, built, opts.accum, no_sync=dp_model.no_sync,
-                      sync=dp_model.finish_gradient_synchronization, update=update, wrapped=dp_model)
+    return make_strategy("ddp-bucket", dp_model, model, built, opts.accum, no_sync=dp_model.no_sync,
+                         sync=dp_model.finish_gradient_synchronization, update=update, wrapped=dp_model,
+                         canonical_parts=REPLICATED._replace(groups=functools.partial(groups, dp_model)))

@@ -1,9 +1,10 @@
-"""What every torch strategy shares: `Parallel` (the state `torch_ref.parallelize` keeps for a
-wrapped model), the one training step every strategy runs (`train`), local gradients with
-accumulation, and small helpers. A strategy wraps the model and builds its optimizer (as
-torchtitan's `apply_ddp` / `apply_fsdp` do) and returns a `Parallel`, the torch twin of
-`jaxdp.strategies.common.Strategy`; the strategies differ only in their hooks (`no_sync`, `sync`,
-`reduce_loss`, `full_grads`, `update`, `full_params`).
+"""What every torch strategy shares: `Strategy` (the state `torch_ref.parallelize` keeps for a
+wrapped model, read with `api.state_of`), the one training step every strategy runs (`train`), local
+gradients with accumulation, the one `no_sync`, and small helpers. A strategy wraps the model and
+builds its optimizer (as torchtitan's `apply_ddp` / `apply_fsdp` do) and returns a `Strategy`, the
+torch twin of `jaxdp.strategies.common.Strategy`; the strategies differ only in their hooks
+(`no_sync`, `sync`, `reduce_loss`, `full_grads`, `update`, `full_params`) and, under
+`reduction="canonical"`, in the `canonical_parts` they declare (strategies/canonical_step.py).
 """
 from __future__ import annotations
 
@@ -27,25 +28,40 @@ class Options(NamedTuple):
     bucket_mb: float = 25.0  # ddp, zero1 (DDP's bucket_cap_mb), ddp-bucket
     reshard_after_forward: bool = True  # zero3 (FSDP2's name)
     units: list | None = None  # zero3: the submodules (or lists of them) sharded one by one
+    reduction: str = "native"  # "canonical": the same bits on any N (strategies/canonical_step.py)
+    shards: int | None = None  # canonical: shards per micro-batch (None: the default)
 
 
 def _nothing() -> None:
     return None
 
 
+@contextlib.contextmanager
+def no_sync(set_sync: Callable[[bool], None]):
+    """Gradient sync off inside the block, on again after it (`set_sync(False)`, then `set_sync(True)`):
+    the one `no_sync` of the hand-written wrappers and FSDP2 (DDP's own is torch's)."""
+    set_sync(False)
+    try:
+        yield
+    finally:
+        set_sync(True)
+
+
 @dataclasses.dataclass(eq=False)
-class Parallel:
-    """A model wrapped for one strategy. `model` and `optimizer` are what `parallelize` returns
-    (the DDP / FSDP2 / hand-written wrapper and the optimizer the user's factory built);
+class Strategy:
+    """A model wrapped for one strategy (jaxdp's `Strategy` is the same idea as plain functions).
+    `model` and `optimizer` are what `parallelize` returns (the DDP / FSDP2 / hand-written wrapper
+    and the optimizer the user's factory built);
     `module` is the user's unwrapped model. The hooks, in the order `train` calls them:
     - `no_sync()`: a context manager around every micro-batch's backward but the last;
     - `sync()`: after the last backward, make the gradients the mean over all ranks' rows;
     - `reduce_loss(loss)`: the local mean loss -> the global mean (a tensor);
     - `full_grads()`: {torch name: the full averaged gradient}, a collective under sharding
-      (only called while a Recorder is attached: `keep_grads`);
+      (only called while a Recorder is attached: `return_grads`);
     - `update(clip_norm)`: clip (torch's clip_grad_norm_ semantics), step, clear the gradients;
     - `full_params()`: {torch name: full tensor}, a collective under sharding: every rank calls it.
     `checkpoint` is the DCP Stateful `torch_ref.checkpoint` saves: the model and this rank's optimizer.
+    `canonical_parts` is what the strategy declares for `reduction="canonical"` (a `canonical_step.Parts`).
     """
     name: str
     model: torch.nn.Module
@@ -60,28 +76,29 @@ class Parallel:
     sync: Callable = _nothing
     reduce_loss: Callable = None
     wrapped: object = None  # the wrapper or sharded optimizer, for inspection (tests, reports)
-    keep_grads: bool = False  # a Recorder is attached: keep each step's averaged gradient
+    return_grads: bool = False  # a Recorder is attached: keep each step's averaged gradient (jaxdp's name)
     grads: dict | None = None  # the last step's, when kept
     rows_checked: bool = False  # the first step checked that every rank got the same rows
-    canonical: object = None  # reduction='canonical': its step (strategies/canonical_step.py) replaces train's
+    canonical_parts: object = None  # the strategy's part of the canonical step (canonical_step.Parts)
+    canonical: object = None  # reduction='canonical': its step (canonical_step.Canonical) replaces train's
 
     def __post_init__(self):
         if self.reduce_loss is None:
             self.reduce_loss = mean_over_ranks
 
 
-def make_parallel(name, model, module, optimizer, accum, **hooks) -> Parallel:
-    """A `Parallel` with the default hooks for those not given: `update` clips, steps and clears
+def make_strategy(name, model, module, optimizer, accum, **hooks) -> Strategy:
+    """A `Strategy` with the default hooks for those not given: `update` clips, steps and clears
     (`apply_update`), parameters and gradients are read from `module` (a DTensor's full value is
     the strategy's to gather), the checkpoint is `ModelOptimizer(module, optimizer)`."""
     hooks.setdefault("update", lambda clip_norm: apply_update(module.parameters(), optimizer, clip_norm))
     hooks.setdefault("full_params", lambda: params_of(module))
     hooks.setdefault("full_grads", lambda: grads_of(module))
     hooks.setdefault("checkpoint", ModelOptimizer(module, optimizer))
-    return Parallel(name, model, module, optimizer, accum, **hooks)
+    return Strategy(name, model, module, optimizer, accum, **hooks)
 
 
-def train(par: Parallel, x, y, loss_fn: Callable, clip_norm: float) -> float:
+def train(par: Strategy, x, y, loss_fn: Callable, clip_norm: float) -> float:
     """One optimizer step on this rank's rows `x, y` (all micro-batches): local gradients, the
     strategy's sync (once), the global mean loss, the kept gradient (before clipping), the update."""
     if par.canonical is not None:
@@ -92,7 +109,7 @@ def train(par: Parallel, x, y, loss_fn: Callable, clip_norm: float) -> float:
     loss = local_grads(par.model, x, y, loss_fn, par.accum, par.no_sync)
     par.sync()
     loss = par.reduce_loss(loss)
-    par.grads = par.full_grads() if par.keep_grads else None
+    par.grads = par.full_grads() if par.return_grads else None
     par.update(clip_norm)
     return float(loss)
 

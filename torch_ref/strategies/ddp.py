@@ -11,12 +11,23 @@ run resumed from a checkpoint (a fresh DDP) would sum step K+1 in another layout
 uninterrupted run, which differs in the last bit at N >= 3 (gloo's ring chunks the buffer). We ask
 the reducer for its final layout at once (`reducer._push_all_rebuilt_params()`, what DDP's own join
 hook does): buckets of at most `bucket_mb` in parameter order, the same on every step of every run.
+
+Canonical (`CANONICAL`, zero1's too): DDP's reducer with a comm hook (`bucket_hook`): every shard
+but the step's last is computed beside DDP; the last runs through DDP, and each bucket DDP hands to
+the hook is completed with the earlier shards' sums and reduced by the canonical all-reduce
+(all-to-all, the tree, all-gather), in DDP's buckets and order, during that last backward. With
+BatchNorm the last shard's gradient (from `canonical_bn`) is handed to the reducer by a backward that
+yields exactly it (`backward_bn`), so the hook runs as without BatchNorm.
 """
 from __future__ import annotations
 
+import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from .common import Parallel, make_parallel
+from .. import batchnorm
+from .. import canonical as C
+from .canonical_step import Parts, update_replicated
+from .common import Strategy, make_strategy
 
 
 def apply_ddp(model, bucket_mb: float):
@@ -31,7 +42,64 @@ def model_device(model):
     return next(model.parameters()).device
 
 
-def make(model, optimizer, opts) -> Parallel:
+def make(model, optimizer, opts) -> Strategy:
     ddp = apply_ddp(model, opts.bucket_mb)
     # the all-reduce runs in the last backward; ddp.parameters() are model's
-    return make_parallel("ddp", ddp, model, optimizer(ddp.parameters()), opts.accum, no_sync=ddp.no_sync, wrapped=ddp)
+    return make_strategy("ddp", ddp, model, optimizer(ddp.parameters()), opts.accum, no_sync=ddp.no_sync,
+                         wrapped=ddp, canonical_parts=CANONICAL)
+
+
+def backward(c, x, y, loss_fn) -> torch.Tensor:
+    """Canonical: each shard by its own backward; the step's last through DDP (`bucket_hook`)."""
+    par, losses, c.folds, last = c.par, C.Folds(), C.Folds(), c.par.accum * c.local - 1
+    for k, (_, i, xs, ys) in enumerate(C.shards_of(x, y, par.accum, c.local)):
+        loss = C.scalar(loss_fn((par.model if k == last else par.module)(xs), ys))
+        losses.add(i, loss.detach())
+        if k == last:
+            loss.backward()  # DDP's reducer: its buckets go through bucket_hook
+        else:
+            c.folds.add(i, C.flat_grad(loss, c.params))
+    return losses.partial()
+
+
+def backward_bn(c, x, y, loss_fn) -> torch.Tensor:
+    """Canonical with BatchNorm: every shard's gradient by `canonical_bn` beside DDP; the step's last is
+    then handed to DDP's reducer (`bucket_hook`) by a backward whose gradient is exactly it."""
+    par, losses, c.folds, last = c.par, C.Folds(), C.Folds(), c.par.accum * c.local - 1
+    for k, (i, g, loss) in enumerate(c.bn.shard_grads(par.module, c.params, x, y, loss_fn, par.accum, c.local)):
+        losses.add(i, loss)
+        if k == last:
+            last_g = g
+        else:
+            c.folds.add(i, g)
+    with batchnorm.given(c.bn.last):  # DDP's forward readies its reducer; BatchNorm changes nothing here
+        par.model(x.chunk(par.accum * c.local)[-1])
+    pieces = last_g.split(c.sizes())
+    torch.autograd.backward([p.view_as(p) for p in c.params], [t.view_as(p) for p, t in
+                                                               zip(c.params, pieces, strict=True)])
+    return losses.partial()
+
+
+def bucket_hook(c, bucket):  # (no annotations: DDP checks them, and these are strings)
+    """DDP's comm hook: `bucket` holds the step's last shard's gradient of its parameters (in bucket
+    order); it completes that shard's fold, the folds of this bucket's elements go through this rank's
+    subtree and the canonical all-reduce, and DDP writes the result into `.grad`."""
+    ranges = [c.offsets[id(p)] for p in bucket.parameters()]
+    folds = C.Folds()
+    folds.acc = [torch.cat([acc[a:b] for a, b in ranges]) for acc in c.folds.acc]
+    folds.add(c.local - 1, bucket.buffer())
+    future = torch.futures.Future()
+    future.set_result(C.finish(C.all_reduce(folds.partial()), c.s, c.par.accum))
+    return future
+
+
+def setup(c) -> None:
+    """Canonical: DDP's buckets go through `bucket_hook`."""
+    c.par.model.register_comm_hook(c, bucket_hook)
+
+
+def _synced_in_hook(c, grads) -> None:
+    """Nothing to sync after backward: the hook reduced every bucket."""
+
+
+CANONICAL = Parts(backward, _synced_in_hook, update_replicated, backward_bn=backward_bn, setup=setup)

@@ -6,20 +6,49 @@ one from the factory, only the server's ever steps or holds state); the new para
 *broadcast* from rank 0 (`dist.broadcast`). Every byte passes through rank 0: the bottleneck DDP
 removed. The traced gradient is true on rank 0; the global loss is broadcast with the parameters
 (one more scalar).
+
+Canonical: every rank's partial sums are *gathered* to the server, which runs the tree across ranks,
+clips and steps (`sync_canonical`, `update_canonical`); the new parameters are broadcast from it.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
+from .. import canonical as C
 from .. import optim
 from ..checkpoint import ModelOptimizer
-from .common import Parallel, grads_of, make_parallel
+from .canonical_step import Parts, clip_, plain_backward
+from .common import Strategy, grads_of, make_strategy
 
 SERVER = 0
 
 
-def make(model, optimizer, opts) -> Parallel:
+def sync_canonical(c, grads: torch.Tensor) -> None:
+    """The partial sums are gathered to the server, which runs the tree across ranks."""
+    if c.world > 1:
+        gathered = [torch.empty_like(grads) for _ in range(c.world)] if c.rank == SERVER else None
+        dist.gather(grads, gathered, dst=SERVER)
+        grads = C.tree(torch.stack(gathered)) if c.rank == SERVER else None
+    if c.rank == SERVER:
+        C.set_grads(c.params, C.finish(grads, c.s, c.par.accum))
+
+
+def update_canonical(c, clip_norm: float) -> None:
+    """The server clips and steps; the new parameters are broadcast from it."""
+    if c.rank == SERVER:
+        clip_(c, clip_norm)
+        c.par.optimizer.step()
+    c.par.module.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        for p in c.params:
+            dist.broadcast(p, src=SERVER)
+
+
+CANONICAL = Parts(plain_backward, sync_canonical, update_canonical)
+
+
+def make(model, optimizer, opts) -> Strategy:
     n, on_server = dist.get_world_size(), dist.get_rank() == SERVER
     params = list(model.parameters())
     built = optimizer(params)  # every rank gets one (lazy state: nothing held); only the server's steps
@@ -48,6 +77,6 @@ def make(model, optimizer, opts) -> Parallel:
                 dist.broadcast(p, src=SERVER)
             dist.broadcast(loss_box.pop(), src=SERVER)  # every rank returns the global loss
 
-    return make_parallel("dp", model, model, built, opts.accum, sync=sync, reduce_loss=reduce_loss, update=update,
-                      full_grads=lambda: grads_of(model) if on_server else None,  # true on the server only
-                      checkpoint=ModelOptimizer(model, built if on_server else None))
+    return make_strategy("dp", model, model, built, opts.accum, sync=sync, reduce_loss=reduce_loss, update=update,
+                         full_grads=lambda: grads_of(model) if on_server else None,  # true on the server only
+                         checkpoint=ModelOptimizer(model, built if on_server else None), canonical_parts=CANONICAL)

@@ -5,15 +5,25 @@ per parameter, nothing bucketed), but the clearest starting point.
 Picotron hooks the gradient *before* it is accumulated into `.grad`, which under `no_sync` would
 all-reduce only the last micro-batch's contribution; here the hook is a post-accumulate-grad hook,
 so it sees (and all-reduces) the gradient accumulated over all micro-batches of the step.
+
+Canonical: the canonical all-reduce per parameter, in backward order (`groups`), after backward.
 """
 from __future__ import annotations
-
-import contextlib
 
 import torch.distributed as dist
 from torch import nn
 
-from .common import Parallel, make_parallel
+from . import common
+from .canonical_step import REPLICATED
+from .common import Strategy, make_strategy
+
+
+def groups(c) -> list[tuple[int, int]]:
+    """Canonical: one group per parameter, in backward (reverse) order."""
+    return c.ranges([[p] for p in reversed(c.params)])
+
+
+CANONICAL = REPLICATED._replace(groups=groups)
 
 
 class DataParallelNaive(nn.Module):
@@ -36,16 +46,11 @@ class DataParallelNaive(nn.Module):
             dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
             p.grad /= self.world_size
 
-    @contextlib.contextmanager
     def no_sync(self):
-        self.require_backward_grad_sync = False
-        try:
-            yield
-        finally:
-            self.require_backward_grad_sync = True
+        return common.no_sync(lambda on: setattr(self, "require_backward_grad_sync", on))
 
 
-def make(model, optimizer, opts) -> Parallel:
+def make(model, optimizer, opts) -> Strategy:
     dp_model = DataParallelNaive(model)
-    return make_parallel("ddp-naive", dp_model, model, optimizer(model.parameters()), opts.accum,
-                      no_sync=dp_model.no_sync, wrapped=dp_model)
+    return make_strategy("ddp-naive", dp_model, model, optimizer(model.parameters()), opts.accum,
+                         no_sync=dp_model.no_sync, wrapped=dp_model, canonical_parts=CANONICAL)

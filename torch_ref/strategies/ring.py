@@ -3,6 +3,9 @@ last backward all gradients are flattened into one vector, divided by N (pre-div
 ring reduce-scatter (N-1 rounds of isend/irecv) then ring all-gather (N-1 rounds); each rank sends
 2(N-1)/N of the gradient bytes. Accumulation needs no `no_sync`: nothing communicates until the
 explicit all-reduce.
+
+Canonical: one canonical all-reduce of the whole gradient whose all-to-all is isend/irecv pairs and
+whose all-gather is the hand-written ring (`ring=True`, also for BatchNorm's cross-rank sums).
 """
 from __future__ import annotations
 
@@ -10,7 +13,10 @@ import torch
 import torch.distributed as dist
 
 from ..collectives import ring_all_reduce
-from .common import Parallel, flatten, make_parallel, unflatten_into
+from .canonical_step import REPLICATED
+from .common import Strategy, flatten, make_strategy, unflatten_into
+
+CANONICAL = REPLICATED._replace(ring=True)
 
 
 def ring_all_reduce_mean(grads: list[torch.Tensor]) -> None:
@@ -18,8 +24,9 @@ def ring_all_reduce_mean(grads: list[torch.Tensor]) -> None:
     unflatten_into(ring_all_reduce(flat), grads)
 
 
-def make(model, optimizer, opts) -> Parallel:
+def make(model, optimizer, opts) -> Strategy:
     def sync():  # looked up when called: the mutation tests replace ring_all_reduce_mean
         ring_all_reduce_mean([p.grad for p in model.parameters()])
 
-    return make_parallel("ddp-ring", model, model, optimizer(model.parameters()), opts.accum, sync=sync)
+    return make_strategy("ddp-ring", model, model, optimizer(model.parameters()), opts.accum, sync=sync,
+                         canonical_parts=CANONICAL)

@@ -1,5 +1,8 @@
 """`zero2`: ZeRO stage 2, hand-written: sharded gradients and optimizer state, replicated parameters.
 
+Layout (torch's, not jaxdp's): ONE flat vector of all parameters concatenated, padded to a multiple of
+N, rank i owning the i-th contiguous shard (jaxdp pads and shards each parameter flat on its own).
+
 All parameters are viewed as one flat vector, zero-padded to a multiple of N and cut into N equal
 shards; rank i owns shard i. Each rank keeps a master copy of its shard (`main_param`) and a torch
 optimizer over that shard alone, so its optimizer state is 1/N of the whole. A step:
@@ -17,32 +20,23 @@ a shard of one flat vector per rank, saved as a 1-D DTensor of the *unpadded* le
 dim 0. DTensor's uneven sharding (chunks of ceil(numel / N)) is exactly this layout's (shards of the
 padded length / N, the padding at the end), so DCP writes each rank's shard and reshards it on load
 at another N; the padding, always zero, is not saved.
+
+Canonical: the canonical reduce-scatter of the same padded flat layout (all-to-all, then the tree on
+this rank's chunk) into `main_param.grad`; clipping all-gathers the shard for the canonical norm.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from .. import canonical as C
 from ..checkpoint import materialise
-from .common import Parallel, flatten, params_of, unflatten_into
-
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
-def reduce_scatter(flat: torch.Tensor) -> torch.Tensor:
-    """Sum `flat` (length a multiple of N) over the ranks; return this rank's shard."""
-    shard = flat.new_empty(flat.numel() // dist.get_world_size())
-    _reduce_scatter(shard, flat)
-    return shard
-
-
-def all_gather(shard: torch.Tensor) -> torch.Tensor:
-    """Every rank's shard, concatenated in rank order."""
-    flat = shard.new_empty(shard.numel() * dist.get_world_size())
-    _all_gather(flat, shard)
-    return flat
+from ..collectives import all_gather, reduce_scatter
+from .canonical_step import Parts, plain_backward
+from .common import Strategy, flatten, params_of, unflatten_into
 
 
 def padded_flat(tensors, n: int) -> torch.Tensor:
@@ -50,7 +44,22 @@ def padded_flat(tensors, n: int) -> torch.Tensor:
     return torch.nn.functional.pad(flat, (0, -flat.numel() % n))
 
 
-def make(model, optimizer, opts) -> Parallel:
+def sync_canonical(main_param: nn.Parameter, c, grads: torch.Tensor) -> None:
+    """The canonical reduce-scatter of the padded flat layout: this rank's shard as `main_param.grad`."""
+    padded = torch.nn.functional.pad(grads, (0, -grads.numel() % c.world))
+    main_param.grad = C.finish(C.tree_scatter(padded), c.s, c.par.accum)
+
+
+def update_canonical(main_param: nn.Parameter, c, clip_norm: float) -> None:
+    """Clip the shard by the canonical norm of the whole (gathered) gradient; then zero2's own update."""
+    shard = main_param.grad
+    if clip_norm > 0:
+        full = all_gather(shard)[:sum(p.numel() for p in c.params)]
+        shard.mul_(C.clip_coef(full.split([p.numel() for p in c.params]), clip_norm))
+    c.par.update(0.0)
+
+
+def make(model, optimizer, opts) -> Strategy:
     n, rank = dist.get_world_size(), dist.get_rank()
     names, params = zip(*model.named_parameters(), strict=True)
     numel = sum(p.numel() for p in params)
@@ -81,9 +90,11 @@ def make(model, optimizer, opts) -> Parallel:
         with torch.no_grad():
             unflatten_into(all_gather(main_param.detach())[:numel], params)
 
-    return Parallel("zero2", model, model, built, opts.accum, update=update, sync=sync, full_grads=full_grads,
+    canonical = Parts(plain_backward, functools.partial(sync_canonical, main_param),
+                      functools.partial(update_canonical, main_param))
+    return Strategy("zero2", model, model, built, opts.accum, update=update, sync=sync, full_grads=full_grads,
                     full_params=lambda: params_of(model), wrapped=built,
-                    checkpoint=ShardState(model, main_param, built, numel))
+                    checkpoint=ShardState(model, main_param, built, numel), canonical_parts=canonical)
 
 
 class ShardState:

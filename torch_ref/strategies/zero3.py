@@ -1,5 +1,8 @@
 """`zero3` (alias `fsdp`): FSDP2, `torch.distributed.fsdp.fully_shard`, on each unit and the root.
 
+Layout (torch's, not jaxdp's): every parameter a DTensor sharded along dim 0 (FSDP2's: chunks of
+ceil(rows / N) rows, the last ones short or empty); jaxdp pads and shards each parameter flat.
+
 The units are `units=` (submodules, or lists of submodules sharded as one group), by default jaxdp's
 for its models (`jaxdp.models.units`): each MLP layer; for the GPT the two embeddings as one group,
 each block, and the final LayerNorm with the head as one group; for the CNN each convolution with its
@@ -14,19 +17,30 @@ FSDP2 scales the gradients by 1/N itself. Accumulation turns gradient sync off
 (`set_requires_gradient_sync`) for every micro-batch but the last: unsharded gradients accumulate
 locally and are reduce-scattered once per step. torch.nn.utils.clip_grad_norm_ on DTensor gradients
 computes the whole norm.
+
+Canonical: FSDP2's own backward per shard, each unit's reduce-scatter replaced by the canonical one
+after the step's last shard backward (`install_units`, `canonical.UnitReduce`); clipping by the
+canonical norm of the gathered gradient. With BatchNorm, FSDP2 cannot run canonical_bn's many passes
+over one graph: they run on a plain twin of the model (a deepcopy taken before FSDP2 shards it)
+holding the gathered parameters (one all-gather per parameter per step), and the canonical
+reduce-scatter runs on FSDP2's layout into the DTensor gradients (`sync_canonical`).
 """
 from __future__ import annotations
 
-import contextlib
+import copy
 
+import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
 
 from jaxdp.core.config import ConfigError
 
-from .. import cnn, gpt2, models
-from .common import Parallel, make_parallel
+from .. import canonical as C
+from .. import canonical_bn, cnn, gpt2, models
+from . import canonical_step, common
+from .common import Strategy, make_strategy
 
 
 def units_of(model) -> list[list]:
@@ -60,16 +74,8 @@ def apply_fsdp(model, reshard_after_forward: bool = True, units=None):
     return model
 
 
-@contextlib.contextmanager
-def no_sync(model):
-    model.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        model.set_requires_gradient_sync(True)
-
-
-def make(model, optimizer, opts) -> Parallel:
+def make(model, optimizer, opts) -> Strategy:
+    twin = twin_of(model) if opts.reduction == "canonical" else None  # before FSDP2 shards the model
     model = apply_fsdp(model, opts.reshard_after_forward, opts.units)
     built = optimizer(model.parameters())  # over the local shards: 1/N of the state
 
@@ -80,5 +86,79 @@ def make(model, optimizer, opts) -> Parallel:
         return {name: p.full_tensor().detach() for name, p in model.named_parameters()}
 
     # DTensors: the checkpoint saves them shard by shard
-    return make_parallel("zero3", model, model, built, opts.accum, no_sync=lambda: no_sync(model),
-                      full_grads=full_grads, full_params=full_params, wrapped=model)
+    return make_strategy("zero3", model, model, built, opts.accum,
+                         no_sync=lambda: common.no_sync(model.set_requires_gradient_sync),
+                         full_grads=full_grads, full_params=full_params, wrapped=model,
+                         canonical_parts=CANONICAL._replace(twin=twin))
+
+
+def twin_of(model: torch.nn.Module) -> torch.nn.Module | None:
+    """Canonical with BatchNorm: a plain copy of the model taken before FSDP2 shards it (`backward_bn` runs
+    the per-shard passes on it with the gathered parameters); otherwise None."""
+    return copy.deepcopy(model) if canonical_bn.batchnorms(model) else None
+
+
+def install_units(c) -> None:
+    """Canonical without BatchNorm, on the first step: every FSDP2 unit's reduce-scatter and all-reduce hook
+    replaced by a `UnitReduce` (with BatchNorm, FSDP2's own backward and reduce-scatter are not used)."""
+    if c.bn is not None:
+        return
+    c.units = []
+    for module in c.par.model.modules():
+        if isinstance(module, FSDPModule):
+            unit = C.UnitReduce(c.local, c.par.accum, c.s)
+            module.set_custom_reduce_scatter(unit)
+            module.set_all_reduce_hook(unit.hook)
+            module.set_gradient_divide_factor(1.0)  # FSDP2 divides by nothing: the tree's /S and /A are all
+            c.units.append(unit)
+
+
+def backward(c, x, y, loss_fn) -> torch.Tensor:
+    """Canonical: each shard's backward through FSDP2 (its gathers, its post-backward: `UnitReduce`)."""
+    model, losses, last = c.par.model, C.Folds(), c.par.accum * c.local - 1
+    for k, (_, i, xs, ys) in enumerate(C.shards_of(x, y, c.par.accum, c.local)):
+        loss = C.scalar(loss_fn(model(xs), ys))
+        loss.backward()
+        losses.add(i, loss.detach())
+        if k != last:
+            model.zero_grad(set_to_none=True)  # a shard's output is not a gradient until the last
+    return losses.partial()
+
+
+def backward_bn(c, x, y, loss_fn) -> torch.Tensor:
+    """Canonical with BatchNorm: the gathered parameters into the twin (a collective: every parameter
+    gathered once per step), then `canonical_bn`'s passes on it and `sync_canonical`."""
+    full = c.par.full_params()
+    with torch.no_grad():
+        for name, p in c.parts.twin.named_parameters():
+            p.copy_(full[name])
+    return canonical_step.bn_backward(c, x, y, loss_fn, c.parts.twin)
+
+
+def sync_canonical(c, grads: torch.Tensor) -> None:
+    """Canonical with BatchNorm: the canonical reduce-scatter of FSDP2's layout (each parameter's dim-0
+    chunks of ceil(rows / N), rank-major, as its reduce-scatter takes them): this rank's chunks as the
+    DTensor grads."""
+    params, rows = list(c.par.model.parameters()), []
+    for p, g in zip(params, grads.split(c.sizes()), strict=True):
+        g = g.reshape(p.shape[0], -1) if p.dim() else g.reshape(1, 1)
+        rows.append(torch.nn.functional.pad(g, (0, 0, 0, -g.shape[0] % c.world)).reshape(c.world, -1))
+    mine = C.finish(C.tree_scatter(torch.cat(rows, dim=1).reshape(-1)), c.s, c.par.accum)
+    for p, piece in zip(params, mine.split([r.shape[1] for r in rows]), strict=True):
+        local = p.to_local()
+        p.grad = DTensor.from_local(piece[:local.numel()].view_as(local).clone(), p.device_mesh, p.placements,
+                                    shape=p.shape, stride=p.stride(), run_check=False)
+
+
+def update_canonical(c, clip_norm: float) -> None:
+    """Clip the DTensor gradients by the canonical norm of their full values; then FSDP2's own update."""
+    if clip_norm > 0:
+        grads = [p.grad for p in c.par.model.parameters()]
+        coef = C.clip_coef([g.full_tensor() for g in grads], clip_norm)
+        for g in grads:
+            g.to_local().mul_(coef)
+    c.par.update(0.0)
+
+
+CANONICAL = canonical_step.Parts(backward, sync_canonical, update_canonical, backward_bn=backward_bn,
+                                 first_step=install_units)

@@ -26,6 +26,7 @@ from .core.reduction import resolve_shards
 from .optax_check import check_elementwise
 from .strategies import stats
 from .strategies.common import put_sharded, read_on
+from .strategies.zero import layout as zero_layout
 
 
 class Parallel(NamedTuple):
@@ -105,7 +106,7 @@ def parallelize(loss_fn, params, optimizer, *, strategy: str, devices=None, mesh
     opts = strategies.options(name, accum, **strategy_options)
     problem = _problem(loss_fn, params, loss)
     mesh = _mesh(name, devices, mesh)
-    if name.startswith("zero"):
+    if zero_layout.of(name).shards_opt_state:  # the optimizer runs on flat padded shards
         check_elementwise(optimizer, problem.params, mesh.size)
     if opts.reduction == "canonical":
         _check_canonical(problem, mesh)

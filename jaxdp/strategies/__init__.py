@@ -46,6 +46,16 @@ OPTIONS = {name: () for name in FACTORIES} | {
 }
 
 
+# A saved (checkpointed) array of strategy `name` -> the full array: ddp-pmap's per-device copies, ZeRO's
+# flat padded shards (`zero/layout.py`); the others save full arrays.
+HOST_FULL = {"ddp-pmap": ddp_pmap.host_full} | {name: zero.flat.host_full for name in zero.LAYOUTS}
+
+
+def host_full(name: str, a, like):
+    """`a`, saved by strategy `name`, as the full array shaped like `like`."""
+    return HOST_FULL.get(name, lambda a, like: a)(a, like)
+
+
 def canonical(name: str) -> str:
     """`name` with its alias resolved (`fsdp` -> `zero3`); an unknown name is one line listing the valid."""
     name = ALIASES.get(name, name)
@@ -77,5 +87,5 @@ def make(name, problem, optimizer, mesh, opts: StrategyOptions, return_grads=Tru
     return FACTORIES[canonical(name)](problem, optimizer, mesh, opts, return_grads=return_grads)
 
 
-__all__ = ["FACTORIES", "OPTIONS", "REDUCTION_OPTIONS", "Strategy", "StrategyOptions", "TrainState", "canonical",
-           "make", "options"]
+__all__ = ["FACTORIES", "HOST_FULL", "OPTIONS", "REDUCTION_OPTIONS", "Strategy", "StrategyOptions", "TrainState",
+           "canonical", "host_full", "make", "options"]

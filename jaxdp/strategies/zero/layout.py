@@ -54,16 +54,16 @@ REPLICATED = Layout(0, False, False, False, torch="a full copy on every rank", w
                     jax="a full copy on every device")
 ZERO1 = Layout(1, False, False, True,
                torch="ZeroRedundancyOptimizer: whole parameters partitioned greedily over ranks (none split)",
-               why="torch's optimizer wrapper never splits a parameter; a flat shard balances bytes to one "
-                   "element per parameter")
+               why="ZeroRedundancyOptimizer, torch's stock ZeRO-1, never splits a parameter (its state is only "
+                   "roughly 1/N); JAX shards each parameter as for zero2/3: 1/N up to the padding")
 ZERO2 = Layout(2, False, True, True,
                torch="one flat vector of all parameters, padded once to a multiple of N, reduce-scattered",
-               why="torch_ref packs every gradient into one bucket; JAX pads each parameter, so each "
-                   "collective and the optimizer see whole per-parameter arrays")
+               why="torch_ref packs every gradient into one bucket, one reduce-scatter; JAX keeps the parameters' "
+                   "tree (one flat array each), so a user's optax chain and a checkpoint see it leaf by leaf")
 ZERO3 = Layout(3, True, True, True,
                torch="FSDP2 (`fully_shard`): dim-0 DTensor shards of each parameter, per unit",
-               why="FSDP2 splits dim 0 (uneven rows padded per rank); JAX splits the flattened parameter, "
-                   "so a shard is contiguous for any shape")
+               why="FSDP2 splits dim 0 (rows padded on the last ranks); JAX splits the flattened parameter: "
+                   "one layout for every stage, contiguous for any shape")
 LAYOUTS = {"zero1": ZERO1, "zero2": ZERO2, "zero3": ZERO3}
 PARTS = ("params", "grads", "opt_state")
 

@@ -21,11 +21,9 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from .. import models, train
+from .. import models, strategies, train
 from ..core import data
-from ..devices import replicated
 from ..strategies import FACTORIES, stats
-from ..strategies.common import put_sharded
 from ..strategies.zero import layout as zero_layout
 from . import hlo
 from .theory import (  # noqa: F401 (the communication theory, re-exported: callers name it here)
@@ -128,10 +126,7 @@ def _compile_stats(par, state, x, host, cfg):
     """The running statistics' program as `jaxdp.parallelize` runs it (api._with_state), compiled
     (`cfg.reduction` and `cfg.shards` choose canonical statistics or not)."""
     program = stats.make(par.name, par.problem, par.mesh, par.accum, cfg)
-    params = state.params
-    if par.name == "ddp-pmap":  # stacked per device: the stats program takes them replicated, x unstacked
-        params = jax.device_put(par.full_params(state), replicated(par.mesh))
-        x = put_sharded(par.mesh)(*host)[0]
+    params, x = strategies.stats_inputs(par.name, par.full_params, state, x, host, par.mesh)
     return program.lower(params, state.batch_stats, x).compile()
 
 

@@ -10,8 +10,17 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .. import canonical
-from ..devices import AXIS
-from .common import Strategy, TrainState, apply_update, compile_options, local_grads, shard_values_of, to_numpy
+from ..devices import AXIS, replicated
+from .common import (
+    Strategy,
+    TrainState,
+    apply_update,
+    compile_options,
+    local_grads,
+    put_sharded,
+    shard_values_of,
+    to_numpy,
+)
 from .ddp import all_reduce_mean
 
 
@@ -34,6 +43,12 @@ def with_options(pmapped, options: dict | None):
 def host_full(a, like):
     """A saved array of this strategy's state (one copy per device, stacked) -> the full array."""
     return a[0]
+
+
+def stats_inputs(full_params, state, x_placed, host, mesh):
+    """(params, x) for the running statistics' program (`stats.py`), which takes the parameters
+    replicated and x split over `data`: pmap's per-device stacks are not that layout."""
+    return jax.device_put(full_params(state), replicated(mesh)), put_sharded(mesh)(*host)[0]
 
 
 def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:

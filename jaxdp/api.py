@@ -25,7 +25,8 @@ from .core.config import ConfigError
 from .core.reduction import resolve_shards
 from .optax_check import check_elementwise
 from .strategies import stats
-from .strategies.common import put_sharded, read_on
+from .strategies.common import read_on
+from .strategies.zero import layout as zero_layout
 
 
 class Parallel(NamedTuple):
@@ -105,7 +106,7 @@ def parallelize(loss_fn, params, optimizer, *, strategy: str, devices=None, mesh
     opts = strategies.options(name, accum, **strategy_options)
     problem = _problem(loss_fn, params, loss)
     mesh = _mesh(name, devices, mesh)
-    if name.startswith("zero"):
+    if zero_layout.of(name).shards_opt_state:  # the optimizer runs on flat padded shards
         check_elementwise(optimizer, problem.params, mesh.size)
     if opts.reduction == "canonical":
         _check_canonical(problem, mesh)
@@ -145,11 +146,7 @@ def _with_state(name: str, strat, stats_step, mesh: Mesh):
 
     def step(state, x, y):
         xb, yb = strat.put_batch(x, y)
-        if name == "ddp-pmap":  # stacked per device: the stats program takes them replicated
-            params = jax.device_put(strat.full_params(state), devices_mod.replicated(mesh))
-            x_rows = put_sharded(mesh)(x, y)[0]
-        else:
-            params, x_rows = state.params, xb
+        params, x_rows = strategies.stats_inputs(name, strat.full_params, state, xb, (x, y), mesh)
         batch_stats = jax.block_until_ready(stats_step(params, state.batch_stats, x_rows))  # before step donates params
         state, metrics = strat.step(state._replace(batch_stats=None), xb, yb)
         return state._replace(batch_stats=batch_stats), {**metrics, "state": batch_stats}
@@ -206,7 +203,7 @@ def _mesh(name: str, devices, mesh: Mesh | None) -> Mesh:
     else:
         available = jax.devices()
         if devices is None:
-            found = available[:1] if name == "single" else available
+            found = available[:1] if name in strategies.ONE_DEVICE else available
         elif isinstance(devices, int):
             if devices > len(available):
                 kind = available[0].platform
@@ -215,7 +212,7 @@ def _mesh(name: str, devices, mesh: Mesh | None) -> Mesh:
             found = available[:devices]
         else:
             found = list(devices)
-    if name == "single" and len(found) != 1:
+    if name in strategies.ONE_DEVICE and len(found) != 1:
         raise ConfigError(f"strategy 'single' runs on one device, not {len(found)}: pass devices=1")
     return mesh if mesh is not None else devices_mod.mesh(found)
 

@@ -9,17 +9,18 @@ written shard by shard), next to a JSON record of the run.
 - Resharding: a checkpoint saved by one strategy on N devices resumes under another layout (zero3
   on 4 devices -> zero3 on 2, ddp on 4 -> ddp on 1). When the layout differs, the saved arrays are
   read whole, converted to full ("canonical") arrays (ZeRO's zero padding cut off, pmap's per-device
-  copies collapsed) and placed by the new strategy's `init(params, opt_state)`.
+  copies collapsed: `strategies.host_full`, read from each strategy's layout) and placed by the new
+  strategy's `init(params, opt_state)`.
 """
 from __future__ import annotations
 
-import math
 import os
 
 import jax
 import numpy as np
 
 from .core.record import RECORD_FIELDS, CheckpointError, check_resumable  # noqa: F401 (re-exported)
+from .strategies import host_full
 
 
 def _key(path) -> str:
@@ -122,12 +123,7 @@ def restore(directory, cfg, strategy, problem, optimizer):
     canonical = flatten(jax.eval_shape(lambda p: (p, optimizer.init(p)), problem.params))
     full = {}
     for (_k, like), key in zip(canonical.items(), target, strict=False):  # batch_stats last: not zipped
-        a = np.asarray(arrays[key])
-        if record["strategy"] == "ddp-pmap":
-            a = a[0]  # one copy per device
-        if a.shape != like.shape:  # ZeRO's padded flat shard layout
-            a = a.reshape(-1)[: math.prod(like.shape)].reshape(like.shape)
-        full[key] = a
+        full[key] = host_full(record["strategy"], np.asarray(arrays[key]), like)  # as the saving strategy laid it
     params, opt_state = jax.tree.unflatten(
         jax.tree.structure((problem.params, fresh.opt_state)), [full[k] for k in target if k in full]
     )

@@ -1,5 +1,5 @@
 """Can an optax transformation run on ZeRO's layout? ZeRO applies the optimizer to every parameter
-flattened and zero-padded to a multiple of N (`strategies/zero.py`). An element-wise transformation
+flattened and zero-padded to a multiple of N (`strategies/zero/flat.py`). An element-wise transformation
 (Adam, SGD, weight decay, global-norm clipping...) computes the same update there as on the true
 shapes; one that reads the shapes (matrix orthogonalisation as in `optax.contrib.muon`, a mask by
 rank, a per-row norm) does not, or fails on 1-D arrays.

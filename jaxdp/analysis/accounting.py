@@ -21,11 +21,10 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from .. import models, train
+from .. import models, strategies, train
 from ..core import data
-from ..devices import replicated
-from ..strategies import stats
-from ..strategies.common import put_sharded
+from ..strategies import FACTORIES, stats
+from ..strategies.zero import layout as zero_layout
 from . import hlo
 from .theory import (  # noqa: F401 (the communication theory, re-exported: callers name it here)
     BN_BACKWARD,
@@ -43,8 +42,7 @@ from .theory import (  # noqa: F401 (the communication theory, re-exported: call
     theory_for,
 )
 
-STAGE = {"single": 0, "dp": 0, "ddp": 0, "ddp-pmap": 0, "ddp-bucket": 0, "ddp-ring": 0,
-         "zero1": 1, "zero2": 2, "zero3": 3}
+STAGE = {name: zero_layout.of(name).stage for name in FACTORIES}  # read from the layout table
 STATE_ARRAYS_PER_PARAM = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
 
 
@@ -66,15 +64,17 @@ def step_memory(compiled) -> dict:
     return {"state_bytes": args, "temp_bytes": temp, "peak_bytes": args + temp + fresh_outputs}
 
 
-def formula(stage: int, sizes: list[int], n: int, param_bytes: int, grad_bytes: int, k_bytes: int,
+def formula(layout: zero_layout.Layout, sizes: list[int], n: int, param_bytes: int, grad_bytes: int, k_bytes: int,
             replicated_state_bytes: int = 0) -> dict:
-    """Bytes per device by the ZeRO formula, with exact padding."""
+    """Bytes per device by the ZeRO formula, with exact padding: each part Psi / N where `layout` (a row
+    of `strategies/zero/layout.py`) shards it, Psi where it does not."""
     psi = sum(sizes)
     per_device = sum(math.ceil(s / n) for s in sizes)  # Psi / N, padded
+    elements = {part: per_device if sharded else psi for part, sharded in layout.sharded.items()}
     return {
-        "params": param_bytes * (per_device if stage >= 3 else psi),
-        "grads": grad_bytes * (per_device if stage >= 2 else psi),
-        "opt_state": k_bytes * (per_device if stage >= 1 else psi) + replicated_state_bytes,
+        "params": param_bytes * elements["params"],
+        "grads": grad_bytes * elements["grads"],
+        "opt_state": k_bytes * elements["opt_state"] + replicated_state_bytes,
     }
 
 
@@ -126,10 +126,7 @@ def _compile_stats(par, state, x, host, cfg):
     """The running statistics' program as `jaxdp.parallelize` runs it (api._with_state), compiled
     (`cfg.reduction` and `cfg.shards` choose canonical statistics or not)."""
     program = stats.make(par.name, par.problem, par.mesh, par.accum, cfg)
-    params = state.params
-    if par.name == "ddp-pmap":  # stacked per device: the stats program takes them replicated, x unstacked
-        params = jax.device_put(par.full_params(state), replicated(par.mesh))
-        x = put_sharded(par.mesh)(*host)[0]
+    params, x = strategies.stats_inputs(par.name, par.full_params, state, x, host, par.mesh)
     return program.lower(params, state.batch_stats, x).compile()
 
 
@@ -148,7 +145,7 @@ def memory(cfg, trains: CompiledStep | None = None) -> dict:
     scalars = sum(leaf.dtype.itemsize for leaf in jax.tree.leaves(jax.eval_shape(c.optimizer.init, c.problem.params))
                   if leaf.ndim == 0)
     k_bytes = STATE_ARRAYS_PER_PARAM[cfg.optimizer] * itemsize
-    expected = formula(STAGE[cfg.strategy], sizes, cfg.devices, itemsize, itemsize, k_bytes, scalars)
+    expected = formula(zero_layout.of(cfg.strategy), sizes, cfg.devices, itemsize, itemsize, k_bytes, scalars)
     step = step_memory((trains or compile_step(cfg)).program)
     return {"strategy": cfg.strategy, "devices": cfg.devices, "psi": sum(sizes), "sizes": sizes, "k_bytes": k_bytes,
             "param_bytes": itemsize, "measured": measured, "formula": expected,

@@ -12,7 +12,7 @@ from jax.extend.core import Literal
 
 from .. import models
 from ..models import units
-from ..strategies import stats
+from ..strategies.zero import layout as zero_layout
 
 
 def dp_theory(sizes: list[int], n: int, itemsize: int, loss_itemsize: int | None = None) -> dict:
@@ -42,20 +42,33 @@ def theory(strategy: str, sizes: list[int], n: int, itemsize: int, loss_itemsize
         out["all-reduce"] += ring * psi * itemsize
     elif strategy == "ddp-ring":
         out["point-to-point"] = 2 * (n - 1) * math.ceil(psi / n) * itemsize
-    elif strategy == "zero1":
-        out["all-reduce"] += ring * psi * itemsize
-        out["all-gather"] = (n - 1) * psi_n * itemsize
-    elif strategy in ("zero2", "zero3"):
-        out["reduce-scatter"] = (n - 1) * psi_n * itemsize
-        gathers = accum * (2 if reshard_after_forward else 1) if strategy == "zero3" else 1
-        root_n = sum(math.ceil(s / n) for s in root_sizes) if strategy == "zero3" else 0
-        regathered = (gathers - accum) * root_n  # the root is gathered for forward only
-        out["all-gather"] = (n - 1) * (psi_n * gathers - regathered) * itemsize
+    elif strategy in zero_layout.LAYOUTS:
+        out.update(zero_theory(zero_layout.of(strategy), psi, psi_n, n, itemsize, accum, reshard_after_forward,
+                               root_sizes, loss))
     else:
         raise ValueError(f"no communication theory for {strategy!r}")
     if n == 1:
         out = {k: 0.0 for k in out}
     out["total"] = sum(out.values())
+    return out
+
+
+def zero_theory(layout, psi: int, psi_n: int, n: int, itemsize: int, accum: int, reshard_after_forward: bool,
+                root_sizes: list[int], loss: float) -> dict:
+    """A ZeRO stage's bytes by kind, read from its `layout` row: unsharded gradients are all-reduced
+    (2(N-1)/N Psi), sharded ones reduce-scattered ((N-1) Psi_N); parameters gathered after the update
+    once ((N-1) Psi_N), sharded ones every micro-batch for forward and, with `reshard_after_forward`,
+    again for backward, except the root's (gathered once per micro-batch)."""
+    out = {"all-reduce": loss, "reduce-scatter": 0.0}
+    if layout.shards_grads:
+        out["reduce-scatter"] = (n - 1) * psi_n * itemsize
+    else:
+        ring = 2 * (n - 1) / n
+        out["all-reduce"] += ring * psi * itemsize
+    gathers = accum * (2 if reshard_after_forward else 1) if layout.shards_params else 1
+    root_n = sum(math.ceil(s / n) for s in root_sizes) if layout.shards_params else 0
+    regathered = (gathers - accum) * root_n  # the root is gathered for forward only
+    out["all-gather"] = (n - 1) * (psi_n * gathers - regathered) * itemsize
     return out
 
 
@@ -75,11 +88,11 @@ def root_sizes(problem) -> list[int]:
 #             (centring for the variance, and for the output), 1/sqrt(var + eps) once: 3. Unchecked
 #             (check_vma=False, or pmap: dp, ddp-pmap, ddp-ring,
 #             zero1/2/3), each pmean's transpose is one psum: 2;
-#   zero3     +2: its unit runs under jax.checkpoint (dots_saveable), so backward recomputes the
-#             forward's two pmeans.
+#   zero3     +2 (sharded parameters, `layout.ZERO3`): its unit runs under jax.checkpoint
+#             (dots_saveable), so backward recomputes the forward's two pmeans.
 BN_FORWARD = 2
 BN_BACKWARD = {"ddp": 3, "ddp-bucket": 3}  # the others: 2
-BN_RECOMPUTED = {"zero3": 2}
+BN_RECOMPUTED = {name: 2 for name, row in zero_layout.LAYOUTS.items() if row.shards_params}  # units remat
 
 
 def batchnorm_channels(problem) -> int:
@@ -128,7 +141,7 @@ def stats_theory(strategy: str, sizes: list[int], channels: int, n: int, itemsiz
     if n > 1 and strategy != "single" and channels:
         ring = 2 * (n - 1) / n
         out["all-reduce"] = ring * (BN_FORWARD * accum * sync + 2) * channels * itemsize
-        if strategy in stats.SHARDED_PARAMS:
+        if zero_layout.of(strategy).shards_params:
             out["all-gather"] = (n - 1) * sum(math.ceil(s / n) for s in sizes) * itemsize
     out["total"] = sum(out.values())
     return out

@@ -46,6 +46,30 @@ OPTIONS = {name: () for name in FACTORIES} | {
 }
 
 
+# A saved (checkpointed) array of strategy `name` -> the full array: ddp-pmap's per-device copies, ZeRO's
+# flat padded shards (`zero/layout.py`); the others save full arrays.
+HOST_FULL = {"ddp-pmap": ddp_pmap.host_full} | {name: zero.flat.host_full for name in zero.LAYOUTS}
+
+
+def host_full(name: str, a, like):
+    """`a`, saved by strategy `name`, as the full array shaped like `like`."""
+    return HOST_FULL.get(name, lambda a, like: a)(a, like)
+
+
+# The running statistics' program's inputs (`stats.py`): the train state's parameters and the placed rows,
+# except where the strategy's state is laid out otherwise (ddp-pmap's per-device stacks).
+STATS_INPUTS = {"ddp-pmap": ddp_pmap.stats_inputs}
+ONE_DEVICE = ("single",)  # strategies that run on one device, not over a mesh
+
+
+def stats_inputs(name: str, full_params, state, x_placed, host, mesh):
+    """(params, x) for strategy `name`'s running-statistics program: `host` the step's (x, y) as NumPy,
+    `x_placed` its x as the strategy's `put_batch` placed it."""
+    if name in STATS_INPUTS:
+        return STATS_INPUTS[name](full_params, state, x_placed, host, mesh)
+    return state.params, x_placed
+
+
 def canonical(name: str) -> str:
     """`name` with its alias resolved (`fsdp` -> `zero3`); an unknown name is one line listing the valid."""
     name = ALIASES.get(name, name)
@@ -77,5 +101,5 @@ def make(name, problem, optimizer, mesh, opts: StrategyOptions, return_grads=Tru
     return FACTORIES[canonical(name)](problem, optimizer, mesh, opts, return_grads=return_grads)
 
 
-__all__ = ["FACTORIES", "OPTIONS", "REDUCTION_OPTIONS", "Strategy", "StrategyOptions", "TrainState", "canonical",
-           "make", "options"]
+__all__ = ["FACTORIES", "HOST_FULL", "ONE_DEVICE", "OPTIONS", "REDUCTION_OPTIONS", "STATS_INPUTS", "Strategy",
+           "StrategyOptions", "TrainState", "canonical", "host_full", "make", "options", "stats_inputs"]

@@ -162,16 +162,20 @@ def replicated_data_parallel(name, problem, optimizer, mesh, opts, sync, *, chec
     is_canonical = opts.reduction == "canonical"
     check_vma = check_vma and not is_canonical
 
+    def native_grads(params, x, y):
+        local = lax.pcast(params, AXIS, to="varying") if check_vma else params
+        loss, grads = local_grads(problem.loss_fn, local, x, y, opts.accum)
+        grads = sync(grads)
+        return lax.pmean(loss, AXIS), grads, grads  # the loss: one scalar all-reduce, for the log
+
+    def canonical_grads(params, x, y):
+        loss, grads = canonical.step_values(shard_values_of(problem), params, x, y, opts, n, canonical_sync)
+        return loss, canonical.clip(grads, opts.clip_norm), grads
+
+    grads_of = canonical_grads if is_canonical else native_grads  # (loss, the update's gradient, the trace's)
+
     def device_step(params, opt_state, x, y):
-        if is_canonical:
-            loss, grads = canonical.step_values(shard_values_of(problem), params, x, y, opts, n,
-                                                canonical_sync)
-        else:
-            local = lax.pcast(params, AXIS, to="varying") if check_vma else params
-            loss, grads = local_grads(problem.loss_fn, local, x, y, opts.accum)
-            grads = sync(grads)
-            loss = lax.pmean(loss, AXIS)  # one scalar all-reduce, for the log
-        clipped = canonical.clip(grads, opts.clip_norm) if is_canonical else grads
+        loss, clipped, grads = grads_of(params, x, y)
         params, opt_state = apply_update(optimizer, clipped, opt_state, params)
         metrics = {"loss": loss, "grads": grads} if return_grads else {"loss": loss}
         return TrainState(params, opt_state), metrics

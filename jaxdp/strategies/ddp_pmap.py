@@ -10,8 +10,17 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .. import canonical
-from ..devices import AXIS
-from .common import Strategy, TrainState, apply_update, compile_options, local_grads, shard_values_of, to_numpy
+from ..devices import AXIS, replicated
+from .common import (
+    Strategy,
+    TrainState,
+    apply_update,
+    compile_options,
+    local_grads,
+    put_sharded,
+    shard_values_of,
+    to_numpy,
+)
 from .ddp import all_reduce_mean
 
 
@@ -31,6 +40,17 @@ def with_options(pmapped, options: dict | None):
     return run
 
 
+def host_full(a, like):
+    """A saved array of this strategy's state (one copy per device, stacked) -> the full array."""
+    return a[0]
+
+
+def stats_inputs(full_params, state, x_placed, host, mesh):
+    """(params, x) for the running statistics' program (`stats.py`), which takes the parameters
+    replicated and x split over `data`: pmap's per-device stacks are not that layout."""
+    return jax.device_put(full_params(state), replicated(mesh)), put_sharded(mesh)(*host)[0]
+
+
 def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
     n = mesh.size
     stacked = NamedSharding(mesh, P(AXIS))
@@ -46,17 +66,20 @@ def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
         return jax.pmap(lambda p: TrainState(p, optimizer.init(p)), axis_name=AXIS,
                         devices=pmap_devices)(copies(params))
 
-    is_canonical = opts.reduction == "canonical"
+    def native_grads(params, x, y):
+        loss, grads = local_grads(problem.loss_fn, params, x, y, opts.accum)
+        grads = all_reduce_mean(grads, n)
+        return jax.lax.pmean(loss, AXIS), grads, grads
+
+    def canonical_grads(params, x, y):
+        loss, grads = canonical.step_values(shard_values_of(problem), params, x, y, opts, n,
+                                            lambda values: canonical.all_reduce_tree(values, AXIS))
+        return loss, canonical.clip(grads, opts.clip_norm), grads
+
+    grads_of = canonical_grads if opts.reduction == "canonical" else native_grads  # (loss, update's, trace's)
 
     def device_step(state, x, y):
-        if is_canonical:
-            loss, grads = canonical.step_values(shard_values_of(problem), state.params, x, y, opts, n,
-                                                lambda values: canonical.all_reduce_tree(values, AXIS))
-        else:
-            loss, grads = local_grads(problem.loss_fn, state.params, x, y, opts.accum)
-            grads = all_reduce_mean(grads, n)
-            loss = jax.lax.pmean(loss, AXIS)
-        clipped = canonical.clip(grads, opts.clip_norm) if is_canonical else grads
+        loss, clipped, grads = grads_of(state.params, x, y)
         params, opt_state = apply_update(optimizer, clipped, state.opt_state, state.params)
         metrics = {"loss": loss, "grads": grads} if return_grads else {"loss": loss}
         return TrainState(params, opt_state), metrics

@@ -25,9 +25,8 @@ from .. import canonical, canonical_bn
 from ..core.reduction import resolve_shards
 from ..devices import AXIS, replicated
 from .common import to_numpy
-from .zero import unpad
-
-SHARDED_PARAMS = ("zero3",)  # the train state holds flat shards: gathered for the forward
+from .zero import layout as zero_layout
+from .zero.flat import unpad
 
 
 def plain_advance(problem, params, state, x, accum: int):
@@ -59,15 +58,15 @@ def make(name: str, problem, mesh, accum: int, opts=None):
         return jax.jit(lambda params, state, x: advance(problem, params, state, x, accum),
                        compiler_options=compiler_options)
     shapes = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), problem.params)
+    layout = zero_layout.of(name)  # sharded parameters (zero3): flat shards, gathered for the forward
 
     def device(params, state, x):
-        if name in SHARDED_PARAMS:
+        if layout.shards_params:
             params = jax.tree.map(lambda s, like: unpad(lax.all_gather(s, AXIS, tiled=True), like), params, shapes)
         state = advance(problem, params, state, x, accum)
         return state if is_canonical else jax.tree.map(from_root, state)  # canonical: equal everywhere
 
-    param_spec = P(AXIS) if name in SHARDED_PARAMS else P()
-    return jax.jit(jax.shard_map(device, mesh=mesh, in_specs=(param_spec, P(), P(AXIS)), out_specs=P(),
+    return jax.jit(jax.shard_map(device, mesh=mesh, in_specs=(layout.param_spec, P(), P(AXIS)), out_specs=P(),
                                  check_vma=False), compiler_options=compiler_options)
 
 

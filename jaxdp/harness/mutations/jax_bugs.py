@@ -43,7 +43,7 @@ def clip_shard_norm():
                               out_specs=(specs(params), specs(opt_state)), check_vma=False)
         return local(grads, opt_state, params)
 
-    return [(zero, "apply_global_update", shard_local)]
+    return [(zero.flat, "apply_global_update", shard_local)]
 
 
 def accum_k_minus_1():

@@ -110,16 +110,16 @@ def test_processes_that_do_not_divide_the_devices_fail_before_starting_any(capsy
     assert "started process" not in err
 
 
-NO_TORCH = "import sys; sys.modules['torch'] = None; from {module}.cli import main; sys.exit(main({argv!r}))"
+NO_TORCH = "import sys; sys.modules['torch'] = None; from {module} import main; sys.exit(main({argv!r}))"
 INSTALL_HINT = ("needs PyTorch, which is not installed: pip install -c constraints-cpu.txt -e '.[torch]' "
                 "(in a clone of jaxdp), or pip install 'jaxdp[torch]'\n")
 
 
 @pytest.mark.parametrize("module,argv,prefix", [
-    ("jaxdp", ["compare", "--out", "{tmp}"], "jaxdp: error: jaxdp compare "),
-    ("jaxdp", ["parity", "--strategies", "ddp"], "jaxdp: error: jaxdp parity "),
-    ("jaxdp", ["bench", "--quick", "--out", "{tmp}"], "jaxdp: error: jaxdp bench "),
-    ("torch_ref", ["train", "--steps", "1"], "torch_ref: error: python -m torch_ref ")])
+    ("jaxdp.harness.cli", ["compare", "--out", "{tmp}"], "jaxdp: error: jaxdp compare "),
+    ("jaxdp.harness.cli", ["parity", "--strategies", "ddp"], "jaxdp: error: jaxdp parity "),
+    ("jaxdp.harness.cli", ["bench", "--quick", "--out", "{tmp}"], "jaxdp: error: jaxdp bench "),
+    ("jaxdp.harness.torch_cli", ["train", "--steps", "1"], "torch_ref: error: python -m torch_ref ")])
 def test_commands_that_need_torch_say_which_extra_to_install(module, argv, prefix, tmp_path):
     """Run as if torch were not installed (an import of it fails): one line, no traceback."""
     argv = [a.format(tmp=tmp_path) for a in argv]

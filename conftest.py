@@ -45,17 +45,37 @@ TORCH_WORLD_FILES = {f"tests/{name}.py" for name in ("test_cnn", "test_gpt2", "t
 PARITY_FILES = {f"parity_tests/{name}.py" for name in ("test_cli", "test_parity")}
 
 
+# The longest units first (their summed durations, measured with --durations), so that no long unit
+# starts last on one worker while the other idles: xdist's own order (most tests first) handed out
+# test_bench (3 tests, 90 s) and test_multiprocess (80 s) at the end. Units not named: after these.
+LONGEST_FIRST = ("torch-worlds", "parity", "tests/test_canonical.py", "tests/test_zero.py",
+                 "tests/test_torch_accounting.py", "tests/test_torch_launch.py", "tests/test_zero3_compiled.py",
+                 "tests/test_bench.py", "tests/test_multiprocess.py", "tests/test_mutations.py",
+                 "tests/test_torch_checkpoint.py", "tests/test_checkpoint.py", "tests/test_torch_canonical.py")
+
+
+def unit_of(nodeid: str) -> str:
+    """The xdist work unit of a test: its file, except the two groups of files that share caches."""
+    path = nodeid.split("::", 1)[0]
+    if path in TORCH_WORLD_FILES:
+        return "torch-worlds"
+    return "parity" if path in PARITY_FILES else path
+
+
+def pytest_collection_modifyitems(config, items):
+    """The collection in LONGEST_FIRST's order of units (stable: within a unit, as collected)."""
+    rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(unit_of(item.nodeid), len(rank)))
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadfile`, except that TORCH_WORLD_FILES are one unit and PARITY_FILES another (the other
-    files: one unit each)."""
+    """`--dist loadfile` over `unit_of`'s units, handed out in the collection's order (LONGEST_FIRST)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class Scheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid):
-            path = nodeid.split("::", 1)[0]
-            if path in TORCH_WORLD_FILES:
-                return "torch-worlds"
-            return "parity" if path in PARITY_FILES else path
+            return unit_of(nodeid)
 
+    config.option.loadscopereorder = False  # xdist's default orders units by their number of tests
     return Scheduling(config, log)

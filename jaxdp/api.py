@@ -102,7 +102,7 @@ def parallelize(loss_fn, params, optimizer, *, strategy: str, devices=None, mesh
     steps, but the step's peak is about zero2's. Give an NNX module `unit_specs()` to shard by layer.
     """
     loss = strategy_options.pop("loss", None)
-    name = strategies.canonical(strategy)
+    name = strategies.resolve(strategy)
     opts = strategies.options(name, accum, **strategy_options)
     problem = _problem(loss_fn, params, loss)
     mesh = _mesh(name, devices, mesh)

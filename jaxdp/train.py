@@ -42,7 +42,7 @@ def prepare(cfg: RunConfig, return_grads: bool = False, distributed: devices_mod
     with jax.default_device(jax.local_devices(backend="cpu")[0]):
         model = models.build(cfg, dataset)
     optimizer = optim.for_config(cfg)
-    options = {k: getattr(cfg, k) for k in strategies.OPTIONS[strategies.canonical(cfg.strategy)]}
+    options = {k: getattr(cfg, k) for k in strategies.OPTIONS[strategies.resolve(cfg.strategy)]}
     if cfg.reduction == "canonical":  # the clip is the strategy's (the canonical norm), not the chain's
         optimizer = optim.make(cfg.optimizer, cfg.lr, cfg.weight_decay)
         options |= {"reduction": "canonical", "shards": cfg.shards, "clip_norm": cfg.clip_norm}

@@ -52,7 +52,7 @@ def parallelize(model: torch.nn.Module, *, strategy: str, optimizer: Callable, a
     if hasattr(model, _STATE):
         raise ConfigError("this model was already parallelized; parallelize a fresh model, or keep using the "
                           "(model, optimizer) that parallelize returned")
-    name = strategies.canonical(strategy)
+    name = strategies.resolve(strategy)
     if not isinstance(accum, int) or isinstance(accum, bool) or accum < 1:
         raise ConfigError(f"accum must be a positive int (micro-batches per step), got {accum!r}")
     if not callable(optimizer):

@@ -70,7 +70,7 @@ def stats_inputs(name: str, full_params, state, x_placed, host, mesh):
     return state.params, x_placed
 
 
-def canonical(name: str) -> str:
+def resolve(name: str) -> str:
     """`name` with its alias resolved (`fsdp` -> `zero3`); an unknown name is one line listing the valid."""
     name = ALIASES.get(name, name)
     if name not in FACTORIES:
@@ -80,7 +80,7 @@ def canonical(name: str) -> str:
 
 def options(name: str, accum: int = 1, **given) -> StrategyOptions:
     """The options of strategy `name`: `given` checked against the ones it reads."""
-    name = canonical(name)
+    name = resolve(name)
     unknown = sorted(set(given) - set(OPTIONS[name]) - set(REDUCTION_OPTIONS))
     if unknown:
         valid = ", ".join(OPTIONS[name]) or "none"
@@ -98,8 +98,8 @@ def options(name: str, accum: int = 1, **given) -> StrategyOptions:
 
 
 def make(name, problem, optimizer, mesh, opts: StrategyOptions, return_grads=True) -> Strategy:
-    return FACTORIES[canonical(name)](problem, optimizer, mesh, opts, return_grads=return_grads)
+    return FACTORIES[resolve(name)](problem, optimizer, mesh, opts, return_grads=return_grads)
 
 
 __all__ = ["FACTORIES", "HOST_FULL", "ONE_DEVICE", "OPTIONS", "REDUCTION_OPTIONS", "STATS_INPUTS", "Strategy",
-           "StrategyOptions", "TrainState", "canonical", "host_full", "make", "options", "stats_inputs"]
+           "StrategyOptions", "TrainState", "host_full", "make", "options", "resolve", "stats_inputs"]

@@ -31,7 +31,7 @@ OPTIONS = {name: () for name in FACTORIES} | {
 }
 
 
-def canonical(name: str) -> str:
+def resolve(name: str) -> str:
     """`name` with aliases resolved (fsdp -> zero3); an unknown name is an error listing the valid ones."""
     name = ALIASES.get(name, name)
     if name not in FACTORIES:
@@ -43,7 +43,7 @@ def build(name: str, model, optimizer, accum: int = 1, reduction: str = "native"
           **options) -> Strategy:
     """Wrap `model` for strategy `name` with the optimizer factory `optimizer`; every rank calls it.
     `reduction="canonical"`: the strategy's step is the canonical one (`canonical_step.Canonical`)."""
-    name = canonical(name)
+    name = resolve(name)
     unknown = sorted(set(options) - set(OPTIONS[name]))
     if unknown:
         takes = ", ".join(OPTIONS[name]) or "none"
@@ -57,7 +57,7 @@ def build(name: str, model, optimizer, accum: int = 1, reduction: str = "native"
 def options_of(cfg) -> dict:
     """The strategy options of a RunConfig (`--bucket-mb`, `--reshard-after-forward`)."""
     values = {"bucket_mb": cfg.bucket_mb, "reshard_after_forward": cfg.reshard_after_forward}
-    return {k: values[k] for k in OPTIONS[canonical(cfg.strategy)] if k in values}
+    return {k: values[k] for k in OPTIONS[resolve(cfg.strategy)] if k in values}
 
 
-__all__ = ["FACTORIES", "OPTIONS", "Options", "Strategy", "build", "canonical", "options_of"]
+__all__ = ["FACTORIES", "OPTIONS", "Options", "Strategy", "build", "options_of", "resolve"]

@@ -52,8 +52,6 @@ class OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         spec = importlib.util.find_spec(new)
         if spec is None:
             return None
-        if fullname.endswith(".__main__"):  # `python -m old.path`: runpy runs the file's code itself
-            return importlib.util.spec_from_file_location(fullname, spec.origin)
         alias = importlib.util.spec_from_loader(fullname, self, is_package=spec.submodule_search_locations is not None)
         alias.loader_state = new
         return alias
@@ -65,6 +63,12 @@ class OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module):
         module.__spec__ = module.__spec__.loader_state  # the import system set the old name's spec: undo it
+
+    def get_code(self, fullname):
+        """`python -m old.path` (runpy asks for the code to run as __main__): code that runs the module
+        at its new path as __main__, so that its relative imports resolve in its real package."""
+        return compile(f"import runpy\nrunpy.run_module({new_name(fullname)!r}, run_name='__main__', alter_sys=True)\n",
+                       fullname, "exec")
 
 
 def install() -> None:

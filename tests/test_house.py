@@ -141,3 +141,13 @@ def test_jaxdp_trains_without_torch():
 def test_the_readme_map_lists_every_module():
     done = subprocess.run([sys.executable, ".ci/layout.py", "--check"], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_old_module_paths_import_and_run_as_the_moved_modules():
+    out = run_python("import jaxdp.parity as old, jaxdp.harness.parity as new, jaxdp.trace as t; "
+                     "print(old is new, t.Recorder.__module__, old.__spec__.name)")
+    assert out.split() == ["True", "jaxdp.core.recorder", "jaxdp.harness.parity"]
+    for module in ("jaxdp.mutations", "jaxdp.mutations.limits"):  # python -m with an old path (docs name them)
+        done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0 and done.stdout.startswith(f"usage: python -m {module}"), done.stderr[-2000:]

@@ -102,6 +102,12 @@ def jax_run(args, name, init, data, path):
 
 
 # ---- torch --------------------------------------------------------------------------------------------
+def torch_ranks(rank, world, args, names, data, paths):
+    """One rank of the torch world: each model in turn (one world for all, its start paid once)."""
+    for name, path in zip(names, paths, strict=True):
+        torch_rank(rank, world, args, name, data, path)
+
+
 def torch_rank(rank, world, args, name, data, path):
     """One rank: the transformers model itself, parallelized, trained and recorded in Flax names."""
     import torch
@@ -137,22 +143,21 @@ def plant_bug(model, name):
 
 
 # ---- both, and the diff ---------------------------------------------------------------------------------
-def port(args, name) -> bool:
-    """Convert, train both sides, diff; print what a user reads. True when the runs agree."""
+def paths(args, name) -> tuple[str, str]:
+    return tuple(os.path.join(args.out, f"{name}-{f}.npz") for f in ("torch", "jax"))
+
+
+def report(args, name) -> bool:
+    """The diff of one model's two runs, printed as `jaxdp diff` prints it. True when they agree."""
     from jaxdp.core import trace
     from jaxdp.harness import cli_diff, divergence
-    from torch_ref import convert, launch
 
-    init = convert.to_flax(hf_model(name), strip_prefix=PREFIX[name])  # no map: names and layouts by rule
-    jax_path, torch_path = (os.path.join(args.out, f"{name}-{f}.npz") for f in ("jax", "torch"))
-    data = batches(args.steps, args.batch_size)
-    jax_run(args, name, init, data, jax_path)
-    launch.launch(torch_rank, args.devices, args, name, data, torch_path, platform="cpu", timeout_s=300)
-    report = divergence.compare(trace.load(torch_path), trace.load(jax_path))
+    torch_path, jax_path = paths(args, name)
+    diff = divergence.compare(trace.load(torch_path), trace.load(jax_path))
     print(f"== {name} ({DTYPE[name]}, {args.strategy}, N = {args.devices}, {args.steps} steps): "
-          f"transformers in torch_ref (A) against jaxdp.models.{'GPT2' if name == 'gpt2' else 'Llama'} (B)")
-    print(cli_diff.text(report))
-    return report.ok
+          f"transformers' model in torch_ref (A) against jaxdp.models.{'GPT2' if name == 'gpt2' else 'Llama'} (B)")
+    print(cli_diff.text(diff))
+    return diff.ok
 
 
 def main():
@@ -183,8 +188,15 @@ def main():
 
     jax.config.update("jax_enable_x64", True)
     jaxdp.setup_devices(args.devices, "cpu")
+    from torch_ref import convert, launch
+
     names = ("gpt2", "llama") if args.model == "both" else (args.model,)
-    ok = [port(args, name) for name in names]
+    data = batches(args.steps, args.batch_size)
+    for name in names:  # no map: names and layouts by convert's rules
+        jax_run(args, name, convert.to_flax(hf_model(name), strip_prefix=PREFIX[name]), data, paths(args, name)[1])
+    launch.launch(torch_ranks, args.devices, args, names, data, [paths(args, n)[0] for n in names],
+                  platform="cpu", timeout_s=600)
+    ok = [report(args, name) for name in names]
     return 0 if all(ok) else 1
 
 

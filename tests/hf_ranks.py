@@ -1,0 +1,83 @@
+"""The rank side of tests/test_hf_models.py: transformers' own models, built from tiny configs (nothing
+downloaded), trained through torch_ref's library API (`parallelize`, `train_step`) and recorded with
+`torch_ref.trace.Recorder(..., strip_prefix=...)`, with no name map and no units given. Nothing
+here asserts: the test module does.
+
+The three models carry the traps of models as libraries write them: GPT-2's fused qkv (transformers'
+`Conv1D`, weight [in, out]) whose key bias has a gradient that is zero in exact arithmetic, and its
+head tied to the token embedding; Llama's grouped-query attention, rotary positions (a non-persistent
+`inv_freq` buffer), RMSNorm and untied head; BERT's tied decoder weight *and* bias (the bias reachable
+under two module paths), and token-type and position embedding rows that never receive a gradient.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+VOCAB, SEQ, BATCH, STEPS = 64, 8, 8, 3
+LR, WEIGHT_DECAY = 1e-2, 0.01
+MODELS = ("gpt2", "llama", "bert")
+PREFIX = {"gpt2": "transformer.", "llama": "model.", "bert": "bert."}
+# The strategies per world size: zero3 everywhere (FSDP2 with the default units: the shared-parameter
+# case), and the others spread over N = 2 and 4.
+STRATEGIES = {1: ("zero3",), 2: ("ddp", "zero3"), 4: ("zero2", "zero3")}
+
+
+def hf_model(name: str) -> torch.nn.Module:
+    """A tiny transformers model in float64, eager attention, no dropout, the same weights every call."""
+    import transformers as hf
+
+    torch.manual_seed(0)
+    small = dict(vocab_size=VOCAB, attn_implementation="eager")
+    if name == "gpt2":
+        model = hf.GPT2LMHeadModel(hf.GPT2Config(n_positions=SEQ, n_embd=16, n_layer=2, n_head=2, resid_pdrop=0.0,
+                                                 embd_pdrop=0.0, attn_pdrop=0.0, **small))
+    elif name == "llama":
+        model = hf.LlamaForCausalLM(hf.LlamaConfig(max_position_embeddings=SEQ, hidden_size=16, num_hidden_layers=2,
+                                                   num_attention_heads=4, num_key_value_heads=2,
+                                                   intermediate_size=32, **small))
+    else:
+        model = hf.BertForMaskedLM(hf.BertConfig(max_position_embeddings=2 * SEQ, hidden_size=16, num_hidden_layers=2,
+                                                 num_attention_heads=2, intermediate_size=32, hidden_dropout_prob=0.0,
+                                                 attention_probs_dropout_prob=0.0, **small))
+    return model.double()
+
+
+def batch(k: int):
+    """Step k's global batch: tokens and the tokens shifted by one (BERT, too, learns to predict them)."""
+    tokens = np.random.default_rng(k).integers(0, VOCAB, size=(BATCH, SEQ + 1))
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def loss_fn(out, y):
+    """transformers returns an output object; its logits are [batch, seq, vocab]."""
+    return F.cross_entropy(out.logits.flatten(0, 1), y.flatten())
+
+
+def meta(name: str, strategy: str, n: int) -> dict:
+    return {"model": f"hf-{name}", "dtype": "float64", "strategy": strategy, "devices": n, "steps": STEPS,
+            "optimizer": "adamw", "lr": LR, "weight_decay": WEIGHT_DECAY, "clip_norm": 0.0}
+
+
+def record(name: str, strategy: str, rank: int, n: int) -> dict:
+    """One run; rank 0's trace arrays (the others: {})."""
+    import torch_ref
+
+    model, optimizer = torch_ref.parallelize(
+        hf_model(name), strategy=strategy,
+        optimizer=lambda ps: torch.optim.AdamW(ps, lr=LR, weight_decay=WEIGHT_DECAY))
+    rows = slice(rank * BATCH // n, (rank + 1) * BATCH // n)
+    with torch_ref.trace.Recorder(None, meta(name, strategy, n), model, strip_prefix=PREFIX[name]) as rec:
+        rec.init()
+        for k in range(1, STEPS + 1):
+            x, y = batch(k)
+            loss = torch_ref.train_step(model, optimizer, torch.from_numpy(x[rows]), torch.from_numpy(y[rows]),
+                                        loss_fn)
+            rec.step(k, loss, x, y)
+    return rec.arrays
+
+
+def run_cases(rank: int, n: int) -> dict:
+    """Every model under every strategy of world size n: {(model, strategy): arrays}."""
+    return {(name, s): record(name, s, rank, n) for name in MODELS for s in STRATEGIES[n]}

@@ -43,7 +43,7 @@ def shapes(tree) -> dict:
 
 def test_hf_gpt2_converts_to_jaxdp_gpt2_names_and_shapes():
     model = hf_gpt2()
-    want = shapes(nnx.to_pure_dict(nnx.state(jax_model(), nnx.Param)))
+    want = shapes(nnx.to_pure_dict(nnx.state(jax_model())))  # all its state: parameters only
     assert shapes(convert.to_flax(model, strip_prefix="transformer.")) == want
     names = convert.flax_names(model, strip_prefix="transformer.")
     assert "lm_head.weight" not in names and names["transformer.wte.weight"] == "wte/embedding"  # tied: once

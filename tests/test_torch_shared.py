@@ -34,12 +34,22 @@ def test_zero3_with_shared_parameters_equals_single(name):
         assert "init/wte/embedding" in got["zero3"] and not any("lm_head" in k for k in got["zero3"])
 
 
-def test_default_units_are_the_decoder_layers_and_leave_shared_parameters_to_the_root():
-    pytest.importorskip("transformers")
+def test_default_units_of_model_library_models_are_their_decoder_layers():
+    transformers = pytest.importorskip("transformers")
     model = hf_gpt2()
     assert zero3.units_of(model) == [[model.transformer.h[0]], [model.transformer.h[1]]]
     children = [[child] for child in model.children()]  # the old default: FSDP2 refuses it at the first step
     assert any(len(g) > 1 for g in units.groups_of(model, children).values())
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, hidden_size=8, intermediate_size=16,
+        vocab_size=16, max_position_embeddings=8))
+    assert zero3.units_of(llama) == [[layer] for layer in llama.model.layers]
+    bert = transformers.BertModel(transformers.BertConfig(vocab_size=16, hidden_size=8, num_hidden_layers=2,
+                                                          num_attention_heads=2, intermediate_size=16))
+    assert zero3.units_of(bert) == [[layer] for layer in bert.encoder.layer]
+
+
+def test_default_units_leave_shared_parameters_to_the_root():
     net = shared_blocks()
     got = zero3.units_of(net)
     assert got == [[net.blocks[0].norm], [net.blocks[1].norm]]  # each block without the fc sharing a weight

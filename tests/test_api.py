@@ -18,6 +18,7 @@ import jaxdp
 from jaxdp import devices as jaxdp_devices
 from jaxdp.core.config import ConfigError
 from jaxdp.harness import mutations
+from jaxdp.models import from_module, units
 from jaxdp.optax_check import ShapeDependentOptimizer, check_elementwise
 
 FEATURES, HIDDEN, OUT, ROWS, STEPS = 5, 7, 3, 36, 3  # 36 rows: N in {1, 2, 3} x accum in {1, 3} divide it
@@ -219,3 +220,34 @@ def test_setup_devices_in_a_fresh_process_and_its_error_once_jax_started():
     lines = out.stdout.splitlines()
     assert out.returncode == 0 and lines[0] == "3 Recorder", out.stderr
     assert lines[1].startswith("DeviceError --devices 5: JAX was already initialised with 3 CPU device(s)"), lines
+
+
+class SharedSpecs(nnx.Module):
+    """`a` used twice (its unit specs list it in two units, or, `mode` given, inconsistently)."""
+
+    def __init__(self, mode: str = "shared"):
+        self.a, self.b, self.mode = nnx.Linear(3, 3, rngs=nnx.Rngs(0)), nnx.Linear(3, 2, rngs=nnx.Rngs(1)), mode
+        if mode == "alias":
+            self.c = self.a  # one module at two attributes: nnx.state names it 'a' only
+
+    def unit_specs(self):
+        second = {"shared": ("a",), "inside": ("a", "kernel"), "alias": ("c",)}[self.mode]
+        return [units.UnitSpec("first", (("a",),), lambda m, x: m(x)),
+                units.UnitSpec("again", (second,), lambda m, x: x), units.UnitSpec("b", (("b",),), lambda m, x: m(x))]
+
+    def __call__(self, x):
+        return units.run(self, x)
+
+
+@pytest.mark.parametrize(("mode", "message"), [
+    ("inside", "SharedSpecs.unit_specs(): unit 'first' lists 'a' and unit 'again' 'a/kernel' inside it; a parameter "
+               "shared by units must be listed by the same path in each (it goes to the root)"),
+    ("alias", "SharedSpecs.unit_specs(): unit 'again' lists 'c', which is not in nnx.state(SharedSpecs)"),
+])
+def test_unit_specs_sharing_a_parameter_inconsistently_are_one_line(mode, message):
+    problem = from_module(SharedSpecs(), lambda out, y: jnp.mean(out))  # listed by the same path: the root's
+    assert units.shared_paths(problem.units) == (("a",),)
+    with pytest.raises(ConfigError) as e:
+        jaxdp.parallelize(SharedSpecs(mode), None, optax.sgd(0.1), strategy="zero3", devices=1,
+                          loss=lambda out, y: jnp.mean(out))
+    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)

@@ -254,3 +254,31 @@ def test_fsdp2_shards_load_and_gather_exactly():
     for back, _ in per_rank:
         assert_same_tree(back, params)
     assert per_rank[0][1]["convs.1.weight"] == per_rank[1][1]["convs.1.weight"] == 4 * 4 * 3 * 3 // 2  # sharded
+
+
+class Tied(nn.Module):
+    """A tied weight (`head.weight` is `body.embed.weight`), a non-persistent buffer, an unknown layer."""
+
+    def __init__(self, odd: bool = False):
+        super().__init__()
+        self.body = nn.ModuleDict({"embed": nn.Embedding(5, 3), "norm": nn.LayerNorm(3)})
+        self.head = nn.Linear(3, 5, bias=False)
+        self.head.weight = self.body.embed.weight
+        self.body.norm.register_buffer("cache", torch.zeros(3), persistent=False)
+        self.odd = nn.Bilinear(2, 2, 1) if odd else None
+
+
+def test_tied_weights_are_named_once_and_non_persistent_buffers_ignored():
+    model = Tied()
+    names = convert.flax_names(model, strip_prefix="body.")
+    assert names == {"body.embed.weight": "embed/embedding", "body.norm.weight": "norm/scale",
+                     "body.norm.bias": "norm/bias"}  # not head/kernel: the tied weight by its first path
+    state = model.state_dict()  # both paths of the tied weight
+    assert list(convert.tensors_to_flax(model, state, strip_prefix="body.")) == list(names.values())
+    renamed = convert.flax_names(model, names={"head.weight": "wte"})  # an alias names the same tensor
+    assert renamed["body.embed.weight"] == "wte" and "head.weight" not in renamed
+    assert convert.flax_names(model, names={"body.norm.cache": "c"})["body.norm.cache"] == "c"  # only if asked
+    with pytest.raises(convert.ConvertError, match=r"^2 tensor.*'odd.weight' \(Bilinear has no rule\).*'odd.bias'"):
+        convert.flax_names(Tied(odd=True))  # an unknown layer: one error listing every tensor
+    with pytest.raises(convert.ConvertError, match=r"strip_prefix='body' is not a module path ending in '.'"):
+        convert.to_flax(model, strip_prefix="body")

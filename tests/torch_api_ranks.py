@@ -12,6 +12,8 @@ import torch_ref
 from jaxdp.core.config import FRAMEWORK_STRATEGIES
 from torch_ref.trace import Recorder
 
+from . import torch_shared_ranks
+
 BATCH, FEATURES, HIDDEN, CLASSES, STEPS = 18, 5, 7, 3, 3  # 18 rows: N x accum divide it for N <= 3
 DIMENSIONS = {"strategy": list(FRAMEWORK_STRATEGIES["torch"]), "devices": [1, 2, 3], "accum": [1, 3],
               "optimizer": ["momentum", "adamw"], "clip_norm": [0.0, 0.2]}
@@ -77,6 +79,8 @@ def run_cases(rank: int, n: int, path: str) -> dict:
     out = {case: train_case(rank, n, case, path if case == cases[0] else None) for case in cases}
     if n > 1:
         out["unequal_rows"] = unequal_rows(rank)
+    if n == 2:  # tests/test_torch_shared.py: shared parameters under zero3's default units
+        out["shared"] = torch_shared_ranks.run(rank, n)
     return out
 
 

@@ -27,16 +27,16 @@ class Recorder:
     """Records `init/<name>`, `step/<k>/{loss,x,y}`, `step/<k>/grad/<name>` and `step/<k>/param/<name>`,
     and the mapped buffers (BatchNorm's running statistics, rank 0's) as `state/<name>` before the
     first step and `step/<k>/state/<name>` after each, in Flax names and layout (`torch_ref.convert`:
-    by module path and layer type; `names=` overrides it as `convert.tensors_to_flax` takes it; an
-    unmapped parameter is an error here, at construction).
+    by module path and layer type; `names=` and `strip_prefix=` as `convert.tensors_to_flax` takes
+    them; an unmapped parameter is an error here, at construction).
     `path=None` keeps the arrays in memory (`arrays`, on rank 0) without writing. `meta` is written
     as given, with `framework: torch` added when absent."""
 
-    def __init__(self, path, meta: dict, model, names=None):
+    def __init__(self, path, meta: dict, model, names=None, strip_prefix: str = ""):
         self.par = api.state_of(model)  # a model parallelize did not return is an error naming the fix
         self.path, self.meta = path, {"framework": "torch", **meta}
-        self.names = names
-        convert.mapping(self.par.module, names)  # every parameter maps (else one error listing them)
+        self.names, self.strip_prefix = names, strip_prefix
+        convert.mapping(self.par.module, names, strip_prefix)  # every parameter maps (else one error listing them)
         self.writer = not dist.is_initialized() or dist.get_rank() == 0
         self.arrays: dict[str, np.ndarray] = {}
         self.par.return_grads = True  # train_step now keeps the averaged gradient for `step`
@@ -83,5 +83,5 @@ class Recorder:
 
     def _put(self, prefix: str, tensors: dict) -> None:
         if self.writer:
-            for name, value in convert.tensors_to_flax(self.par.module, tensors, self.names).items():
+            for name, value in convert.tensors_to_flax(self.par.module, tensors, self.names, self.strip_prefix).items():
                 self.arrays[f"{prefix}/{name}"] = value

@@ -100,6 +100,7 @@ def from_module(model: nnx.Module, loss: Callable) -> Problem:
     if not hasattr(model, "unit_specs"):
         return Problem(loss_fn, params, order, apply, (units.whole(loss_fn),), None, **with_state)
     pure = units.pure_units(model)
+    units.check_paths(pure, params, type(model).__name__)
     paths = list(dict.fromkeys(p for unit in pure for p in unit.paths))  # a tied one: listed by several units
     owned = flat_names([units.at(params, p) for p in paths])
     if len(owned) != len(order):

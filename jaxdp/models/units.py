@@ -15,6 +15,8 @@ from typing import NamedTuple
 
 from flax import nnx
 
+from ..core.errors import ConfigError
+
 
 class UnitSpec(NamedTuple):
     name: str                   # e.g. 'layers/0', 'embed', 'blocks/1', 'head'
@@ -70,6 +72,27 @@ def shared_paths(units) -> tuple[tuple, ...]:
     for all their uses, their summed gradient reduce-scattered once (`strategies/fsdp.py`)."""
     listed = [p for unit in units for p in unit.paths]
     return tuple(p for p in dict.fromkeys(listed) if listed.count(p) > 1)
+
+
+def check_paths(units, params, model: str) -> None:
+    """Every unit's paths name parameter subtrees, and a subtree used by several units is listed by the
+    same path in each (`shared_paths` gives it to the root): never one unit's path inside another's.
+    Otherwise one line naming the units, the paths and the fix."""
+    listed = [(unit.name, path) for unit in units for path in unit.paths]
+    for name, path in listed:
+        try:
+            at(params, path)
+        except (KeyError, IndexError, TypeError, AttributeError):
+            raise ConfigError(f"{model}.unit_specs(): unit {name!r} lists {'/'.join(map(str, path))!r}, which is not "
+                              f"in nnx.state({model}) (a module held at two places is named once, by its first path): "
+                              f"list the path nnx.state gives in every unit that uses it") from None
+    for name, path in listed:
+        for other, inner in listed:
+            if len(path) < len(inner) and inner[:len(path)] == path:
+                whole, part = "/".join(map(str, path)), "/".join(map(str, inner))
+                raise ConfigError(f"{model}.unit_specs(): unit {name!r} lists {whole!r} and unit {other!r} "
+                                  f"{part!r} inside it; a parameter shared by units must be listed by the same path "
+                                  f"in each (it goes to the root): list {whole!r} in both, or split it")
 
 
 def whole(loss_fn) -> Unit:

@@ -6,8 +6,10 @@ ceil(rows / N) rows, the last ones short or empty); jaxdp pads and shards each p
 The units are `units=` (submodules, or lists of submodules sharded as one group), by default jaxdp's
 for its models (`jaxdp.models.units`): each MLP layer; for the GPT the two embeddings as one group,
 each block, and the final LayerNorm with the head as one group; for the CNN each convolution with its
-BatchNorm, then the head (the root owns no parameter of its own); for any other model each direct
-child that owns parameters, then the root. Every parameter
+BatchNorm, then the head (the root owns no parameter of its own); for any other model each block of
+its outermost `nn.ModuleList`s (HF GPT-2's `transformer.h`, Llama's `model.layers`), else each direct
+child that owns parameters, then the root; a parameter shared by two units (a tied head) is left to
+the root, and `units=` that split one are an error (`units.py`). Every parameter
 becomes a DTensor sharded along dim 0 over a 1-D device mesh (a CPU mesh with gloo, a CUDA mesh with
 NCCL); parameters, gradients and optimizer state are all 1/N per rank. Each unit's parameters are
 all-gathered just before its forward and freed after it, and with `reshard_after_forward=True`
@@ -40,13 +42,15 @@ from jaxdp.core.config import ConfigError
 from .. import canonical as C
 from .. import canonical_bn, cnn, gpt2, models
 from . import canonical_step, common
+from . import units as shared_units
 from .common import Strategy, make_strategy
 
 
 def units_of(model) -> list[list]:
     """The groups FSDP shards one by one by default, in forward order: for jaxdp's models its units
     (the MLP's Linear layers; the GPT's embeddings, blocks, and final LayerNorm with the head); for
-    any other model each direct child that owns parameters."""
+    any other model each block of its `nn.ModuleList`s (a model library's decoder layers), else each
+    direct child that owns parameters, with every shared parameter left to the root (`units.py`)."""
     if isinstance(model, models.GPT):
         return [[model.tok_embed, model.pos_embed], *([b] for b in model.blocks), [model.ln_f, model.head]]
     if isinstance(model, gpt2.GPT2):  # the tied wte in no unit: the root's (gathered once per step)
@@ -55,17 +59,21 @@ def units_of(model) -> list[list]:
         return [[layer] for layer in model.layers]
     if isinstance(model, cnn.CNN):  # conv + BatchNorm as one group, twice, then the head
         return cnn.fsdp_units(model)
-    return [[child] for child in model.children() if any(True for _ in child.parameters())]
+    return shared_units.without_shared(model, shared_units.blocks(model))
 
 
 def apply_fsdp(model, reshard_after_forward: bool = True, units=None):
-    """fully_shard each unit (a submodule, or a list of submodules sharded as one group), then the root."""
-    units = [list(u) if isinstance(u, (list, tuple)) else [u] for u in (units_of(model) if units is None else units)]
+    """fully_shard each unit (a submodule, or a list of submodules sharded as one group), then the root.
+    Units given that split a shared parameter between groups are an error, before any collective."""
+    given = units is not None
+    units = [list(u) if isinstance(u, (list, tuple)) else [u] for u in (units if given else units_of(model))]
     own = {id(m) for m in model.modules()}
     foreign = [type(m).__name__ for unit in units for m in unit if id(m) not in own or m is model]
     if foreign:
         raise ConfigError(f"units= holds {', '.join(foreign)}, not a submodule of the model being parallelized; "
                           f"pass its own submodules (the root is sharded last by itself)")
+    if given:
+        shared_units.check_shared(model, units)
     device_type = next(model.parameters()).device.type
     mesh = init_device_mesh(device_type, (dist.get_world_size(),))
     for unit in units:

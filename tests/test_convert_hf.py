@@ -118,3 +118,19 @@ def test_bert_converts_and_its_id_buffers_are_not_state():
     assert convert.tensors_to_flax(model, buffers) == {}  # dropped, not an error
     named = convert.flax_names(model, names={"embeddings.position_ids": "pos_ids"})  # converted only if named
     assert named["embeddings.position_ids"] == "pos_ids"
+
+
+def test_bert_masked_lm_tied_decoder_bias_is_named_by_the_layer_that_uses_it():
+    """BertForMaskedLM ties the decoder's weight to the word embedding and its bias to the head's own
+    `cls.predictions.bias` (a parameter of a module without a rule, listed first): the bias is named
+    by its first path a rule maps, the decoder's, and a load keeps both ties."""
+    config = transformers.BertConfig(vocab_size=96, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64)
+    model = transformers.BertForMaskedLM(config)
+    names = convert.flax_names(model, strip_prefix="bert.")
+    assert names["cls.predictions.bias"] == "cls/predictions/decoder/bias"
+    assert "cls.predictions.decoder.weight" not in names  # the word embedding, named once
+    fresh = transformers.BertForMaskedLM(config)
+    convert.load_flax(fresh, convert.to_flax(model, strip_prefix="bert."), strip_prefix="bert.")
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values(), strict=True))
+    assert fresh.cls.predictions.decoder.bias is fresh.cls.predictions.bias

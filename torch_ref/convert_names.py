@@ -5,8 +5,8 @@ A tensor's Flax name is its module path with '/' for '.', the leaf and the layou
 such as transformers' `Conv1D` and `LlamaRMSNorm`). `strip_prefix` removes a module path from the
 front of every torch name that starts with it ('transformer.': `transformer.h.0.ln_1.weight` ->
 `h/0/ln_1/scale`). A tensor reachable under several module paths (a tied weight: `lm_head.weight` is
-`transformer.wte.weight`) is named once, by its first path in `named_parameters()` order; the other
-paths are aliases of it. Non-persistent buffers (`module._non_persistent_buffers_set`: rotary
+`transformer.wte.weight`) is named once: keyed by its first path in `named_parameters()` order (the
+other paths are aliases of it), its Flax name from its first path that a rule maps. Non-persistent buffers (`module._non_persistent_buffers_set`: rotary
 `inv_freq`, BERT's `position_ids`) are not state and are never converted unless `names=` names them.
 """
 from __future__ import annotations
@@ -110,20 +110,23 @@ def _flax_name(torch_name: str, flax_leaf: str, strip_prefix: str) -> str:
 
 
 def _by_rules(inner: nn.Module, strip_prefix: str) -> tuple[dict[str, Mapped], dict[str, str]]:
-    """{torch name: Mapped} from the rules, and {torch parameter name: why it has no Flax name}."""
+    """{torch name: Mapped} from the rules, and {torch parameter name: why it has no Flax name}. A tied
+    tensor is keyed by its first path and named by its first path that a rule maps (BERT's decoder bias
+    is first `cls.predictions.bias`, a parameter of a head without a rule, then `...decoder.bias`)."""
     first = {id(t): name for name, t in tensors_of(inner).items()}
     mapped, unknown = {}, {}
-    for mod_name, module in inner.named_modules():
+    for mod_name, module in inner.named_modules(remove_duplicate=False):
         rule, skip = rule_of(module), getattr(module, "_non_persistent_buffers_set", set())
         tensors = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
         for leaf, tensor in tensors:
-            name = f"{mod_name}.{leaf}" if mod_name else leaf
-            if first.get(id(tensor)) != name or leaf in skip:  # an alias (named once), or not state
+            name, path = first.get(id(tensor)), f"{mod_name}.{leaf}" if mod_name else leaf
+            if name is None or name in mapped or leaf in skip:  # named already, or not state
                 continue
             if leaf in rule:
                 flax_leaf, axes = rule[leaf]
-                mapped[name] = Mapped(_flax_name(name, flax_leaf, strip_prefix), axes(tensor))
-            elif isinstance(tensor, nn.Parameter):
+                mapped[name] = Mapped(_flax_name(path, flax_leaf, strip_prefix), axes(tensor))
+                unknown.pop(name, None)
+            elif isinstance(tensor, nn.Parameter) and name not in unknown:
                 kind = type(module).__name__
                 unknown[name] = f"torch {name!r} ({kind} {'has no rule' if not rule else f'has no {leaf!r}'})"
     return mapped, unknown

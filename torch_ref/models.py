@@ -1,5 +1,6 @@
-"""The torch mirrors of `jaxdp.models` (`mlp`, `gpt`; `gpt2`, `llama`, `cnn` in their own files), and the
-bridge to the Flax parameters.
+"""The torch mirrors of `jaxdp.models` (`mlp`, `gpt`), and the bridge to the Flax parameters.
+
+`build` also builds the twins that have their own files: gpt2.py, llama.py, cnn.py.
 
 The modules are registered in the Flax models' definition order, so `parameters()` follows
 `jaxdp.models.definition_order` (bucketed all-reduce relies on that order). They are initialised

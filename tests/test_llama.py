@@ -258,3 +258,15 @@ def test_llama3_8b_shape_has_its_published_parameter_count():
         vocab=m.vocab, seq_len=m.context, n_layer=m.n_layer, n_head=m.n_head, n_kv_head=m.n_kv_head,
         d_model=m.d_model, d_ff=m.d_ff, param_dtype=jnp.bfloat16, dtype=jnp.bfloat16, rngs=nnx.Rngs(0)))
     assert count(model) == references.params(m) == 8_030_261_248
+
+
+def test_a_checkpoint_record_from_before_the_llama_fields_still_resumes():
+    """A record saved before --n-kv-head and --d-ff existed lacks them: it reads as their defaults (0), so
+    it still resumes a run at the defaults, and not one that sets them."""
+    from jaxdp.core.record import CheckpointError, check_resumable
+
+    cfg = SMALL.replace(n_kv_head=0, d_ff=0, steps=4)
+    old = {k: v for k, v in cfg.to_dict().items() if k not in ("n_kv_head", "d_ff")}
+    check_resumable(old, 2, cfg, "ckpt")
+    with pytest.raises(CheckpointError, match="d_ff: checkpoint 0, run 64"):
+        check_resumable(old, 2, cfg.replace(d_ff=64), "ckpt")

@@ -100,7 +100,7 @@ def hf_in_float64(monkeypatch):
 
 def ours_and_hf(dtype, torch_dtype, **hf_kw):
     p, x = problem(dtype), tokens()
-    return np.asarray(p.apply(p.params, jnp.asarray(x))), hf_logits(p.params, x, torch_dtype, **hf_kw)
+    return np.asarray(jax.jit(p.apply)(p.params, x)), hf_logits(p.params, x, torch_dtype, **hf_kw)
 
 
 # ---- the architecture against transformers --------------------------------------------------------
@@ -166,8 +166,8 @@ def twin_logits_and_grads(p, x, y):
 
 def twin_errors():
     p, x, y = problem(), tokens(), tokens(seed=1)
-    logits = np.asarray(p.apply(p.params, jnp.asarray(x)))
-    grads = {k: np.asarray(v) for k, v in models.flat_names(jax.grad(p.loss_fn)(p.params, x, y)).items()}
+    logits = np.asarray(jax.jit(p.apply)(p.params, x))
+    grads = {k: np.asarray(v) for k, v in models.flat_names(jax.jit(jax.grad(p.loss_fn))(p.params, x, y)).items()}
     t_logits, t_grads = twin_logits_and_grads(p, x, y)
     assert t_grads.keys() == grads.keys()
     rel = max(np.abs(grads[k] - t_grads[k]).max() / np.abs(grads[k]).max() for k in grads)

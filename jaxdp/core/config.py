@@ -285,25 +285,6 @@ def from_args(args: argparse.Namespace, framework: str = "jax") -> RunConfig:
 
 # Fields that define *what* is computed; two traces are comparable when these agree.
 COMPARABLE_FIELDS = (
-    "model",
-    "data",
-    "steps",
-    "batch_size",
-    "accum",
-    "optimizer",
-    "lr",
-    "weight_decay",
-    "clip_norm",
-    "dtype",
-    "seed",
-    "hidden",
-    "channels",
-    "batchnorm",
-    "conv_bias",
-    "n_layer",
-    "n_head",
-    "n_kv_head",
-    "d_model",
-    "d_ff",
-    "seq_len",
+    "model", "data", "steps", "batch_size", "accum", "optimizer", "lr", "weight_decay", "clip_norm", "dtype", "seed",
+    "hidden", "channels", "batchnorm", "conv_bias", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff", "seq_len",
 )

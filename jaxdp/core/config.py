@@ -184,9 +184,7 @@ class RunConfig:
             raise ConfigError("data 'tokens' (vocabulary 50304) is for --model gpt2 or llama")
         if self.model == "mlp" and self.data == "text":
             raise ConfigError("data 'text' is for --model gpt; use --data synthetic or digits for mlp")
-        if self.model in ("gpt", "gpt2", "llama") and (self.n_head < 1 or self.d_model % self.n_head):
-            raise ConfigError(f"--d-model {self.d_model} must divide by --n-head {self.n_head}")
-        self._validate_llama()
+        self._validate_transformer()
         if self.model == "cnn" and self.data != "digits":
             raise ConfigError("model 'cnn' trains on 8x8 images: use --data digits")
         if len(self.channels) != 2:
@@ -201,7 +199,10 @@ class RunConfig:
             raise ConfigError("--lr and --bucket-mb must be positive; --weight-decay and --clip-norm non-negative")
         return self
 
-    def _validate_llama(self) -> None:
+    def _validate_transformer(self) -> None:
+        """gpt, gpt2, llama: the heads divide the width; llama's own flags (and only llama's)."""
+        if self.model in ("gpt", "gpt2", "llama") and (self.n_head < 1 or self.d_model % self.n_head):
+            raise ConfigError(f"--d-model {self.d_model} must divide by --n-head {self.n_head}")
         for name in ("n_kv_head", "d_ff"):
             flag, value = "--" + name.replace("_", "-"), getattr(self, name)
             if value and self.model != "llama":

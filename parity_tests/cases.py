@@ -38,7 +38,14 @@ CONV_BIAS = RunConfig(model="cnn", data="digits", channels=(4, 4), batchnorm="sy
 TRAPS = [("zero3", GPT2.replace(devices=4)), ("ddp", GPT2.replace(devices=4, dtype="float32")),
          ("zero2", CONV_BIAS.replace(devices=4)), ("zero1", CONV_BIAS.replace(devices=2, dtype="float32"))]
 TRAP_SINGLES = list(dict.fromkeys(("single", c.replace(devices=1)) for _, c in TRAPS))
-ALL = FLOAT64 + SINGLE + GPT64 + FLOAT32 + BF16 + TRAPS + TRAP_SINGLES
+# llama (grouped-query attention, rotary, SwiGLU, untied head) with AdamW and accumulation: zero3 on 4 (its
+# units: embedding, the layer, norm + head) and ddp on 2, each against its own single and across (float64).
+LLAMA = RunConfig(model="llama", data="text", n_layer=1, n_head=4, n_kv_head=2, d_model=16, d_ff=24, seq_len=8,
+                  batch_size=12, steps=3, accum=3, optimizer="adamw", lr=1e-2, weight_decay=0.1, clip_norm=0.5,
+                  dtype="float64", seed=11)
+LLAMA_CASES = [("zero3", LLAMA.replace(devices=4)), ("ddp", LLAMA.replace(devices=2))]
+LLAMA_SINGLE = [("single", LLAMA.replace(devices=1))]
+ALL = FLOAT64 + SINGLE + GPT64 + FLOAT32 + BF16 + TRAPS + TRAP_SINGLES + LLAMA_CASES + LLAMA_SINGLE
 
 
 def sides(label: str, cfg: RunConfig) -> tuple[RunConfig, RunConfig]:

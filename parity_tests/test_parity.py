@@ -9,7 +9,7 @@ from jaxdp.core import trace
 from jaxdp.harness import parity
 from tests.helpers import as_trace, with_grads, with_update, with_value
 
-from .cases import BF16, DIMENSIONS, FLOAT32, FLOAT64, GPT64, SINGLE, TRAPS
+from .cases import BF16, DIMENSIONS, FLOAT32, FLOAT64, GPT64, LLAMA_CASES, SINGLE, TRAPS
 from .conftest import compare, jax_run, sides, torch_runs
 
 
@@ -146,6 +146,19 @@ def test_roundoff_only_gradients_pass_in_both_frameworks_and_across(case):
         row = parity.judge(a, b, sides=(a.meta["framework"], b.meta["framework"]))
         assert_ok(row)
         assert row.relaxed, "no tensor needed the error model: the case lost its trap"
+
+
+@pytest.mark.parametrize("case", LLAMA_CASES, ids=case_id)
+def test_llama_strategy_equals_single_in_both_frameworks_and_across(case):
+    """`--model llama`, float64, AdamW, accum 3: the strategy against single in jaxdp and in torch_ref,
+    and jaxdp against torch_ref, all within float64's parity bounds (1e-12)."""
+    label, cfg = case
+    jcfg, tcfg = sides(label, cfg)
+    j, t = as_trace(jax_run(jcfg)), as_trace(torch_runs()[tcfg])
+    js, ts = (as_trace(r) for r in (jax_run(single_of(jcfg).replace(strategy="single")),
+                                    torch_runs()[single_of(cfg).replace(strategy="single")]))
+    for a, b in ((j, js), (t, ts), (j, t), (js, ts)):
+        assert_ok(parity.judge(a, b, sides=(a.meta["framework"], b.meta["framework"])))
 
 
 def test_without_the_error_model_the_honest_traps_would_fail(monkeypatch):

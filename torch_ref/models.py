@@ -1,5 +1,7 @@
 """The torch mirrors of `jaxdp.models` (`mlp`, `gpt`), and the bridge to the Flax parameters.
 
+`build` also builds the twins that have their own files: gpt2.py, llama.py, cnn.py.
+
 The modules are registered in the Flax models' definition order, so `parameters()` follows
 `jaxdp.models.definition_order` (bucketed all-reduce relies on that order). They are initialised
 from the JAX side's parameters (`load_flax`), never from torch's own init, so both frameworks start
@@ -18,6 +20,7 @@ from torch import nn
 
 from . import convert
 from .gpt2 import GPT2
+from .llama import Llama
 
 LN_EPS = 1e-5  # as jaxdp/models/gpt.py and torch.nn.LayerNorm
 MASTER_DTYPE = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.float32}
@@ -124,8 +127,11 @@ def build(cfg, dataset) -> nn.Module:
     elif cfg.model == "gpt2":
         model = GPT2(vocab=dataset.n_classes, seq_len=cfg.seq_len, n_layer=cfg.n_layer, n_head=cfg.n_head,
                      d_model=cfg.d_model)
+    elif cfg.model == "llama":
+        model = Llama(vocab=dataset.n_classes, seq_len=cfg.seq_len, n_layer=cfg.n_layer, n_head=cfg.n_head,
+                      n_kv_head=cfg.kv_heads(), d_model=cfg.d_model, d_ff=cfg.ffn_width())
     else:
-        raise ValueError(f"unknown model {cfg.model!r}; valid: mlp, gpt, cnn, gpt2")
+        raise ValueError(f"unknown model {cfg.model!r}; valid: mlp, gpt, cnn, gpt2, llama")
     return model.to(MASTER_DTYPE[cfg.dtype])
 
 

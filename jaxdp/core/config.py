@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from .errors import ConfigError
 from .reduction import REDUCTIONS, resolve_shards
 
-MODELS = ("mlp", "gpt", "cnn", "gpt2")
+MODELS = ("mlp", "gpt", "cnn", "gpt2", "llama")
 DATASETS = ("synthetic", "digits", "text", "tokens")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 DTYPES = ("float64", "float32", "bfloat16")
@@ -39,6 +39,12 @@ def require_torch(command: str) -> None:
             f"{command} needs PyTorch, which is not installed: pip install -c constraints-cpu.txt -e '.[torch]' "
             f"(in a clone of jaxdp), or pip install 'jaxdp[torch]'"
         )
+
+
+def llama_d_ff(d_model: int, multiple_of: int = 256) -> int:
+    """Meta's reference SwiGLU width: int(2 x 4 d_model / 3) rounded up to a multiple of 256 (11008 at 4096)."""
+    hidden = int(2 * 4 * d_model / 3)
+    return multiple_of * -(-hidden // multiple_of)
 
 
 def _flag(default, help, choices=None, type=None):
@@ -98,10 +104,13 @@ class RunConfig:
         False, "cnn: a bias in each convolution, before its BatchNorm (as many models write it; the mean "
         "subtraction cancels it, so its gradient is roundoff only)", type=_bool_text)
     bucket_mb: float = _flag(25.0, "ddp-bucket: bucket capacity in MB (2**20 bytes)")
-    n_layer: int = _flag(2, "gpt: transformer blocks")
-    n_head: int = _flag(2, "gpt: attention heads")
-    d_model: int = _flag(32, "gpt: embedding width")
-    seq_len: int = _flag(32, "gpt: context length in characters")
+    n_layer: int = _flag(2, "gpt, gpt2, llama: transformer blocks")
+    n_head: int = _flag(2, "gpt, gpt2, llama: attention heads")
+    n_kv_head: int = _flag(0, "llama: key/value heads of grouped-query attention, dividing --n-head (0: --n-head)")
+    d_model: int = _flag(32, "gpt, gpt2, llama: embedding width")
+    d_ff: int = _flag(0, "llama: SwiGLU hidden width (0: Meta's rule, int(8 d_model / 3) rounded up to a multiple "
+                      "of 256: 11008 at d_model 4096)")
+    seq_len: int = _flag(32, "gpt, gpt2, llama: context length in tokens")
     preset: str = _flag("", "gpt2-124m: GPT-2 small (12 layers, 12 heads, width 768, context 1024, vocabulary "
                         "50304) on --data tokens; sets --model, --data and those sizes", tuple(PRESETS))
     collectives: str = _flag("xla", "zero1/2/3: XLA's built-in collectives or the explicit ring", COLLECTIVES)
@@ -169,14 +178,13 @@ class RunConfig:
             raise ConfigError("model 'gpt' trains on characters: use --data text")
         if self.preset and self.preset not in PRESETS:
             raise ConfigError(f"unknown preset {self.preset!r}; valid: {', '.join(PRESETS)}")
-        if self.model == "gpt2" and self.data not in ("text", "tokens"):
-            raise ConfigError("model 'gpt2' trains on tokens: use --data text or --data tokens")
-        if self.data == "tokens" and self.model != "gpt2":
-            raise ConfigError("data 'tokens' (vocabulary 50304) is for --model gpt2")
+        if self.model in ("gpt2", "llama") and self.data not in ("text", "tokens"):
+            raise ConfigError(f"model {self.model!r} trains on tokens: use --data text or --data tokens")
+        if self.data == "tokens" and self.model not in ("gpt2", "llama"):
+            raise ConfigError("data 'tokens' (vocabulary 50304) is for --model gpt2 or llama")
         if self.model == "mlp" and self.data == "text":
             raise ConfigError("data 'text' is for --model gpt; use --data synthetic or digits for mlp")
-        if self.model in ("gpt", "gpt2") and self.d_model % self.n_head:
-            raise ConfigError(f"--d-model {self.d_model} must divide by --n-head {self.n_head}")
+        self._validate_transformer()
         if self.model == "cnn" and self.data != "digits":
             raise ConfigError("model 'cnn' trains on 8x8 images: use --data digits")
         if len(self.channels) != 2:
@@ -190,6 +198,33 @@ class RunConfig:
         if self.lr <= 0 or self.weight_decay < 0 or self.clip_norm < 0 or self.bucket_mb <= 0:
             raise ConfigError("--lr and --bucket-mb must be positive; --weight-decay and --clip-norm non-negative")
         return self
+
+    def _validate_transformer(self) -> None:
+        """gpt, gpt2, llama: the heads divide the width; llama's own flags (and only llama's)."""
+        if self.model in ("gpt", "gpt2", "llama") and (self.n_head < 1 or self.d_model % self.n_head):
+            raise ConfigError(f"--d-model {self.d_model} must divide by --n-head {self.n_head}")
+        for name in ("n_kv_head", "d_ff"):
+            flag, value = "--" + name.replace("_", "-"), getattr(self, name)
+            if value and self.model != "llama":
+                raise ConfigError(f"{flag} is for --model llama (got --model {self.model}); leave it at 0")
+            if value < 0:
+                raise ConfigError(f"{flag} must be positive, or 0 for its default; got {value}")
+        if self.model != "llama":
+            return
+        if self.n_head % self.kv_heads():
+            raise ConfigError(f"--n-kv-head {self.n_kv_head} must divide --n-head {self.n_head} "
+                              f"(grouped-query attention): e.g. --n-kv-head 1 or {self.n_head}")
+        if (self.d_model // self.n_head) % 2:
+            raise ConfigError(f"llama's head dimension --d-model / --n-head = {self.d_model // self.n_head} must "
+                              f"be even (rotary embeddings rotate pairs): e.g. --d-model {2 * self.d_model}")
+
+    def kv_heads(self) -> int:
+        """llama's key/value heads: --n-kv-head, or --n-head when it is 0."""
+        return self.n_kv_head or self.n_head
+
+    def ffn_width(self) -> int:
+        """llama's SwiGLU hidden width: --d-ff, or Meta's rule when it is 0 (`llama_d_ff`)."""
+        return self.d_ff or llama_d_ff(self.d_model)
 
     def _validate_reduction(self) -> None:
         if self.reduction not in REDUCTIONS:
@@ -251,23 +286,6 @@ def from_args(args: argparse.Namespace, framework: str = "jax") -> RunConfig:
 
 # Fields that define *what* is computed; two traces are comparable when these agree.
 COMPARABLE_FIELDS = (
-    "model",
-    "data",
-    "steps",
-    "batch_size",
-    "accum",
-    "optimizer",
-    "lr",
-    "weight_decay",
-    "clip_norm",
-    "dtype",
-    "seed",
-    "hidden",
-    "channels",
-    "batchnorm",
-    "conv_bias",
-    "n_layer",
-    "n_head",
-    "d_model",
-    "seq_len",
+    "model", "data", "steps", "batch_size", "accum", "optimizer", "lr", "weight_decay", "clip_norm", "dtype", "seed",
+    "hidden", "channels", "batchnorm", "conv_bias", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff", "seq_len",
 )

@@ -3,7 +3,7 @@ resume (`RECORD_FIELDS`), the one error (`CheckpointError`) and the check (`chec
 are each framework's own (orbax in jaxdp/checkpoint.py, torch.distributed.checkpoint in torch_ref)."""
 from __future__ import annotations
 
-from .config import COMPARABLE_FIELDS
+from .config import COMPARABLE_FIELDS, RunConfig
 
 RECORD_FIELDS = tuple(f for f in COMPARABLE_FIELDS if f != "steps")
 
@@ -16,6 +16,7 @@ def check_resumable(saved_config: dict, step: int, cfg, directory) -> None:
     """Refuse a checkpoint of another configuration (naming every field that differs) or one that
     leaves no step to run. Shared by jaxdp and torch_ref."""
     ours = cfg.to_dict()
+    saved_config = {**RunConfig().to_dict(), **saved_config}  # a field added since it was saved: its default
     diffs = [f"{k}: checkpoint {saved_config.get(k)!r}, run {ours.get(k)!r}" for k in RECORD_FIELDS
              if saved_config.get(k) != ours.get(k)]
     if diffs:

@@ -54,7 +54,7 @@ def run_torch(cfgs: list, timeout_s: float = 900.0) -> dict:
     for item in cfgs:
         cfg, mutation, kind = (*item, "train")[:3] if isinstance(item, tuple) else (item, None, "train")
         key = (cfg.model, cfg.data, cfg.seed, cfg.dtype, cfg.hidden, cfg.n_layer, cfg.n_head, cfg.d_model, cfg.seq_len,
-               cfg.channels)
+               cfg.channels, cfg.n_kv_head, cfg.d_ff)
         if key not in inits:
             inits[key] = models.initial_arrays(cfg, data.load(cfg.data, cfg.seed, cfg.seq_len))
         by_n.setdefault(cfg.devices, []).append((item, (cfg, inits[key], mutation, kind)))

@@ -20,6 +20,7 @@ from . import units
 from .cnn import CNN
 from .gpt import GPT
 from .gpt2 import GPT2
+from .llama import Llama
 from .mlp import MLP
 
 MASTER_DTYPE = {"float64": jnp.float64, "float32": jnp.float32, "bfloat16": jnp.float32}
@@ -39,7 +40,10 @@ def build(cfg, dataset) -> nnx.Module:
     if cfg.model == "gpt2":
         return GPT2(vocab=dataset.n_classes, seq_len=cfg.seq_len, n_layer=cfg.n_layer, n_head=cfg.n_head,
                     d_model=cfg.d_model, **kw)
-    raise ValueError(f"unknown model {cfg.model!r}; valid: mlp, gpt, cnn, gpt2")
+    if cfg.model == "llama":
+        return Llama(vocab=dataset.n_classes, seq_len=cfg.seq_len, n_layer=cfg.n_layer, n_head=cfg.n_head,
+                     n_kv_head=cfg.kv_heads(), d_model=cfg.d_model, d_ff=cfg.ffn_width(), **kw)
+    raise ValueError(f"unknown model {cfg.model!r}; valid: mlp, gpt, cnn, gpt2, llama")
 
 
 class Problem(NamedTuple):

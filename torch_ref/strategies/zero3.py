@@ -40,7 +40,7 @@ from torch.distributed.tensor import DTensor
 from jaxdp.core.config import ConfigError
 
 from .. import canonical as C
-from .. import canonical_bn, cnn, gpt2, models
+from .. import canonical_bn, cnn, gpt2, llama, models
 from . import canonical_step, common
 from . import units as shared_units
 from .common import Strategy, make_strategy
@@ -55,6 +55,8 @@ def units_of(model) -> list[list]:
         return [[model.tok_embed, model.pos_embed], *([b] for b in model.blocks), [model.ln_f, model.head]]
     if isinstance(model, gpt2.GPT2):  # the tied wte in no unit: the root's (gathered once per step)
         return gpt2.fsdp_units(model)
+    if isinstance(model, llama.Llama):  # embed_tokens, each decoder layer, norm with lm_head
+        return llama.fsdp_units(model)
     if isinstance(model, models.MLP):
         return [[layer] for layer in model.layers]
     if isinstance(model, cnn.CNN):  # conv + BatchNorm as one group, twice, then the head

@@ -49,8 +49,8 @@ from .measure import inspect_all, time_strategies
 from .plan import Plan, plan
 from .reduction import reduction_benchmark
 
-MODEL_FIELDS = ("model", "data", "hidden", "n_layer", "n_head", "d_model", "seq_len", "channels", "batchnorm",
-                "batch_size", "dtype", "optimizer")
+MODEL_FIELDS = ("model", "data", "hidden", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff", "seq_len", "channels",
+                "batchnorm", "batch_size", "dtype", "optimizer")
 
 
 def run(quick: bool = False, out: str | None = None, progress=None) -> dict:

@@ -56,7 +56,8 @@ def plan(quick: bool) -> Plan:
               "cnn": _cnn(base, (32, 64), 256),
               "gpt2": _gpt2(base, 2, 4, 128, 64, 32)}
     strategies = tuple(s for s in JAX_ALL if s != "single")
-    ported = (("cnn", models["cnn"], strategies, (2, 4, 8)), ("gpt2", models["gpt2"], strategies, (2, 4, 8)))
+    ported = (("cnn", models["cnn"], strategies, (2, 4, 8)), ("gpt2", models["gpt2"], strategies, (2, 4, 8)),
+              ("llama", _llama(base, 2, 4, 2, 128, 64, 32), strategies, (2, 4, 8)))
     comm_model = base.replace(model="mlp", data="synthetic", hidden=(1024, 1024), batch_size=256)
     return Plan(False, 12, models, (2, 4), SHARED, (2, 4, 8, 16), strategies, comm_model,
                 _gpu_config(base), 30, (1, 4, 16, 64), 10, ported, comm_model,
@@ -79,6 +80,13 @@ def _gpt2(base: RunConfig, n_layer: int, n_head: int, d_model: int, seq_len: int
     """`--model gpt2` (tied wte) on the package's GPT-2-vocabulary tokens."""
     return base.replace(model="gpt2", data="tokens", n_layer=n_layer, n_head=n_head, d_model=d_model,
                         seq_len=seq_len, batch_size=batch)
+
+
+def _llama(base: RunConfig, n_layer: int, n_head: int, n_kv_head: int, d_model: int, seq_len: int,
+           batch: int) -> RunConfig:
+    """`--model llama` (grouped-query attention, untied head) on the same tokens, items 4-5 only."""
+    return base.replace(model="llama", data="tokens", n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head,
+                        d_model=d_model, seq_len=seq_len, batch_size=batch)
 
 
 def _gpu_config(base: RunConfig) -> RunConfig:

@@ -59,6 +59,20 @@ LLAMA3_8B = Transformer(
 REFERENCES = (GPT2_124M, LLAMA3_8B)
 
 
+def of_run(cfg, vocab: int) -> Transformer:
+    """The shape of a run's `--model gpt2` or `--model llama` (its vocabulary from the dataset), so that
+    `params` and `flops_per_token` count a run as they count the references (tests/test_llama.py checks
+    `params` against the models' own parameters)."""
+    if cfg.model not in ("gpt2", "llama"):
+        raise ValueError(f"of_run counts --model gpt2 or llama, not {cfg.model!r}")
+    llama = cfg.model == "llama"
+    return Transformer(
+        name=f"{cfg.model} (this run)", n_layer=cfg.n_layer, d_model=cfg.d_model, n_head=cfg.n_head,
+        n_kv_head=cfg.kv_heads() if llama else cfg.n_head, d_ff=cfg.ffn_width() if llama else 4 * cfg.d_model,
+        vocab=vocab, context=cfg.seq_len, gated_ffn=llama, biases=not llama, tied_embeddings=not llama,
+        learned_positions=not llama, batch_seqs=cfg.batch_size, published_params=0.0, source="--model " + cfg.model)
+
+
 def params(m: Transformer) -> int:
     """Parameter count from the shapes (module docstring)."""
     d, kv = m.d_model, m.n_kv_head * (m.d_model // m.n_head)

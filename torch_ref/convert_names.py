@@ -6,8 +6,9 @@ such as transformers' `Conv1D` and `LlamaRMSNorm`). `strip_prefix` removes a mod
 front of every torch name that starts with it ('transformer.': `transformer.h.0.ln_1.weight` ->
 `h/0/ln_1/scale`). A tensor reachable under several module paths (a tied weight: `lm_head.weight` is
 `transformer.wte.weight`) is named once: keyed by its first path in `named_parameters()` order (the
-other paths are aliases of it), its Flax name from its first path that a rule maps. Non-persistent buffers (`module._non_persistent_buffers_set`: rotary
-`inv_freq`, BERT's `position_ids`) are not state and are never converted unless `names=` names them.
+other paths are aliases of it), its Flax name from its first path that a rule maps. Non-persistent
+buffers (`module._non_persistent_buffers_set`: rotary `inv_freq`, BERT's `position_ids`) are not
+state and are never converted unless `names=` names them.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ trained through `jaxdp.parallelize` and `torch_ref.parallelize` under a data-par
 recorded with the two trace recorders, and diffed. The report names the first divergence: the
 first step, field and tensor where the two runs part, with the worst element.
 
-    python examples/port_your_model.py [--strategy zero2] [--devices 2] [--steps 4] [--plant-bug]
+    python examples/port_your_model.py [--strategy zero2] [--devices 2] [--steps 4] [--plant-bug] [--quick]
 
 `--plant-bug` adds 1e-3 to one tensor (the LayerNorm's bias) of the torch run after step 2: the
 diff must name step 2, `param`, `norm/bias`, and nothing before it. Exit status: 0 when the two
@@ -144,8 +144,11 @@ def main():
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=24)
     parser.add_argument("--plant-bug", action="store_true", help=f"perturb one torch tensor after step {BUG_STEP}")
+    parser.add_argument("--quick", action="store_true", help=f"{BUG_STEP + 1} steps (a smoke run)")
     parser.add_argument("--out", default="reports/port")
     args = parser.parse_args()
+    if args.quick:
+        args.steps = BUG_STEP + 1
     os.makedirs(args.out, exist_ok=True)
     jax_path, torch_path = (os.path.join(args.out, f"{f}.npz") for f in ("jax", "torch"))
 

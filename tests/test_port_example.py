@@ -10,7 +10,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_port_example_names_the_planted_bug(tmp_path):
     out = tmp_path / "port"
-    argv = [sys.executable, os.path.join(REPO, "examples", "port_your_model.py"), "--plant-bug", "--steps", "3",
+    argv = [sys.executable, os.path.join(REPO, "examples", "port_your_model.py"), "--plant-bug", "--quick",
             "--strategy", "zero3", "--devices", "2", "--accum", "2", "--out", str(out)]
     run = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path,
                          env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})

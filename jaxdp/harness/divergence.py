@@ -17,7 +17,8 @@ here), applied per step and tensor:
                                                                computed like the gradients, from the batch)
 With `--tolerance T`: every field's max |a - b| / max |b| <= T (the historical measure). Always: a
 NaN or Inf is a divergence, and so is a key that only one trace holds, except a batch (x, y), which
-recorders take optionally.
+recorders take optionally. A trace's rank spread (`step/<k>/spread/<name>`, jaxdp/core/spread.py) is
+not compared across the two: a nonzero one is a failure, or a note where the judge allows it.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from ..core import spread as spread_mod
 from ..core import trace as trace_mod
 from . import error_model, parity, relaxed
 
@@ -124,6 +126,8 @@ def compare(a: trace_mod.Trace, b: trace_mod.Trace, tolerance: float | None = No
         trace_mod.check_comparable(a, b)
         shared = trace_mod.shared_config_fields(a, b)
         notes.append(f"configuration compared on {', '.join(shared) or 'no field (neither meta carries one)'}")
+    found = spread_mod.findings(a, "A") + spread_mod.findings(b, "B")
+    a, b = spread_mod.without(a), spread_mod.without(b)
     first_step = max(a.first_step, b.first_step)
     pos = {k: p for k in set(a.arrays) | set(b.arrays) if (p := position(k, first_step))}
     outside = sorted((set(a.arrays) | set(b.arrays)) - set(pos))
@@ -158,6 +162,9 @@ def compare(a: trace_mod.Trace, b: trace_mod.Trace, tolerance: float | None = No
         _locate(first, a, b, first_step, d["floor"], allow)
     note, kept = relaxed.lines(row) if row is not None else ("", [])
     notes += [note] if note else []
+    failures += [f"spread: {f.describe()}" for f in found if f.fails]
+    notes += [f"spread: {f.describe()}" for f in found if not f.fails]
+    d["spread"] = found
     ok = not divergences and not failures
     return Report(ok, first, divergences, cells, failures, notes, bounds, first_step=first_step, steps=steps,
                   extra={"diff": d, "row": row, "tolerance": tolerance}, relaxed=kept)
@@ -281,6 +288,7 @@ def as_json(report: Report, a_path: str = "", b_path: str = "") -> dict:
     doc = {"ok": report.ok, "first_divergence": first, "a": a_path, "b": b_path, "bounds": report.bounds,
            "failures": report.failures, "notes": report.notes, "steps": [report.first_step, report.steps],
            "relaxed": report.relaxed,
+           "spread": [asdict(f) for f in report.extra.get("diff", {}).get("spread", [])],
            "divergences": [{k: getattr(v, k) for k in ("step", "field", "name", "measure", "error", "bound")}
                            for v in report.divergences],
            "table": report.cells}

@@ -162,7 +162,7 @@ def compare(a: trace_mod.Trace, b: trace_mod.Trace, tolerance: float | None = No
         _locate(first, a, b, first_step, d["floor"], allow)
     note, kept = relaxed.lines(row) if row is not None else ("", [])
     notes += [note] if note else []
-    failures += [f"spread: {f.describe()}" for f in found if f.fails]
+    failures = [f"spread: {f.describe()}" for f in found if f.fails] + failures  # first: it explains the rest
     notes += [f"spread: {f.describe()}" for f in found if not f.fails]
     d["spread"] = found
     ok = not divergences and not failures

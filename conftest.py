@@ -38,7 +38,7 @@ def pytest_unconfigure(config):
 
 # Files that share tests/torch_helpers.py's per-process torch worlds (`world(n)` runs every job of size n
 # at once, for all of them): one xdist work unit, so the worlds are spawned and run in one worker only.
-TORCH_WORLD_FILES = {f"tests/{name}.py" for name in ("test_cnn", "test_gpt2", "test_torch_api",
+TORCH_WORLD_FILES = {f"tests/{name}.py" for name in ("test_cnn", "test_gpt2", "test_torch_api", "test_torch_batchnorm",
                                                      "test_torch_collectives", "test_torch_strategies")}
 # The parity suite's files share parity_tests/conftest.py's session caches (`torch_runs()` trains every
 # parity configuration's torch side in one world per N; `jax_run`): one unit, so they are computed once.

@@ -6,7 +6,9 @@ running statistics spread and the judge says so; a parameter perturbed on one ra
 from __future__ import annotations
 
 import functools
+import math
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -146,10 +148,15 @@ def test_plain_batchnorm_spreads_and_the_judge_says_so(strategy, broadcast):
 
 
 def test_a_parameter_perturbed_on_one_rank_is_caught_by_its_spread():
+    """Rank 1 moves a parameter by 1e-3 after step 2 and makes a running variance NaN after step 3: rank 0's
+    trace shows neither but in its spread, and the judge fails on both (NaN even with broadcast_buffers)."""
     t = _case(("ddp", 1, True, True))
-    assert [k for k, v in _spreads(t).items() if v] == ["step/2/spread/head/bias", "step/3/spread/head/bias"]
+    assert sorted(k for k, v in _spreads(t).items() if v) == ["step/2/spread/head/bias", "step/3/spread/head/bias",
+                                                             "step/3/spread/norm/var"]
+    assert math.isnan(_spreads(t)["step/3/spread/norm/var"]) and np.isfinite(t.arrays["step/3/state/norm/var"]).all()
     row = parity.judge(t, _single_run(1), check_config=False)
     assert row.failures[0].startswith("spread: a: parameter head/bias differs across ranks by up to 0.001 at step 2")
+    assert row.failures[1].startswith("spread: a: buffer norm/var is not finite on some rank at step 3")
 
 
 class _world_of_one:

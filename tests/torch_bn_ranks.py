@@ -62,7 +62,7 @@ def optimizer(params):
 
 def train(rank: int, n: int, strategy: str, accum: int, convert: bool, perturb: bool = False) -> dict:
     """One case through parallelize / train_step / Recorder; the Recorder's meta and arrays (rank 0's).
-    `perturb`: after step 2, rank 1 moves one parameter by 1e-3 (a bug the spread must catch)."""
+    `perturb`: rank 1 runs `perturbed` after each step (bugs the spread must catch)."""
     model, opt = torch_ref.parallelize(fresh_net(convert), strategy=strategy, optimizer=optimizer, accum=accum)
     world = 1 if strategy == "single" else n
     with Recorder(None, {**META, "strategy": strategy, "devices": n, "accum": accum}, model) as rec:
@@ -71,11 +71,20 @@ def train(rank: int, n: int, strategy: str, accum: int, convert: bool, perturb: 
             x, y = batch(k)
             xs, ys = (torch.from_numpy(part_rows(a, 0 if world == 1 else rank, world, accum)) for a in (x, y))
             loss = torch_ref.train_step(model, opt, xs, ys, F.cross_entropy)
-            if perturb and k == 2 and rank == 1:
-                with torch.no_grad():
-                    torch_ref.api.state_of(model).module.head.bias[0] += 1e-3
+            if perturb and rank == 1:
+                perturbed(torch_ref.api.state_of(model).module, k)
             rec.step(k, loss, x, y)
     return {"meta": rec.meta, "arrays": rec.arrays}
+
+
+def perturbed(net: ConvNet, k: int) -> None:
+    """Rank 1's bugs: after step 2 a parameter moved by 1e-3, after step 3 a running variance made NaN (invisible
+    in rank 0's trace but for the spread)."""
+    with torch.no_grad():
+        if k == 2:
+            net.head.bias[0] += 1e-3
+        if k == 3:
+            net.norm.running_var[0] = float("nan")
 
 
 def run_cases(rank: int, n: int) -> dict:

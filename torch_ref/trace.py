@@ -132,7 +132,8 @@ def rank_spread(tensors: list) -> list:
     NaN or infinite (never agreement); one all-reduce (MAX) of [v, -v, non-finite flags]."""
     if not tensors:
         return []
-    v = torch.cat([t.detach().reshape(-1).to(torch.float64) for t in tensors])
+    device = tensors[0].device  # a parameter's: where the process group's backend reduces (NCCL: the GPU)
+    v = torch.cat([t.detach().reshape(-1).to(device, torch.float64) for t in tensors])
     finite = torch.isfinite(v)
     clean = torch.where(finite, v, torch.zeros_like(v))
     payload = torch.cat([clean, -clean, (~finite).to(torch.float64)])

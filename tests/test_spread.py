@@ -44,7 +44,7 @@ def test_zero_spread_is_silent_and_spread_keys_on_one_side_are_no_mismatch():
     a = with_spread(REF, {})
     assert spread.findings(a, "a") == []
     row = parity.judge(a, REF)
-    assert row.ok and row.spread == [], row.failures
+    assert row.ok and row.diff["spread"] == [], row.failures
     assert divergence.compare(a, REF).ok and divergence.compare(REF, a).ok
 
 
@@ -53,7 +53,7 @@ def test_a_parameter_spread_fails_naming_tensor_spread_and_step():
     (f,) = spread.findings(a, "a")
     assert (f.kind, f.name, f.spread, f.step, f.first, f.fails) == ("parameter", "dense/kernel", 1e-3, 3, 2, True)
     row = parity.judge(a, REF, sides=("ddp", "single"))
-    assert not row.ok and row.failures == [f"spread: {row.spread[0].describe()}"]
+    assert not row.ok and row.failures == [f"spread: {row.diff['spread'][0].describe()}"]
     assert row.failures[0].startswith("spread: ddp: parameter dense/kernel differs across ranks by up to 0.001 at "
                                       "step 3 (nonzero from step 2): the ranks disagree on a value the strategy "
                                       "holds replicated")
@@ -63,7 +63,7 @@ def test_a_parameter_spread_fails_naming_tensor_spread_and_step():
 def test_a_buffer_spread_fails_unless_ddp_broadcasts_rank_0s_buffers(broadcast):
     a = with_spread(REF, {(1, "bn/mean"): 0.02}, **({"broadcast_buffers": True} if broadcast else {}))
     report = divergence.compare(a, REF)
-    (f,) = report.extra["diff"]["spread"]
+    (f,) = report.extra["spread"]
     assert (f.kind, f.step, f.fails) == ("buffer", 1, not broadcast)
     assert report.ok == broadcast and parity.judge(a, REF).ok == broadcast
     text = cli_diff.text(report)

@@ -102,5 +102,20 @@ def findings(t: Trace, side: str) -> list[Finding]:
     return out
 
 
+def split(a: Trace, b: Trace, sides=("a", "b")) -> tuple[list[Finding], Trace, Trace]:
+    """Both traces' findings (their sides named `sides`) and the two traces without their spread keys."""
+    return findings(a, sides[0]) + findings(b, sides[1]), without(a), without(b)
+
+
+def failures(found: list[Finding]) -> list[str]:
+    """The findings that fail the verdict, one line each."""
+    return [f"spread: {f.describe()}" for f in found if f.fails]
+
+
+def notes(found: list[Finding]) -> list[str]:
+    """The findings that do not fail it (buffers DDP hands rank 0's to every rank), one line each."""
+    return [f"spread: {f.describe()}" for f in found if not f.fails]
+
+
 def _is_state(t: Trace, name: str) -> bool:
     return f"state/{name}" in t.arrays or any(k.endswith(f"/state/{name}") for k in t.arrays)

@@ -103,7 +103,7 @@ FLOOR = {"float64": 1e-12, "float32": 1e-6, "bfloat16": 1e-6}
 
 
 def diff(a: Trace, b: Trace, check_config: bool = True, floor: float | None = None, with_ulp: bool = True,
-         allowance=None) -> dict:
+         allowance=None, sides=("a", "b")) -> dict:
     """Errors of `a` against reference `b`, per array and per field. Arrays present in only one
     trace are an error. Returns
       per_array / worst:  the worst |a - b| over the largest |b| per array / per field;
@@ -113,13 +113,12 @@ def diff(a: Trace, b: Trace, check_config: bool = True, floor: float | None = No
       non_finite:         {key: 'a', 'b' or 'a and b'}: arrays holding NaN or Inf, whose errors are inf;
       fields:             {field: {'relative', 'norm', 'elementwise', 'ulp'}}: the worst of each;
       raw, updates:       the error model's keys' (norm, elementwise) without it; both traces' updates;
-      spread:             each trace's rank-spread findings (`jaxdp.core.spread`: its `step/<k>/spread/` keys,
-                          which are a property of one run and never compared across the two).
+      spread:             each trace's rank-spread findings, side `sides[0]` or `sides[1]` (`jaxdp.core.spread`:
+                          its `step/<k>/spread/` keys, a property of one run, never compared across the two).
     `allowance` (jaxdp.error_model): param/update errors beyond its allowances, gradients above its floors."""
     if check_config:
         check_comparable(a, b)
-    found = spread.findings(a, "a") + spread.findings(b, "b")
-    a, b = spread.without(a), spread.without(b)
+    found, a, b = spread.split(a, b, sides)
     only = sorted(set(a.arrays) ^ set(b.arrays))
     if only:
         raise TraceError(f"traces hold different arrays, e.g. {only[:3]} ({len(only)} in all)")

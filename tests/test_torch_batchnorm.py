@@ -75,6 +75,8 @@ def test_a_converted_layer_is_torchs_in_a_world_of_one(source, shape):
 @pytest.mark.parametrize("call, message", [
     (lambda: batchnorm.convert_sync_batchnorm(nn.BatchNorm2d(2), process_group=object()),
      "convert_sync_batchnorm: torch_ref's synchronised BatchNorm reduces over the default process group"),
+    (lambda: batchnorm.convert_sync_batchnorm(nn.Sequential(nn.SyncBatchNorm(2, process_group=object()))),
+     "convert_sync_batchnorm: torch_ref's synchronised BatchNorm reduces over the default process group"),
     (lambda: batchnorm.convert_sync_batchnorm(nn.Sequential(type("MyNorm", (nn.modules.batchnorm._BatchNorm,), {})(2))),
      "convert_sync_batchnorm: MyNorm has no synchronised twin in torch_ref (nn.BatchNorm1d/2d/3d and "
      "nn.SyncBatchNorm have); build the model with one of those"),

@@ -133,9 +133,9 @@ def convert_sync_batchnorm(module: nn.Module, process_group=None) -> nn.Module:
     weight, bias, running_mean, running_var, num_batches_tracked, so requires_grad, dtype and device stay),
     eps, momentum, affine, track_running_stats and training mode. Returns `module` itself, or the new layer
     when `module` is a BatchNorm (as torch's does). Convert before `torch_ref.parallelize`."""
-    if process_group is not None:
+    if process_group is not None or getattr(module, "process_group", None) is not None:
         raise ConfigError("convert_sync_batchnorm: torch_ref's synchronised BatchNorm reduces over the default "
-                          "process group (every rank); pass process_group=None")
+                          "process group (every rank); pass process_group=None (and no nn.SyncBatchNorm with one)")
     if isinstance(module, nn.modules.batchnorm._BatchNorm):
         return _twin(module)
     for name, child in module.named_children():

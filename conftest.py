@@ -38,7 +38,7 @@ def pytest_unconfigure(config):
 
 # Files that share tests/torch_helpers.py's per-process torch worlds (`world(n)` runs every job of size n
 # at once, for all of them): one xdist work unit, so the worlds are spawned and run in one worker only.
-TORCH_WORLD_FILES = {f"tests/{name}.py" for name in ("test_cnn", "test_gpt2", "test_torch_api",
+TORCH_WORLD_FILES = {f"tests/{name}.py" for name in ("test_cnn", "test_gpt2", "test_torch_api", "test_torch_batchnorm",
                                                      "test_torch_collectives", "test_torch_shared",
                                                      "test_torch_strategies")}
 # The parity suite's files share parity_tests/conftest.py's session caches (`torch_runs()` trains every
@@ -49,7 +49,7 @@ PARITY_FILES = {f"parity_tests/{name}.py" for name in ("test_cli", "test_parity"
 # The longest units first (their summed durations, measured with --durations), so that no long unit
 # starts last on one worker while the other idles: xdist's own order (most tests first) handed out
 # test_bench (3 tests, 90 s) and test_multiprocess (80 s) at the end. Units not named: after these.
-LONGEST_FIRST = ("torch-worlds", "parity", "tests/test_canonical.py", "tests/test_zero.py",
+LONGEST_FIRST = ("torch-worlds", "parity", "tests/test_canonical.py", "tests/test_hf_models.py", "tests/test_zero.py",
                  "tests/test_torch_accounting.py", "tests/test_torch_launch.py", "tests/test_zero3_compiled.py",
                  "tests/test_bench.py", "tests/test_multiprocess.py", "tests/test_mutations.py",
                  "tests/test_torch_checkpoint.py", "tests/test_checkpoint.py", "tests/test_torch_canonical.py")

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from jaxdp.core import data, trace
 from jaxdp.core.config import ALL_STRATEGIES, FRAMEWORK_STRATEGIES, RunConfig
 
-from . import torch_api_ranks
+from . import torch_api_ranks, torch_bn_ranks
 from .pairwise import pairwise
 
 # The JAX suite's problem (tests/conftest.py BASE) with a bucket small enough for several buckets.
@@ -111,6 +111,7 @@ def world(n: int) -> dict:
         jobs.append(("buckets", BASE.replace(strategy="ddp-bucket", devices=2, accum=3), init_for(init_key(BASE))))
         jobs.append(("keep_gathered", KEEP_GATHERED.replace(accum=1), init_for(init_key(BASE))))
         jobs.append(("gpt2_comm", GPT2_SMALL.replace(strategy="zero3", devices=2), init_for(init_key(GPT2_SMALL))))
+        jobs.append(("bn",))  # tests/test_torch_batchnorm.py: a user's conv net, converted and plain
     per_rank = launch(run_jobs, n, jobs, timeout_s=600, pg_timeout_s=120)
     out = {}
     for i, job in enumerate(jobs):
@@ -147,6 +148,8 @@ def run_jobs(rank: int, n: int, jobs: list) -> list:
             out.append(bucket_launches(rank, n, job[1], job[2]))
         elif job[0] in ("keep_gathered", "gpt2_comm"):
             out.append(collectives_per_step(rank, n, job[1], job[2]))
+        elif job[0] == "bn":
+            out.append(torch_bn_ranks.run_cases(rank, n))
     return out
 
 

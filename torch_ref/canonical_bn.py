@@ -28,13 +28,14 @@ from .strategies.common import flatten, micro_batches
 
 
 def batchnorms(module: torch.nn.Module) -> list:
-    """The model's BatchNorm layers (registration order), each a sync `torch_ref.batchnorm.BatchNorm2d`;
-    any other BatchNorm is a `CanonicalError` naming the fix."""
+    """The model's BatchNorm layers (registration order), each torch_ref's with sync (`torch_ref.batchnorm`:
+    BatchNorm1d/2d/3d, SyncBatchNorm); any other BatchNorm is a `CanonicalError` naming the fix."""
     found = [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
     for m in found:
-        if not isinstance(m, batchnorm.BatchNorm2d):
-            raise C.CanonicalError(f"reduction='canonical' does not cover {type(m).__name__} (only "
-                                   f"torch_ref.batchnorm.BatchNorm2d with sync=True); use it, or reduction='native'")
+        if not isinstance(m, batchnorm.Synced):
+            raise C.CanonicalError(f"reduction='canonical' does not cover {type(m).__name__} (only torch_ref's "
+                                   f"synchronised BatchNorm: torch_ref.batchnorm.convert_sync_batchnorm(model)); "
+                                   f"use it, or reduction='native'")
         if not m.sync:
             raise C.CanonicalError("reduction='canonical' needs BatchNorm statistics over the whole micro-batch, not "
                                    "per rank: use --batchnorm sync, or reduction='native'")
@@ -57,7 +58,7 @@ class Shard:
 
 @dataclass
 class BatchNorms:
-    """The canonical BatchNorm of one model: `layers` (the module's BatchNorm2d, registration order) and
+    """The canonical BatchNorm of one model: `layers` (the module's BatchNorm layers, registration order) and
     `running` (the ones whose running statistics update: the same, or under zero3 the sharded model's,
     while `layers` belong to its plain twin); `shards` S; `ring`: cross-rank sums by ddp-ring's collectives."""
     layers: list

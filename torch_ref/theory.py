@@ -104,7 +104,7 @@ def batchnorm_theory(strategy: str, bn: BatchNormCount, n: int, itemsize: int, a
     """Bytes each rank sends per step for BatchNorm (torch_ref/batchnorm.py), by kind, C = bn.channels:
       sync     per micro-batch, all-reduces of the mean and of the biased variance (forward) and of
                their cotangents (backward, the autograd Function's): 4 C values, 2 (n-1)/n each;
-      local    per micro-batch, rank 0's running mean and variance broadcast before each forward
+      local    per micro-batch, rank 0's running mean and variance broadcast after each forward
                (DDP's broadcast_buffers=True, done by the layer under every strategy): 2 C, (n-1)/n;
       DDP      (ddp, zero1: DistributedDataParallel's own broadcast_buffers, once per step, both modes)
                every buffer, running mean and variance and the int64 `num_batches_tracked` of each

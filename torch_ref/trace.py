@@ -11,11 +11,22 @@ Every rank calls `init` and `step` (under FSDP2 and ZeRO they gather); rank 0 ke
 writes the file on a clean exit, atomically (`jaxdp.trace.save`). While a Recorder is attached,
 `train_step` keeps each step's synchronised averaged gradient (as the update used it, before
 clipping); at no other time does it pay for that copy (or, sharded, for that gather).
+
+In a world of more than one rank, `step` also records the ranks' disagreement (`spreads`): for every
+mapped buffer and every parameter this rank holds whole (all but zero3's DTensor shards), the largest
+|a - b| over the ranks' values of one element, after the step's update, as `step/<k>/spread/<name>`
+(docs/TRACE.md, "Rank spread"); NaN when any rank's value is not finite. A trace holds rank 0's values
+only: a nonzero spread says the other ranks hold others. When the strategy wraps the model in DDP with
+`broadcast_buffers=True` (ddp, zero1), meta `broadcast_buffers: true` says that every rank replaces its
+buffers with rank 0's at the next step's first forward.
 """
 from __future__ import annotations
 
 import numpy as np
+import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
 
 from jaxdp.core import trace as jax_trace
 from jaxdp.core.config import ConfigError
@@ -40,6 +51,7 @@ class Recorder:
         self.writer = not dist.is_initialized() or dist.get_rank() == 0
         self.arrays: dict[str, np.ndarray] = {}
         self.par.return_grads = True  # train_step now keeps the averaged gradient for `step`
+        self.meta.update(self.buffers_from_rank0())
 
     def __enter__(self) -> Recorder:
         return self
@@ -57,6 +69,7 @@ class Recorder:
         update used and the parameters after it. Every rank calls it, after `train_step`."""
         grads = self.par.grads
         params = self.par.full_params()  # a collective under sharding: before any rank-0-only work
+        spreads = self.spreads()  # a collective (world size > 1)
         if not self.writer:
             return
         if grads is None:
@@ -69,6 +82,7 @@ class Recorder:
         self._put(f"step/{k}/grad", grads)
         self._put(f"step/{k}/param", params)
         self._put(f"step/{k}/state", self._buffers())
+        self._put_spreads(k, spreads)
         self.par.grads = None
 
     def close(self, write: bool = True) -> None:
@@ -85,3 +99,45 @@ class Recorder:
         if self.writer:
             for name, value in convert.tensors_to_flax(self.par.module, tensors, self.names, self.strip_prefix).items():
                 self.arrays[f"{prefix}/{name}"] = value
+
+    def buffers_from_rank0(self) -> dict:
+        """{'broadcast_buffers': True} when the strategy's wrapper is DDP with broadcast_buffers=True (every rank
+        takes rank 0's buffers at the first forward of each step), else {}."""
+        wrapper = self.par.model
+        return {"broadcast_buffers": True} if isinstance(wrapper, DistributedDataParallel) and \
+            wrapper.broadcast_buffers else {}
+
+    def spreads(self) -> dict:
+        """{torch name: max over ranks - min over ranks, per element, float64} of every buffer and every
+        parameter held whole on this rank (not a DTensor shard); NaN where any rank's value is not finite.
+        Every rank calls it (one all-reduce); {} in a world of one."""
+        if not (dist.is_initialized() and dist.get_world_size() > 1):
+            return {}
+        module = self.par.module
+        tensors = {n: p for n, p in module.named_parameters() if not isinstance(p, DTensor)}
+        tensors.update((n, b) for n, b in module.named_buffers() if b.is_floating_point())
+        return dict(zip(tensors, rank_spread(list(tensors.values())), strict=True))
+
+    def _put_spreads(self, k: int, spreads: dict) -> None:
+        """`step/<k>/spread/<Flax name>`: the largest of each tensor's spreads, a float64 scalar (rank 0)."""
+        prefix = f"step/{k}/spread"
+        self._put(prefix, spreads)
+        for key in [key for key in self.arrays if key.startswith(prefix + "/")]:
+            a = self.arrays[key]
+            self.arrays[key] = np.asarray(np.max(a) if a.size else 0.0, dtype=np.float64)
+
+
+def rank_spread(tensors: list) -> list:
+    """Per tensor, elementwise (max over ranks) - (min over ranks) in float64, NaN where any rank's value is
+    NaN or infinite (never agreement); one all-reduce (MAX) of [v, -v, non-finite flags]."""
+    if not tensors:
+        return []
+    device = tensors[0].device  # a parameter's: where the process group's backend reduces (NCCL: the GPU)
+    v = torch.cat([t.detach().reshape(-1).to(device, torch.float64) for t in tensors])
+    finite = torch.isfinite(v)
+    clean = torch.where(finite, v, torch.zeros_like(v))
+    payload = torch.cat([clean, -clean, (~finite).to(torch.float64)])
+    dist.all_reduce(payload, op=dist.ReduceOp.MAX)
+    hi, neg_lo, bad = payload.split(v.numel())
+    spread = torch.where(bad > 0, torch.full_like(hi, float("nan")), hi + neg_lo)
+    return [s.view(t.shape) for s, t in zip(spread.split([t.numel() for t in tensors]), tensors, strict=True)]

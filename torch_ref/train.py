@@ -104,6 +104,7 @@ def train_rank(rank: int, world: int, cfg: RunConfig, init: dict[str, np.ndarray
                    "first_step": start + 1}
     recorder = Recorder(None, result.meta, model) if record else None
     if recorder:
+        result.meta = recorder.meta  # with what the Recorder declares (`broadcast_buffers`)
         recorder.init()  # every rank: a collective for sharded strategies
     input_dtype = models.numpy_master_dtype(cfg.dtype)
     fail_at = _fail_at()

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+from . import spread
 from .config import COMPARABLE_FIELDS
 from .recorder import Recorder
 from .tracefile import FIELDS, Trace, TraceError, check_writable, load, save
@@ -102,7 +103,7 @@ FLOOR = {"float64": 1e-12, "float32": 1e-6, "bfloat16": 1e-6}
 
 
 def diff(a: Trace, b: Trace, check_config: bool = True, floor: float | None = None, with_ulp: bool = True,
-         allowance=None) -> dict:
+         allowance=None, sides=("a", "b")) -> dict:
     """Errors of `a` against reference `b`, per array and per field. Arrays present in only one
     trace are an error. Returns
       per_array / worst:  the worst |a - b| over the largest |b| per array / per field;
@@ -111,10 +112,13 @@ def diff(a: Trace, b: Trace, check_config: bool = True, floor: float | None = No
       ulp:                the largest ULP distance per float array (in its own dtype; with_ulp);
       non_finite:         {key: 'a', 'b' or 'a and b'}: arrays holding NaN or Inf, whose errors are inf;
       fields:             {field: {'relative', 'norm', 'elementwise', 'ulp'}}: the worst of each;
-      raw, updates:       the error model's keys' (norm, elementwise) without it; both traces' updates.
+      raw, updates:       the error model's keys' (norm, elementwise) without it; both traces' updates;
+      spread:             each trace's rank-spread findings, side `sides[0]` or `sides[1]` (`jaxdp.core.spread`:
+                          its `step/<k>/spread/` keys, a property of one run, never compared across the two).
     `allowance` (jaxdp.error_model): param/update errors beyond its allowances, gradients above its floors."""
     if check_config:
         check_comparable(a, b)
+    found, a, b = spread.split(a, b, sides)
     only = sorted(set(a.arrays) ^ set(b.arrays))
     if only:
         raise TraceError(f"traces hold different arrays, e.g. {only[:3]} ({len(only)} in all)")
@@ -145,12 +149,14 @@ def diff(a: Trace, b: Trace, check_config: bool = True, floor: float | None = No
             entry = fields[_field(key)]
             entry[name] = err if entry[name] is None else max(entry[name], err)
     return {"worst": worst, "per_array": per_array, "norm": norm, "elementwise": elementwise, "ulp": ulp,
-            "non_finite": nonfinite, "fields": fields, "floor": floor, "raw": raw, "updates": (ua, ub)}
+            "non_finite": nonfinite, "fields": fields, "floor": floor, "raw": raw, "updates": (ua, ub),
+            "spread": found}
 
 
 def format_diff(result: dict, tolerance: float | None = None) -> str:
     """One line per field: the worst relative error (and, with `tolerance`, ok or MISMATCH), the
-    worst norm-based and elementwise errors and ULP distance; then the non-finite arrays, by key."""
+    worst norm-based and elementwise errors and ULP distance; then the non-finite arrays, by key, and the
+    rank-spread findings."""
     lines = [f"{'field':<6}  {'relative':>9}  {'norm':>9}  {'elementwise':>11}  {'ulp':>9}"
              f"   (relative: worst |a-b| / max|b|; elementwise floor {result['floor']:g})"]
     for field, e in result["fields"].items():
@@ -160,6 +166,7 @@ def format_diff(result: dict, tolerance: float | None = None) -> str:
                      f"{_num(e['ulp'], 9, ulp=True)}{flag}")
     for key, side in result["non_finite"].items():
         lines.append(f"NON-FINITE: {key} holds NaN or Inf in {side}")
+    lines += [f"SPREAD: {f.short()}" for f in result.get("spread", [])]
     return "\n".join(lines)
 
 

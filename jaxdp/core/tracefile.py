@@ -11,6 +11,7 @@ Keys:
   step/<k>/param/<name>   every parameter after step k's update
   state/<name>            optional: every non-trainable variable (e.g. running statistics) before step 1
   step/<k>/state/<name>   optional: every non-trainable variable after step k
+  step/<k>/spread/<name>  optional: the largest difference across ranks after step k (jaxdp/core/spread.py)
 <name> is the Flax path joined with '/', in Flax layout (a kernel is [in, out]), unsharded.
 """
 from __future__ import annotations

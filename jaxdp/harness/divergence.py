@@ -17,7 +17,7 @@ here), applied per step and tensor:
                                                                computed like the gradients, from the batch)
 With `--tolerance T`: every field's max |a - b| / max |b| <= T (the historical measure). Always: a
 NaN or Inf is a divergence, and so is a key that only one trace holds, except a batch (x, y), which
-recorders take optionally.
+recorders take optionally. A trace's rank spread (jaxdp/core/spread.py) is judged on its own, never compared.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from ..core import spread as spread_mod
 from ..core import trace as trace_mod
 from . import error_model, parity, relaxed
 
@@ -124,6 +125,7 @@ def compare(a: trace_mod.Trace, b: trace_mod.Trace, tolerance: float | None = No
         trace_mod.check_comparable(a, b)
         shared = trace_mod.shared_config_fields(a, b)
         notes.append(f"configuration compared on {', '.join(shared) or 'no field (neither meta carries one)'}")
+    found, a, b = spread_mod.split(a, b, ("A", "B"))
     first_step = max(a.first_step, b.first_step)
     pos = {k: p for k in set(a.arrays) | set(b.arrays) if (p := position(k, first_step))}
     outside = sorted((set(a.arrays) | set(b.arrays)) - set(pos))
@@ -140,12 +142,12 @@ def compare(a: trace_mod.Trace, b: trace_mod.Trace, tolerance: float | None = No
     ra, rb = (_restricted(t, same_shape, first_step, steps, dtype) for t in (a, b))
     if tolerance is None:
         row = parity.judge(ra, rb, tol, sides=("A", "B"), check_config=False, with_ulp=True)
-        d, failures = row.diff, list(row.failures)
+        d, failures = row.diff, spread_mod.failures(found) + row.failures  # a rank spread first: it explains the rest
         measures = _bounded(d, tol, pos, same_shape)
         step_update = dict(zip(range(first_step, steps + 1), row.per_step["step update"], strict=False))
         bounds = {f: tol.bound(f) for f in parity.FIELDS + ("elementwise",)} | {"dtype": dtype, "source": source}
     else:
-        row, failures, step_update = None, [], {}
+        row, failures, step_update = None, spread_mod.failures(found), {}
         d = trace_mod.diff(ra, rb, check_config=False, with_ulp=False)
         measures = {k: [("relative", d["per_array"][k], tolerance)] for k in same_shape}
         bounds = {"relative": tolerance, "source": "--tolerance"}
@@ -157,10 +159,10 @@ def compare(a: trace_mod.Trace, b: trace_mod.Trace, tolerance: float | None = No
     if first is not None and first.key in a.arrays and first.key in b.arrays and not first.detail:
         _locate(first, a, b, first_step, d["floor"], allow)
     note, kept = relaxed.lines(row) if row is not None else ("", [])
-    notes += [note] if note else []
+    notes += ([note] if note else []) + spread_mod.notes(found)
     ok = not divergences and not failures
     return Report(ok, first, divergences, cells, failures, notes, bounds, first_step=first_step, steps=steps,
-                  extra={"diff": d, "row": row, "tolerance": tolerance}, relaxed=kept)
+                  extra={"diff": d, "row": row, "tolerance": tolerance, "spread": found}, relaxed=kept)
 
 
 def _missing(a, b, pos, notes) -> list[Divergence]:
@@ -280,7 +282,7 @@ def as_json(report: Report, a_path: str = "", b_path: str = "") -> dict:
         first["index"] = list(first["index"]) if first["index"] is not None else None
     doc = {"ok": report.ok, "first_divergence": first, "a": a_path, "b": b_path, "bounds": report.bounds,
            "failures": report.failures, "notes": report.notes, "steps": [report.first_step, report.steps],
-           "relaxed": report.relaxed,
+           "relaxed": report.relaxed, "spread": [asdict(f) for f in report.extra.get("spread", [])],
            "divergences": [{k: getattr(v, k) for k in ("step", "field", "name", "measure", "error", "bound")}
                            for v in report.divergences],
            "table": report.cells}

@@ -17,7 +17,7 @@ What is measured (`jaxdp.trace.diff`), per step k and per tensor (array) t:
   elementwise  max_i |a_i - b_i| / max(|b_i|, floor)          (float64 only; floor 1e-12)
 and, always: any NaN or Inf in either trace is a failure named by key (non-finite is never
 agreement); the initial parameters must be bit-identical; and in bf16 runs on N > 1 devices the
-gradients must not all be bfloat16 values (see `bf16_reduced`).
+gradients must not all be bfloat16 values (see `bf16_reduced`); and the ranks agree (jaxdp/core/spread.py).
 
 The bounds (`TOLERANCES`; docs/PARITY.md has the same table and the measurements):
 The bugs to catch change a whole step's update or a tensor's gradient by a factor: negated (update
@@ -166,7 +166,7 @@ def judge(a, b, tol: Tolerance | None = None, label: str = "", cfg: RunConfig | 
 
 def _judged(a, b, tol, label, cfg, sides, check_config, with_ulp, allow) -> Row:
     """`judge`'s measures and failures, with the error model's allowances `allow` (or None)."""
-    d = trace_mod.diff(a, b, check_config=check_config, with_ulp=with_ulp, allowance=allow)
+    d = trace_mod.diff(a, b, check_config=check_config, with_ulp=with_ulp, allowance=allow, sides=sides)
     steps = range(b.first_step, b.steps + 1)
     worst_at = {}  # (field, step) -> (error, key)
     for key, err in d["norm"].items():
@@ -186,6 +186,7 @@ def _judged(a, b, tol, label, cfg, sides, check_config, with_ulp, allow) -> Row:
     if allow is not None:
         row.relaxed = relaxed.relaxations(a, b, allow, d, tol, d["floor"])
     row.failures += [f"non-finite: {k} holds NaN or Inf in {_sides(w, sides)}" for k, w in d["non_finite"].items()]
+    row.failures += [f"spread: {f.describe()}" for f in d["spread"] if f.fails]  # rank spread (jaxdp/core/spread.py)
     if not init_identical:
         row.failures.append("initial parameters differ")
     for f in FIELDS:
@@ -273,9 +274,8 @@ def check(cfg: RunConfig, pairs, jax_runner=None, torch_runner=None) -> list[Row
     for label, _, _ in pairs:
         j = jax_runner(jax_cfgs[label])
         t = torch_results[torch_cfgs[label]]
-        rows.append(
-            compare(trace_mod.Trace(j.meta, j.arrays), trace_mod.Trace(t.meta, t.arrays), jax_cfgs[label], label)
-        )
+        rows.append(compare(trace_mod.Trace(j.meta, j.arrays), trace_mod.Trace(t.meta, t.arrays), jax_cfgs[label],
+                            label))
     return rows
 
 

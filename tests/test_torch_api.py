@@ -81,6 +81,7 @@ def api_results(n: int) -> list[dict]:
 
 
 def worst_error(arrays: dict, ref: dict) -> tuple[float, str]:
+    ref = {k: v for k, v in ref.items() if "/spread/" not in k}  # the ranks' agreement: no trace value
     assert set(arrays) >= set(ref), sorted(set(ref) - set(arrays))[:5]
     errors = {k: float(np.max(np.abs(arrays[k] - ref[k])) / max(np.max(np.abs(ref[k])), 1e-300)) for k in ref}
     return max((v, k) for k, v in errors.items())

@@ -18,7 +18,7 @@ from jaxdp.analysis import accounting, hlo
 from jaxdp.core import trace
 from jaxdp.core.config import ConfigError
 from jaxdp.harness import torch_cli
-from jaxdp.strategies.zero import flat
+from jaxdp.strategies.zero import flat, layout
 
 from .conftest import BASE, run
 from .test_cli import error_of
@@ -104,3 +104,15 @@ def test_library_refuses_replicas_that_do_not_divide_and_other_strategies():
     par = parallelize(loss, params, optax.sgd(0.1), strategy="hsdp", devices=4, replicas=2)
     assert par.strategy.name == "hsdp" and dict(par.init().params["w"].sharding.mesh.shape) == {"replica": 2,
                                                                                                  "data": 2}
+
+
+def test_state_per_device_is_zero3s_at_s():
+    """Parameters and Adam's state on device 0: the ZeRO formula with S = N / R (zero3's on S devices)."""
+    cfg = BASE.replace(strategy="hsdp", devices=8, replicas=4, optimizer="adam", dtype="float32")
+    devices, _, problem, optimizer, strategy = train.prepare(cfg, False)
+    state = strategy.init(problem.params)
+    sizes = [p.size for p in jax.tree.leaves(problem.params)]
+    expected = accounting.formula(layout.of("hsdp"), sizes, 2, 4, 4, 8, replicated_state_bytes=4)  # Adam's count
+    measured = {part: accounting.bytes_on(getattr(state, part), devices[0]) for part in ("params", "opt_state")}
+    assert measured == {part: expected[part] for part in measured}
+    assert expected["params"] == 4 * sum(-(-n // 2) for n in sizes)

@@ -65,6 +65,8 @@ ZERO3 = Layout(3, True, True, True,
                why="FSDP2 splits dim 0 (rows padded on the last ranks); JAX splits the flattened parameter: "
                    "one layout for every stage, contiguous for any shape")
 HSDP = Layout(3, True, True, True,
+              jax="per-parameter flat shards over a group's `data` axis, each parameter padded to a multiple of S, "
+                  "the same in every group",
               torch="FSDP2 (`fully_shard`) on a 2-D mesh (replicate, shard): dim-0 DTensor shards of each parameter "
                     "within a group of S ranks, the same shards in each of the R groups",
               why="as zero3's, with S in place of N: FSDP2 splits dim 0 within the group; JAX splits the flattened "

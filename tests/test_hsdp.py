@@ -79,7 +79,7 @@ def test_the_checks_fail_on_a_broken_hsdp(monkeypatch):
                                                                   "1, 2, 4"),
     (["--strategy", "ddp", "--replicas", "2", "--devices", "4"], "--replicas 2 is for --strategy hsdp, not ddp: drop "
                                                                  "--replicas"),
-    (["--strategy", "hsdp", "--model", "cnn", "--data", "digits", "--devices", "2"], "runs no --model cnn")])
+    (["--strategy", "hsdp", "--model", "cnn", "--data", "digits", "--devices", "2"], "hsdp has no --model cnn")])
 def test_bad_replicas_is_one_line_in_both_frameworks(argv, message, capsys):
     err = error_of(["train", *argv], capsys)
     assert message in err and len(err.strip().splitlines()) == 1

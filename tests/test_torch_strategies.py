@@ -74,6 +74,15 @@ def test_hsdp_equals_single(cfg):
     assert_matches_single(cfg)
 
 
+def test_hsdp_reduce_scatters_in_the_group_then_all_reduces_each_units_shard_across():
+    """FSDP2 on the (2, 2) mesh issues zero3's all-gathers and reduce-scatters (in the group) plus one
+    all-reduce per unit (the shard, across the groups): 3 for the MLP's three layers."""
+    hsdp, zero3 = world(4)["hsdp_comm"][0]
+    assert hsdp["c10d::_allgather_base_"] == zero3["c10d::_allgather_base_"] == 6
+    assert hsdp["c10d::_reduce_scatter_base_"] == zero3["c10d::_reduce_scatter_base_"] == 3
+    assert hsdp["c10d::allreduce_"] == zero3["c10d::allreduce_"] + 3
+
+
 def test_hsdp_equals_jaxdp_hsdp():
     """The two frameworks' hsdp at 2 x 2, float64: jaxdp's run against torch_ref's."""
     from .conftest import run

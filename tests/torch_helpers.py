@@ -72,6 +72,7 @@ CNN_TORCH = [cnn_torch(c) for c in CNN_CASES]
 HSDP = [BASE.replace(strategy="hsdp", devices=4, replicas=r, accum=3, clip_norm=0.5, optimizer=o,
                      reshard_after_forward=k)
         for r, o, k in ((2, "adamw", True), (1, "adam", False), (4, "momentum", True))]
+HSDP_COMM = [BASE.replace(strategy=s, devices=4, replicas=r) for s, r in (("hsdp", 2), ("zero3", 1))]  # collectives
 TRAIN = CASES + GPT_CASES + [FLOAT32] + BF16 + [KEEP_GATHERED] + CNN_TORCH + HSDP
 TRAIN += [c for c in GPT2_CASES if c.strategy in DISTRIBUTED]
 RING_SIZES = [1, 2, 3, 5, 7, 12, 13, 100]
@@ -112,6 +113,8 @@ def world(n: int) -> dict:
     api_trace = os.path.join(tempfile.mkdtemp(prefix="torch_api_"), f"api-{n}.npz")
     if n in API_SIZES:  # tests/test_torch_api.py: its model through the library API
         jobs.append(("api", api_trace))
+    if n == 4:  # hsdp 2 x 2 against zero3 (tests/test_torch_strategies.py)
+        jobs.append(("hsdp_comm", HSDP_COMM, init_for(init_key(BASE))))
     if n == 2:
         jobs.append(("comm", BASE.replace(devices=2), init_for(init_key(BASE))))
         jobs.append(("buckets", BASE.replace(strategy="ddp-bucket", devices=2, accum=3), init_for(init_key(BASE))))
@@ -151,6 +154,8 @@ def run_jobs(rank: int, n: int, jobs: list) -> list:
                             for accum in (1, 3)} for s in DISTRIBUTED})
         elif job[0] == "buckets":
             out.append(bucket_launches(rank, n, job[1], job[2]))
+        elif job[0] == "hsdp_comm":
+            out.append([collectives_per_step(rank, n, cfg, job[2]) for cfg in job[1]])
         elif job[0] in ("keep_gathered", "gpt2_comm"):
             out.append(collectives_per_step(rank, n, job[1], job[2]))
     return out

@@ -222,8 +222,8 @@ class RunConfig:
             raise ConfigError(f"--replicas {r} must divide --devices {n}: give one of "
                               + ", ".join(str(d) for d in range(1, n + 1) if n % d == 0))
         if hsdp and (self.model == "cnn" or framework == "torch" and self.reduction == "canonical"):
-            raise ConfigError("--strategy hsdp runs no --model cnn (BatchNorm) and, in torch_ref, no --reduction "
-                              "canonical; use --strategy zero3")
+            what = "--model cnn (BatchNorm)" if self.model == "cnn" else "torch_ref's --reduction canonical"
+            raise ConfigError(f"--strategy hsdp has no {what}; use --strategy zero3")
 
     def kv_heads(self) -> int:
         """llama's key/value heads: --n-kv-head, or --n-head when it is 0."""

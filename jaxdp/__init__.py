@@ -1,4 +1,4 @@
-"""jaxdp: data parallelism in JAX (DP, DDP, bucketed and ring all-reduce, ZeRO), checked against PyTorch.
+"""jaxdp: data parallelism in JAX (DP, DDP, bucketed and ring all-reduce, ZeRO, HSDP), checked against PyTorch.
 
 The library API (docs/LIBRARY.md): `jaxdp.setup_devices(n)`, `jaxdp.parallelize(loss_fn, params,
 optimizer, strategy=...)`, `jaxdp.trace.Recorder(path, meta)`.

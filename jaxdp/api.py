@@ -89,7 +89,8 @@ def parallelize(loss_fn, params, optimizer, *, strategy: str, devices=None, mesh
     (`params` None, or the module's parameters as a pure dict, which must agree with it).
 
     Options (each strategy accepts its own; an unknown one is an error listing them): `bucket_mb`
-    (ddp-bucket), `collectives` "xla" or "ring" (zero1/2/3), `reshard_after_forward` (zero3).
+    (ddp-bucket), `collectives` "xla" or "ring" (zero1/2/3, hsdp), `reshard_after_forward` (zero3, hsdp),
+    `replicas` (hsdp: R groups of N / R devices, zero3 within a group and replicated across; R divides N).
 
     Any optax GradientTransformation keeps its global semantics: under ZeRO it runs on the global
     sharded arrays (a `clip_by_global_norm` sees the whole gradient's norm). One that depends on the

@@ -1,4 +1,4 @@
-"""Devices and the one-axis mesh every strategy runs on.
+"""Devices and the one-axis mesh every strategy runs on (hsdp: the same devices as a grid, `grid`).
 
 `--devices N` means real accelerators when present, otherwise N simulated CPU devices. Simulated
 devices must be requested before JAX initialises its backends (`jax_num_cpu_devices`); once JAX is
@@ -15,6 +15,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 AXIS = "data"
+REPLICA = "replica"  # hsdp's second axis: the groups (rows of the grid); `data` runs within a group
 
 
 class DeviceError(RuntimeError):
@@ -129,6 +130,20 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
+def grid(mesh: Mesh, replicas: int) -> Mesh:
+    """The devices of a one-axis mesh as hsdp's R x S grid, axes (`replica`, `data`): row r (a shard
+    group, a node) is devices [r S, (r+1) S) of the mesh, in order; S = N / R."""
+    devices = np.asarray(mesh.devices).reshape(replicas, -1)
+    return Mesh(devices, (REPLICA, AXIS), axis_types=(AxisType.Explicit,) * 2)
+
+
+def batch_spec(mesh: Mesh) -> P:
+    """The batch's spec: split over every axis of the mesh, the first the major one (hsdp's grid:
+    replica-major, so device (r, s) holds block r S + s: device k of the flat order block k)."""
+    names = mesh.axis_names
+    return P(names[0] if len(names) == 1 else names)
+
+
 def batch_sharded(mesh: Mesh) -> NamedSharding:
-    """Leading (batch) axis split over `data`: device i holds rows [i*B/N, (i+1)*B/N)."""
-    return NamedSharding(mesh, P(AXIS))
+    """Leading (batch) axis split over the mesh: device i holds rows [i*B/N, (i+1)*B/N)."""
+    return NamedSharding(mesh, batch_spec(mesh))

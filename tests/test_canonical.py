@@ -1,6 +1,7 @@
 """`--reduction canonical` (issue 16): every array of the trace (loss, grads, params, per step) is
 bitwise equal (`np.array_equal`) to `single`'s, for every strategy and variant, N in {1, 2, 4, 8},
-float32 / bfloat16 / float64, accumulation 1 and 3, clipping on and off, on two models (the MLP and
+float32 / bfloat16 / float64, accumulation 1 and 3, clipping on and off (and hsdp at R x S = 2 x 4 and
+4 x 2, `HSDP_CASES`), on two models (the MLP and
 the GPT, whose softmax is where XLA's simplifier differed). The default set has every value of every
 dimension (each variant once, the N and the (dtype, accum, clip) combinations cycling: 14 checks);
 JAXDP_CANONICAL_FULL=1 runs the pairwise covering set instead (every pair of values of any two
@@ -43,6 +44,9 @@ VARIANTS = {  # name -> RunConfig changes
     "zero3": {"strategy": "zero3"}, "zero3-ring": {"strategy": "zero3", "collectives": "ring"},
     "zero3-keep": {"strategy": "zero3", "reshard_after_forward": False},
 }
+HSDP = {"hsdp": {"strategy": "hsdp"}, "hsdp-ring": {"strategy": "hsdp", "collectives": "ring"}}  # + replicas
+HSDP_CASES = [{"variant": "hsdp", "devices": 8, "replicas": 2, "dtype": "float32", "accum": 3, "clip_norm": 0.05},
+              {"variant": "hsdp-ring", "devices": 8, "replicas": 4, "dtype": "bfloat16", "accum": 1, "clip_norm": 0.0}]
 DIMS = {"variant": list(VARIANTS), "devices": [1, 2, 4, 8], "dtype": ["float32", "bfloat16", "float64"],
         "accum": [1, 3], "clip_norm": [0.0, 0.05]}
 GPT_CASES = [{"variant": "ddp", "devices": 2}, {"variant": "zero3", "devices": 8}]
@@ -54,7 +58,7 @@ CNN_CASES = [{"variant": "ddp", "devices": 4, "dtype": "float32", "accum": 3, "c
 
 def _config(base, case) -> RunConfig:
     changes = {k: v for k, v in case.items() if k != "variant"}
-    return base.replace(**VARIANTS[case["variant"]], **changes)
+    return base.replace(**(VARIANTS | HSDP)[case["variant"]], **changes)
 
 
 def _name(model, case) -> str:
@@ -62,7 +66,8 @@ def _name(model, case) -> str:
 
 
 def _single(cfg: RunConfig) -> RunConfig:
-    return cfg.replace(strategy="single", devices=1, collectives="xla", reshard_after_forward=True, bucket_mb=25.0)
+    return cfg.replace(strategy="single", devices=1, collectives="xla", reshard_after_forward=True, bucket_mb=25.0,
+                       replicas=1)
 
 
 COMBOS = [("float32", 1, 0.0), ("bfloat16", 3, 0.05), ("float64", 1, 0.05), ("float32", 3, 0.05),
@@ -84,10 +89,11 @@ def _plan():
     full = os.environ.get("JAXDP_CANONICAL_FULL") == "1"  # FULL: below
     mlp = pairwise(DIMS) if full else each_value()
     cnn = each_value() if full else CNN_CASES
-    for model, base, cases in (("mlp", BASE, mlp), ("gpt", GPT, gpt), ("cnn", CNN, cnn)):
+    for model, base, cases in (("mlp", BASE, mlp + HSDP_CASES), ("gpt", GPT, gpt), ("cnn", CNN, cnn)):
         for case in cases:
             cfg = _config(base, case)
-            name, ref = _name(model, case), _name(model, {**case, "variant": "single", "devices": 1})
+            plain = {k: v for k, v in case.items() if k != "replicas"}  # hsdp's reference: the others' single
+            name, ref = _name(model, case), _name(model, {**plain, "variant": "single", "devices": 1})
             runs[name], runs[ref] = (cfg, None), (_single(cfg), None)
             checks[name] = ref
     return runs, checks

@@ -30,8 +30,9 @@ SUBSET = [
     ("one-element", "torch", "float32"),
 ]
 BF16 = mutations.ADAM.replace(dtype="bfloat16", steps=2)
-TORCH_DISTRIBUTED = [s for s in FRAMEWORK_STRATEGIES["torch"] if s != "single"]
-JAX_DISTRIBUTED = [s for s in FRAMEWORK_STRATEGIES["jax"] if s != "single"]
+# hsdp is zero3 on a grid (tests/test_hsdp.py): its own mutation there
+TORCH_DISTRIBUTED = [s for s in FRAMEWORK_STRATEGIES["torch"] if s not in ("single", "hsdp")]
+JAX_DISTRIBUTED = [s for s in FRAMEWORK_STRATEGIES["jax"] if s not in ("single", "hsdp")]
 TORCH_FLOATS = {"float", "double", "c10::BFloat16", "c10::Half"}
 REPLICATED = [s for s in JAX_DISTRIBUTED if s != "zero3"]  # zero3 keeps no replica but Adam's count
 

@@ -26,6 +26,7 @@ from .torch_helpers import (
     DISTRIBUTED,
     FLOAT32,
     GPT_CASES,
+    HSDP,
     KEEP_GATHERED,
     as_trace,
     result,
@@ -37,11 +38,11 @@ TOL = 1e-12
 
 
 def case_id(cfg):
-    return f"{cfg.strategy}-x{cfg.devices}-{cfg.optimizer}-acc{cfg.accum}-clip{cfg.clip_norm}"
+    return f"{cfg.strategy}-x{cfg.devices}-r{cfg.replicas}-{cfg.optimizer}-acc{cfg.accum}-clip{cfg.clip_norm}"
 
 
 def assert_matches_single(cfg, tol=TOL):
-    got, ref = result(cfg), single(cfg)
+    got, ref = result(cfg), single(cfg.replace(replicas=1))
     diff = trace.diff(as_trace(got), as_trace(ref))
     bad = {k: v for k, v in diff["per_array"].items() if v > tol}
     assert not bad, f"{case_id(cfg)} differs from single: {sorted(bad.items(), key=lambda kv: -kv[1])[:5]}"
@@ -65,6 +66,31 @@ def test_strategy_equals_single(cfg):
 @pytest.mark.parametrize("cfg", GPT_CASES, ids=case_id)
 def test_gpt_strategy_equals_single(cfg):
     assert_matches_single(cfg)
+
+
+@pytest.mark.parametrize("cfg", HSDP, ids=case_id)
+def test_hsdp_equals_single(cfg):
+    """FSDP2 on the (replicate, shard) mesh: R x S = 2x2, 1x4, 4x1 at N = 4, accumulation and clipping."""
+    assert_matches_single(cfg)
+
+
+def test_hsdp_reduce_scatters_in_the_group_then_all_reduces_each_units_shard_across():
+    """FSDP2 on the (2, 2) mesh issues zero3's all-gathers and reduce-scatters (in the group) plus one
+    all-reduce per unit (the shard, across the groups): 3 for the MLP's three layers."""
+    hsdp, zero3 = world(4)["hsdp_comm"][0]
+    assert hsdp["c10d::_allgather_base_"] == zero3["c10d::_allgather_base_"] == 6
+    assert hsdp["c10d::_reduce_scatter_base_"] == zero3["c10d::_reduce_scatter_base_"] == 3
+    assert hsdp["c10d::allreduce_"] == zero3["c10d::allreduce_"] + 3
+
+
+def test_hsdp_equals_jaxdp_hsdp():
+    """The two frameworks' hsdp at 2 x 2, float64: jaxdp's run against torch_ref's."""
+    from .conftest import run
+
+    got, ref = result(HSDP[0]), run(HSDP[0])
+    worst = trace.diff(as_trace(got), as_trace(ref), check_config=False)["worst"]
+    assert max(worst.values()) < TOL, worst
+    assert_judged_ok(got, ref, sides=("torch", "jax"), check_config=False)
 
 
 def test_trace_has_the_flax_names_and_layout():

@@ -14,17 +14,18 @@ DOCS = Path(__file__).resolve().parents[1] / "docs" / "STRATEGIES.md"
 
 
 def test_each_stage_shards_what_zero_says():
-    """Stage k shards the last k of (params, grads, optimizer state), read from the table's rows."""
+    """Stage k shards the last k of (params, grads, optimizer state), read from the table's rows (hsdp:
+    stage 3 within a group)."""
     for name, row in layout.LAYOUTS.items():
-        assert name == f"zero{row.stage}"
+        assert name == f"zero{row.stage}" or (name == "hsdp" and row.sharded == layout.ZERO3.sharded)
         assert [row.shards_opt_state, row.shards_grads, row.shards_params] == [i < row.stage for i in range(3)]
     assert not any(layout.REPLICATED.sharded.values()) and layout.of("ddp") is layout.REPLICATED
 
 
 def test_the_specs_follow_from_what_is_sharded():
-    assert [row.param_spec for row in layout.LAYOUTS.values()] == [P(), P(), P(AXIS)]
-    assert [row.grad_spec for row in layout.LAYOUTS.values()] == [P(), P(AXIS), P(AXIS)]
-    assert [row.gathers_after_update for row in layout.LAYOUTS.values()] == [True, True, False]
+    assert [row.param_spec for row in layout.LAYOUTS.values()] == [P(), P(), P(AXIS), P(AXIS)]
+    assert [row.grad_spec for row in layout.LAYOUTS.values()] == [P(), P(AXIS), P(AXIS), P(AXIS)]
+    assert [row.gathers_after_update for row in layout.LAYOUTS.values()] == [True, True, False, False]
     assert not layout.REPLICATED.gathers_after_update
 
 
@@ -35,7 +36,7 @@ def test_the_memory_formula_reads_the_table():
                    "zero1": {"params": 13, "grads": 13, "opt_state": 4},
                    "zero2": {"params": 13, "grads": 4, "opt_state": 4},
                    "zero3": {"params": 4, "grads": 4, "opt_state": 4}}
-    assert {name: accounting.STAGE[name] for name in layout.LAYOUTS} == {"zero1": 1, "zero2": 2, "zero3": 3}
+    assert {name: accounting.STAGE[name] for name in layout.LAYOUTS} == {"zero1": 1, "zero2": 2, "zero3": 3, "hsdp": 3}
 
 
 def test_the_docs_render_every_row():

@@ -22,7 +22,8 @@ from .pairwise import pairwise
 # The JAX suite's problem (tests/conftest.py BASE) with a bucket small enough for several buckets.
 BASE = RunConfig(model="mlp", data="synthetic", hidden=(16, 16), steps=4, batch_size=72, lr=0.05,
                  weight_decay=0.01, dtype="float64", seed=3, bucket_mb=0.002)
-DISTRIBUTED = [s for s in FRAMEWORK_STRATEGIES["torch"] if s != "single"]
+# hsdp (zero3 on an R x S grid) has its own cases (HSDP below), not the pairwise sets: --replicas 1 is zero3
+DISTRIBUTED = [s for s in FRAMEWORK_STRATEGIES["torch"] if s not in ("single", "hsdp")]
 DIMENSIONS = {
     "strategy": DISTRIBUTED,
     "devices": [1, 2, 3, 4],
@@ -37,7 +38,7 @@ GPT_CASES = [GPT.replace(strategy=s) for s in DISTRIBUTED]
 # GPT-2 (tests/test_gpt2.py): strategies of both frameworks x N x accum, pairwise; momentum SGD (why: there).
 GPT2_SMALL = BASE.replace(model="gpt2", data="text", steps=2, batch_size=36, n_layer=1, n_head=2, d_model=8,
                           seq_len=8, optimizer="momentum", lr=0.05, strategy="single", devices=1)
-GPT2_DIMENSIONS = {"strategy": [s for s in ALL_STRATEGIES if s != "single"], "devices": [1, 2, 3, 4],
+GPT2_DIMENSIONS = {"strategy": [s for s in ALL_STRATEGIES if s not in ("single", "hsdp")], "devices": [1, 2, 3, 4],
                    "accum": [1, 3]}
 GPT2_CASES = [GPT2_SMALL.replace(**case) for case in pairwise(GPT2_DIMENSIONS)]
 FLOAT32 = BASE.replace(strategy="ddp-ring", devices=4, dtype="float32", optimizer="adam", lr=1e-3)
@@ -52,7 +53,7 @@ KEEP_GATHERED = BASE.replace(strategy="zero3", devices=2, accum=3, clip_norm=0.5
 CNN = BASE.replace(model="cnn", data="digits", channels=(4, 4), steps=2, batch_size=36, optimizer="adamw", lr=0.01,
                    bucket_mb=0.0005)
 CNN_DIMENSIONS = {
-    "strategy": [s for s in FRAMEWORK_STRATEGIES["jax"] if s != "single"],
+    "strategy": [s for s in FRAMEWORK_STRATEGIES["jax"] if s not in ("single", "hsdp")],  # hsdp: no BatchNorm
     "devices": [1, 2, 3, 4],
     "accum": [1, 3],
     "batchnorm": ["sync", "local"],
@@ -66,7 +67,13 @@ def cnn_torch(cfg: RunConfig) -> RunConfig:
 
 
 CNN_TORCH = [cnn_torch(c) for c in CNN_CASES]
-TRAIN = CASES + GPT_CASES + [FLOAT32] + BF16 + [KEEP_GATHERED] + CNN_TORCH
+# hsdp on the world of 4 (tests/test_torch_strategies.py): R x S = 2x2, 1x4, 4x1, accumulation and clipping;
+# the 2x2 one also runs in jaxdp: the two frameworks meet on it.
+HSDP = [BASE.replace(strategy="hsdp", devices=4, replicas=r, accum=3, clip_norm=0.5, optimizer=o,
+                     reshard_after_forward=k)
+        for r, o, k in ((2, "adamw", True), (1, "adam", False), (4, "momentum", True))]
+HSDP_COMM = [BASE.replace(strategy=s, devices=4, replicas=r) for s, r in (("hsdp", 2), ("zero3", 1))]  # collectives
+TRAIN = CASES + GPT_CASES + [FLOAT32] + BF16 + [KEEP_GATHERED] + CNN_TORCH + HSDP
 TRAIN += [c for c in GPT2_CASES if c.strategy in DISTRIBUTED]
 RING_SIZES = [1, 2, 3, 5, 7, 12, 13, 100]
 API_SIZES = (1, 2, 3)  # the world sizes tests/test_torch_api.py's cases need
@@ -106,6 +113,8 @@ def world(n: int) -> dict:
     api_trace = os.path.join(tempfile.mkdtemp(prefix="torch_api_"), f"api-{n}.npz")
     if n in API_SIZES:  # tests/test_torch_api.py: its model through the library API
         jobs.append(("api", api_trace))
+    if n == 4:  # hsdp 2 x 2 against zero3 (tests/test_torch_strategies.py)
+        jobs.append(("hsdp_comm", HSDP_COMM, init_for(init_key(BASE))))
     if n == 2:
         jobs.append(("comm", BASE.replace(devices=2), init_for(init_key(BASE))))
         jobs.append(("buckets", BASE.replace(strategy="ddp-bucket", devices=2, accum=3), init_for(init_key(BASE))))
@@ -146,6 +155,8 @@ def run_jobs(rank: int, n: int, jobs: list) -> list:
                             for accum in (1, 3)} for s in DISTRIBUTED})
         elif job[0] == "buckets":
             out.append(bucket_launches(rank, n, job[1], job[2]))
+        elif job[0] == "hsdp_comm":
+            out.append([collectives_per_step(rank, n, cfg, job[2]) for cfg in job[1]])
         elif job[0] in ("keep_gathered", "gpt2_comm"):
             out.append(collectives_per_step(rank, n, job[1], job[2]))
         elif job[0] == "bn":

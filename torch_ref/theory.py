@@ -151,7 +151,8 @@ def zero1_partition(sizes: list[int], n: int) -> list[list[int]]:
     return owned
 
 
-def memory_theory(strategy: str, param_shapes, n: int, itemsize: int, optimizer: str, rank: int = 0) -> dict:
+def memory_theory(strategy: str, param_shapes, n: int, itemsize: int, optimizer: str, rank: int = 0,
+                  replicas: int = 1) -> dict:
     """Bytes rank `rank` holds, by what each torch strategy keeps (see docs/TORCH_REF.md):
     dp's workers (rank > 0): params only (no optimizer; their gradients are sent, never synced)
     replicated (ddp*, dp's rank 0): params, grads Psi b; state K Psi b (+ 4 bytes per parameter tensor
@@ -161,7 +162,10 @@ def memory_theory(strategy: str, param_shapes, n: int, itemsize: int, optimizer:
     zero2: params Psi b; master shard, grads and state ceil(Psi/n) b each (K for the state) + one step
     zero3: params, grads and state: FSDP2's local shard of each parameter, rows
            [r c, min((r+1) c, dim0)) with c = ceil(dim0/n); step counts for every parameter tensor
+    hsdp: zero3's within its group of S = n / replicas ranks (its column s = rank mod S)
     """
+    if strategy == "hsdp":
+        strategy, n, rank = "zero3", n // replicas, rank % (n // replicas)
     shapes = [_shape(p) for p in param_shapes]
     sizes = [math.prod(s) for s in shapes]
     psi, k, step = sum(sizes), STATE_TENSORS_PER_PARAM[optimizer], STEP_COUNT_BYTES[optimizer]

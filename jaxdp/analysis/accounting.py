@@ -145,7 +145,8 @@ def memory(cfg, trains: CompiledStep | None = None) -> dict:
     scalars = sum(leaf.dtype.itemsize for leaf in jax.tree.leaves(jax.eval_shape(c.optimizer.init, c.problem.params))
                   if leaf.ndim == 0)
     k_bytes = STATE_ARRAYS_PER_PARAM[cfg.optimizer] * itemsize
-    expected = formula(zero_layout.of(cfg.strategy), sizes, cfg.devices, itemsize, itemsize, k_bytes, scalars)
+    shards = cfg.devices // cfg.replicas  # hsdp: sharded over a group of S = N / R (zero3's formula at S)
+    expected = formula(zero_layout.of(cfg.strategy), sizes, shards, itemsize, itemsize, k_bytes, scalars)
     step = step_memory((trains or compile_step(cfg)).program)
     return {"strategy": cfg.strategy, "devices": cfg.devices, "psi": sum(sizes), "sizes": sizes, "k_bytes": k_bytes,
             "param_bytes": itemsize, "measured": measured, "formula": expected,

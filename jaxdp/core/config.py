@@ -22,8 +22,8 @@ PLATFORMS = ("auto", "cpu", "gpu")
 COLLECTIVES = ("xla", "ring")
 # Strategy names per framework; a name means the same algorithm on both sides.
 FRAMEWORK_STRATEGIES = {
-    "jax": ("single", "dp", "ddp", "ddp-pmap", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3"),
-    "torch": ("single", "dp", "ddp", "ddp-naive", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3"),
+    "jax": ("single", "dp", "ddp", "ddp-pmap", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3", "hsdp"),
+    "torch": ("single", "dp", "ddp", "ddp-naive", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3", "hsdp"),
 }
 ALL_STRATEGIES = tuple(dict.fromkeys(FRAMEWORK_STRATEGIES["jax"] + FRAMEWORK_STRATEGIES["torch"]))
 ALIASES = {"fsdp": "zero3"}
@@ -118,6 +118,7 @@ class RunConfig:
         True, "zero3 (FSDP2's name): true frees each unit's gathered parameters after its forward and gathers "
         "them again for backward (3 x (N-1)/N Psi sent); false keeps them until backward (2 x, more memory)",
         type=_bool_text)
+    replicas: int = _flag(1, "hsdp: R groups of --devices / R devices, zero3 within a group, replicated across")
     reduction: str = _flag(
         "native", "gradient reduction: native (each N sums in its own order) or canonical (the same bits on any "
         "N dividing --shards: docs/CANONICAL.md)", REDUCTIONS)
@@ -142,15 +143,8 @@ class RunConfig:
     # ---- validation -------------------------------------------------------------------------
     def validate(self, framework: str = "jax") -> RunConfig:
         """Check the configuration for `framework` ('jax' or 'torch'); raise ConfigError naming the fix."""
-        for name, valid in (
-            ("model", MODELS),
-            ("data", DATASETS),
-            ("optimizer", OPTIMIZERS),
-            ("dtype", DTYPES),
-            ("platform", PLATFORMS),
-            ("collectives", COLLECTIVES),
-            ("batchnorm", BATCHNORMS),
-        ):
+        for name, valid in (("model", MODELS), ("data", DATASETS), ("optimizer", OPTIMIZERS), ("dtype", DTYPES),
+                            ("platform", PLATFORMS), ("collectives", COLLECTIVES), ("batchnorm", BATCHNORMS)):
             value = getattr(self, name)
             if value not in valid:
                 raise ConfigError(f"unknown {name} {value!r}; valid: {', '.join(valid)}")
@@ -194,6 +188,7 @@ class RunConfig:
             raise ConfigError("--resume and --checkpoint-every need --checkpoint-dir DIR")
         if self.checkpoint_every < 0:
             raise ConfigError(f"--checkpoint-every must be 0 (off) or positive, got {self.checkpoint_every}")
+        self._validate_replicas(framework)
         self._validate_reduction()
         if self.lr <= 0 or self.weight_decay < 0 or self.clip_norm < 0 or self.bucket_mb <= 0:
             raise ConfigError("--lr and --bucket-mb must be positive; --weight-decay and --clip-norm non-negative")
@@ -217,6 +212,18 @@ class RunConfig:
         if (self.d_model // self.n_head) % 2:
             raise ConfigError(f"llama's head dimension --d-model / --n-head = {self.d_model // self.n_head} must "
                               f"be even (rotary embeddings rotate pairs): e.g. --d-model {2 * self.d_model}")
+
+    def _validate_replicas(self, framework: str) -> None:
+        """--replicas: only with hsdp, dividing --devices; hsdp runs no BatchNorm model, nor torch's canonical."""
+        n, r, hsdp = self.devices, self.replicas, self.strategy == "hsdp"
+        if r != 1 and not hsdp:
+            raise ConfigError(f"--replicas {r} is for --strategy hsdp, not {self.strategy}: drop --replicas")
+        if hsdp and (r < 1 or n % r):
+            raise ConfigError(f"--replicas {r} must divide --devices {n}: give one of "
+                              + ", ".join(str(d) for d in range(1, n + 1) if n % d == 0))
+        if hsdp and (self.model == "cnn" or framework == "torch" and self.reduction == "canonical"):
+            what = "--model cnn (BatchNorm)" if self.model == "cnn" else "torch_ref's --reduction canonical"
+            raise ConfigError(f"--strategy hsdp has no {what}; use --strategy zero3")
 
     def kv_heads(self) -> int:
         """llama's key/value heads: --n-kv-head, or --n-head when it is 0."""

@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 from ..core.config import ALIASES, FRAMEWORK_STRATEGIES, ConfigError
 from ..core.reduction import REDUCTIONS
-from . import bucket, ddp, ddp_pmap, dp, ring, single, zero
+from . import bucket, ddp, ddp_pmap, dp, hsdp, ring, single, zero
 from .common import Strategy, TrainState
 
 
@@ -21,6 +21,7 @@ class StrategyOptions(NamedTuple):
     reduction: str = "native"           # "canonical": the same bits on any N dividing `shards` (canonical.py)
     shards: int = 0                     # canonical: shards per micro-batch (0: canonical.default_shards)
     clip_norm: float = 0.0              # canonical: clip the canonical global norm (native: in the optax chain)
+    replicas: int = 1                   # hsdp: R groups of N / R devices (zero3 within a group, replicated across)
 
 
 FACTORIES = {
@@ -33,6 +34,7 @@ FACTORIES = {
     "zero1": zero.make_stage(1),
     "zero2": zero.make_stage(2),
     "zero3": zero.make_stage(3),
+    "hsdp": hsdp.make,
 }
 assert tuple(FACTORIES) == FRAMEWORK_STRATEGIES["jax"]
 
@@ -43,6 +45,7 @@ OPTIONS = {name: () for name in FACTORIES} | {
     "zero1": ("collectives",),
     "zero2": ("collectives",),
     "zero3": ("collectives", "reshard_after_forward"),
+    "hsdp": ("collectives", "reshard_after_forward", "replicas"),
 }
 
 
@@ -92,6 +95,9 @@ def options(name: str, accum: int = 1, **given) -> StrategyOptions:
     if given.get("reduction", "native") == "native" and (given.get("clip_norm") or given.get("shards")):
         raise ConfigError("clip_norm= and shards= are for reduction='canonical'; with 'native', put the clip in "
                           "the optax chain")
+    replicas = given.get("replicas", 1)
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise ConfigError(f"replicas={replicas!r}; give a whole number of groups >= 1 that divides the devices")
     if isinstance(accum, bool) or not isinstance(accum, int) or accum < 1:
         raise ConfigError(f"accum={accum!r}; give a whole number of micro-batches >= 1")
     return StrategyOptions(accum=accum, **given)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from jaxdp.core.config import ALIASES, FRAMEWORK_STRATEGIES, ConfigError
 
-from . import bucket, ddp, dp, naive, ring, single, zero1, zero2, zero3
+from . import bucket, ddp, dp, hsdp, naive, ring, single, zero1, zero2, zero3
 from .canonical_step import Canonical
 from .common import Options, Strategy
 
@@ -22,12 +22,14 @@ FACTORIES = {
     "zero1": zero1.make,
     "zero2": zero2.make,
     "zero3": zero3.make,
+    "hsdp": hsdp.make,
 }
 assert tuple(FACTORIES) == FRAMEWORK_STRATEGIES["torch"]
 # The options each strategy takes (besides accum), as `parallelize(..., **options)` names them.
 OPTIONS = {name: () for name in FACTORIES} | {
     "ddp": ("bucket_mb",), "zero1": ("bucket_mb",), "ddp-bucket": ("bucket_mb",),
     "zero3": ("reshard_after_forward", "units"),
+    "hsdp": ("reshard_after_forward", "units", "replicas"),
 }
 
 
@@ -55,8 +57,8 @@ def build(name: str, model, optimizer, accum: int = 1, reduction: str = "native"
 
 
 def options_of(cfg) -> dict:
-    """The strategy options of a RunConfig (`--bucket-mb`, `--reshard-after-forward`)."""
-    values = {"bucket_mb": cfg.bucket_mb, "reshard_after_forward": cfg.reshard_after_forward}
+    """The strategy options of a RunConfig (`--bucket-mb`, `--reshard-after-forward`, `--replicas`)."""
+    values = {"bucket_mb": cfg.bucket_mb, "reshard_after_forward": cfg.reshard_after_forward, "replicas": cfg.replicas}
     return {k: values[k] for k in OPTIONS[resolve(cfg.strategy)] if k in values}
 
 

@@ -28,6 +28,7 @@ class Options(NamedTuple):
     bucket_mb: float = 25.0  # ddp, zero1 (DDP's bucket_cap_mb), ddp-bucket
     reshard_after_forward: bool = True  # zero3 (FSDP2's name)
     units: list | None = None  # zero3: the submodules (or lists of them) sharded one by one
+    replicas: int = 1  # hsdp: R groups of N / R ranks (zero3 within a group, replicated across)
     reduction: str = "native"  # "canonical": the same bits on any N (strategies/canonical_step.py)
     shards: int | None = None  # canonical: shards per micro-batch (None: the default)
 

@@ -64,9 +64,11 @@ def units_of(model) -> list[list]:
     return shared_units.without_shared(model, shared_units.blocks(model))
 
 
-def apply_fsdp(model, reshard_after_forward: bool = True, units=None):
-    """fully_shard each unit (a submodule, or a list of submodules sharded as one group), then the root.
-    Units given that split a shared parameter between groups are an error, before any collective."""
+def apply_fsdp(model, reshard_after_forward: bool = True, units=None, replicas: int | None = None):
+    """fully_shard each unit (a submodule, or a list of submodules sharded as one group), then the root,
+    over a 1-D mesh of every rank, or (`replicas` R given: hsdp) FSDP2's 2-D mesh (R, S) named
+    ("replicate", "shard"). Units given that split a shared parameter between groups are an error,
+    before any collective."""
     given = units is not None
     units = [list(u) if isinstance(u, (list, tuple)) else [u] for u in (units if given else units_of(model))]
     own = {id(m) for m in model.modules()}
@@ -77,16 +79,19 @@ def apply_fsdp(model, reshard_after_forward: bool = True, units=None):
     if given:
         shared_units.check_shared(model, units)
     device_type = next(model.parameters()).device.type
-    mesh = init_device_mesh(device_type, (dist.get_world_size(),))
+    world = dist.get_world_size()
+    mesh = (init_device_mesh(device_type, (world,)) if replicas is None else
+            init_device_mesh(device_type, (replicas, world // replicas), mesh_dim_names=("replicate", "shard")))
     for unit in units:
         fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh)  # the root: whatever parameters no unit took
     return model
 
 
-def make(model, optimizer, opts) -> Strategy:
+def make(model, optimizer, opts, name: str = "zero3", replicas: int | None = None) -> Strategy:
+    """zero3 (or, with `replicas`, hsdp: `hsdp.py`) on `model`, with the optimizer factory `optimizer`."""
     twin = twin_of(model) if opts.reduction == "canonical" else None  # before FSDP2 shards the model
-    model = apply_fsdp(model, opts.reshard_after_forward, opts.units)
+    model = apply_fsdp(model, opts.reshard_after_forward, opts.units, replicas)
     built = optimizer(model.parameters())  # over the local shards: 1/N of the state
 
     def full_grads():  # all-gather, tracing only
@@ -96,7 +101,7 @@ def make(model, optimizer, opts) -> Strategy:
         return {name: p.full_tensor().detach() for name, p in model.named_parameters()}
 
     # DTensors: the checkpoint saves them shard by shard
-    return make_strategy("zero3", model, model, built, opts.accum,
+    return make_strategy(name, model, model, built, opts.accum,
                          no_sync=lambda: common.no_sync(model.set_requires_gradient_sync),
                          full_grads=full_grads, full_params=full_params, wrapped=model,
                          canonical_parts=CANONICAL._replace(twin=twin))

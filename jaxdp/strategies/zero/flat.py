@@ -33,6 +33,7 @@ class Collectives(NamedTuple):
     all_reduce: Callable
     reduce_scatter: Callable  # pad to N x S, sum over devices, keep this device's S elements
     all_gather: Callable
+    replica: str | None = None  # hsdp: the axis across the groups, over which each reduction ends (`across_groups`)
 
 
 XLA = Collectives(
@@ -43,6 +44,14 @@ RING = Collectives(
     "ring", lambda x: ring.ring_all_reduce(x, AXIS), lambda x: ring.ring_reduce_scatter(x, AXIS),
     lambda shard: ring.ring_all_gather(shard, AXIS))
 COLLECTIVES = {"xla": XLA, "ring": RING}
+
+
+def across_groups(comm: Collectives, axis: str) -> Collectives:
+    """`comm` within a group (over `data`), each reduction then finished across the groups (`axis`) by one
+    psum of its result: hsdp's reduce-scatter is the group's reduce-scatter, then an all-reduce of the
+    shard (Psi / S per device) across the groups, never of the full gradient; gathers stay in the group."""
+    return comm._replace(replica=axis, all_reduce=lambda x: lax.psum(comm.all_reduce(x), axis),
+                         reduce_scatter=lambda x: lax.psum(comm.reduce_scatter(x), axis))
 
 
 def my_shard(full, n, multiple=None):
@@ -83,7 +92,8 @@ def apply_global_update(optimizer, grad_flat, opt_state, param_flat):
 
 def init_sharded(layout, optimizer, mesh, multiple: int):
     """`init(params, opt_state=None)`: the optimizer state on the flat layout (padded to `multiple`),
-    sharded over `data`; the parameters as `layout` keeps them: replicated, or as flat shards."""
+    sharded over `data` (hsdp's grid: within each group, the same in every group); the parameters as
+    `layout` keeps them: replicated, or as flat shards."""
     sharded = NamedSharding(mesh, P(AXIS))
     opt_init = jax.jit(optimizer.init)
 

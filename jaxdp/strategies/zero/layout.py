@@ -20,7 +20,7 @@ JAX_LAYOUT = "per-parameter flat shards, each parameter padded to a multiple of 
 
 
 class Layout(NamedTuple):
-    """What one stage shards over `data` (True: each device holds 1/N of it; False: a full copy)."""
+    """What one stage shards over `data` (True: each device holds 1/N of it, hsdp 1/S; False: a full copy)."""
     stage: int
     shards_params: bool
     shards_grads: bool
@@ -64,7 +64,14 @@ ZERO3 = Layout(3, True, True, True,
                torch="FSDP2 (`fully_shard`): dim-0 DTensor shards of each parameter, per unit",
                why="FSDP2 splits dim 0 (rows padded on the last ranks); JAX splits the flattened parameter: "
                    "one layout for every stage, contiguous for any shape")
-LAYOUTS = {"zero1": ZERO1, "zero2": ZERO2, "zero3": ZERO3}
+HSDP = Layout(3, True, True, True,
+              jax="per-parameter flat shards over a group's `data` axis, each parameter padded to a multiple of S, "
+                  "the same in every group",
+              torch="FSDP2 (`fully_shard`) on a 2-D mesh (replicate, shard): dim-0 DTensor shards of each parameter "
+                    "within a group of S ranks, the same shards in each of the R groups",
+              why="as zero3's, with S in place of N: FSDP2 splits dim 0 within the group; JAX splits the flattened "
+                  "parameter over the grid's `data` axis, replicated over `replica`")
+LAYOUTS = {"zero1": ZERO1, "zero2": ZERO2, "zero3": ZERO3, "hsdp": HSDP}
 PARTS = ("params", "grads", "opt_state")
 
 

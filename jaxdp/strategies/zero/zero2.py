@@ -28,14 +28,21 @@ def grads(problem, comm, shapes, n, opts):
 
 def canonical_scatter(comm):
     """`sync((loss, grads))` under reduction="canonical": the loss by the canonical tree, the gradients
-    as a canonical reduce-scatter of each flat padded to a multiple of BLOCKS (zero3 too)."""
+    as a canonical reduce-scatter of each flat padded to a multiple of BLOCKS (zero3 too). hsdp
+    (`comm.replica`): the group's tree, then the tree over the groups of the group's sums (a canonical
+    all-reduce of the chunk): device r S + s is leaf r S + s of the one tree over N, whose lower log2 S
+    levels pair devices of a group (S a power of two), so the bits are the 1-D tree's."""
     exchange = (lambda chunks: canonical.ppermute_exchange(chunks, AXIS)) if comm.kind == "ring" else None
+
+    def across(a, reduce):
+        return reduce(a, comm.replica) if comm.replica else a
 
     def sync(values):
         loss, grads = values
-        loss = canonical.combine(loss, AXIS)
+        loss = across(canonical.combine(loss, AXIS), canonical.combine)
         padded = jax.tree.map(lambda g: jnp.pad(g.reshape(-1), (0, -g.size % canonical.BLOCKS)), grads)
-        return loss, jax.tree.map(lambda g: canonical.combine_scatter(g, AXIS, exchange), padded)
+        return loss, jax.tree.map(lambda g: across(canonical.combine_scatter(g, AXIS, exchange), canonical.all_reduce),
+                                  padded)
     return sync
 
 

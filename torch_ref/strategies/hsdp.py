@@ -1,0 +1,31 @@
+"""`hsdp`: hybrid sharding, FSDP2 as a user writes it: `fully_shard(..., mesh=init_device_mesh(device,
+(R, S), mesh_dim_names=("replicate", "shard")))` on each unit and the root, the units and the shared
+parameters as zero3's (`zero3.py`, `units.py`), N = R x S ranks.
+
+FSDP2 shards each parameter along dim 0 over the "shard" dimension (a group of S consecutive ranks:
+rank r S + s is row r, column s) and replicates the shards over "replicate". Each unit's all-gathers run
+within the group; its gradient is reduce-scattered within the group and the shard then all-reduced
+across the groups (FSDP2's HSDP order, jaxdp's too: only Psi / S per rank crosses groups), divided by
+N in all (FSDP2's factor: the data-parallel size R x S). Accumulation: `set_requires_gradient_sync`,
+as zero3; clip_grad_norm_ on the DTensor gradients (Replicate, Shard(0)) computes the whole norm.
+`replicas=1` is zero3 on a (1, N) mesh; `replicas=N` holds whole parameters on every rank (ddp's
+algorithm). `reduction="canonical"` is jaxdp's only (refused by the configuration and `make`).
+"""
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from jaxdp.core.config import ConfigError
+
+from . import zero3
+from .common import Strategy
+
+
+def make(model, optimizer, opts) -> Strategy:
+    world = dist.get_world_size()
+    if opts.replicas < 1 or world % opts.replicas:
+        divisors = ", ".join(str(d) for d in range(1, world + 1) if world % d == 0)
+        raise ConfigError(f"replicas={opts.replicas} does not divide the {world} ranks; give one of {divisors}")
+    if opts.reduction == "canonical":
+        raise ConfigError("hsdp in torch_ref has no reduction='canonical'; use 'native' (or strategy='zero3')")
+    return zero3.make(model, optimizer, opts, name="hsdp", replicas=opts.replicas)

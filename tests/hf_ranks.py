@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-VOCAB, SEQ, BATCH, STEPS = 64, 8, 8, 3
+VOCAB, SEQ, BATCH, STEPS = 64, 8, 8, 2
 LR, WEIGHT_DECAY = 1e-2, 0.01
 MODELS = ("gpt2", "llama", "bert")
 PREFIX = {"gpt2": "transformer.", "llama": "model.", "bert": "bert."}

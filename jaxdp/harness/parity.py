@@ -258,15 +258,16 @@ def compare(jax_trace, torch_trace, cfg: RunConfig, label: str = "") -> Row:
 
 def check(cfg: RunConfig, pairs, jax_runner=None, torch_runner=None) -> list[Row]:
     """Train each (label, jax strategy, torch strategy) pair on `cfg` (`jaxdp.pair_runs`) and judge."""
+    from ..core.hsdp_hosts import per_strategy
     from . import pair_runs
 
     jax_runner, torch_runner = jax_runner or pair_runs.run_jax, torch_runner or pair_runs.run_torch
     jax_cfgs = {
-        label: cfg.replace(strategy=j, devices=1 if j == "single" else cfg.devices).validate("jax")
+        label: per_strategy(cfg, j).replace(devices=1 if j == "single" else cfg.devices).validate("jax")
         for label, j, _ in pairs
     }
     torch_cfgs = {
-        label: cfg.replace(strategy=t, devices=1 if t == "single" else cfg.devices).validate("torch")
+        label: per_strategy(cfg, t).replace(devices=1 if t == "single" else cfg.devices).validate("torch")
         for label, _, t in pairs
     }
     torch_results = torch_runner(list(dict.fromkeys(torch_cfgs.values())))

@@ -24,12 +24,17 @@ def per_strategy(cfg, name: str):
     return cfg.replace(strategy=name) if name == "hsdp" else cfg.replace(strategy=name, replicas=1, hsdp_hosts="shard")
 
 
-def check_listed(replicas: int, names, flag: str = "--strategies") -> None:
-    """`--replicas R` (R != 1) is for hsdp: refuse it when none of `names` is hsdp."""
+def check_listed(replicas: int, names, flag: str = "--strategies", hosts: str = "shard") -> None:
+    """`--replicas R` (R != 1) and `--hsdp-hosts replica` are for hsdp: refuse them when none of `names` is."""
     names = list(names)
-    if replicas != 1 and "hsdp" not in names:
+    if "hsdp" in names:
+        return
+    if replicas != 1:
         raise ConfigError(f"--replicas {replicas} is for hsdp, which {flag} {','.join(names)} does not list: "
                           f"add hsdp to {flag} or drop --replicas")
+    if hosts != "shard":
+        raise ConfigError(f"--hsdp-hosts {hosts} is for hsdp, which {flag} {','.join(names)} does not list: "
+                          f"add hsdp to {flag} or drop --hsdp-hosts")
 
 
 def check_hosts(devices: int, replicas: int, processes: int, hosts: str) -> None:

@@ -129,7 +129,7 @@ def _train(args) -> int:
         raise config.ConfigError(
             "several strategies write several traces: put {strategy} in --trace, e.g. runs/{strategy}.npz"
         )
-    hsdp_hosts.check_listed(args.replicas, strategies, "--strategy")
+    hsdp_hosts.check_listed(args.replicas, strategies, "--strategy", args.hsdp_hosts)
     configs = [config.from_args(argparse.Namespace(**{**vars(args), "strategy": name} | (
         {} if name == "hsdp" else {"replicas": 1, "hsdp_hosts": "shard"}))) for name in strategies]
     for cfg in configs:  # before training (and before starting processes), not when the trace is due
@@ -204,7 +204,7 @@ def _memory(args) -> int:
     from ..analysis import accounting
 
     names = [n.strip() for n in args.strategies.split(",") if n.strip()]
-    hsdp_hosts.check_listed(args.replicas, names)
+    hsdp_hosts.check_listed(args.replicas, names, hosts=args.hsdp_hosts)
     base = config.from_args(argparse.Namespace(**{**vars(args), "replicas": 1, "hsdp_hosts": "shard"}))
     rows = [accounting.memory(hsdp_hosts.per_strategy(base.replace(replicas=args.replicas, hsdp_hosts=args.hsdp_hosts),
                                                       name).validate()) for name in names]
@@ -285,7 +285,7 @@ def _parity(args) -> int:
         **{**{k: getattr(args, k) for k in config.RunConfig.__dataclass_fields__}, "strategy": "ddp"}
     )
     pairs = parity.pairs_for(n.strip() for n in args.strategies.split(",") if n.strip())
-    hsdp_hosts.check_listed(base.replicas, [n for _, j, t in pairs for n in (j, t)])
+    hsdp_hosts.check_listed(base.replicas, [n for _, j, t in pairs for n in (j, t)], hosts=base.hsdp_hosts)
     for _, j, t in pairs:
         hsdp_hosts.per_strategy(base, j).replace(devices=1 if j == "single" else base.devices).validate("jax")
         hsdp_hosts.per_strategy(base, t).replace(devices=1 if t == "single" else base.devices).validate("torch")

@@ -154,7 +154,7 @@ def versus_single(j, reference, c: RunConfig, name: str) -> dict:
 def compare(cfg: RunConfig, strategies: list[str], progress=None) -> dict:
     """Run and measure everything; returns the summary dictionary."""
     check_strategies(strategies)
-    hsdp_hosts.check_listed(cfg.replicas, strategies)
+    hsdp_hosts.check_listed(cfg.replicas, strategies, hosts=cfg.hsdp_hosts)
     say = progress or (lambda message: None)
     cfgs = {s: hsdp_hosts.per_strategy(cfg, s).validate("jax") for s in strategies}
     cfg = hsdp_hosts.per_strategy(cfg, "ddp")  # the reference runs and the FLOP count: no --replicas

@@ -36,6 +36,19 @@ def test_replicas_and_hosts_errors_are_one_line(argv, message, capsys):
     assert len(err.strip().splitlines()) == 1 and message in err, err
 
 
+def test_torch_refuses_a_layout_its_hosts_cannot_hold(monkeypatch, capsys):
+    """Under torchrun on 2 hosts of 2 ranks (LOCAL_WORLD_SIZE 2 of 4): whole replica groups of a 4 x 1 grid
+    do not fit; one line before any rank starts."""
+    from jaxdp.harness import torch_cli
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    argv = ["train", "--strategy", "hsdp", "--replicas", "4", "--devices", "4", "--hsdp-hosts", "replica"]
+    assert torch_cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--hsdp-hosts replica: torchrun --nnodes 2 cannot each hold whole replica groups" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_replicas_go_to_the_hsdp_entries_only():
     cfg = BASE.replace(devices=4, replicas=2, hsdp_hosts="replica")
     assert [hsdp_hosts.per_strategy(cfg, s).replicas for s in ("ddp", "hsdp", "zero3")] == [1, 2, 1]

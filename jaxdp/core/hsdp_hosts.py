@@ -29,6 +29,8 @@ def check_listed(replicas: int, names, flag: str = "--strategies", hosts: str = 
     names = list(names)
     if "hsdp" in names:
         return
+    if replicas != 1 and len(names) == 1:  # as the configuration says it (`RunConfig.validate`)
+        raise ConfigError(f"--replicas {replicas} is for --strategy hsdp, not {names[0]}: drop --replicas")
     if replicas != 1:
         raise ConfigError(f"--replicas {replicas} is for hsdp, which {flag} {','.join(names)} does not list: "
                           f"add hsdp to {flag} or drop --replicas")
@@ -37,8 +39,9 @@ def check_listed(replicas: int, names, flag: str = "--strategies", hosts: str = 
                           f"add hsdp to {flag} or drop --hsdp-hosts")
 
 
-def check_hosts(devices: int, replicas: int, processes: int, hosts: str) -> None:
-    """P processes each hold whole groups of the kind `hosts` asks for, or one line naming the flags."""
+def check_hosts(devices: int, replicas: int, processes: int, hosts: str, flag: str = "--processes") -> None:
+    """P processes (hosts; `flag` names their count: torch_ref's is torchrun's --nnodes) each hold whole
+    groups of the kind `hosts` asks for, or one line naming the flags."""
     if hosts not in HOSTS:
         raise ConfigError(f"unknown --hsdp-hosts {hosts!r}; valid: {', '.join(HOSTS)}")
     if processes <= 1:
@@ -48,8 +51,8 @@ def check_hosts(devices: int, replicas: int, processes: int, hosts: str) -> None
     if count % processes:
         other = "replica" if hosts == "shard" else "shard"
         raise ConfigError(
-            f"--hsdp-hosts {hosts}: --processes {processes} cannot each hold whole {what} of the "
-            f"--replicas {replicas} x {shards} grid ({count} of them): give --processes dividing {count}, or "
+            f"--hsdp-hosts {hosts}: {flag} {processes} cannot each hold whole {what} of the "
+            f"--replicas {replicas} x {shards} grid ({count} of them): give {flag} dividing {count}, or "
             f"--replicas {'a multiple of' if hosts == 'shard' else 'dividing --devices by a multiple of'} "
             f"{processes}, or --hsdp-hosts {other}")
 

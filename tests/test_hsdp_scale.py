@@ -132,3 +132,12 @@ def test_report_shows_the_link_table_and_the_published_points():
     zero3 = proj["models"]["Llama 3 8B"]["strategies"]["zero3"]["rows"]
     assert hsdp[0]["weak_efficiency"] == pytest.approx(zero3[0]["weak_efficiency"], rel=0.01)
     assert hsdp[-1]["weak_efficiency"] > zero3[-1]["weak_efficiency"] + 0.2
+
+
+def test_published_points_fall_inside_the_projected_bracket():
+    """Each published 1-D FSDP run's kept throughput lies between the projection's no-overlap and
+    full-overlap bounds for zero3, and hsdp's no-overlap bound is above zero3's."""
+    for p in links.published():
+        z, h = p["projected"]["zero3"], p["projected"]["hsdp"]
+        assert z["weak_efficiency"] < p["kept"] <= z["overlapped_efficiency"] + 1e-9, p
+        assert h["weak_efficiency"] > z["weak_efficiency"]

@@ -38,22 +38,14 @@ def _add_train(sub) -> None:
     )
     train.add_argument("--trace", default=None, help="write the trace (.npz) to this path")
     multi = train.add_argument_group("multi-process (jax.distributed)")
-    multi.add_argument(
-        "--processes",
-        type=int,
-        default=1,
-        help="start this many processes on this machine (coordinator on a free loopback port)",
-    )
+    multi.add_argument("--processes", type=int, default=1,
+                       help="start this many processes on this machine (coordinator on a free loopback port)")
     multi.add_argument("--coordinator", default=None, help="HOST:PORT of process 0's coordinator (cluster runs)")
     multi.add_argument("--num-processes", type=int, default=None, help="processes in all (cluster runs)")
     multi.add_argument("--process-id", type=int, default=None, help="this process's index (cluster runs)")
     multi.add_argument("--timeout", type=float, default=None, help="--processes: stop the run after this many seconds")
-    train.add_argument(
-        "--progress",
-        default=None,
-        action=argparse.BooleanOptionalAction,
-        help="progress bar (default: when stderr is a terminal)",
-    )
+    train.add_argument("--progress", default=None, action=argparse.BooleanOptionalAction,
+                       help="progress bar (default: when stderr is a terminal)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,11 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     parity = sub.add_parser("parity", help="train each strategy in jaxdp and torch_ref and compare them step by step")
     config.add_arguments(parity)
-    parity.add_argument(
-        "--strategies",
-        default="single,dp,ddp,ddp-bucket,ddp-ring,zero1,zero2,zero3,ddp-pmap,ddp-naive",
-        help="comma-separated; a name both sides have, ddp-pmap / ddp-naive (against ddp), or JAX~TORCH",
-    )
+    parity.add_argument("--strategies", default="single,dp,ddp,ddp-bucket,ddp-ring,zero1,zero2,zero3,ddp-pmap,"
+                        "ddp-naive", help="comma-separated; a name both sides have, ddp-pmap / ddp-naive (against "
+                        "ddp), or JAX~TORCH")
 
     cli_diff.add_parser(sub)
     return parser

@@ -59,6 +59,7 @@ import numpy as np
 
 from ..core import trace as trace_mod
 from ..core.config import RunConfig
+from ..core.hsdp_hosts import per_strategy
 from . import error_model, relaxed
 
 # (label, jaxdp strategy, torch_ref strategy): same names where both frameworks have them, and the
@@ -258,7 +259,6 @@ def compare(jax_trace, torch_trace, cfg: RunConfig, label: str = "") -> Row:
 
 def check(cfg: RunConfig, pairs, jax_runner=None, torch_runner=None) -> list[Row]:
     """Train each (label, jax strategy, torch strategy) pair on `cfg` (`jaxdp.pair_runs`) and judge."""
-    from ..core.hsdp_hosts import per_strategy
     from . import pair_runs
 
     jax_runner, torch_runner = jax_runner or pair_runs.run_jax, torch_runner or pair_runs.run_torch

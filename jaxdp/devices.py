@@ -14,6 +14,8 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from .core.hsdp_hosts import grid_order
+
 AXIS = "data"
 REPLICA = "replica"  # hsdp's second axis: the groups (rows of the grid); `data` runs within a group
 
@@ -130,11 +132,24 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
-def grid(mesh: Mesh, replicas: int) -> Mesh:
-    """The devices of a one-axis mesh as hsdp's R x S grid, axes (`replica`, `data`): row r (a shard
-    group, a node) is devices [r S, (r+1) S) of the mesh, in order; S = N / R."""
-    devices = np.asarray(mesh.devices).reshape(replicas, -1)
+def grid(mesh: Mesh, replicas: int, hosts: str = "shard") -> Mesh:
+    """The devices of a one-axis mesh as hsdp's R x S grid, axes `replica` (R) and `data` (S = N / R). The
+    mesh's devices are process-major (jax.devices()). `hosts` "shard": row r (a shard group, a node) is
+    devices [r S, (r+1) S), a process holds whole rows; "replica": column s (a replica group) is devices
+    [s R, (s+1) R), a process holds whole columns, and the axes are laid out (`data`, `replica`) so that the
+    batch, split major-first (`batch_spec`), still gives device k of the flat order block k, and a process
+    its own share of the rows (`core.hsdp_hosts.grid_order`)."""
+    flat = np.asarray(mesh.devices).reshape(-1)
+    devices = flat[np.asarray(grid_order(flat.size, replicas, hosts))]
+    if hosts == "replica":
+        return Mesh(devices.T, (AXIS, REPLICA), axis_types=(AxisType.Explicit,) * 2)
     return Mesh(devices, (REPLICA, AXIS), axis_types=(AxisType.Explicit,) * 2)
+
+
+def grid_rows(g: Mesh) -> list[list[list[int]]]:
+    """hsdp's grid as [row r (a shard group)][column s] = [device id, its process]: the trace's `hsdp_grid`."""
+    rows = g.devices if g.axis_names[0] == REPLICA else g.devices.T
+    return [[[int(d.id), int(d.process_index)] for d in row] for row in rows]
 
 
 def batch_spec(mesh: Mesh) -> P:

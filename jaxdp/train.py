@@ -74,6 +74,9 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
     state, start, saver = _start(cfg, par, problem, optimizer)
     result = RunResult(cfg, meta={"framework": "jax", **cfg.to_dict(), "platform": devices[0].platform,
                                   "processes": jax.process_count(), "versions": versions(), "first_step": start + 1})
+    if cfg.strategy == "hsdp":  # which devices (and processes) form each group: --hsdp-hosts
+        result.meta["hsdp_grid"] = devices_mod.grid_rows(devices_mod.grid(devices_mod.mesh(devices), cfg.replicas,
+                                                                          cfg.hsdp_hosts))
     recorder = Recorder(trace_path if jax.process_index() == 0 else None, result.meta) if record else None
     if recorder is not None:  # a resumed run's init/ is what it resumed from
         recorder.init(problem.params if start == 0 else par.params(state), state=problem.state)

@@ -1,5 +1,5 @@
 """Running torch_ref: the CLI end to end (same flags as jaxdp, a valid trace, the summary line),
-torchrun, and a failing rank that ends the run promptly with that rank's error."""
+torchrun (one host, and hsdp on two hosts), and a failing rank that ends the run promptly with that rank's error."""
 from __future__ import annotations
 
 import os
@@ -50,6 +50,32 @@ def test_torchrun_runs_the_same_entry_point(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.count("zero3 on 2 cpu rank(s)") == 1  # rank 0 alone prints and writes
     assert max(trace.diff(trace.load(path), as_trace(single(CFG)))["worst"].values()) < 1e-12
+
+
+def test_torchrun_on_two_hosts_gives_each_host_one_shard_group(tmp_path):
+    """hsdp 2 x 2 on two torchrun hosts (nodes) of two ranks: row r of the (replicate, shard) mesh is host r's
+    ranks (FSDP2's gathers stay in a host), and the trace is single's. Every host's agent under a timeout."""
+    from torch_ref.launch import free_port
+
+    port, path = free_port(), tmp_path / "hsdp.npz"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
+            "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    flags = ["-m", "torch_ref", "train", "--strategy", "hsdp", "--replicas", "2", "--devices", "4", *FLAGS,
+             "--trace", str(path)]
+    hosts = [subprocess.Popen([*argv, "--node-rank", str(h), *flags], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=REPO, env=_env(OMP_NUM_THREADS="1"))
+             for h in (0, 1)]
+    try:
+        outs = [h.communicate(timeout=240) for h in hosts]
+    finally:
+        for h in hosts:
+            if h.poll() is None:
+                h.kill()
+                h.wait()
+    assert [h.returncode for h in hosts] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
+    got = trace.load(path)
+    assert got.meta["hsdp_grid"] == [[[0, 0], [1, 0]], [[2, 1], [3, 1]]]  # [rank, host]
+    assert max(trace.diff(got, as_trace(single(CFG)))["worst"].values()) < 1e-12
 
 
 def test_a_failing_rank_fails_the_run_fast_with_its_error(monkeypatch):

@@ -42,7 +42,8 @@ def parallelize(model: torch.nn.Module, *, strategy: str, optimizer: Callable, a
     it once more on a throwaway parameter to learn the class and hyperparameters for
     ZeroRedundancyOptimizer). `accum`: micro-batches per step. Options: `bucket_mb` (ddp, zero1,
     ddp-bucket), `reshard_after_forward` and `units` (zero3 and hsdp: submodules, or lists of submodules
-    sharded as one group), `replicas` (hsdp: FSDP2 on a (replicate, shard) mesh of R x world / R ranks).
+    sharded as one group), `replicas` (hsdp: FSDP2 on a (replicate, shard) mesh of R x world / R ranks),
+    `hsdp_hosts` (hsdp: "shard", each torchrun host holds whole shard groups, or "replica": whole replica groups).
     `reduction="canonical"` makes the step's bits independent of the number of
     ranks (torch_ref/canonical.py): `shards` per micro-batch (a power of two the ranks divide; None: the
     default of the global rows per micro-batch). Every rank calls it, inside an initialised process group (none is

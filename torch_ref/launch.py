@@ -69,6 +69,20 @@ def from_env() -> tuple[int, int, int] | None:
     return rank, world, int(os.environ.get("LOCAL_RANK", rank))
 
 
+def ranks_per_host(world: int) -> int:
+    """Ranks on each host (node): torchrun's LOCAL_WORLD_SIZE; every rank on one host when it is not set
+    (this module's spawned world). Ranks are host-major: host h holds ranks [h L, (h+1) L)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world))
+
+
+def hsdp_grid(model, world: int) -> list[list[list[int]]]:
+    """hsdp's (replicate, shard) mesh as [row r (a shard group)][column s] = [rank, its host], read from a
+    sharded parameter (jaxdp's trace key `hsdp_grid`: [device id, process])."""
+    mesh = next(p.device_mesh for p in model.parameters() if hasattr(p, "device_mesh"))
+    per_host = ranks_per_host(world)
+    return [[[int(k), int(k) // per_host] for k in row] for row in mesh.mesh.tolist()]
+
+
 def _entry(rank, world, port, platform, pg_timeout_s, results, fn, args):
     """Runs in each spawned process."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),

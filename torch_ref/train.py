@@ -102,6 +102,8 @@ def train_rank(rank: int, world: int, cfg: RunConfig, init: dict[str, np.ndarray
     result.meta = {"framework": "torch", **cfg.to_dict(), "platform": "gpu" if device.type == "cuda" else "cpu",
                    "backend": dist.get_backend() if dist.is_initialized() else None, "versions": versions(),
                    "first_step": start + 1}
+    if cfg.strategy == "hsdp":  # which ranks (and hosts) form each shard group: --hsdp-hosts
+        result.meta["hsdp_grid"] = launch.hsdp_grid(module, world)
     recorder = Recorder(None, result.meta, model) if record else None
     if recorder:
         result.meta = recorder.meta  # with what the Recorder declares (`broadcast_buffers`)

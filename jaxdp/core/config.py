@@ -11,6 +11,7 @@ import importlib.util
 from dataclasses import dataclass, field
 
 from .errors import ConfigError
+from .hsdp_hosts import HOSTS
 from .reduction import REDUCTIONS, resolve_shards
 
 MODELS = ("mlp", "gpt", "cnn", "gpt2", "llama")
@@ -119,6 +120,8 @@ class RunConfig:
         "them again for backward (3 x (N-1)/N Psi sent); false keeps them until backward (2 x, more memory)",
         type=_bool_text)
     replicas: int = _flag(1, "hsdp: R groups of --devices / R devices, zero3 within a group, replicated across")
+    hsdp_hosts: str = _flag("shard", "hsdp, several processes: each process (host) holds whole shard groups (the "
+                            "gathers stay in a host) or whole replica groups (docs/STRATEGIES.md)", HOSTS)
     reduction: str = _flag(
         "native", "gradient reduction: native (each N sums in its own order) or canonical (the same bits on any "
         "N dividing --shards: docs/CANONICAL.md)", REDUCTIONS)
@@ -126,9 +129,8 @@ class RunConfig:
         0, "canonical: shards per micro-batch, a power of two that --devices divides (0: the largest power of two "
         "dividing batch/accum that keeps >= 4 rows per shard, at most 64)")
     nan_check: bool = _flag(True, "stop with the step number on a NaN or Inf loss")
-    checkpoint_dir: str = _flag(
-        "", "directory for checkpoints (orbax in jaxdp, torch.distributed.checkpoint in torch_ref)"
-    )
+    checkpoint_dir: str = _flag("", "directory for checkpoints (orbax in jaxdp, torch.distributed.checkpoint in "
+                                "torch_ref)")
     checkpoint_every: int = _flag(0, "save a checkpoint every K steps (0: never)")
     resume: bool = _flag(False, "resume from the latest complete checkpoint in --checkpoint-dir")
 
@@ -144,7 +146,8 @@ class RunConfig:
     def validate(self, framework: str = "jax") -> RunConfig:
         """Check the configuration for `framework` ('jax' or 'torch'); raise ConfigError naming the fix."""
         for name, valid in (("model", MODELS), ("data", DATASETS), ("optimizer", OPTIMIZERS), ("dtype", DTYPES),
-                            ("platform", PLATFORMS), ("collectives", COLLECTIVES), ("batchnorm", BATCHNORMS)):
+                            ("platform", PLATFORMS), ("collectives", COLLECTIVES), ("batchnorm", BATCHNORMS),
+                            ("hsdp_hosts", HOSTS)):
             value = getattr(self, name)
             if value not in valid:
                 raise ConfigError(f"unknown {name} {value!r}; valid: {', '.join(valid)}")
@@ -218,6 +221,8 @@ class RunConfig:
         n, r, hsdp = self.devices, self.replicas, self.strategy == "hsdp"
         if r != 1 and not hsdp:
             raise ConfigError(f"--replicas {r} is for --strategy hsdp, not {self.strategy}: drop --replicas")
+        if self.hsdp_hosts != "shard" and not hsdp:
+            raise ConfigError(f"--hsdp-hosts {self.hsdp_hosts} is for --strategy hsdp, not {self.strategy}")
         if hsdp and (r < 1 or n % r):
             raise ConfigError(f"--replicas {r} must divide --devices {n}: give one of "
                               + ", ".join(str(d) for d in range(1, n + 1) if n % d == 0))
@@ -276,14 +281,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             )
             continue
         kind = meta.get("type") or {"int": int, "float": float, "str": str}[f.type]
-        parser.add_argument(
-            flag,
-            dest=f.name,
-            default=f.default,
-            type=kind,
-            choices=meta.get("choices"),
-            help=meta["help"] + (" (default: %(default)s)"),
-        )
+        parser.add_argument(flag, dest=f.name, default=f.default, type=kind, choices=meta.get("choices"),
+                            help=meta["help"] + (" (default: %(default)s)"))
 
 
 def from_args(args: argparse.Namespace, framework: str = "jax") -> RunConfig:

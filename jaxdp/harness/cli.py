@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from ..core import config
+from ..core import config, hsdp_hosts
 from . import cli_diff
 
 
@@ -38,22 +38,14 @@ def _add_train(sub) -> None:
     )
     train.add_argument("--trace", default=None, help="write the trace (.npz) to this path")
     multi = train.add_argument_group("multi-process (jax.distributed)")
-    multi.add_argument(
-        "--processes",
-        type=int,
-        default=1,
-        help="start this many processes on this machine (coordinator on a free loopback port)",
-    )
+    multi.add_argument("--processes", type=int, default=1,
+                       help="start this many processes on this machine (coordinator on a free loopback port)")
     multi.add_argument("--coordinator", default=None, help="HOST:PORT of process 0's coordinator (cluster runs)")
     multi.add_argument("--num-processes", type=int, default=None, help="processes in all (cluster runs)")
     multi.add_argument("--process-id", type=int, default=None, help="this process's index (cluster runs)")
     multi.add_argument("--timeout", type=float, default=None, help="--processes: stop the run after this many seconds")
-    train.add_argument(
-        "--progress",
-        default=None,
-        action=argparse.BooleanOptionalAction,
-        help="progress bar (default: when stderr is a terminal)",
-    )
+    train.add_argument("--progress", default=None, action=argparse.BooleanOptionalAction,
+                       help="progress bar (default: when stderr is a terminal)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,11 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     parity = sub.add_parser("parity", help="train each strategy in jaxdp and torch_ref and compare them step by step")
     config.add_arguments(parity)
-    parity.add_argument(
-        "--strategies",
-        default="single,dp,ddp,ddp-bucket,ddp-ring,zero1,zero2,zero3,ddp-pmap,ddp-naive",
-        help="comma-separated; a name both sides have, ddp-pmap / ddp-naive (against ddp), or JAX~TORCH",
-    )
+    parity.add_argument("--strategies", default="single,dp,ddp,ddp-bucket,ddp-ring,zero1,zero2,zero3,ddp-pmap,"
+                        "ddp-naive", help="comma-separated; a name both sides have, ddp-pmap / ddp-naive (against "
+                        "ddp), or JAX~TORCH")
 
     cli_diff.add_parser(sub)
     return parser
@@ -129,11 +119,16 @@ def _train(args) -> int:
         raise config.ConfigError(
             "several strategies write several traces: put {strategy} in --trace, e.g. runs/{strategy}.npz"
         )
-    configs = [config.from_args(argparse.Namespace(**{**vars(args), "strategy": name})) for name in strategies]
+    hsdp_hosts.check_listed(args.replicas, strategies, "--strategy", args.hsdp_hosts)
+    configs = [config.from_args(argparse.Namespace(**{**vars(args), "strategy": name} | (
+        {} if name == "hsdp" else {"replicas": 1, "hsdp_hosts": "shard"}))) for name in strategies]
     for cfg in configs:  # before training (and before starting processes), not when the trace is due
         if args.trace:
             trace.check_writable(args.trace.format(strategy=cfg.strategy))
     _check_processes(args.processes, args.devices)
+    for cfg in configs:
+        if cfg.strategy == "hsdp":
+            hsdp_hosts.check_hosts(cfg.devices, cfg.replicas, args.num_processes or args.processes, cfg.hsdp_hosts)
     if args.processes > 1:
         if args.coordinator:
             raise config.ConfigError(
@@ -198,8 +193,11 @@ def _argv_without_processes() -> list[str]:
 def _memory(args) -> int:
     from ..analysis import accounting
 
-    base = config.from_args(args)
-    rows = [accounting.memory(base.replace(strategy=name.strip()).validate()) for name in args.strategies.split(",")]
+    names = [n.strip() for n in args.strategies.split(",") if n.strip()]
+    hsdp_hosts.check_listed(args.replicas, names, hosts=args.hsdp_hosts)
+    base = config.from_args(argparse.Namespace(**{**vars(args), "replicas": 1, "hsdp_hosts": "shard"}))
+    rows = [accounting.memory(hsdp_hosts.per_strategy(base.replace(replicas=args.replicas, hsdp_hosts=args.hsdp_hosts),
+                                                      name).validate()) for name in names]
     print(
         f"bytes per device, {base.model} (Psi = {rows[0]['psi']} parameters), {base.optimizer} "
         f"(K = {rows[0]['k_bytes']} bytes/param), {base.dtype}, N = {base.devices}"
@@ -277,9 +275,10 @@ def _parity(args) -> int:
         **{**{k: getattr(args, k) for k in config.RunConfig.__dataclass_fields__}, "strategy": "ddp"}
     )
     pairs = parity.pairs_for(n.strip() for n in args.strategies.split(",") if n.strip())
+    hsdp_hosts.check_listed(base.replicas, [n for _, j, t in pairs for n in (j, t)], hosts=base.hsdp_hosts)
     for _, j, t in pairs:
-        base.replace(strategy=j, devices=1 if j == "single" else base.devices).validate("jax")
-        base.replace(strategy=t, devices=1 if t == "single" else base.devices).validate("torch")
+        hsdp_hosts.per_strategy(base, j).replace(devices=1 if j == "single" else base.devices).validate("jax")
+        hsdp_hosts.per_strategy(base, t).replace(devices=1 if t == "single" else base.devices).validate("torch")
     devices.setup(base.devices, base.platform)
     rows = parity.check(base, pairs)
     print(

@@ -59,6 +59,7 @@ import numpy as np
 
 from ..core import trace as trace_mod
 from ..core.config import RunConfig
+from ..core.hsdp_hosts import per_strategy
 from . import error_model, relaxed
 
 # (label, jaxdp strategy, torch_ref strategy): same names where both frameworks have them, and the
@@ -262,11 +263,11 @@ def check(cfg: RunConfig, pairs, jax_runner=None, torch_runner=None) -> list[Row
 
     jax_runner, torch_runner = jax_runner or pair_runs.run_jax, torch_runner or pair_runs.run_torch
     jax_cfgs = {
-        label: cfg.replace(strategy=j, devices=1 if j == "single" else cfg.devices).validate("jax")
+        label: per_strategy(cfg, j).replace(devices=1 if j == "single" else cfg.devices).validate("jax")
         for label, j, _ in pairs
     }
     torch_cfgs = {
-        label: cfg.replace(strategy=t, devices=1 if t == "single" else cfg.devices).validate("torch")
+        label: per_strategy(cfg, t).replace(devices=1 if t == "single" else cfg.devices).validate("torch")
         for label, _, t in pairs
     }
     torch_results = torch_runner(list(dict.fromkeys(torch_cfgs.values())))

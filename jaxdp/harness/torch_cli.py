@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from ..core import config
+from ..core import config, hsdp_hosts
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,6 +39,10 @@ def main(argv=None) -> int:
 
     try:
         cfg = config.from_args(args, framework="torch")
+        if cfg.strategy == "hsdp":  # torchrun's hosts (WORLD_SIZE / LOCAL_WORLD_SIZE): before any rank works
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", cfg.devices))
+            hosts = max(1, cfg.devices // local)
+            hsdp_hosts.check_hosts(cfg.devices, cfg.replicas, hosts, cfg.hsdp_hosts, "torchrun --nnodes")
         if args.trace:
             check_writable(args.trace)
         result = run(cfg, trace_path=args.trace, timeout_s=args.timeout, pg_timeout_s=args.pg_timeout)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..core.config import ALIASES, FRAMEWORK_STRATEGIES, ConfigError
+from ..core.hsdp_hosts import HOSTS
 from ..core.reduction import REDUCTIONS
 from . import bucket, ddp, ddp_pmap, dp, hsdp, ring, single, zero
 from .common import Strategy, TrainState
@@ -22,6 +23,7 @@ class StrategyOptions(NamedTuple):
     shards: int = 0                     # canonical: shards per micro-batch (0: canonical.default_shards)
     clip_norm: float = 0.0              # canonical: clip the canonical global norm (native: in the optax chain)
     replicas: int = 1                   # hsdp: R groups of N / R devices (zero3 within a group, replicated across)
+    hsdp_hosts: str = "shard"           # hsdp: the grid's order, row-major ("shard") or column-major ("replica")
 
 
 FACTORIES = {
@@ -45,7 +47,7 @@ OPTIONS = {name: () for name in FACTORIES} | {
     "zero1": ("collectives",),
     "zero2": ("collectives",),
     "zero3": ("collectives", "reshard_after_forward"),
-    "hsdp": ("collectives", "reshard_after_forward", "replicas"),
+    "hsdp": ("collectives", "reshard_after_forward", "replicas", "hsdp_hosts"),
 }
 
 
@@ -88,6 +90,8 @@ def options(name: str, accum: int = 1, **given) -> StrategyOptions:
     if unknown:
         valid = ", ".join(OPTIONS[name]) or "none"
         raise ConfigError(f"strategy {name!r} takes no option {', '.join(unknown)}; its options: {valid}")
+    if given.get("hsdp_hosts", "shard") not in HOSTS:
+        raise ConfigError(f"hsdp_hosts={given['hsdp_hosts']!r}; valid: {', '.join(HOSTS)}")
     if given.get("collectives", "xla") not in ("xla", "ring"):
         raise ConfigError(f"collectives={given['collectives']!r}; valid: xla, ring")
     if given.get("reduction", "native") not in REDUCTIONS:

@@ -46,5 +46,5 @@ def make(problem, optimizer, mesh, opts, return_grads=True):
     if problem.state is not None:
         raise ConfigError("hsdp does not run a model with running statistics (BatchNorm); use --strategy zero3")
     if mesh.axis_names == (AXIS,):
-        mesh = grid(mesh, opts.replicas)
+        mesh = grid(mesh, opts.replicas, opts.hsdp_hosts)
     return _on_grid(problem, optimizer, mesh, opts, return_grads)

@@ -29,7 +29,7 @@ assert tuple(FACTORIES) == FRAMEWORK_STRATEGIES["torch"]
 OPTIONS = {name: () for name in FACTORIES} | {
     "ddp": ("bucket_mb",), "zero1": ("bucket_mb",), "ddp-bucket": ("bucket_mb",),
     "zero3": ("reshard_after_forward", "units"),
-    "hsdp": ("reshard_after_forward", "units", "replicas"),
+    "hsdp": ("reshard_after_forward", "units", "replicas", "hsdp_hosts"),
 }
 
 
@@ -58,7 +58,8 @@ def build(name: str, model, optimizer, accum: int = 1, reduction: str = "native"
 
 def options_of(cfg) -> dict:
     """The strategy options of a RunConfig (`--bucket-mb`, `--reshard-after-forward`, `--replicas`)."""
-    values = {"bucket_mb": cfg.bucket_mb, "reshard_after_forward": cfg.reshard_after_forward, "replicas": cfg.replicas}
+    values = {"bucket_mb": cfg.bucket_mb, "reshard_after_forward": cfg.reshard_after_forward, "replicas": cfg.replicas,
+              "hsdp_hosts": cfg.hsdp_hosts}
     return {k: values[k] for k in OPTIONS[resolve(cfg.strategy)] if k in values}
 
 

@@ -29,6 +29,7 @@ class Options(NamedTuple):
     reshard_after_forward: bool = True  # zero3 (FSDP2's name)
     units: list | None = None  # zero3: the submodules (or lists of them) sharded one by one
     replicas: int = 1  # hsdp: R groups of N / R ranks (zero3 within a group, replicated across)
+    hsdp_hosts: str = "shard"  # hsdp: a host holds whole shard groups ("shard") or whole replica groups
     reduction: str = "native"  # "canonical": the same bits on any N (strategies/canonical_step.py)
     shards: int | None = None  # canonical: shards per micro-batch (None: the default)
 

@@ -9,14 +9,19 @@ across the groups (FSDP2's HSDP order, jaxdp's too: only Psi / S per rank crosse
 N in all (FSDP2's factor: the data-parallel size R x S). Accumulation: `set_requires_gradient_sync`,
 as zero3; clip_grad_norm_ on the DTensor gradients (Replicate, Shard(0)) computes the whole norm.
 `replicas=1` is zero3 on a (1, N) mesh; `replicas=N` holds whole parameters on every rank (ddp's
-algorithm). `reduction="canonical"` is jaxdp's only (refused by the configuration and `make`).
+algorithm). `hsdp_hosts` ("shard", the default: a host holds whole rows, so FSDP2's all-gathers stay in a
+host; "replica": whole columns) orders the mesh over torchrun's host-major ranks (`jaxdp.core.hsdp_hosts`),
+checked against the hosts (WORLD_SIZE / LOCAL_WORLD_SIZE) before any collective.
+`reduction="canonical"` is jaxdp's only (refused by the configuration and `make`).
 """
 from __future__ import annotations
 
 import torch.distributed as dist
 
+from jaxdp.core import hsdp_hosts
 from jaxdp.core.config import ConfigError
 
+from .. import launch
 from . import zero3
 from .common import Strategy
 
@@ -28,4 +33,6 @@ def make(model, optimizer, opts) -> Strategy:
         raise ConfigError(f"replicas={opts.replicas} does not divide the {world} ranks; give one of {divisors}")
     if opts.reduction == "canonical":
         raise ConfigError("hsdp in torch_ref has no reduction='canonical'; use 'native' (or strategy='zero3')")
-    return zero3.make(model, optimizer, opts, name="hsdp", replicas=opts.replicas)
+    hosts = world // launch.ranks_per_host(world)
+    hsdp_hosts.check_hosts(world, opts.replicas, hosts, opts.hsdp_hosts, "torchrun --nnodes")
+    return zero3.make(model, optimizer, opts, name="hsdp", replicas=opts.replicas, hosts=opts.hsdp_hosts)

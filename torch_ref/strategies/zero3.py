@@ -33,11 +33,12 @@ import copy
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
 from jaxdp.core.config import ConfigError
+from jaxdp.core.hsdp_hosts import grid_order
 
 from .. import canonical as C
 from .. import canonical_bn, cnn, gpt2, llama, models
@@ -64,10 +65,12 @@ def units_of(model) -> list[list]:
     return shared_units.without_shared(model, shared_units.blocks(model))
 
 
-def apply_fsdp(model, reshard_after_forward: bool = True, units=None, replicas: int | None = None):
+def apply_fsdp(model, reshard_after_forward: bool = True, units=None, replicas: int | None = None,
+               hosts: str = "shard"):
     """fully_shard each unit (a submodule, or a list of submodules sharded as one group), then the root,
     over a 1-D mesh of every rank, or (`replicas` R given: hsdp) FSDP2's 2-D mesh (R, S) named
-    ("replicate", "shard"). Units given that split a shared parameter between groups are an error,
+    ("replicate", "shard"), its rows in `hosts` order (`jaxdp.core.hsdp_hosts.grid_order`). Units given
+    that split a shared parameter between groups are an error,
     before any collective."""
     given = units is not None
     units = [list(u) if isinstance(u, (list, tuple)) else [u] for u in (units if given else units_of(model))]
@@ -81,17 +84,19 @@ def apply_fsdp(model, reshard_after_forward: bool = True, units=None, replicas: 
     device_type = next(model.parameters()).device.type
     world = dist.get_world_size()
     mesh = (init_device_mesh(device_type, (world,)) if replicas is None else
-            init_device_mesh(device_type, (replicas, world // replicas), mesh_dim_names=("replicate", "shard")))
+            init_device_mesh(device_type, (replicas, world // replicas), mesh_dim_names=("replicate", "shard"))
+            if hosts == "shard" else DeviceMesh(device_type, torch.tensor(grid_order(world, replicas, hosts)),
+                                                mesh_dim_names=("replicate", "shard")))
     for unit in units:
         fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh)  # the root: whatever parameters no unit took
     return model
 
 
-def make(model, optimizer, opts, name: str = "zero3", replicas: int | None = None) -> Strategy:
+def make(model, optimizer, opts, name: str = "zero3", replicas: int | None = None, hosts: str = "shard") -> Strategy:
     """zero3 (or, with `replicas`, hsdp: `hsdp.py`) on `model`, with the optimizer factory `optimizer`."""
     twin = twin_of(model) if opts.reduction == "canonical" else None  # before FSDP2 shards the model
-    model = apply_fsdp(model, opts.reshard_after_forward, opts.units, replicas)
+    model = apply_fsdp(model, opts.reshard_after_forward, opts.units, replicas, hosts)
     built = optimizer(model.parameters())  # over the local shards: 1/N of the state
 
     def full_grads():  # all-gather, tracing only

@@ -28,38 +28,16 @@ definitions, which match the seeds' formulas if T is read as the time of the who
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import numpy as np
 
-from . import references
+from . import links, references
+from .hardware import H100_NVLINK_IB, NODE_GPUS, PRESETS, Preset  # noqa: F401 (the report's names)
 
-NODE_GPUS = 8
 NS = (8, 16, 32, 64, 128, 256, 512, 1024)
 
 
-@dataclass(frozen=True)
-class Preset:
-    name: str
-    peak_flops: float       # FLOP/s, dense bf16
-    mfu: float              # fraction of peak a training step reaches (assumed)
-    nvlink_bytes_s: float   # per GPU, one direction
-    nvlink_alpha_s: float   # latency per ring hop inside a node
-    ib_bytes_s: float       # per GPU, one direction, between nodes
-    ib_alpha_s: float       # latency per ring hop across nodes
-    sources: str
-
-
-H100_NVLINK_IB = Preset(
-    name="H100 SXM, NVLink 4 inside 8-GPU nodes, InfiniBand NDR between nodes",
-    peak_flops=989e12, mfu=0.40, nvlink_bytes_s=450e9, nvlink_alpha_s=3e-6, ib_bytes_s=50e9, ib_alpha_s=10e-6,
-    sources=("NVIDIA H100 Tensor Core GPU datasheet: 989 TFLOP/s dense BF16 (SXM), NVLink 900 GB/s per GPU "
-             "(450 GB/s each way); NVIDIA DGX H100: one ConnectX-7 400 Gb/s NDR InfiniBand port per GPU "
-             "(50 GB/s each way). Latencies (3 us per NVLink hop, 10 us per IB hop) and the 40% MFU are "
-             "assumptions of the order NCCL tests and published training runs report."),
-)
-
-PRESETS = {"h100": H100_NVLINK_IB}
 
 
 def payload_bytes(sent_per_device: float, n_measured: int) -> float:
@@ -78,16 +56,18 @@ def comm_time(payload: float, n: int, hops_per_payload: float, preset: Preset) -
 
 
 def project(flops_per_sample: float, sent_per_device: float, n_measured: int, samples_per_device: float,
-            global_batch: float, preset: Preset = H100_NVLINK_IB, hops_per_payload: float = 2.0, ns=NS) -> dict:
+            global_batch: float, preset: Preset = H100_NVLINK_IB, hops_per_payload: float = 2.0, ns=NS,
+            comm=None) -> dict:
     """Step times and scaling efficiencies for each N (see the module docstring); strong-scaling values
-    are None where a GPU would hold less than one sample of the global batch."""
+    are None where a GPU would hold less than one sample of the global batch. `comm`: seconds of
+    communication at n, when not a ring over all N (hsdp: `links.comm_seconds`)."""
     flops_s = preset.peak_flops * preset.mfu
     payload = payload_bytes(sent_per_device, n_measured)
     t1_weak = samples_per_device * flops_per_sample / flops_s
     t1_strong = global_batch * flops_per_sample / flops_s
     rows = []
     for n in ns:
-        t_comm = comm_time(payload, n, hops_per_payload, preset)
+        t_comm = comm_time(payload, n, hops_per_payload, preset) if comm is None else comm(n)
         t_weak = t1_weak + t_comm
         t_strong = global_batch / n * flops_per_sample / flops_s + t_comm if global_batch >= n else None
         rows.append({"n": n, "comm_s": t_comm, "weak_step_s": t_weak, "strong_step_s": t_strong,
@@ -122,14 +102,23 @@ def compute_bound(flops_per_sample: float, sent_by_strategy: dict, n_measured: i
 
 
 def reference(model: references.Transformer, bytes_per_param_by_strategy: dict, phases: dict, n_measured: int,
-              preset: Preset = H100_NVLINK_IB) -> dict:
+              preset: Preset = H100_NVLINK_IB, itemsize: int = 4) -> dict:
     """One reference model's projection for every strategy, from the strategies' bytes per parameter."""
     p, seqs = references.params(model), model.batch_seqs
     fps = references.flops_per_token(model) * model.context
     return {"params": p, "flops_per_token": references.flops_per_token(model), "context": model.context,
             "batch_seqs": seqs, "source": model.source,
-            "strategies": {s: project(fps, bpp * p, n_measured, 1, seqs, preset, phases[s])
+            "strategies": {s: project(fps, bpp * p, n_measured, 1, seqs, preset, phases[s],
+                                      comm=_two_level(s, p, preset, itemsize))
                            for s, bpp in bytes_per_param_by_strategy.items()}}
+
+
+def _two_level(strategy: str, params: int, preset: Preset, itemsize: int):
+    """hsdp's communication at n: in-group rings on NVLink, the all-reduce across nodes on InfiniBand, in the
+    run's dtype (`links`); None (one ring over all N) for the other strategies."""
+    if strategy != "hsdp":
+        return None
+    return lambda n: links.comm_seconds("hsdp", params, n, preset, itemsizes=(itemsize, itemsize))
 
 
 def for_report(sent_by_strategy: dict, run_params: int, itemsize: int, flops_per_sample: float, n_measured: int,
@@ -139,7 +128,7 @@ def for_report(sent_by_strategy: dict, run_params: int, itemsize: int, flops_per
     phases = {s: ring_phases(b, n_measured, run_params, itemsize) for s, b in sent_by_strategy.items()}
     per_device = global_batch / n_measured
     bound = compute_bound(flops_per_sample, sent_by_strategy, n_measured, per_device, phases, preset)
-    models = {m.name: reference(m, bpp, phases, n_measured, preset) for m in references.REFERENCES}
+    models = {m.name: reference(m, bpp, phases, n_measured, preset, itemsize) for m in references.REFERENCES}
     if bound["compute_bound"]:
         models[f"this run ({run_label})"] = {
             "params": run_params, "flops_per_sample": flops_per_sample, "batch_seqs": global_batch,
@@ -148,7 +137,14 @@ def for_report(sent_by_strategy: dict, run_params: int, itemsize: int, flops_per
                            for s, b in sent_by_strategy.items()}}
     return {"preset": asdict(preset), "measured_devices": n_measured, "bytes_per_param": bpp, "ring_phases": phases,
             "run": {"label": run_label, "params": run_params, "flops_per_sample": flops_per_sample, **bound},
-            "criterion": CRITERION, "models": models}
+            "criterion": CRITERION, "models": models, "links": _links(preset)}
+
+
+def _links(preset: Preset) -> dict:
+    """The two-level link model's own table (hsdp at S = 8 against zero3 and ddp, mixed precision) and the
+    published scaling points beside it (`links`)."""
+    return {"table": links.table(preset=preset), "published": links.published(preset),
+            "assumptions": links.__doc__}
 
 
 def efficiencies(proj: dict, kind: str) -> tuple[np.ndarray, np.ndarray]:

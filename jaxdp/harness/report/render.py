@@ -35,6 +35,16 @@ NOTES = [
 ]
 
 
+LINKS_NOTE = (
+    "Links model: a 1-D ring (ddp, zero3) spans all N GPUs, NVLink (450 GB/s, 3 us/hop per GPU) inside one node of "
+    "8 and InfiniBand NDR (50 GB/s, 10 us/hop per GPU, the slowest link) past it; hsdp with S = 8 gathers and "
+    "reduce-scatters on NVLink inside a node and all-reduces Psi / 8 across the N / 8 nodes on InfiniBand. Mixed "
+    "precision as FSDP2 trains: 2-byte gathered parameters, 4-byte reduced gradients; one sequence per GPU. The "
+    "projection adds compute and communication (no overlap, a lower bound on efficiency); the published runs "
+    "overlap them (prefetched gathers, reduce-scatters behind backward), so they land between the two bounds, "
+    "near full overlap while communication hides behind compute.")
+
+
 def _kib(b) -> str:
     return "-" if b is None else f"{b / 1024:.1f}"
 
@@ -109,6 +119,28 @@ def _projection_rows(summary) -> list[list[str]]:
     return rows
 
 
+LINKS_HEADER = ["model", "strategy", "N", "comm s/step", "compute s/step", "weak E (no overlap)",
+                "weak E (full overlap)"]
+
+
+def _links_rows(summary) -> list[list[str]]:
+    """The two-level link model's table (`links.table`): hsdp (S = 8) against 1-D zero3 and ddp."""
+    return [[r["model"], r["strategy"], str(r["n"]), f"{r['comm_s']:.3g}", f"{r['compute_s']:.3g}",
+             f"{r['weak_efficiency']:.3f}", f"{r['overlapped_efficiency']:.3f}"]
+            for r in summary["projection"].get("links", {}).get("table", [])]
+
+
+def _published_lines(summary) -> list[str]:
+    """Each published scaling point beside the projection's throughput per GPU kept."""
+    out = []
+    for p in summary["projection"].get("links", {}).get("published", []):
+        got = "; ".join(f"{s} {v['weak_efficiency']:.0%} (no overlap) to {v['overlapped_efficiency']:.0%} (full "
+                        f"overlap)" for s, v in p["projected"].items())
+        out.append(f"{p['what']}: {p['kept']:.0%} published ({p['source']}); projected {p['model']}, "
+                   f"{p['from_n']} -> {p['to_n']} GPUs: {got}.")
+    return out
+
+
 def _projection_sources(summary) -> list[str]:
     proj = summary["projection"]
     return ([f"{name}: {m['source']}" for name, m in proj["models"].items()]
@@ -160,6 +192,9 @@ Parity tolerance: {summary["tolerance"]:g} ({e(summary["tolerance_why"])}).</p>
 {_table_html("projection", PROJECTION_HEADER, _projection_rows(summary))}
 {_table_html("presets", ["preset", "value"], preset_rows)}
 <ul class="small">{"".join(f"<li>{e(line)}</li>" for line in _projection_sources(summary))}</ul>
+<h3>Links: NVLink inside a node, InfiniBand between nodes (hsdp at S = 8)</h3>
+{_table_html("links", LINKS_HEADER, _links_rows(summary))}
+<ul class="small">{"".join(f"<li>{e(line)}</li>" for line in _published_lines(summary) + [LINKS_NOTE])}</ul>
 <h2>Notes</h2><ul>{notes}</ul>
 <div id="status"></div>
 <script>
@@ -194,6 +229,9 @@ def markdown(summary, image_files: list[str]) -> str:
     lines += ["", "## Projection", "", *_table_md(PROJECTION_HEADER, _projection_rows(summary)), ""]
     lines += _table_md(["preset", "value"], [[k, str(v)] for k, v in preset.items() if k != "sources"])
     lines += [""] + [f"- {line}" for line in _projection_sources(summary)]
+    lines += ["", "### Links: NVLink inside a node, InfiniBand between nodes (hsdp at S = 8)", "",
+              *_table_md(LINKS_HEADER, _links_rows(summary)), ""]
+    lines += [f"- {line}" for line in _published_lines(summary) + [LINKS_NOTE]]
     lines += ["", "## Notes", ""] + [f"- {n}" for n in NOTES]
     return "\n".join(lines) + "\n"
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from ... import train
 from ...analysis import accounting
+from ...core import hsdp_hosts
 from ...core import trace as trace_mod
 from ...core.config import FRAMEWORK_STRATEGIES, PACKAGE, ConfigError, RunConfig
 from ...core.timing import timing
@@ -153,8 +154,10 @@ def versus_single(j, reference, c: RunConfig, name: str) -> dict:
 def compare(cfg: RunConfig, strategies: list[str], progress=None) -> dict:
     """Run and measure everything; returns the summary dictionary."""
     check_strategies(strategies)
+    hsdp_hosts.check_listed(cfg.replicas, strategies, hosts=cfg.hsdp_hosts)
     say = progress or (lambda message: None)
-    cfgs = {s: cfg.replace(strategy=s).validate("jax") for s in strategies}
+    cfgs = {s: hsdp_hosts.per_strategy(cfg, s).validate("jax") for s in strategies}
+    cfg = hsdp_hosts.per_strategy(cfg, "ddp")  # the reference runs and the FLOP count: no --replicas
     for c in cfgs.values():
         c.validate("torch")
 

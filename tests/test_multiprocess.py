@@ -1,5 +1,6 @@
 """Multi-process JAX: `jaxdp train --processes 2 --devices 4` (jax.distributed, gloo) gives the
-trace of the single-process run to 1e-12 in float64 for every strategy, and a process that dies
+trace of the single-process run to 1e-12 in float64 for every strategy (hsdp with `--replicas 2`,
+each process holding one shard group, the usual layout), and a process that dies
 stops the run within a bounded time. Each test starts real processes, always under a timeout."""
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from jaxdp.core.config import FRAMEWORK_STRATEGIES
 
 from .conftest import BASE, run
 
-STRATEGIES = [s for s in FRAMEWORK_STRATEGIES["jax"] if s not in ("single", "hsdp")]  # hsdp: test_hsdp.py
+STRATEGIES = [s for s in FRAMEWORK_STRATEGIES["jax"] if s != "single"]  # hsdp with --replicas 2: one row a process
 CFG = BASE.replace(devices=4, steps=3, batch_size=24, optimizer="adamw", clip_norm=0.5, accum=3)
 
 
@@ -34,7 +35,8 @@ def _env():
 
 
 def test_two_processes_equal_one_process_for_every_strategy(tmp_path):
-    argv = _argv(CFG, STRATEGIES, ["--processes", "2", "--timeout", "400", "--trace", str(tmp_path / "{strategy}.npz")])
+    argv = _argv(CFG, STRATEGIES, ["--processes", "2", "--replicas", "2", "--timeout", "400",
+                                   "--trace", str(tmp_path / "{strategy}.npz")])
     out = subprocess.run(argv, capture_output=True, text=True, timeout=420, env=_env())
     assert out.returncode == 0, out.stderr[-3000:]
     ref = run(CFG.replace(strategy="single", devices=1))
@@ -43,6 +45,8 @@ def test_two_processes_equal_one_process_for_every_strategy(tmp_path):
         assert got.meta["processes"] == 2 and got.meta["devices"] == 4
         worst = trace.diff(got, trace.Trace(ref.meta, ref.arrays))["worst"]
         assert max(worst.values()) < 1e-12, (strategy, worst)
+    grid = trace.load(tmp_path / "hsdp.npz").meta["hsdp_grid"]  # --hsdp-hosts shard: process p holds row p
+    assert [[p for _, p in row] for row in grid] == [[0, 0], [1, 1]]
 
 
 def test_a_killed_process_stops_the_run_quickly():

@@ -262,14 +262,11 @@ def check(cfg: RunConfig, pairs, jax_runner=None, torch_runner=None) -> list[Row
     from . import pair_runs
 
     jax_runner, torch_runner = jax_runner or pair_runs.run_jax, torch_runner or pair_runs.run_torch
-    jax_cfgs = {
-        label: per_strategy(cfg, j).replace(devices=1 if j == "single" else cfg.devices).validate("jax")
-        for label, j, _ in pairs
-    }
-    torch_cfgs = {
-        label: per_strategy(cfg, t).replace(devices=1 if t == "single" else cfg.devices).validate("torch")
-        for label, _, t in pairs
-    }
+    def side(name, framework):
+        return per_strategy(cfg, name).replace(devices=1 if name == "single" else cfg.devices).validate(framework)
+
+    jax_cfgs = {label: side(j, "jax") for label, j, _ in pairs}
+    torch_cfgs = {label: side(t, "torch") for label, _, t in pairs}
     torch_results = torch_runner(list(dict.fromkeys(torch_cfgs.values())))
     rows = []
     for label, _, _ in pairs:

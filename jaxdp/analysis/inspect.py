@@ -31,8 +31,10 @@ def inspect(cfg, step: accounting.CompiledStep | None = None) -> dict:
     step = step or accounting.compile_step(cfg)
     problem, compiled = step.problem, step.program
     found = accounting.collectives(compiled.as_text(), cfg.devices)
-    ops = [{"op": c["op"], "dtype": c["dtype"], "elements": c["elements"], "bytes_per_device": c["sent"],
-            "trips": c["trips"]} for c in found]
+    shard = cfg.devices // cfg.replicas
+    ops = [{"op": c["op"], "dtype": c["dtype"], "elements": c["elements"], "group_size": c["group"],
+            "inter_group": accounting.crosses_groups(c, shard), "bytes_per_device": c["sent"], "trips": c["trips"]}
+           for c in found]
     sizes = [int(np.prod(p.shape)) for p in jax.tree.leaves(problem.params)]
     root = accounting.root_sizes(problem)  # zero3: a tied weight, gathered once per micro-batch
     channels = accounting.batchnorm_channels(problem)  # BatchNorm: its statistics' all-reduces
@@ -40,6 +42,8 @@ def inspect(cfg, step: accounting.CompiledStep | None = None) -> dict:
            "accum": cfg.accum, "collectives": ops,
            "bytes_per_device": sum(c["bytes_per_device"] * (c["trips"] or 1) for c in ops),
            "theory_bytes_per_device": accounting.theory_for(cfg, sizes, root, channels)["total"],
+           "replicas": cfg.replicas, **accounting.group_bytes(found, cfg.devices, cfg.replicas),
+           **{f"theory_{k}": v for k, v in accounting.group_theory_for(cfg, sizes, root, channels).items()},
            **accounting.step_memory(compiled)}
     if step.stats_program is not None:  # the running statistics' own program, next to the train step
         stats_ops = accounting.collectives(step.stats_program.as_text(), cfg.devices)
@@ -54,11 +58,17 @@ def inspect(cfg, step: accounting.CompiledStep | None = None) -> dict:
 def format_inspect(r: dict) -> str:
     lines = [f"{r['strategy']} on {r['devices']} devices ({r['model']}, {r['dtype']}, accum {r['accum']}): "
              f"{len(r['collectives'])} collectives in program order",
-             f"  {'#':>3} {'op':<19} {'dtype':<6} {'elements':>10} {'bytes/device':>13} {'trips':>5}"]
-    lines += [f"  {i:>3} {c['op']:<19} {c['dtype']:<6} {c['elements']:>10} {c['bytes_per_device']:>13.0f} "
+             f"  {'#':>3} {'op':<19} {'dtype':<6} {'elements':>10} {'group':>5} {'bytes/device':>13} {'trips':>5}"]
+    lines += [f"  {i:>3} {c['op']:<19} {c['dtype']:<6} {c['elements']:>10} "
+              f"{str(c['group_size']) + ('x' if c['inter_group'] else ''):>5} {c['bytes_per_device']:>13.0f} "
               f"{c['trips'] if c['trips'] is not None else '?':>5}" for i, c in enumerate(r["collectives"])]
     lines.append(f"sent per device per step: {r['bytes_per_device']:.0f} bytes "
                  f"(theory {r['theory_bytes_per_device']:.0f})")
+    if r["replicas"] > 1:
+        s = r["devices"] // r["replicas"]
+        lines.append(f"  within a group of {s} (intra): {r['bytes_intra_group']:.0f} bytes "
+                     f"(theory {r['theory_bytes_intra_group']:.0f}); across the {r['replicas']} groups (inter, "
+                     f"marked x): {r['bytes_inter_group']:.0f} (theory {r['theory_bytes_inter_group']:.0f})")
     if "stats_bytes_per_device" in r:
         lines.append(f"running statistics' program: {r['stats_bytes_per_device']:.0f} bytes per device per step "
                      f"(theory {r['stats_theory_bytes_per_device']:.0f})")

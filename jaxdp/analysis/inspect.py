@@ -2,10 +2,14 @@
 
 For one run configuration: every collective of the compiled (post-optimisation) step in program
 order, with `op` (all-reduce, reduce-scatter, all-gather, collective-permute, all-to-all), `dtype`,
-`elements` (of its result), `bytes_per_device` (what one device sends for one run of it, counted
+`elements` (of its result), `group_size` (the devices in its replica group; a collective-permute: in the
+largest set its pairs connect), `inter_group` (whether a group of it spans hsdp's shard groups of
+S = N / R devices), `bytes_per_device` (what one device sends for one run of it, counted
 as `accounting.collectives` does: ring algorithms) and `trips` (the times it runs per step: inside
 a loop, the loop's trip count); the totals `bytes_per_device` (the sum of bytes_per_device x trips)
-and `theory_bytes_per_device` (`accounting.theory`); the memory per device `state_bytes`,
+and `theory_bytes_per_device` (`accounting.theory`), `replicas` (R) and that total split into
+`bytes_intra_group` and `bytes_inter_group`, next to `theory_bytes_intra_group` and
+`theory_bytes_inter_group` (`accounting.group_theory_for`; R = 1: all within); the memory per device `state_bytes`,
 `temp_bytes` and `peak_bytes` (`accounting.step_memory`); for ddp-bucket, the plan as `buckets`
 (elements per bucket, in the order they are all-reduced). A model with running statistics
 (BatchNorm) advances them in a second, forward-only program (jaxdp/strategies/stats.py): its bytes are

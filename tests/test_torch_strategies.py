@@ -90,7 +90,7 @@ def hsdp_byte_errors(got: dict, cfg, inter_group_theory) -> list[str]:
     from torch_ref import accounting, models
 
     shapes = [tuple(p.shape) for p in models.build(cfg, data.load(cfg.data, cfg.seed, cfg.seq_len)).parameters()]
-    expected = accounting.theory("hsdp", shapes, cfg.devices, 8, replicas=cfg.replicas,
+    expected = accounting.theory("hsdp", shapes, cfg.devices, 8, replicas=cfg.replicas, clip=cfg.clip_norm > 0,
                                  reshard_after_forward=cfg.reshard_after_forward)
     inter = inter_group_theory(shapes, cfg.devices, cfg.replicas, 8)
     expected_groups = {"bytes_intra_group": expected["total"] - inter, "bytes_inter_group": inter}
@@ -100,9 +100,10 @@ def hsdp_byte_errors(got: dict, cfg, inter_group_theory) -> list[str]:
 
 
 def test_hsdp_bytes_within_and_across_groups_equal_the_theory():
-    """FSDP2 on the (2, 2) mesh: the bytes gloo ran (a reduce-scatter as the all-reduce it is), each
-    collective counted over its own process group (the group of S, the R replicas, the world), equal
-    the theory, within the group and across; a theory with the term across over Psi, not Psi / S, fails."""
+    """FSDP2 on the (2, 2) mesh, clipping: the bytes gloo ran (a reduce-scatter as the all-reduce it is),
+    each collective counted over its own process group (the group of S, the R replicas, the world; the
+    clip's norms over the group), equal the theory, within the group and across; a theory with the term
+    across over Psi, not Psi / S, fails."""
     from torch_ref import accounting
 
     views = world(4)["hsdp_bytes"]

@@ -22,7 +22,8 @@ strategy but dp adds the loss's mean for the log: one scalar all-reduce (2 (n-1)
                               (n-1)/n F b; clipping: one all-reduce of the parameter tensors'
                               norms, stacked (clip_grad_norm_ on DTensors: one element each)
   hsdp (R groups of S = n/R)   zero3's, with S for n (F = fsdp_padded(all, S)), + the all-reduce of each
-                              rank's shard across the R groups: 2 (R-1)/R F/S b (`inter_group_theory`)
+                              rank's shard across the R groups: 2 (R-1)/R F/S b (`inter_group_theory`);
+                              clipping: the norms' all-reduce within the group (S for n)
   dp                          reduce (n-1)/n (Psi + 1) b (the gradients and the loss), broadcast
                               (n-1)/n (Psi + 1) b (the parameters and the global loss)
 """
@@ -77,7 +78,7 @@ def theory(
         s = n // replicas  # hsdp: zero3 within a group of S ranks, then the shard all-reduced across R groups
         full, root = fsdp_padded(shapes, s), fsdp_padded(root_params, s)
         out["all-gather"] = (s - 1) / s * ((2 * full - root) if reshard_after_forward else full) * accum * itemsize
-        out["all-reduce"] = loss + (ring * len(shapes) * itemsize if clip else 0.0)
+        out["all-reduce"] = loss + (2 * (s - 1) / s * len(shapes) * itemsize if clip else 0.0)  # norms: in the group
         _reduce_scatter(out, full * itemsize, s, backend)
         out["all-reduce"] += 2 * (replicas - 1) / replicas * (full // s) * itemsize
     elif strategy == "dp":

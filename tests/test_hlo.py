@@ -53,3 +53,19 @@ def test_zero3_gathers_are_counted_once_per_micro_batch():
         state, batch = s.init(problem.params), s.put_batch(*train.host_batch(cfg, dataset, 1))
         gathers[accum] = accounting.step_communication(s, state, batch, 3)["all-gather"]["ops"]
     assert gathers[1] > 0 and gathers[3] == 3 * gathers[1], gathers
+
+
+def test_replica_groups_explicit_iota_and_permute_pairs():
+    """A collective's groups, in each form XLA writes them: explicit, iota (transposed: hsdp's columns),
+    none (every device); a collective-permute's groups are the devices its pairs connect."""
+    line = "%x = f32[8]{0} all-gather(f32[2]{0} %p), replica_groups={{0,1,2,3},{4,5,6,7}}, dimensions={0}"
+    assert hlo.collective(line, 8)["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    line = "%x = f32[4]{0} all-reduce(f32[4]{0} %p), replica_groups=[4,2]<=[2,4]T(1,0), to_apply=%sum"
+    c = hlo.collective(line, 8)
+    assert c["groups"] == [[0, 4], [1, 5], [2, 6], [3, 7]] and c["group"] == 2
+    assert accounting.crosses_groups(c, 4) and not accounting.crosses_groups(c, 8)
+    line = "%x = f32[4]{0} all-reduce(f32[4]{0} %p), replica_groups=[2,4]<=[8], to_apply=%sum"
+    assert hlo.collective(line, 8)["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert hlo.collective("%x = f32[] all-reduce(f32[] %p), replica_groups={}, to_apply=%sum", 4)["group"] == 4
+    line = "%x = f32[8]{0} collective-permute(f32[8]{0} %p), source_target_pairs={{0,1},{1,0},{2,3},{3,2}}"
+    assert hlo.collective(line, 4)["groups"] == [[0, 1], [2, 3]]

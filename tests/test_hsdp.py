@@ -14,7 +14,7 @@ import pytest
 from jax import lax
 
 from jaxdp import train
-from jaxdp.analysis import accounting, hlo
+from jaxdp.analysis import accounting, hlo, inspect, theory
 from jaxdp.core import trace
 from jaxdp.core.config import ConfigError
 from jaxdp.harness import torch_cli
@@ -82,6 +82,41 @@ def test_the_checks_fail_on_a_broken_hsdp(monkeypatch):
     monkeypatch.setattr(flat, "across_groups", lambda comm, axis: comm._replace(
         replica=axis, reduce_scatter=lambda x: comm.reduce_scatter(lax.psum(x, axis))))
     assert any("not Psi / S" in e for e in cross_group_errors(HLO.replace(seed=4)))
+
+
+# (R, S, reshard-after-forward, accum) at N = 8: the bytes within a group and across, measured = theory
+BYTES = [(2, 4, True, 1), (2, 4, False, 1), (4, 2, True, 3)]
+
+
+def group_errors(cfg) -> list[str]:
+    """Where `jaxdp inspect` of `cfg` does not match the theory: the bytes within a group and across
+    the groups, each collective's group (gathers and reduce-scatters within a group of S)."""
+    r = inspect.inspect(cfg)
+    s = cfg.devices // cfg.replicas
+    errors = [f"{k}: {r[k]} measured, {r['theory_' + k]} theory" for k in ("bytes_intra_group", "bytes_inter_group")
+              if r[k] != pytest.approx(r["theory_" + k], rel=1e-12, abs=1e-9)]
+    errors += [f"{c['op']} over {c['group_size']}" for c in r["collectives"]
+               if c["op"] in ("all-gather", "reduce-scatter") and (c["group_size"] != s or c["inter_group"])]
+    assert r["bytes_per_device"] == pytest.approx(r["bytes_intra_group"] + r["bytes_inter_group"])
+    return errors
+
+
+@pytest.mark.parametrize("r,s,reshard,accum", BYTES, ids=lambda v: str(v))
+def test_bytes_within_and_across_groups_equal_the_theory(r, s, reshard, accum):
+    cfg = HLO.replace(replicas=r, devices=r * s, reshard_after_forward=reshard, accum=accum, clip_norm=0.0)
+    assert group_errors(cfg) == []
+
+
+def test_the_group_bytes_check_fails_on_a_broken_step_or_theory(monkeypatch):
+    """The all-reduce across groups before the reduce-scatter (Psi crosses, not Psi / S); the theory's
+    term across groups over Psi instead of Psi / S."""
+    cfg = HLO.replace(replicas=2, clip_norm=0.0, accum=1, seed=5)
+    with monkeypatch.context() as m:
+        m.setattr(flat, "across_groups", lambda comm, axis: comm._replace(
+            replica=axis, reduce_scatter=lambda x: comm.reduce_scatter(lax.psum(x, axis))))
+        assert any(e.startswith("bytes_inter_group") for e in group_errors(cfg))
+    monkeypatch.setattr(theory, "across_groups", lambda psi_s, r, b: 2 * (r - 1) / r * psi_s * 4 * b)
+    assert any(e.startswith("bytes_inter_group") for e in group_errors(cfg.replace(seed=6)))
 
 
 @pytest.mark.parametrize("argv,message", [

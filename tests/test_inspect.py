@@ -11,8 +11,10 @@ from jaxdp.strategies.bucket import MB
 
 from .conftest import BASE
 
-OP_KEYS = {"op", "dtype", "elements", "bytes_per_device", "trips"}
-TOP_KEYS = {"collectives", "bytes_per_device", "theory_bytes_per_device", "state_bytes", "temp_bytes", "peak_bytes"}
+OP_KEYS = {"op", "dtype", "elements", "group_size", "inter_group", "bytes_per_device", "trips"}
+TOP_KEYS = {"collectives", "bytes_per_device", "theory_bytes_per_device", "state_bytes", "temp_bytes", "peak_bytes",
+            "replicas", "bytes_intra_group", "bytes_inter_group", "theory_bytes_intra_group",
+            "theory_bytes_inter_group"}
 
 
 def test_inspect_ddp_bucket_lists_one_all_reduce_per_bucket_and_the_plan(tmp_path):
@@ -23,6 +25,8 @@ def test_inspect_ddp_bucket_lists_one_all_reduce_per_bucket_and_the_plan(tmp_pat
     r = json.loads(path.read_text())
     assert TOP_KEYS | {"buckets"} <= set(r)
     assert all(set(c) == OP_KEYS for c in r["collectives"])
+    assert all(c["group_size"] == 4 and not c["inter_group"] for c in r["collectives"])  # one group of 4
+    assert r["bytes_intra_group"] == r["bytes_per_device"] and r["bytes_inter_group"] == 0
     reduces = [c["elements"] for c in r["collectives"] if c["op"] == "all-reduce" and c["elements"] > 1]
     assert reduces == r["buckets"] and len(r["buckets"]) > 1
     assert r["bytes_per_device"] == pytest.approx(r["theory_bytes_per_device"], rel=1e-12)

@@ -153,3 +153,22 @@ def test_cnn_batchnorm_communication_equals_theory(n, cfg):
     without = accounting.theory(cfg.strategy, shapes(cfg), n, ITEMSIZE, accum=cfg.accum)
     assert got["comm"]["total"] != pytest.approx(without["total"])
     assert "comm_per_rank" not in got
+
+
+def test_backend_events_are_paired_with_their_process_group():
+    """`comm_groups.backend_groups`: each gloo event takes the earliest unpaired c10d range of its size that
+    started before it (two all-reduces of 85 elements: the group's reduce-scatter, then the shard across);
+    an event no range names takes its thread's group (DTensor's clip reduction), or else the world."""
+    from types import SimpleNamespace
+
+    from torch_ref import comm_groups
+
+    def event(name, start, shape=(), thread=1):
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start), input_shapes=[list(shape)],
+                               thread=thread)
+
+    events = [event("c10d group 0,1 85", 0), event("gloo:all_reduce", 1, [85], 3), event("c10d group 1,3 85", 2),
+              event("gloo:all_reduce", 3, [85], 5), event("gloo:all_reduce", 4, [], 2),
+              event("gloo:all_reduce", 5, [6], 3)]
+    got = comm_groups.backend_groups(events, 4)
+    assert [got[id(e)] for e in events if e.name.startswith("gloo")] == [[0, 1], [1, 3], [0, 1, 2, 3], [0, 1]]

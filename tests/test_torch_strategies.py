@@ -27,6 +27,7 @@ from .torch_helpers import (
     FLOAT32,
     GPT_CASES,
     HSDP,
+    HSDP_BYTES,
     KEEP_GATHERED,
     as_trace,
     result,
@@ -81,6 +82,38 @@ def test_hsdp_reduce_scatters_in_the_group_then_all_reduces_each_units_shard_acr
     assert hsdp["c10d::_allgather_base_"] == zero3["c10d::_allgather_base_"] == 6
     assert hsdp["c10d::_reduce_scatter_base_"] == zero3["c10d::_reduce_scatter_base_"] == 3
     assert hsdp["c10d::allreduce_"] == zero3["c10d::allreduce_"] + 3
+
+
+def hsdp_byte_errors(got: dict, cfg, inter_group_theory) -> list[str]:
+    """Where torch's counted bytes (what gloo ran, each collective on its process group) differ from the
+    theory: by kind, and within / across the groups (`inter_group_theory` gives the bytes across)."""
+    from torch_ref import accounting, models
+
+    shapes = [tuple(p.shape) for p in models.build(cfg, data.load(cfg.data, cfg.seed, cfg.seq_len)).parameters()]
+    expected = accounting.theory("hsdp", shapes, cfg.devices, 8, replicas=cfg.replicas, clip=cfg.clip_norm > 0,
+                                 reshard_after_forward=cfg.reshard_after_forward)
+    inter = inter_group_theory(shapes, cfg.devices, cfg.replicas, 8)
+    expected_groups = {"bytes_intra_group": expected["total"] - inter, "bytes_inter_group": inter}
+    return [f"{k}: {got[part][k]} counted, {want[k]} theory" for part, want in (("comm", expected),
+                                                                                 ("comm_groups", expected_groups))
+            for k in want if got[part][k] != pytest.approx(want[k], rel=1e-12, abs=1e-9)]
+
+
+def test_hsdp_bytes_within_and_across_groups_equal_the_theory():
+    """FSDP2 on the (2, 2) mesh, clipping: the bytes gloo ran (a reduce-scatter as the all-reduce it is),
+    each collective counted over its own process group (the group of S, the R replicas, the world; the
+    clip's norms over the group), equal the theory, within the group and across; a theory with the term
+    across over Psi, not Psi / S, fails."""
+    from torch_ref import accounting
+
+    views = world(4)["hsdp_bytes"]
+    got = accounting.summarise(HSDP_BYTES, views)
+    assert hsdp_byte_errors(got, HSDP_BYTES, accounting.inter_group_theory) == []
+    assert got["comm_groups"]["bytes_inter_group"] > 0 and "comm_per_rank" not in got
+
+    def over_psi(shapes, n, r, b):
+        return accounting.inter_group_theory(shapes, n, r, b) * (n // r)
+    assert any(e.startswith("bytes_inter_group") for e in hsdp_byte_errors(got, HSDP_BYTES, over_psi))
 
 
 def test_hsdp_equals_jaxdp_hsdp():

@@ -73,6 +73,7 @@ HSDP = [BASE.replace(strategy="hsdp", devices=4, replicas=r, accum=3, clip_norm=
                      reshard_after_forward=k)
         for r, o, k in ((2, "adamw", True), (1, "adam", False), (4, "momentum", True))]
 HSDP_COMM = [BASE.replace(strategy=s, devices=4, replicas=r) for s, r in (("hsdp", 2), ("zero3", 1))]  # collectives
+HSDP_BYTES = BASE.replace(strategy="hsdp", devices=4, replicas=2, optimizer="adam", clip_norm=0.5)  # bytes by group
 TRAIN = CASES + GPT_CASES + [FLOAT32] + BF16 + [KEEP_GATHERED] + CNN_TORCH + HSDP
 TRAIN += [c for c in GPT2_CASES if c.strategy in DISTRIBUTED]
 RING_SIZES = [1, 2, 3, 5, 7, 12, 13, 100]
@@ -115,6 +116,7 @@ def world(n: int) -> dict:
         jobs.append(("api", api_trace))
     if n == 4:  # hsdp 2 x 2 against zero3 (tests/test_torch_strategies.py)
         jobs.append(("hsdp_comm", HSDP_COMM, init_for(init_key(BASE))))
+        jobs.append(("hsdp_bytes", HSDP_BYTES, init_for(init_key(BASE))))
     if n == 2:
         jobs.append(("comm", BASE.replace(devices=2), init_for(init_key(BASE))))
         jobs.append(("buckets", BASE.replace(strategy="ddp-bucket", devices=2, accum=3), init_for(init_key(BASE))))
@@ -157,6 +159,10 @@ def run_jobs(rank: int, n: int, jobs: list) -> list:
             out.append(bucket_launches(rank, n, job[1], job[2]))
         elif job[0] == "hsdp_comm":
             out.append([collectives_per_step(rank, n, cfg, job[2]) for cfg in job[1]])
+        elif job[0] == "hsdp_bytes":
+            from torch_ref import accounting
+
+            out.append(accounting.measure_rank(rank, n, job[1], job[2], steps=1, warmup=1))
         elif job[0] in ("keep_gathered", "gpt2_comm"):
             out.append(collectives_per_step(rank, n, job[1], job[2]))
         elif job[0] == "bn":

@@ -26,6 +26,7 @@ parameter tensor), and for zero2 its fp-master shard `main_param` (reported as `
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 
@@ -33,12 +34,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from . import comm_groups
 from .theory import (  # noqa: F401 (re-exported)
     KINDS,
     BatchNormCount,
     batchnorm_count,
     batchnorm_theory,
     fsdp_padded,
+    inter_group_theory,
     memory_theory,
     theory,
     zero1_partition,
@@ -84,12 +87,15 @@ def _peak_rise(prof) -> int:
     return peak
 
 
-def _events(prof) -> tuple[dict, dict, dict]:
-    """(sent bytes by kind, ops by kind, requested c10d ops) from one profiled step, in elements x
-    conventions (multiplied by the itemsize later)."""
-    n = dist.get_world_size()
+def _events(prof, shard: int | None = None) -> tuple[dict, dict, dict, dict]:
+    """(sent bytes by kind, ops by kind, requested c10d ops, sent bytes within / across hsdp's groups of
+    `shard` ranks) from one profiled step, in elements x conventions (multiplied by the itemsize later).
+    Each collective's n is its process group's size (`comm_groups`, with `shard`; else the world's)."""
+    world, events = dist.get_world_size(), list(prof.events())
+    groups = comm_groups.backend_groups(events, world) if shard else {}
     sent, ops, requested = {k: 0.0 for k in KINDS}, {k: 0 for k in KINDS}, {}
-    for e in prof.events():
+    split = {"bytes_intra_group": 0.0, "bytes_inter_group": 0.0}
+    for e in events:
         name = e.name
         if name.startswith("c10d::"):
             requested[name] = requested.get(name, 0) + 1
@@ -100,34 +106,33 @@ def _events(prof) -> tuple[dict, dict, dict]:
         kind = BACKEND_OPS[op]
         shape = e.input_shapes[0] if e.input_shapes else []
         elems = math.prod(shape) if shape else 1
+        ranks = groups.get(id(e), range(world))
+        n = len(ranks)
         ops[kind] += 1
-        if kind == "all-reduce":
-            sent[kind] += 2 * (n - 1) / n * elems
-        elif kind == "all-gather":  # the input is this rank's shard; the output n times it
-            sent[kind] += (n - 1) * elems
-        elif kind == "reduce-scatter":  # the input is the whole; the output 1/n of it
-            sent[kind] += (n - 1) / n * elems
-        elif kind in ("broadcast", "reduce"):
-            sent[kind] += (n - 1) / n * elems
-        elif op == "send":
-            sent[kind] += elems
-    return sent, ops, requested
+        bytes_sent = {"all-reduce": 2 * (n - 1) / n * elems, "all-gather": (n - 1) * elems,  # gather: input = shard
+                      "point-to-point": elems if op == "send" else 0.0}.get(kind, (n - 1) / n * elems)
+        sent[kind] += bytes_sent
+        crosses = len({r // (shard or world) for r in ranks}) > 1
+        split["bytes_inter_group" if crosses else "bytes_intra_group"] += bytes_sent
+    return sent, ops, requested, split
 
 
-def _profiled_step(strategy, xs, ys, device, at_start: int) -> tuple:
-    """One step under the profiler: (its collectives as `_events`, its seconds, its peak bytes)."""
+def _profiled_step(strategy, xs, ys, device, at_start: int, shard: int | None = None) -> tuple:
+    """One step under the profiler: (its collectives as `_events`, its seconds, its peak bytes); with
+    `shard` (hsdp), each collective's process group named (`comm_groups.GroupSpy`)."""
     from torch.profiler import ProfilerActivity, profile
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True) as prof:
+    spy = comm_groups.GroupSpy() if shard else contextlib.nullcontext()
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True) as prof, spy:
         t0 = time.perf_counter()
         float(strategy.step(xs, ys)["loss"])
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else at_start + _peak_rise(prof)
-    return _events(prof), seconds, peak
+    return _events(prof, shard), seconds, peak
 
 
 def measure_rank(rank: int, n: int, cfg, init: dict, steps: int = 2, warmup: int = 1) -> dict:
@@ -162,7 +167,9 @@ def measure_rank(rank: int, n: int, cfg, init: dict, steps: int = 2, warmup: int
         if k <= warmup:
             strategy.step(xs, ys)
             continue
-        events, seconds, peak = _profiled_step(strategy, xs, ys, device, _held_bytes(tensors.values(), optimizer))
+        shard = n // cfg.replicas if cfg.strategy == "hsdp" else None  # each collective on its own group
+        events, seconds, peak = _profiled_step(strategy, xs, ys, device, _held_bytes(tensors.values(), optimizer),
+                                               shard)
         per_step.append(events)
         times.append(seconds)
         peaks.append(peak)
@@ -200,6 +207,11 @@ STRATEGY_NOTES = {  # what the report must explain about each sharded strategy
         "flat buffer; the last ranks hold fewer rows. Each layer is all-gathered before forward "
         "and again before backward"
     ],
+    "hsdp": [
+        "hsdp: each collective counted over its own process group (comm_groups: the S ranks of a shard group, "
+        "the R replicas of a shard, or the world for the loss); comm_groups splits the bytes within a group "
+        "(bytes_intra_group) from those across the groups (bytes_inter_group)"
+    ],
 }
 
 
@@ -215,12 +227,13 @@ def summarise(cfg, views: list[dict]) -> dict:
         "broadcast and reduce of B bytes are counted as (n-1)/n B per device (a pipelined ring broadcast); "
         "gloo's own algorithm may load the root more",
     ]
-    per_rank_comm = []
+    per_rank_comm, per_rank_groups = [], []
     for v in views:
         steps = len(v["per_step"])
         comm = {k: sum(s[0][k] for s in v["per_step"]) / steps * itemsize for k in KINDS}
         comm["total"] = sum(comm.values())
         per_rank_comm.append(comm)
+        per_rank_groups.append({k: sum(s[3][k] for s in v["per_step"]) / steps * itemsize for k in v["per_step"][0][3]})
     view0 = views[0]
     first = view0["per_step"][0]
     if any(s[1] != first[1] for s in view0["per_step"][1:]):
@@ -241,6 +254,7 @@ def summarise(cfg, views: list[dict]) -> dict:
         "devices": cfg.devices,
         "itemsize": itemsize,
         "comm": per_rank_comm[0],
+        "comm_groups": per_rank_groups[0],
         "comm_ops": comm_ops,
         "comm_requested": requested,
         "memory": view0["memory"],

@@ -21,6 +21,9 @@ strategy but dp adds the loss's mean for the log: one scalar all-reduce (2 (n-1)
                               reduce-scatter of F: on gloo all-reduce 2 (n-1)/n F b, on nccl
                               (n-1)/n F b; clipping: one all-reduce of the parameter tensors'
                               norms, stacked (clip_grad_norm_ on DTensors: one element each)
+  hsdp (R groups of S = n/R)   zero3's, with S for n (F = fsdp_padded(all, S)), + the all-reduce of each
+                              rank's shard across the R groups: 2 (R-1)/R F/S b (`inter_group_theory`);
+                              clipping: the norms' all-reduce within the group (S for n)
   dp                          reduce (n-1)/n (Psi + 1) b (the gradients and the loss), broadcast
                               (n-1)/n (Psi + 1) b (the parameters and the global loss)
 """
@@ -45,7 +48,7 @@ def fsdp_padded(shapes, n: int) -> int:
 
 def theory(
     strategy: str, param_sizes, n: int, itemsize: int, *, clip: bool = False, backend: str = "gloo", root_params=(),
-    reshard_after_forward: bool = True, accum: int = 1, batchnorm: BatchNormCount | None = None,
+    reshard_after_forward: bool = True, accum: int = 1, batchnorm: BatchNormCount | None = None, replicas: int = 1,
 ) -> dict:
     """Bytes each device sends per step in what torch_ref runs, by kind (conventions: module docstring).
 
@@ -71,11 +74,13 @@ def theory(
         out["all-reduce"] = loss + (ring * itemsize if clip else 0.0)
         _reduce_scatter(out, padded * itemsize, n, backend)
         out["all-gather"] = part * padded * itemsize
-    elif strategy == "zero3":
-        full, root = fsdp_padded(shapes, n), fsdp_padded(root_params, n)
-        out["all-gather"] = part * ((2 * full - root) if reshard_after_forward else full) * accum * itemsize
-        out["all-reduce"] = loss + (ring * len(shapes) * itemsize if clip else 0.0)
-        _reduce_scatter(out, full * itemsize, n, backend)
+    elif strategy in ("zero3", "hsdp"):
+        s = n // replicas  # hsdp: zero3 within a group of S ranks, then the shard all-reduced across R groups
+        full, root = fsdp_padded(shapes, s), fsdp_padded(root_params, s)
+        out["all-gather"] = (s - 1) / s * ((2 * full - root) if reshard_after_forward else full) * accum * itemsize
+        out["all-reduce"] = loss + (2 * (s - 1) / s * len(shapes) * itemsize if clip else 0.0)  # norms: in the group
+        _reduce_scatter(out, full * itemsize, s, backend)
+        out["all-reduce"] += 2 * (replicas - 1) / replicas * (full // s) * itemsize
     elif strategy == "dp":
         out["reduce"] = part * (psi + 1) * itemsize
         out["broadcast"] = part * (psi + 1) * itemsize
@@ -129,6 +134,17 @@ def batchnorm_count(model, sync: bool) -> BatchNormCount | None:
 
     layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     return BatchNormCount(sum(m.num_features for m in layers), len(layers), sync) if layers else None
+
+
+def inter_group_theory(param_sizes, n: int, replicas: int, itemsize: int) -> float:
+    """The bytes of hsdp's `theory` total that cross its R groups: each rank's padded shard (F / S,
+    F = fsdp_padded(all, S)) all-reduced across them, 2 (R-1)/R F/S b, and the loss's all-reduce over the
+    world (it crosses them too); the rest, `bytes_intra_group`, stays in a group of S = n / R ranks.
+    One group (R = 1, every other strategy): nothing crosses. jaxdp.theory.inter_group_theory's twin."""
+    if replicas == 1 or n == 1:
+        return 0.0
+    s = n // replicas
+    return 2 * (replicas - 1) / replicas * (fsdp_padded(param_sizes, s) // s) * itemsize + 2 * (n - 1) / n * itemsize
 
 
 def _reduce_scatter(out: dict, nbytes: float, n: int, backend: str) -> None:

@@ -34,6 +34,8 @@ from .theory import (  # noqa: F401 (the communication theory, re-exported: call
     batchnorm_theory,
     batchnorm_vectors,
     dp_theory,
+    group_theory_for,
+    inter_group_theory,
     root_sizes,
     statistics_inputs,
     stats_theory,
@@ -165,6 +167,8 @@ def measure_step(cfg) -> dict:
     out = {**memory(cfg, c), **trains}
     channels = batchnorm_channels(c.problem)
     out["theory"] = theory_for(cfg, out["sizes"], root_sizes(c.problem), channels)
+    out["comm_groups"] = group_bytes(collectives(c.program.as_text(), cfg.devices), cfg.devices, cfg.replicas)
+    out["theory_groups"] = group_theory_for(cfg, out["sizes"], root_sizes(c.problem), channels)
     if c.stats_program is not None:  # the running statistics' own program, apart from the train step
         out["stats_comm"] = communication(c.stats_program.as_text(), cfg.devices)["total"]
         out["stats_theory"] = stats_theory_for(cfg, list(c.stats_sizes), channels)["total"]
@@ -229,6 +233,24 @@ def communication(hlo_text: str, n_devices: int) -> dict:
         entry["sent"] += c["sent"] * trips
         entry["max_sent"] += c["max_sent"] * trips
     out["total"] = sum(v["sent"] for v in out.values())
+    return out
+
+
+def crosses_groups(c: dict, shard: int) -> bool:
+    """Whether collective `c` (`hlo.collective`) runs across hsdp's groups: a device group of it holds
+    devices of more than one shard group (device k is in group k // S, S = `shard`)."""
+    return any(len({d // shard for d in g}) > 1 for g in c["groups"])
+
+
+def group_bytes(found: list[dict], n_devices: int, replicas: int = 1) -> dict:
+    """Bytes sent per device per step (`collectives`' `sent` x trips), split into `bytes_intra_group`
+    (collectives whose device groups lie within a shard group of S = N / R devices) and
+    `bytes_inter_group` (the others: across hsdp's replica groups). R = 1: one group, all within."""
+    shard = n_devices // replicas
+    out = {"bytes_intra_group": 0.0, "bytes_inter_group": 0.0}
+    for c in found:
+        key = "bytes_inter_group" if crosses_groups(c, shard) else "bytes_intra_group"
+        out[key] += c["sent"] * (1 if c["trips"] is None else c["trips"])
     return out
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 import re
 
+import numpy as np
+
 DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
                "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
 OPS = ("all-reduce", "reduce-scatter", "all-gather", "collective-permute", "all-to-all")
@@ -67,12 +69,31 @@ def _arrays(shape_text: str) -> list[tuple[str, int]]:
     return [(d, math.prod(int(x) for x in dims.split(",") if x)) for d, dims in _ARRAY.findall(shape_text)]
 
 
-def _group_size(line: str, n_devices: int) -> int:
-    m = re.search(r"replica_groups=\{\{([\d,]+)\}", line)
+def _groups(line: str, n_devices: int) -> list[list[int]]:
+    """The device groups of a collective's `replica_groups`: explicit (`{{0,1},{2,3}}`), iota
+    (`[G,S]<=[dims]T(perm)`: arange(prod(dims)) reshaped to dims, transposed by perm, read as G rows of
+    S), or empty / absent (one group of every device)."""
+    m = re.search(r"replica_groups=\{(\{[\d,]*\}(?:,\{[\d,]*\})*)\}", line)
     if m:
-        return len(m.group(1).split(","))
-    m = re.search(r"replica_groups=\[(\d+),(\d+)\]", line)  # iota form [groups, size]
-    return int(m.group(2)) if m else n_devices
+        return [[int(d) for d in g.split(",") if d] for g in re.findall(r"\{([\d,]*)\}", m.group(1))]
+    m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", line)
+    if m:
+        dims = [int(d) for d in m.group(3).split(",")]
+        ids = np.arange(math.prod(dims)).reshape(dims)
+        if m.group(4):
+            ids = ids.transpose([int(d) for d in m.group(4).split(",")])
+        return ids.reshape(int(m.group(1)), int(m.group(2))).tolist()
+    return [list(range(n_devices))]
+
+
+def _components(pairs: list[tuple[int, int]]) -> list[list[int]]:
+    """A collective-permute's groups: the devices its (source, target) pairs connect (a ring's cycle)."""
+    owner: dict[int, set] = {}
+    for s, t in pairs:
+        merged = owner.get(s, {s}) | owner.get(t, {t})
+        for d in merged:
+            owner[d] = merged
+    return [list(g) for g in sorted({tuple(sorted(g)) for g in owner.values()})]
 
 
 def _pairs(line: str) -> list[tuple[int, int]]:
@@ -83,18 +104,22 @@ def _pairs(line: str) -> list[tuple[int, int]]:
 
 def collective(line: str, n_devices: int) -> dict | None:
     """The collective `line` issues (None if it issues none): op, dtype ('mixed' for a tuple of
-    several), elements and bytes of its result, group size, and for collective-permute its pairs."""
+    several), elements and bytes of its result, `groups` (the device groups it runs over: its
+    replica_groups; for collective-permute the devices its pairs connect), `group` (the largest group's
+    size), and for collective-permute its pairs."""
     m = _OP.search(line)
     if not m or "-done" in line.split("=")[0]:
         return None
     op = m.group("op")
+    pairs = _pairs(line) if op == "collective-permute" else None
+    groups = _components(pairs) if pairs is not None else _groups(line, n_devices)
     arrays = _arrays(m.group("shape"))
     if m.group("start") and op != "all-reduce":  # async *-start returns (operands..., result)
         arrays = arrays[-1:]
     dtypes = {d for d, _ in arrays}
     return {"op": op, "dtype": dtypes.pop() if len(dtypes) == 1 else "mixed",
             "elements": sum(e for _, e in arrays), "bytes": sum(DTYPE_BYTES[d] * e for d, e in arrays),
-            "group": _group_size(line, n_devices), "pairs": _pairs(line) if op == "collective-permute" else None}
+            "group": max(map(len, groups), default=1), "groups": groups, "pairs": pairs}
 
 
 def collectives_in_order(hlo_text: str, n_devices: int) -> list[dict]:

@@ -2,10 +2,14 @@
 
 For one run configuration: every collective of the compiled (post-optimisation) step in program
 order, with `op` (all-reduce, reduce-scatter, all-gather, collective-permute, all-to-all), `dtype`,
-`elements` (of its result), `bytes_per_device` (what one device sends for one run of it, counted
+`elements` (of its result), `group_size` (the devices in its replica group; a collective-permute: in the
+largest set its pairs connect), `inter_group` (whether a group of it spans hsdp's shard groups of
+S = N / R devices), `bytes_per_device` (what one device sends for one run of it, counted
 as `accounting.collectives` does: ring algorithms) and `trips` (the times it runs per step: inside
 a loop, the loop's trip count); the totals `bytes_per_device` (the sum of bytes_per_device x trips)
-and `theory_bytes_per_device` (`accounting.theory`); the memory per device `state_bytes`,
+and `theory_bytes_per_device` (`accounting.theory`), `replicas` (R) and that total split into
+`bytes_intra_group` and `bytes_inter_group`, next to `theory_bytes_intra_group` and
+`theory_bytes_inter_group` (`accounting.group_theory_for`; R = 1: all within); the memory per device `state_bytes`,
 `temp_bytes` and `peak_bytes` (`accounting.step_memory`); for ddp-bucket, the plan as `buckets`
 (elements per bucket, in the order they are all-reduced). A model with running statistics
 (BatchNorm) advances them in a second, forward-only program (jaxdp/strategies/stats.py): its bytes are
@@ -31,8 +35,10 @@ def inspect(cfg, step: accounting.CompiledStep | None = None) -> dict:
     step = step or accounting.compile_step(cfg)
     problem, compiled = step.problem, step.program
     found = accounting.collectives(compiled.as_text(), cfg.devices)
-    ops = [{"op": c["op"], "dtype": c["dtype"], "elements": c["elements"], "bytes_per_device": c["sent"],
-            "trips": c["trips"]} for c in found]
+    shard = cfg.devices // cfg.replicas
+    ops = [{"op": c["op"], "dtype": c["dtype"], "elements": c["elements"], "group_size": c["group"],
+            "inter_group": accounting.crosses_groups(c, shard), "bytes_per_device": c["sent"], "trips": c["trips"]}
+           for c in found]
     sizes = [int(np.prod(p.shape)) for p in jax.tree.leaves(problem.params)]
     root = accounting.root_sizes(problem)  # zero3: a tied weight, gathered once per micro-batch
     channels = accounting.batchnorm_channels(problem)  # BatchNorm: its statistics' all-reduces
@@ -40,6 +46,8 @@ def inspect(cfg, step: accounting.CompiledStep | None = None) -> dict:
            "accum": cfg.accum, "collectives": ops,
            "bytes_per_device": sum(c["bytes_per_device"] * (c["trips"] or 1) for c in ops),
            "theory_bytes_per_device": accounting.theory_for(cfg, sizes, root, channels)["total"],
+           "replicas": cfg.replicas, **accounting.group_bytes(found, cfg.devices, cfg.replicas),
+           **{f"theory_{k}": v for k, v in accounting.group_theory_for(cfg, sizes, root, channels).items()},
            **accounting.step_memory(compiled)}
     if step.stats_program is not None:  # the running statistics' own program, next to the train step
         stats_ops = accounting.collectives(step.stats_program.as_text(), cfg.devices)
@@ -54,11 +62,17 @@ def inspect(cfg, step: accounting.CompiledStep | None = None) -> dict:
 def format_inspect(r: dict) -> str:
     lines = [f"{r['strategy']} on {r['devices']} devices ({r['model']}, {r['dtype']}, accum {r['accum']}): "
              f"{len(r['collectives'])} collectives in program order",
-             f"  {'#':>3} {'op':<19} {'dtype':<6} {'elements':>10} {'bytes/device':>13} {'trips':>5}"]
-    lines += [f"  {i:>3} {c['op']:<19} {c['dtype']:<6} {c['elements']:>10} {c['bytes_per_device']:>13.0f} "
+             f"  {'#':>3} {'op':<19} {'dtype':<6} {'elements':>10} {'group':>5} {'bytes/device':>13} {'trips':>5}"]
+    lines += [f"  {i:>3} {c['op']:<19} {c['dtype']:<6} {c['elements']:>10} "
+              f"{str(c['group_size']) + ('x' if c['inter_group'] else ''):>5} {c['bytes_per_device']:>13.0f} "
               f"{c['trips'] if c['trips'] is not None else '?':>5}" for i, c in enumerate(r["collectives"])]
     lines.append(f"sent per device per step: {r['bytes_per_device']:.0f} bytes "
                  f"(theory {r['theory_bytes_per_device']:.0f})")
+    if r["replicas"] > 1:
+        s = r["devices"] // r["replicas"]
+        lines.append(f"  within a group of {s} (intra): {r['bytes_intra_group']:.0f} bytes "
+                     f"(theory {r['theory_bytes_intra_group']:.0f}); across the {r['replicas']} groups (inter, "
+                     f"marked x): {r['bytes_inter_group']:.0f} (theory {r['theory_bytes_inter_group']:.0f})")
     if "stats_bytes_per_device" in r:
         lines.append(f"running statistics' program: {r['stats_bytes_per_device']:.0f} bytes per device per step "
                      f"(theory {r['stats_theory_bytes_per_device']:.0f})")

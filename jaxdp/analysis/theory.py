@@ -26,15 +26,17 @@ def dp_theory(sizes: list[int], n: int, itemsize: int, loss_itemsize: int | None
 
 
 def theory(strategy: str, sizes: list[int], n: int, itemsize: int, loss_itemsize: int | None = None,
-           accum: int = 1, reshard_after_forward: bool = True, root_sizes: list[int] = ()) -> dict:
+           accum: int = 1, reshard_after_forward: bool = True, root_sizes: list[int] = (), replicas: int = 1) -> dict:
     """Bytes each device sends per step by the textbook algorithms (ring collectives), by kind.
     Psi = sum(sizes); Psi_N = sum(ceil(size / n)) (ZeRO pads each parameter to a multiple of n).
     The loss is averaged for the log by one scalar all-reduce (not for `dp`, whose tree is counted
     separately, nor for one device). zero3 gathers every micro-batch (`accum`) for forward and,
     with `reshard_after_forward`, again for backward, except `root_sizes` (its root's: a tied weight,
-    `root_sizes` among `sizes` once), gathered once per micro-batch; the others sync once per step."""
+    `root_sizes` among `sizes` once), gathered once per micro-batch; the others sync once per step.
+    hsdp (`replicas` R): zero3's bytes within a group of S = N / R (Psi_S = sum(ceil(size / S)), each
+    parameter padded to a multiple of S), plus the all-reduce of each device's shard across the R groups,
+    2 (R-1)/R Psi_S; `inter_group_theory` splits the total into within and across the groups."""
     psi = sum(sizes)
-    psi_n = sum(math.ceil(s / n) for s in sizes)
     loss = 2 * (n - 1) / n * (loss_itemsize or itemsize)
     ring = 2 * (n - 1) / n
     out = {"all-reduce": loss, "reduce-scatter": 0.0, "all-gather": 0.0, "point-to-point": 0.0}
@@ -43,14 +45,34 @@ def theory(strategy: str, sizes: list[int], n: int, itemsize: int, loss_itemsize
     elif strategy == "ddp-ring":
         out["point-to-point"] = 2 * (n - 1) * math.ceil(psi / n) * itemsize
     elif strategy in zero_layout.LAYOUTS:
-        out.update(zero_theory(zero_layout.of(strategy), psi, psi_n, n, itemsize, accum, reshard_after_forward,
+        s = n // replicas  # the shard group (all N devices but for hsdp)
+        psi_s = sum(math.ceil(size / s) for size in sizes)
+        out.update(zero_theory(zero_layout.of(strategy), psi, psi_s, s, itemsize, accum, reshard_after_forward,
                                root_sizes, loss))
+        out["all-reduce"] += across_groups(psi_s, replicas, itemsize)
     else:
         raise ValueError(f"no communication theory for {strategy!r}")
     if n == 1:
         out = {k: 0.0 for k in out}
     out["total"] = sum(out.values())
     return out
+
+
+def across_groups(psi_s: int, replicas: int, itemsize: int) -> float:
+    """hsdp's all-reduce of each device's gradient shard (Psi_S elements) across the R groups, ring."""
+    return 2 * (replicas - 1) / replicas * psi_s * itemsize
+
+
+def inter_group_theory(sizes: list[int], n: int, replicas: int, itemsize: int, loss_itemsize: int | None = None
+                       ) -> float:
+    """The bytes of `theory`'s total that cross the R groups of hsdp: the shards' all-reduce across them,
+    2 (R-1)/R Psi_S b, and the loss's scalar all-reduce over all N devices (it crosses them too). The rest
+    (`bytes_intra_group`: the gathers and reduce-scatters) stays within a group of S = N / R. One group
+    (R = 1, every strategy but hsdp): nothing crosses."""
+    if replicas == 1 or n == 1:
+        return 0.0
+    psi_s = sum(math.ceil(size / (n // replicas)) for size in sizes)
+    return across_groups(psi_s, replicas, itemsize) + 2 * (n - 1) / n * (loss_itemsize or itemsize)
 
 
 def zero_theory(layout, psi: int, psi_n: int, n: int, itemsize: int, accum: int, reshard_after_forward: bool,
@@ -159,11 +181,19 @@ def theory_for(cfg, sizes: list[int], root: list[int] = (), channels: int = 0) -
         out = dp_theory(sizes, cfg.devices, itemsize)
     else:
         out = theory(cfg.strategy, sizes, cfg.devices, itemsize, accum=cfg.accum,
-                     reshard_after_forward=cfg.reshard_after_forward, root_sizes=root)
+                     reshard_after_forward=cfg.reshard_after_forward, root_sizes=root, replicas=cfg.replicas)
     if cfg.batchnorm == "sync":
         out["all-reduce"] += batchnorm_theory(cfg.strategy, channels, cfg.devices, itemsize, cfg.accum)
         out["total"] = sum(v for k, v in out.items() if k != "total")
     return out
+
+
+def group_theory_for(cfg, sizes: list[int], root: list[int] = (), channels: int = 0) -> dict:
+    """`theory_for`'s total split into `bytes_intra_group` and `bytes_inter_group` (`inter_group_theory`)."""
+    itemsize = np.dtype(models.MASTER_DTYPE[cfg.dtype]).itemsize
+    total = theory_for(cfg, sizes, root, channels)["total"]
+    inter = inter_group_theory(sizes, cfg.devices, cfg.replicas, itemsize)
+    return {"bytes_intra_group": total - inter, "bytes_inter_group": inter}
 
 
 def stats_theory_for(cfg, sizes: list[int], channels: int) -> dict:

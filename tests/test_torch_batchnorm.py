@@ -124,7 +124,7 @@ def _spreads(t: trace.Trace) -> dict:
 def test_a_converted_net_equals_single_with_no_spread(case):
     t = _case(case)
     spreads = _spreads(t)
-    params = 0 if case[0] == "zero3" else 8  # zero3's parameters are shards: only the 4 buffers
+    params = 0 if case[0] in ("zero3", "hsdp") else 8  # FSDP2 parameters are shards: only the 4 buffers
     assert len(spreads) == R.STEPS * (params + 4) and set(spreads.values()) == {0.0}
     report = divergence.compare(t, _single_run(case[1]), check_config=False)
     assert report.ok, cli_diff.text(report)

@@ -31,8 +31,6 @@ def make(model, optimizer, opts) -> Strategy:
     if opts.replicas < 1 or world % opts.replicas:
         divisors = ", ".join(str(d) for d in range(1, world + 1) if world % d == 0)
         raise ConfigError(f"replicas={opts.replicas} does not divide the {world} ranks; give one of {divisors}")
-    if opts.reduction == "canonical":
-        raise ConfigError("hsdp in torch_ref has no reduction='canonical'; use 'native' (or strategy='zero3')")
     hosts = world // launch.ranks_per_host(world)
     hsdp_hosts.check_hosts(world, opts.replicas, hosts, opts.hsdp_hosts, "torchrun --nnodes")
     return zero3.make(model, optimizer, opts, name="hsdp", replicas=opts.replicas, hosts=opts.hsdp_hosts)

@@ -43,6 +43,11 @@ CNN_CASES += [(s, n, a, o, c, "canonical", R.SHARDS, "cnn") for s, n, a, o, c in
     ("dp", 4, 3, "adamw", 0.5), ("ddp-naive", 2, 1, "momentum", 0.0), ("ddp-bucket", 4, 1, "adamw", 0.0),
     ("ddp-ring", 2, 3, "adamw", 0.5), ("zero1", 4, 3, "momentum", 0.0)]]
 CNN_NATIVE = ("ddp", 4, 1, "adamw", 0.0, "native", None, "cnn")
+# hsdp ("hsdp:R": R replicas of S = 4 / R shards) at 2 x 2, 1 x 4, 4 x 1; native 2 x 2 is the negative control
+HSDP_CASES = [("hsdp:2", 4, 3, "adamw", 0.5, "canonical", R.SHARDS), ("hsdp:1", 4, 1, "momentum", 0.5, "canonical",
+              R.SHARDS), ("hsdp:4", 4, 3, "momentum", 0.0, "canonical", R.SHARDS),
+              ("hsdp:2", 2, 1, "adamw", 0.0, "canonical", R.SHARDS)]
+HSDP_NATIVE = ("hsdp:2", 4, 3, "adamw", 0.5, "native", None)
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +59,8 @@ def worlds(tmp_path_factory) -> dict:
         out.update(R.run_cases(0, 1, [c for c in CASES + CNN_CASES if c[1] == 1], checkpoints))
     finally:
         dist.destroy_process_group()
-    plan = {n: [c for c in CASES + CNN_CASES if c[1] == n] + ([NATIVE, FOLD, CNN_NATIVE] if n == 4 else [])
-            for n in (2, 4)}
+    negative = [NATIVE, FOLD, CNN_NATIVE, HSDP_NATIVE]
+    plan = {n: [c for c in CASES + CNN_CASES + HSDP_CASES if c[1] == n] + (negative if n == 4 else []) for n in (2, 4)}
     out.update(launch.launch(R.run_worlds, 4, plan, checkpoints, timeout_s=300, pg_timeout_s=240)[0])
     for n in plan:
         out.update({k: v for k, v in out[n].items() if k not in ("resumed", "errors")})
@@ -84,6 +89,18 @@ def test_every_strategy_and_size_is_single_bit_for_bit(worlds, single, case):
     ref = single(accum, optimizer, clip, "canonical")
     assert all(v.dtype == np.float32 for k, v in ref.items() if "/loss" not in k)
     assert differing(ref, worlds[case]) == []
+
+
+@pytest.mark.parametrize("case", HSDP_CASES, ids=lambda c: f"{c[0]}-N{c[1]}-accum{c[2]}-{c[3]}-clip{c[4]}")
+def test_hsdp_every_grid_is_single_bit_for_bit(worlds, single, case):
+    """hsdp R x S: the tree over every rank's partial sum, each rank its shard column's chunk."""
+    assert differing(single(*case[2:5], "canonical"), worlds[case]) == []
+
+
+def test_hsdp_native_is_not_bitwise_single(worlds, single):
+    ref, got = single(*HSDP_NATIVE[2:5], "native"), worlds[HSDP_NATIVE]
+    assert differing(ref, got)
+    assert all(np.allclose(ref[k], got[k], rtol=1e-4, atol=1e-6) for k in ref)
 
 
 @pytest.mark.parametrize("case", CNN_CASES, ids=lambda c: f"cnn-{c[0]}-N{c[1]}-accum{c[2]}-{c[3]}-clip{c[4]}")

@@ -78,6 +78,9 @@ def my_rows(a: np.ndarray, rank: int, n: int, accum: int) -> np.ndarray:
 
 def parallelized(strategy: str, accum: int, optimizer: str, reduction: str, shards, model: str = "mlp"):
     extra = {"reduction": "canonical", "shards": shards} if reduction != "native" else {}
+    strategy, _, replicas = strategy.partition(":")  # "hsdp:R": R replicas
+    if replicas:
+        extra["replicas"] = int(replicas)
     if strategy in ("ddp", "zero1", "ddp-bucket"):
         extra["bucket_mb"] = 0.001 if model == "mlp" else 0.0005  # a few buckets of these small models
     net = fresh_net() if model == "mlp" else fresh_cnn(dtype=torch.float64 if model == "cnn64" else torch.float32)

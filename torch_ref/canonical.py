@@ -80,13 +80,15 @@ def finish(total: torch.Tensor, shards: int, accum: int) -> torch.Tensor:
     return total if accum == 1 else total / accum
 
 
-def tree_scatter(flat: torch.Tensor, exchange=None) -> torch.Tensor:
+def tree_scatter(flat: torch.Tensor, exchange=None, columns=None) -> torch.Tensor:
     """[L] (L a multiple of N) -> [L/N]: this rank's chunk, summed over the ranks by the tree.
-    One all-to-all: each rank sends (N-1)/N of its partial sum, reduce-scatter's bytes."""
+    One all-to-all: each rank sends (N-1)/N of its partial sum, reduce-scatter's bytes. `columns` (hsdp:
+    rank d's shard column, for each d): [L] is S chunks and rank d gets chunk columns[d]."""
     n = dist.get_world_size() if dist.is_initialized() else 1
     if n == 1:
         return flat
-    return tree((exchange or all_to_all)(flat.reshape(n, -1)))  # row d goes to rank d
+    rows = flat.reshape(n, -1) if columns is None else flat.reshape(max(columns) + 1, -1)[torch.tensor(columns)]
+    return tree((exchange or all_to_all)(rows))  # row d goes to rank d
 
 
 def all_to_all(send: torch.Tensor) -> torch.Tensor:
@@ -193,24 +195,30 @@ def set_grads(params, flat: torch.Tensor) -> None:
 class UnitReduce:
     """zero3: FSDP2's reduce-scatter of one unit, replaced (`set_custom_reduce_scatter` calls `allocate`
     and the object; duck-typed, FSDP2's `ReduceScatter` base is private). Every shard's backward hands
-    over the unit's unsharded gradient (rank-major, as reduce-scatter takes it) and nothing is sent; after the step's
-    last backward: the folds, this rank's subtree, `tree_scatter`, `finish`, written into FSDP's output
-    (N = 1: FSDP calls no comm and its output is the input, which the hook reads)."""
+    over the unit's unsharded gradient (rank-major, as reduce-scatter takes it: FSDP2 allocates it first,
+    then the output) and nothing is sent; after the step's last backward: the folds, this rank's subtree,
+    `tree_scatter` (hsdp: over every rank, each getting its shard column's chunk, `columns`), `finish`,
+    written into FSDP's output. hsdp: FSDP2's all-reduce across the replicas still runs before the hook
+    (FSDP2 has no custom all-reduce, and without it no hook), on the zeroed output; the hook overwrites it."""
 
-    def __init__(self, local: int, accum: int, shards: int):
-        self.local, self.accum, self.shards = local, accum, shards
-        self.input, self.folds, self.count = None, Folds(), 0
+    def __init__(self, local: int, accum: int, shards: int, columns=None):
+        self.local, self.accum, self.shards, self.columns = local, accum, shards, columns
+        self.input, self.folds, self.count, self.allocated = None, Folds(), 0, 0
 
     def allocate(self, size, *, dtype, device):
-        return torch.empty(*size, dtype=dtype, device=device)
+        buffer = torch.zeros(*size, dtype=dtype, device=device)
+        if self.allocated % 2 == 0:  # the input (the output comes second)
+            self.input = buffer
+        self.allocated += 1
+        return buffer
 
     def __call__(self, output_tensor, input_tensor, group=None, op=None, async_op=False):
-        self.input = input_tensor
         return None
 
     def hook(self, reduce_output: torch.Tensor) -> None:
-        self.folds.add(self.count % self.local, self.input if self.input is not None else reduce_output.clone())
+        self.folds.add(self.count % self.local, self.input)
         self.input, self.count = None, self.count + 1
         if self.count == self.local * self.accum:
-            reduce_output.copy_(finish(tree_scatter(self.folds.partial()), self.shards, self.accum))
+            total = tree_scatter(self.folds.partial(), columns=self.columns)
+            reduce_output.copy_(finish(total, self.shards, self.accum))
             self.folds, self.count = Folds(), 0

@@ -217,7 +217,7 @@ class RunConfig:
                               f"be even (rotary embeddings rotate pairs): e.g. --d-model {2 * self.d_model}")
 
     def _validate_replicas(self, framework: str) -> None:
-        """--replicas: only with hsdp, dividing --devices; hsdp runs no BatchNorm model, nor torch's canonical."""
+        """--replicas: only with hsdp, dividing --devices; hsdp runs no BatchNorm model."""
         n, r, hsdp = self.devices, self.replicas, self.strategy == "hsdp"
         if r != 1 and not hsdp:
             raise ConfigError(f"--replicas {r} is for --strategy hsdp, not {self.strategy}: drop --replicas")
@@ -226,9 +226,8 @@ class RunConfig:
         if hsdp and (r < 1 or n % r):
             raise ConfigError(f"--replicas {r} must divide --devices {n}: give one of "
                               + ", ".join(str(d) for d in range(1, n + 1) if n % d == 0))
-        if hsdp and (self.model == "cnn" or framework == "torch" and self.reduction == "canonical"):
-            what = "--model cnn (BatchNorm)" if self.model == "cnn" else "torch_ref's --reduction canonical"
-            raise ConfigError(f"--strategy hsdp has no {what}; use --strategy zero3")
+        if hsdp and self.model == "cnn":
+            raise ConfigError("--strategy hsdp has no --model cnn (BatchNorm); use --strategy zero3")
 
     def kv_heads(self) -> int:
         """llama's key/value heads: --n-kv-head, or --n-head when it is 0."""

@@ -12,7 +12,8 @@ as zero3; clip_grad_norm_ on the DTensor gradients (Replicate, Shard(0)) compute
 algorithm). `hsdp_hosts` ("shard", the default: a host holds whole rows, so FSDP2's all-gathers stay in a
 host; "replica": whole columns) orders the mesh over torchrun's host-major ranks (`jaxdp.core.hsdp_hosts`),
 checked against the hosts (WORLD_SIZE / LOCAL_WORLD_SIZE) before any collective.
-`reduction="canonical"` is jaxdp's only (refused by the configuration and `make`).
+`reduction="canonical"`: zero3's (`canonical.UnitReduce`), its all-to-all over all N ranks, rank d getting its shard
+column's chunk (`zero3.shard_columns`): single's bits for any R x S (N dividing the shards).
 """
 from __future__ import annotations
 
@@ -31,8 +32,6 @@ def make(model, optimizer, opts) -> Strategy:
     if opts.replicas < 1 or world % opts.replicas:
         divisors = ", ".join(str(d) for d in range(1, world + 1) if world % d == 0)
         raise ConfigError(f"replicas={opts.replicas} does not divide the {world} ranks; give one of {divisors}")
-    if opts.reduction == "canonical":
-        raise ConfigError("hsdp in torch_ref has no reduction='canonical'; use 'native' (or strategy='zero3')")
     hosts = world // launch.ranks_per_host(world)
     hsdp_hosts.check_hosts(world, opts.replicas, hosts, opts.hsdp_hosts, "torchrun --nnodes")
     return zero3.make(model, optimizer, opts, name="hsdp", replicas=opts.replicas, hosts=opts.hsdp_hosts)

@@ -123,14 +123,27 @@ def install_units(c) -> None:
     replaced by a `UnitReduce` (with BatchNorm, FSDP2's own backward and reduce-scatter are not used)."""
     if c.bn is not None:
         return
-    c.units = []
+    c.units, columns = [], shard_columns(c.par.model)
     for module in c.par.model.modules():
         if isinstance(module, FSDPModule):
-            unit = C.UnitReduce(c.local, c.par.accum, c.s)
+            unit = C.UnitReduce(c.local, c.par.accum, c.s, columns)
             module.set_custom_reduce_scatter(unit)
             module.set_all_reduce_hook(unit.hook)
             module.set_gradient_divide_factor(1.0)  # FSDP2 divides by nothing: the tree's /S and /A are all
             c.units.append(unit)
+
+
+def shard_columns(model) -> list[int] | None:
+    """hsdp: each rank's column on the (replicate, shard) mesh (the chunk of a unit's gradient it holds);
+    zero3 (a 1-D mesh): None, rank d holds chunk d."""
+    mesh = next(model.parameters()).device_mesh.mesh
+    if mesh.dim() == 1:
+        return None
+    columns = [0] * mesh.numel()
+    for (_, s), rank in zip(torch.cartesian_prod(*map(torch.arange, mesh.shape)).tolist(), mesh.reshape(-1).tolist(),
+                            strict=True):
+        columns[rank] = s
+    return columns
 
 
 def backward(c, x, y, loss_fn) -> torch.Tensor:

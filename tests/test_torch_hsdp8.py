@@ -2,7 +2,8 @@
 equal torch `single` to 1e-12 (the tolerance argued in test_torch_strategies.py), and the 2x4 run equals
 jaxdp's hsdp 2x4 (8 simulated devices, in process). The grids of N = 4 are in test_torch_strategies.py;
 tests/torch_helpers.py's worlds stop at 4, so one world of 8 ranks, spawned here once, runs both grids.
-The check is shown to fail on a trace with one step's gradients off by 1e-3.
+The check is shown to fail on a trace with one step's gradients off by 1e-3. The same world runs both
+grids with `--reduction canonical`: bitwise single's.
 """
 from __future__ import annotations
 
@@ -25,11 +26,18 @@ def case_id(cfg):
     return f"{cfg.replicas}x{cfg.devices // cfg.replicas}-reshard{cfg.reshard_after_forward}"
 
 
-def train_grids(rank: int, n: int, cfgs: list, init: dict) -> list:
-    """In each of the 8 spawned ranks: train every grid, recording."""
+# `--reduction canonical` at both grids of 8 (tests/torch_canonical_ranks.py's float32 mlp, 8 shards): bitwise single
+CANONICAL = [("hsdp:4", 8, 3, "adamw", 0.5, "canonical", 8), ("hsdp:2", 8, 1, "momentum", 0.0, "canonical", 8)]
+
+
+def train_grids(rank: int, n: int, cfgs: list, init: dict) -> tuple[list, dict]:
+    """In each of the 8 spawned ranks: train every grid, recording; then the canonical cases."""
     from torch_ref.train import train_rank
 
-    return [train_rank(rank, n, cfg, init, record=True) for cfg in cfgs]
+    from . import torch_canonical_ranks
+
+    native = [train_rank(rank, n, cfg, init, record=True) for cfg in cfgs]
+    return native, {case: torch_canonical_ranks.train_case(rank, n, case) for case in CANONICAL}
 
 
 @functools.cache
@@ -38,8 +46,8 @@ def world8() -> dict:
     gives each rank max(1, cores // 8) = 1 intra-op thread)."""
     from torch_ref.launch import launch
 
-    per_rank = launch(train_grids, 8, GRIDS, init_for(init_key(BASE)), timeout_s=300, pg_timeout_s=120)
-    return dict(zip(GRIDS, per_rank[0], strict=True))
+    native, canonical = launch(train_grids, 8, GRIDS, init_for(init_key(BASE)), timeout_s=300, pg_timeout_s=120)[0]
+    return {**dict(zip(GRIDS, native, strict=True)), **canonical}
 
 
 def single_of(cfg):
@@ -76,3 +84,18 @@ def test_a_gradient_off_by_1e_3_fails_the_check():
     assert off and all(k.startswith("step/1/grad/") for k in off), off
     assert max(off.values()) == pytest.approx(1e-3, rel=1e-6)
     assert not judged(broken, ref).ok
+
+
+@pytest.mark.parametrize("case", CANONICAL, ids=lambda c: f"{c[0]}-accum{c[2]}-{c[3]}-clip{c[4]}")
+def test_hsdp_of_8_canonical_is_single_bit_for_bit(case):
+    """4x2 and 2x4 with `--reduction canonical`: every array bitwise `single`'s (8 shards), as at N = 4
+    (test_torch_canonical.py, which also shows the bitwise check failing on native hsdp)."""
+    import numpy as np
+
+    from . import torch_canonical_ranks
+
+    got = world8()[case]
+    ref = torch_canonical_ranks.train_case(0, 1, ("single", 1, *case[2:]))
+    got = {k: v for k, v in got.items() if "/spread/" not in k}
+    assert got.keys() == ref.keys() and len(ref) > 10
+    assert [k for k in ref if not np.array_equal(ref[k], got[k])] == []

@@ -97,11 +97,10 @@ def parallelize(loss_fn, params, optimizer, *, strategy: str, devices=None, mesh
     sharded arrays (a `clip_by_global_norm` sees the whole gradient's norm). One that depends on the
     parameters' shapes (e.g. `optax.contrib.muon`) cannot run on ZeRO's flat shards: an error names it.
 
-    zero3 gathers, runs and frees one FSDP unit at a time. An NNX module with `unit_specs()`
-    (jaxdp/models/units.py: units in forward order, `__call__` their fold) gives its units; otherwise,
-    and always for a plain loss_fn, the whole loss is one unit: the whole model is gathered at once
-    (gathered again for backward, its gradient reduce-scattered): parameters are sharded between
-    steps, but the step's peak is about zero2's. Give an NNX module `unit_specs()` to shard by layer.
+    zero3 gathers, runs and frees one FSDP unit at a time: an NNX module's `unit_specs()` (jaxdp/models/
+    units.py: units in forward order, `__call__` their fold); otherwise, and for a plain loss_fn, the
+    whole loss is one unit, gathered at once (again for backward, its gradient reduce-scattered):
+    sharded between steps, the step's peak about zero2's. Give `unit_specs()` to shard by layer.
     """
     loss = strategy_options.pop("loss", None)
     name = strategies.resolve(strategy)

@@ -17,6 +17,7 @@ from torch import nn
 
 import torch_ref
 from jaxdp.core import trace
+from jaxdp.core.spread import is_spread
 from jaxdp.harness import cli_diff, divergence, parity
 from torch_ref import batchnorm
 from torch_ref.trace import Recorder
@@ -117,7 +118,7 @@ def _case(case) -> trace.Trace:
 
 
 def _spreads(t: trace.Trace) -> dict:
-    return {k: float(v) for k, v in t.arrays.items() if "/spread/" in k}
+    return {k: float(v) for k, v in t.arrays.items() if is_spread(k)}
 
 
 @pytest.mark.parametrize("case", [c for c in R.CASES if c[2] and not c[3]], ids=lambda c: f"{c[0]}-accum{c[1]}")

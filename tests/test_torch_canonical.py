@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 import torch_ref
 from jaxdp.core.config import FRAMEWORK_STRATEGIES, RunConfig
+from jaxdp.core.spread import is_spread
 from torch_ref import canonical as C
 from torch_ref import canonical_bn, launch
 
@@ -78,7 +79,7 @@ def single():
 
 def differing(a: dict, b: dict) -> list[str]:
     """The keys whose arrays differ; the rank spread (`step/<k>/spread/`, N > 1 only) is no trace value."""
-    a, b = ({k: v for k, v in t.items() if "/spread/" not in k} for t in (a, b))
+    a, b = ({k: v for k, v in t.items() if not is_spread(k)} for t in (a, b))
     assert a.keys() == b.keys() and len(a) > 10
     return [k for k in a if not np.array_equal(a[k], b[k])]
 
@@ -148,7 +149,7 @@ def test_a_wrong_tree_across_ranks_is_caught(worlds, single):
 def test_a_resume_at_another_n_continues_bit_for_bit(worlds, single):
     """zero2 checkpointed after step 1 at N = 2, resumed at N = 4: step 2 is single's, bit for bit."""
     ref, saved, resumed = single(*R.RESUMED[2:5], "canonical"), worlds[2]["resumed"], worlds[4]["resumed"]
-    saved, resumed = ({k: v for k, v in t.items() if "/spread/" not in k} for t in (saved, resumed))
+    saved, resumed = ({k: v for k, v in t.items() if not is_spread(k)} for t in (saved, resumed))
     assert differing({k: ref[k] for k in saved}, saved) == []
     assert set(resumed) == {k for k in ref if k.startswith("step/2/")}
     assert differing({k: ref[k] for k in resumed}, resumed) == []

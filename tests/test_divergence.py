@@ -218,10 +218,10 @@ def test_html_is_one_self_contained_page_with_the_heatmap_and_the_step_table(wri
 def test_a_bad_tolerance_or_unwritable_output_is_one_line(tmp_path, capsys):
     a, b = save(tmp_path, GOOD, GOOD)
     assert cli.main(["diff", a, b, "--tolerance", "-1"]) == 2
-    assert "--tolerance must be a number >= 0" in capsys.readouterr().err
+    assert "--tolerance -1.0: must be a finite number >= 0" in capsys.readouterr().err
     (tmp_path / "file").write_text("")
     assert cli.main(["diff", a, b, "--json", str(tmp_path / "file" / "d.json")]) == 2
-    assert "cannot write --json" in capsys.readouterr().err
+    assert "is a file, not a folder" in capsys.readouterr().err
 
 
 def test_html_renders_in_headless_chromium_with_the_first_divergence_outlined(written, tmp_path):

@@ -14,7 +14,6 @@ differs: with those three sites promoted to float64 (monkeypatched) the two agre
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 
@@ -25,7 +24,7 @@ import pytest
 from flax import nnx
 
 from jaxdp import models
-from jaxdp.core import config, data
+from jaxdp.core import argv, config, data
 from jaxdp.core.config import ConfigError, RunConfig
 from jaxdp.harness.report import references
 from jaxdp.models import llama
@@ -212,11 +211,12 @@ def test_defaults_are_meta_and_transformers_rules():
     assert config.llama_d_ff(4096) == 11008 and config.llama_d_ff(32) == 256 and config.llama_d_ff(768) == 2048
     cfg = RunConfig(model="llama", data="text", n_head=4, d_model=64).validate()
     assert (cfg.kv_heads(), cfg.ffn_width()) == (4, 256)
-    parser = argparse.ArgumentParser()
-    config.add_arguments(parser)
+    parser = argv.Parser()
+    argv.add_run_arguments(parser)
+    argv.add_strategies(parser, "ddp", config.ALL_STRATEGIES, "strategy")
     args = parser.parse_args("--model llama --data tokens --n-kv-head 2 --d-ff 96 --n-head 4 --strategy zero3".split())
     for framework in ("jax", "torch"):
-        cfg = config.from_args(args, framework)
+        (cfg,) = argv.configs(args, framework)
         assert (cfg.model, cfg.kv_heads(), cfg.ffn_width()) == ("llama", 2, 96)
 
 
@@ -224,8 +224,8 @@ def test_defaults_are_meta_and_transformers_rules():
     (dict(n_kv_head=3), "--n-kv-head 3 must divide --n-head 4"),
     (dict(d_model=12, n_head=4, n_kv_head=0), "head dimension --d-model / --n-head = 3 must be even"),
     (dict(d_model=18), "--d-model 18 must divide by --n-head 4"),
-    (dict(d_ff=-1), "--d-ff must be positive, or 0 for its default; got -1"),
-    (dict(n_kv_head=-2), "--n-kv-head must be positive"),
+    (dict(d_ff=-1), "--d-ff -1: must be >= 0; e.g. --d-ff 0"),
+    (dict(n_kv_head=-2), "--n-kv-head -2: must be >= 0"),
     (dict(data="digits"), "model 'llama' trains on tokens: use --data text or --data tokens"),
     (dict(model="gpt2"), r"--n-kv-head is for --model llama \(got --model gpt2\)"),
     (dict(model="gpt", n_kv_head=0), r"--d-ff is for --model llama \(got --model gpt\)"),

@@ -79,7 +79,7 @@ def killed(folder):
     argv = [sys.executable, "-m", "torch_ref", "train", "--strategy", "zero2", "--devices", "2", "--steps", "100000",
             "--batch-size", str(KILLED.batch_size), "--hidden", "16,16", "--optimizer", "adamw", "--clip-norm", "0.5",
             "--lr", str(KILLED.lr), "--weight-decay", str(KILLED.weight_decay), "--dtype", "float64",
-            "--seed", str(KILLED.seed), "--bucket-mb", str(KILLED.bucket_mb), "--platform", "cpu",
+            "--seed", str(KILLED.seed), "--platform", "cpu",
             "--checkpoint-dir", ck, "--checkpoint-every", "1"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -24,6 +24,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from jaxdp.core.errors import ConfigError
+
 GRACE_S = 2.0  # after the first error: how long to collect the others' before terminating them
 
 
@@ -43,6 +45,13 @@ def free_port() -> int:
 
 def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
+
+
+def check_platform(platform: str, devices: int) -> None:
+    """--platform gpu on a machine where torch sees none: one line before any rank starts."""
+    if platform == "gpu" and not torch.cuda.is_available():
+        raise ConfigError(f"--platform gpu: torch sees no GPU on this machine; use --platform cpu to run {devices} "
+                          f"rank(s) on the CPU")
 
 
 def rank_device(platform: str, local_rank: int) -> torch.device:

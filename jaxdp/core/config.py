@@ -1,15 +1,16 @@
 """One run configuration, shared by `jaxdp train`, `python -m torch_ref train` and every report.
 
-`RunConfig` is the single definition of the flags: `add_arguments` builds the argparse flags from
-its fields and `from_args` reads them back, so the two frameworks can never drift apart.
+`RunConfig` is the single definition of the flags: `jaxdp.core.argv` builds the argparse flags from
+its fields and reads them back, so the two frameworks can never drift apart; `values.RULES` holds
+the range of every number, checked by `validate` for the command line and the library alike.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib.util
 from dataclasses import dataclass, field
 
+from . import values
 from .errors import ConfigError
 from .hsdp_hosts import HOSTS
 from .reduction import REDUCTIONS, resolve_shards
@@ -52,24 +53,6 @@ def _flag(default, help, choices=None, type=None):
     return field(default=default, metadata={"help": help, "choices": choices, "type": type})
 
 
-def _bool_text(text: str) -> bool:
-    if str(text).lower() in ("true", "1", "yes"):
-        return True
-    if str(text).lower() in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        widths = tuple(int(w) for w in text.split(",") if w.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not widths or min(widths) <= 0:
-        raise argparse.ArgumentTypeError(f"expected positive widths such as 64,64, got {text!r}")
-    return widths
-
-
 @dataclass(frozen=True)
 class RunConfig:
     model: str = _flag("mlp", "model architecture", MODELS)
@@ -94,16 +77,16 @@ class RunConfig:
         DTYPES,
     )
     seed: int = _flag(0, "seed for parameters and data")
-    hidden: tuple = _flag((64, 64), "mlp hidden widths, comma separated", type=_int_list)
+    hidden: tuple = _flag((64, 64), "mlp hidden widths, comma separated", type=values.int_list)
     channels: tuple = _flag((8, 16), "cnn: output channels of its two 3x3 convolutions, comma separated",
-                            type=_int_list)
+                            type=values.int_list)
     batchnorm: str = _flag(
         "sync", "cnn: BatchNorm statistics under data parallelism: sync (over the global micro-batch, every "
         "strategy equals single) or local (each device its own rows, torch DDP's default; rank 0's running "
         "statistics)", BATCHNORMS)
     conv_bias: bool = _flag(
         False, "cnn: a bias in each convolution, before its BatchNorm (as many models write it; the mean "
-        "subtraction cancels it, so its gradient is roundoff only)", type=_bool_text)
+        "subtraction cancels it, so its gradient is roundoff only)", type=values.bool_text)
     bucket_mb: float = _flag(25.0, "ddp-bucket: bucket capacity in MB (2**20 bytes)")
     n_layer: int = _flag(2, "gpt, gpt2, llama: transformer blocks")
     n_head: int = _flag(2, "gpt, gpt2, llama: attention heads")
@@ -118,7 +101,7 @@ class RunConfig:
     reshard_after_forward: bool = _flag(
         True, "zero3 (FSDP2's name): true frees each unit's gathered parameters after its forward and gathers "
         "them again for backward (3 x (N-1)/N Psi sent); false keeps them until backward (2 x, more memory)",
-        type=_bool_text)
+        type=values.bool_text)
     replicas: int = _flag(1, "hsdp: R groups of --devices / R devices, zero3 within a group, replicated across")
     hsdp_hosts: str = _flag("shard", "hsdp, several processes: each process (host) holds whole shard groups (the "
                             "gathers stay in a host) or whole replica groups (docs/STRATEGIES.md)", HOSTS)
@@ -145,6 +128,7 @@ class RunConfig:
     # ---- validation -------------------------------------------------------------------------
     def validate(self, framework: str = "jax") -> RunConfig:
         """Check the configuration for `framework` ('jax' or 'torch'); raise ConfigError naming the fix."""
+        values.check_ranges({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
         for name, valid in (("model", MODELS), ("data", DATASETS), ("optimizer", OPTIMIZERS), ("dtype", DTYPES),
                             ("platform", PLATFORMS), ("collectives", COLLECTIVES), ("batchnorm", BATCHNORMS),
                             ("hsdp_hosts", HOSTS)):
@@ -159,9 +143,6 @@ class RunConfig:
             raise ConfigError(
                 f"strategy {self.strategy!r} exists only in {owners}; {PACKAGE[framework]} has: {', '.join(here)}"
             )
-        for name in ("devices", "steps", "batch_size", "accum"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if self.strategy == "single" and self.devices != 1:
             raise ConfigError(f"strategy 'single' runs on one device; got --devices {self.devices} (use --devices 1)")
         per = self.devices * self.accum
@@ -189,12 +170,8 @@ class RunConfig:
                               f"e.g. --channels 8,16")
         if (self.resume or self.checkpoint_every > 0) and not self.checkpoint_dir:
             raise ConfigError("--resume and --checkpoint-every need --checkpoint-dir DIR")
-        if self.checkpoint_every < 0:
-            raise ConfigError(f"--checkpoint-every must be 0 (off) or positive, got {self.checkpoint_every}")
         self._validate_replicas(framework)
         self._validate_reduction()
-        if self.lr <= 0 or self.weight_decay < 0 or self.clip_norm < 0 or self.bucket_mb <= 0:
-            raise ConfigError("--lr and --bucket-mb must be positive; --weight-decay and --clip-norm non-negative")
         return self
 
     def _validate_transformer(self) -> None:
@@ -267,26 +244,6 @@ class RunConfig:
         if "channels" in d:
             d["channels"] = tuple(d["channels"])
         return cls(**d)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add one `--flag` per RunConfig field (the single definition of the CLI)."""
-    for f in dataclasses.fields(RunConfig):
-        flag = "--" + f.name.replace("_", "-")
-        meta = f.metadata
-        if f.type in ("bool", bool) and not meta.get("type"):  # --flag / --no-flag
-            parser.add_argument(
-                flag, dest=f.name, default=f.default, action=argparse.BooleanOptionalAction, help=meta["help"]
-            )
-            continue
-        kind = meta.get("type") or {"int": int, "float": float, "str": str}[f.type]
-        parser.add_argument(flag, dest=f.name, default=f.default, type=kind, choices=meta.get("choices"),
-                            help=meta["help"] + (" (default: %(default)s)"))
-
-
-def from_args(args: argparse.Namespace, framework: str = "jax") -> RunConfig:
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig)}
-    return RunConfig(**values).validate(framework)
 
 
 # Fields that define *what* is computed; two traces are comparable when these agree.

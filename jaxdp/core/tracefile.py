@@ -62,15 +62,14 @@ class Trace:
 
 def check_writable(path, flag: str = "--trace") -> None:
     """Fail now, in one line, if a file cannot be written at `path` later (checked before training,
-    so a long run never dies at its end): creates the folder as `save` would, and a probe file in it."""
-    folder = os.path.dirname(os.path.abspath(os.fspath(path)))
+    so a long run never dies at its end); creates nothing (`paths.output_file`)."""
+    from .errors import ConfigError
+    from .paths import output_file
+
     try:
-        os.makedirs(folder, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, suffix=".probe"):
-            pass
-    except OSError as e:
-        raise TraceError(f"cannot write {flag} {os.fspath(path)!r}: {e.strerror}: {e.filename!r}; "
-                         f"choose a writable path") from None
+        output_file(path, flag)
+    except ConfigError as e:
+        raise TraceError(str(e)) from None
 
 
 def save(path, meta: dict, arrays: dict[str, np.ndarray]) -> None:

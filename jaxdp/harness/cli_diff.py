@@ -7,16 +7,18 @@ import json
 import math
 import os
 
+from ..core import argv, paths
 from ..core import trace as trace_mod
+from ..core.errors import ConfigError
 from . import divergence, parity
 
 
 def add_parser(sub) -> None:
-    diff = sub.add_parser("diff", help="trace A against reference B: the first divergence, the errors per field, "
-                                       "judged by the parity bounds")
+    diff = argv.subcommand(sub, "diff", help="trace A against reference B: the first divergence, the errors per "
+                           "field, judged by the parity bounds", description="Trace A against reference B.")
     diff.add_argument("a", help="the trace to check (.npz)")
     diff.add_argument("b", help="the reference trace (.npz)")
-    diff.add_argument("--tolerance", type=float, default=None,
+    diff.add_argument("--tolerance", type=float, default=None, metavar="T",
                       help="judge every array's max |a-b| / max |b| against this bound (default: the parity "
                            "bounds for the traces' dtype and optimizer, docs/PARITY.md)")
     diff.add_argument("--no-config-check", dest="config_check", action="store_false",
@@ -27,11 +29,13 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
+    for path, flag in ((args.a, "trace A"), (args.b, "trace B")):
+        paths.input_file(path, flag)
     for path, flag in ((args.json, "--json"), (args.html, "--html")):
-        if path:
-            trace_mod.check_writable(path, flag)
-    if args.tolerance is not None and not args.tolerance >= 0:
-        raise trace_mod.TraceError(f"--tolerance must be a number >= 0, got {args.tolerance}")
+        if path is not None:
+            paths.output_file(path, flag)
+    if args.tolerance is not None and not (math.isfinite(args.tolerance) and args.tolerance >= 0):
+        raise ConfigError(f"--tolerance {args.tolerance}: must be a finite number >= 0; e.g. --tolerance 1e-12")
     a, b = trace_mod.load(args.a), trace_mod.load(args.b)
     report = divergence.compare(a, b, args.tolerance, check_config=args.config_check)
     print(text(report))

@@ -1,56 +1,83 @@
-"""`python -m torch_ref train` (torch_ref/__main__.py): the same flags as `jaxdp train` (from
-`jaxdp.core.config.RunConfig`), the same trace format, from the JAX side's initial parameters
-(`torch_run.py`). Runs under torchrun unchanged (it reads RANK, WORLD_SIZE, MASTER_ADDR, ...)."""
+"""`python -m torch_ref train` (torch_ref/__main__.py): the run flags of `jaxdp train` (from
+`jaxdp.core.argv`, defined once for both), the same checks and messages before any rank starts, the
+same trace format, from the JAX side's initial parameters (`torch_run.py`). Runs under torchrun
+unchanged (it reads RANK, WORLD_SIZE, MASTER_ADDR, ...)."""
 from __future__ import annotations
 
-import argparse
+import math
 import os
 import sys
 
-from ..core import config, hsdp_hosts
+from ..core import argv, config, hsdp_hosts
+from ..core.errors import ConfigError
+
+DIFFERS = ("Differs from `jaxdp train`: several processes come from torchrun (or --devices N spawns N ranks on "
+           "this machine), not --processes / --coordinator; --pg-timeout bounds each collective.")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="torch_ref", description="The PyTorch reference of jaxdp's strategies.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="train one strategy and optionally write its trace")
-    config.add_arguments(train)
-    train.add_argument("--trace", default=None, help="write the trace (.npz) to this path (rank 0)")
-    train.add_argument("--timeout", type=float, default=3600.0,
-                       help="launcher: stop every rank after this many seconds (default: %(default)s)")
-    train.add_argument("--pg-timeout", type=float, default=300.0,
+def build_parser() -> argv.Parser:
+    parser = argv.Parser(prog="torch_ref", description="The PyTorch reference of jaxdp's strategies.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=argv.Parser)
+    train = argv.subcommand(sub, "train", help="train one strategy and optionally write its trace",
+                            description="Train with one data-parallel strategy in torch.distributed. " + DIFFERS)
+    argv.add_run_arguments(train)
+    argv.add_strategies(train, "ddp", config.FRAMEWORK_STRATEGIES["torch"],
+                        "the data-parallel strategy (fsdp is an alias of zero3)")
+    argv.add_trace(train, " (rank 0)")
+    argv.add_timeout(train, "the launcher")
+    train.add_argument("--pg-timeout", type=float, default=300.0, metavar="SECONDS", action=argv._Store,
                        help="process group: a collective that waits longer fails (default: %(default)s)")
     return parser
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+def check(args) -> list:
+    """Every input of `torch_ref train`, before any rank starts: the configurations, paths, timeouts, machine."""
+    from torch_ref.launch import check_platform
+
+    from .cli_train import check_checkpoints, traces
+
+    cfgs = argv.configs(args, framework="torch")
+    args.trace_paths = traces(args.trace, [c.strategy for c in cfgs])
+    check_checkpoints(cfgs)
+    for name in ("timeout", "pg_timeout"):
+        value = getattr(args, name)
+        if not (math.isfinite(value) and value > 0):
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(f"{flag} {value}: must be a finite number of seconds > 0; e.g. {flag} 600")
+    check_platform(cfgs[0].platform, cfgs[0].devices)
+    for cfg in cfgs:
+        if cfg.strategy == "hsdp":  # torchrun's hosts (WORLD_SIZE / LOCAL_WORLD_SIZE): before any rank works
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", cfg.devices))
+            hosts = max(1, cfg.devices // local)
+            hsdp_hosts.check_hosts(cfg.devices, cfg.replicas, hosts, cfg.hsdp_hosts, "torchrun --nnodes")
+    return cfgs
+
+
+def main(argv_=None) -> int:
+    args = build_parser().parse_args(argv_)
     try:
         config.require_torch("python -m torch_ref")
-    except config.ConfigError as e:
+    except ConfigError as e:
         print(f"torch_ref: error: {e}", file=sys.stderr)
         return 2
     from torch_ref.checkpoint import CheckpointError
     from torch_ref.launch import RankError
     from torch_ref.train import NonFiniteLoss, summary
 
-    from ..core.trace import TraceError, check_writable
+    from ..core.trace import TraceError
     from .torch_run import run
 
     try:
-        cfg = config.from_args(args, framework="torch")
-        if cfg.strategy == "hsdp":  # torchrun's hosts (WORLD_SIZE / LOCAL_WORLD_SIZE): before any rank works
-            local = int(os.environ.get("LOCAL_WORLD_SIZE", cfg.devices))
-            hosts = max(1, cfg.devices // local)
-            hsdp_hosts.check_hosts(cfg.devices, cfg.replicas, hosts, cfg.hsdp_hosts, "torchrun --nnodes")
-        if args.trace:
-            check_writable(args.trace)
-        result = run(cfg, trace_path=args.trace, timeout_s=args.timeout, pg_timeout_s=args.pg_timeout)
-    except (config.ConfigError, TraceError, NonFiniteLoss, CheckpointError) as e:
+        for cfg in check(args):
+            path = args.trace_paths[cfg.strategy]
+            result = run(cfg, trace_path=path, timeout_s=args.timeout, pg_timeout_s=args.pg_timeout)
+            if result is not None:  # rank 0
+                print(summary(result) + (f"; trace: {path}" if path else ""))
+    except (ConfigError, TraceError, NonFiniteLoss, CheckpointError) as e:
         print(f"torch_ref: error: {e}", file=sys.stderr)
         return 2
     except RankError as e:
-        if isinstance(e.cause, (config.ConfigError, NonFiniteLoss, CheckpointError)):
+        if isinstance(e.cause, (ConfigError, NonFiniteLoss, CheckpointError)):
             print(f"torch_ref: error: rank {e.rank}: {e.cause}", file=sys.stderr)
             return 2
         print(e.traceback, file=sys.stderr)
@@ -59,6 +86,4 @@ def main(argv=None) -> int:
     except TimeoutError as e:
         print(f"torch_ref: error: {e}", file=sys.stderr)
         return 1
-    if result is not None:  # rank 0
-        print(summary(result) + (f"; trace: {args.trace}" if args.trace else ""))
     return 0

@@ -1,0 +1,159 @@
+"""The command-line flags, defined once for `jaxdp` and `python -m torch_ref`.
+
+`Parser` answers every bad input in one line (the flag, the value, the fix) and exit status 2,
+never argparse's usage block, and answers a typo'd flag from the subcommand it was given to.
+`add_run_arguments` adds one flag per `RunConfig` field (less those a command does not read),
+`add_strategies`, `add_trace` and `add_timeout` the flags both frameworks share, each recording
+which flags the user typed; `configs` turns the namespace into one validated RunConfig per
+strategy and refuses a typed flag that the chosen model or strategies would not read.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import sys
+
+from . import config, readers, values
+from .errors import ConfigError
+
+GIVEN = "given_flags"  # the namespace attribute holding the dests the user typed
+
+
+def given(namespace) -> set:
+    """The flags (dest names) typed on the command line."""
+    return namespace.__dict__.setdefault(GIVEN, set())
+
+
+class _Store(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        given(namespace).add(self.dest)
+
+
+class _Switch(argparse.BooleanOptionalAction):
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, values, option_string)
+        given(namespace).add(self.dest)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors that name the fix; subcommand parsers are Parsers too."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)  # --step is not --steps: a typo is an error, not a guess
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):
+        print(f"{self.prog}: error: {message}{self._fix(message)}", file=sys.stderr)
+        sys.exit(2)
+
+    def _fix(self, message: str) -> str:
+        action = self._action_named(message)
+        if action is not None and action.type in (int, float) and "invalid" in message:
+            example = values.RULES[action.dest].example if action.dest in values.RULES else action.default
+            return (f"; give {'a whole number' if action.type is int else 'a number'}, e.g. "
+                    f"{action.option_strings[0]} {example} (see {self.prog} -h)")
+        if message.startswith("unrecognized arguments"):
+            typed = message.split(":", 1)[1].split()[0].split("=")[0]
+            close = difflib.get_close_matches(typed, [o for o in self._option_string_actions if o.startswith("--")],
+                                              n=1, cutoff=0.6)
+            return f"; did you mean {close[0]}? (see {self.prog} -h)" if close else f"; see {self.prog} -h"
+        return f"; see {self.prog} -h"
+
+    def _action_named(self, message: str):
+        """The action an argparse message is about ('argument --steps: ...'), or None."""
+        if not message.startswith("argument "):
+            return None
+        names = message[len("argument "):].split(":", 1)[0].split("/")
+        return next((a for a in self._actions if set(a.option_strings) & set(names)), None)
+
+    def parse_args(self, args=None, namespace=None):
+        args, extra = self.parse_known_args(args, namespace)
+        if extra:
+            sub = getattr(args, "_parser", self)
+            sub.error(f"unrecognized arguments: {' '.join(extra)}")
+        return args
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_run_arguments(parser, exclude=()) -> None:
+    """One `--flag` per RunConfig field (the single definition of the run flags), less `exclude`."""
+    for f in dataclasses.fields(config.RunConfig):
+        if f.name in exclude or f.name == "strategy":
+            continue
+        meta = f.metadata
+        if f.type in ("bool", bool) and not meta.get("type"):  # --flag / --no-flag
+            parser.add_argument(_flag(f.name), dest=f.name, default=f.default, action=_Switch,
+                                help=meta["help"] + " (default: %(default)s)")
+            continue
+        kind = meta.get("type") or {"int": int, "float": float, "str": str}[f.type]
+        shown = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else "%(default)s"
+        parser.add_argument(_flag(f.name), dest=f.name, default=f.default, type=kind, choices=meta.get("choices"),
+                            action=_Store, help=meta["help"] + f" (default: {shown})")
+
+
+def strategy_list(valid, pairs: bool = False):
+    """An argparse type: comma-separated strategy names from `valid` (aliases resolved)."""
+    def parse(text: str) -> list[str]:
+        names = [config.ALIASES.get(n.strip(), n.strip()) for n in text.split(",") if n.strip()]
+        bad = [n for n in names if n not in valid and not (pairs and "~" in n)]
+        if not names:
+            raise argparse.ArgumentTypeError(f"no strategy in {text!r}; e.g. ddp or ddp,zero3")
+        if bad and bad[0] in config.ALL_STRATEGIES:
+            owners = [config.PACKAGE[f] for f, known in config.FRAMEWORK_STRATEGIES.items() if bad[0] in known]
+            here = [config.PACKAGE[f] for f, known in config.FRAMEWORK_STRATEGIES.items() if set(valid) <= set(known)]
+            raise argparse.ArgumentTypeError(f"strategy {bad[0]!r} exists only in {' and '.join(owners)}; "
+                                             f"{' and '.join(here) or 'this command'} has: {', '.join(valid)}")
+        if bad:
+            raise argparse.ArgumentTypeError(f"invalid choice: {bad[0]!r} (choose from {', '.join(valid)}"
+                                             + (", or JAX~TORCH)" if pairs else ")"))
+        return names
+    return parse
+
+
+def add_strategies(parser, default: str, valid, what: str, pairs: bool = False) -> None:
+    """`--strategy` and `--strategies`: the same flag, one name or several comma-separated."""
+    parser.add_argument("--strategy", "--strategies", dest="strategies", default=strategy_list(valid, pairs)(default),
+                        type=strategy_list(valid, pairs), action=_Store, metavar="NAME[,NAME...]",
+                        help=f"{what}; one of {', '.join(valid)}, or several comma-separated (default: {default})")
+
+
+def add_trace(parser, who: str = "") -> None:
+    parser.add_argument("--trace", default=None, metavar="PATH", action=_Store,
+                        help=f"write the trace (.npz) here{who}; with several strategies put {{strategy}} in it")
+
+
+def add_timeout(parser, what: str) -> None:
+    parser.add_argument("--timeout", type=float, default=3600.0, action=_Store, metavar="SECONDS",
+                        help=f"{what}: stop every process after this many seconds (default: %(default)s)")
+
+
+def subcommand(sub, name: str, **kwargs) -> Parser:
+    """A subcommand parser that remembers itself, so that a typo is answered from it."""
+    parser = sub.add_parser(name, **kwargs)
+    parser.set_defaults(_parser=parser)
+    return parser
+
+
+def configs(args, framework: str = "jax", names=None, single_on_one: bool = False) -> list[config.RunConfig]:
+    """One validated RunConfig per strategy (`names`, default `args.strategies`; `single_on_one`: 'single'
+    on one device, as parity runs it); a typed flag that no chosen model or strategy reads is refused."""
+    fields = {f.name for f in dataclasses.fields(config.RunConfig)}
+    values = {k: v for k, v in vars(args).items() if k in fields and k != "strategy"}
+    typed = given(args) & fields
+    preset = config.PRESETS.get(values.get("preset", ""), {})
+    clash = sorted(typed & set(preset))
+    if clash:
+        raise ConfigError(f"{_flag(clash[0])} is set by --preset {values['preset']}: drop one of them")
+    hsdp = {k: values.pop(k) for k in ("replicas", "hsdp_hosts") if k in values}  # read by hsdp runs only
+    cfgs = []
+    for s in names or args.strategies:
+        cfg = config.RunConfig(**values, strategy=s, **(hsdp if s == "hsdp" else {}))
+        cfgs.append(cfg.replace(devices=1) if single_on_one and cfg.strategy == "single" else cfg)
+    runs = getattr(args, "runs", None) or [(framework, c.strategy) for c in cfgs]  # compare, parity: both sides
+    readers.check_given(typed, cfgs[0].model, runs, cfgs[0].reduction)
+    return [c.validate(framework) for c in cfgs]

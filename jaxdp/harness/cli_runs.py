@@ -1,0 +1,107 @@
+"""`jaxdp memory`, `inspect`, `compare`, `parity` and `bench`: each checks every input (the run flags
+for every listed strategy in each framework it runs, and its paths) before any device is made."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from ..core import argv, config, paths
+from ..core.errors import ConfigError
+
+
+def memory(args) -> int:
+    from ..analysis import accounting
+
+    cfgs = argv.configs(args)
+    rows = [accounting.memory(cfg) for cfg in cfgs]
+    base = cfgs[0]
+    print(f"bytes per device, {base.model} (Psi = {rows[0]['psi']} parameters), {base.optimizer} "
+          f"(K = {rows[0]['k_bytes']} bytes/param), {base.dtype}, N = {base.devices}")
+    print(accounting.format_memory(rows))
+    return 0
+
+
+def inspect(args) -> int:
+    from ..analysis import inspect as inspect_mod
+
+    cfgs = argv.configs(args)
+    if args.json and len(cfgs) > 1 and "{strategy}" not in args.json:
+        raise ConfigError("several strategies write several files: put {strategy} in --json, e.g. {strategy}.json")
+    jsons = {c.strategy: args.json.format(strategy=c.strategy) if args.json else None for c in cfgs}
+    for path in filter(None, jsons.values()):
+        paths.output_file(path, "--json")
+    for cfg in cfgs:
+        inspect_mod.main(cfg, jsons[cfg.strategy])
+    return 0
+
+
+def _base(args, names) -> config.RunConfig:
+    """The shared configuration (strategy ddp), after checking every listed strategy in each framework."""
+    from .parity import pairs_for
+
+    pairs = pairs_for(names)
+    args.runs = [("jax", j) for _, j, _ in pairs] + [("torch", t) for _, _, t in pairs]
+    for framework, side in (("jax", 1), ("torch", 2)):
+        argv.configs(args, framework, list(dict.fromkeys(p[side] for p in pairs)), single_on_one=True)
+    return config.RunConfig(**{k: getattr(args, k) for k in config.RunConfig.__dataclass_fields__
+                               if k != "strategy" and hasattr(args, k)}, strategy="ddp")
+
+
+def compare(args) -> int:
+    from .. import devices
+    from .report import render, runner
+
+    names = args.strategies
+    runner.check_strategies(names)
+    paths.output_dir(args.out, "--out")
+    base = _base(args, names)
+    devices.setup(base.devices, base.platform)
+    t0 = time.perf_counter()
+
+    def say(message):
+        return print(f"[{time.perf_counter() - t0:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+    summary = runner.compare(base, names, progress=say)
+    say("drawing figures and writing the report")
+    written = render.write(summary, args.out)
+    for e in summary["strategies"]:
+        p = e["parity"]
+        print(f"{e['name']:<12} parity {'pass' if p['pass'] else 'FAIL'} (worst grad {p['worst']['grad']:.1e}, "
+              f"param {p['worst']['param']:.1e}); comm JAX {e['frameworks']['jax']['comm']['total'] / 1024:.1f} "
+              f"KiB/step" + render.finding(e))
+    print(f"report: {written['html']} ({written['md']}, {written['json']}) in {time.perf_counter() - t0:.0f}s")
+    return 0 if all(e["parity"]["pass"] for e in summary["strategies"]) else 1
+
+
+def parity(args) -> int:
+    from .. import devices
+    from . import parity as parity_mod
+
+    names = args.strategies
+    base = _base(args, names)
+    pairs = parity_mod.pairs_for(names)
+    devices.setup(base.devices, base.platform)
+    rows = parity_mod.check(base, pairs)
+    print(f"jaxdp vs torch_ref: {base.model}/{base.data}, {base.optimizer}, {base.dtype}, {base.steps} steps, "
+          f"batch {base.batch_size}, accum {base.accum}, clip {base.clip_norm}, {base.devices} devices")
+    print(parity_mod.format_table(rows))
+    return 0 if all(r.ok for r in rows) else 1
+
+
+def bench(args) -> int:
+    import json
+
+    from . import bench as bench_mod
+
+    paths.output_dir(args.out, "--out")
+    results = bench_mod.run(quick=args.quick, out=args.out)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    table = bench_mod.markdown(results)
+    with open(os.path.join(args.out, "bench.md"), "w") as f:
+        f.write(table)
+    print(table)
+    print(f"wrote {os.path.join(args.out, 'bench.json')} and bench.md")
+    return 0

@@ -1,0 +1,137 @@
+"""`jaxdp train`: every flag checked (the run, its paths, its processes), then one strategy after another,
+in this process, in --processes local processes, or as one process of a cluster."""
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+from ..core import argv, config, hsdp_hosts, paths
+from ..core.errors import ConfigError
+
+
+def traces(pattern: str | None, names) -> dict:
+    """strategy -> its trace path (None: no trace); several strategies need {strategy} in --trace."""
+    if not pattern:
+        return {n: None for n in names}
+    if len(names) > 1 and "{strategy}" not in pattern:
+        raise ConfigError("several strategies write several traces: put {strategy} in --trace, e.g. "
+                          "runs/{strategy}.npz")
+    try:
+        out = {n: pattern.format(strategy=n) for n in names}
+    except (KeyError, IndexError, ValueError):
+        raise ConfigError(f"--trace {pattern}: only {{strategy}} may stand in braces; e.g. runs/{{strategy}}.npz") \
+            from None
+    for path in out.values():
+        paths.output_file(path, "--trace")
+    return out
+
+
+def check_checkpoints(cfgs) -> None:
+    """--checkpoint-dir: a folder (or one to create); --resume: one that exists; one strategy per folder."""
+    cfg = cfgs[0]
+    if not cfg.checkpoint_dir:
+        return
+    if len(cfgs) > 1:
+        raise ConfigError("--checkpoint-dir takes one strategy at a time (several would share the folder): "
+                          "give one --strategy")
+    paths.output_dir(cfg.checkpoint_dir, "--checkpoint-dir")
+    if cfg.resume and not os.path.isdir(cfg.checkpoint_dir):
+        raise ConfigError(f"--resume: no checkpoint directory {cfg.checkpoint_dir}; run once with --checkpoint-dir "
+                          f"{cfg.checkpoint_dir} --checkpoint-every K first")
+
+
+def check_processes(args) -> None:
+    """--processes, --timeout and the cluster flags, before any process starts."""
+    typed = argv.given(args)
+    if args.processes < 1:
+        raise ConfigError(f"--processes {args.processes}: must be >= 1; e.g. --processes 2")
+    if "timeout" in typed and args.processes == 1:
+        raise ConfigError("--timeout is read only with --processes P > 1 (a local multi-process run): drop --timeout")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise ConfigError(f"--timeout {args.timeout}: must be a finite number of seconds > 0; e.g. --timeout 600")
+    if args.devices % args.processes:
+        fits = ", ".join(str(p) for p in range(1, args.devices + 1) if args.devices % p == 0)
+        raise ConfigError(
+            f"--devices {args.devices} does not divide over --processes {args.processes} (each process holds the "
+            f"same number of devices); use --processes {fits}, or --devices "
+            f"{args.processes * (args.devices // args.processes + 1)}")
+    cluster = [args.coordinator, args.num_processes, args.process_id]
+    if args.processes > 1 and any(c is not None for c in cluster):
+        raise ConfigError("--processes starts local processes; on a cluster give --coordinator, --num-processes "
+                          "and --process-id to each process instead")
+    if any(c is not None for c in cluster):
+        _check_cluster(args)
+
+
+def _check_cluster(args) -> None:
+    if None in (args.coordinator, args.num_processes, args.process_id):
+        raise ConfigError("a cluster run needs all three of --coordinator, --num-processes and --process-id")
+    host, _, port = args.coordinator.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--coordinator {args.coordinator}: give HOST:PORT, e.g. --coordinator 10.0.0.1:1234")
+    if args.num_processes < 1:
+        raise ConfigError(f"--num-processes {args.num_processes}: must be >= 1")
+    if not 0 <= args.process_id < args.num_processes:
+        raise ConfigError(f"--process-id {args.process_id}: must be 0 to {args.num_processes - 1} "
+                          f"(--num-processes {args.num_processes})")
+    if args.devices % args.num_processes:
+        raise ConfigError(f"--devices {args.devices} does not divide over --num-processes {args.num_processes}")
+
+
+def train(args) -> int:
+    from .. import devices
+
+    cfgs = argv.configs(args)
+    trace_paths = traces(args.trace, [c.strategy for c in cfgs])
+    check_checkpoints(cfgs)
+    check_processes(args)
+    for cfg in cfgs:
+        if cfg.strategy == "hsdp":
+            hsdp_hosts.check_hosts(cfg.devices, cfg.replicas, args.num_processes or args.processes, cfg.hsdp_hosts)
+    if args.processes > 1:
+        from .. import launch
+
+        return launch.launch(_argv_without_processes(), args.processes, args.timeout)
+    distributed = devices.Distributed.from_env()
+    if args.coordinator:
+        distributed = devices.Distributed(args.coordinator, args.num_processes, args.process_id)
+    return _run(cfgs, trace_paths, args.progress, distributed)
+
+
+def _run(cfgs, trace_paths, progress, distributed) -> int:
+    from .. import train as train_mod
+
+    try:
+        for cfg in cfgs:
+            path = trace_paths[cfg.strategy]
+            result = train_mod.run(cfg, trace_path=path, progress=progress, distributed=distributed)
+            if distributed is None or distributed.process_id == 0:
+                print(train_mod.summary(result) + (f"; trace: {path}" if path else ""), flush=True)
+    except BaseException as e:
+        if distributed is None:
+            raise
+        # Exit now: jax.distributed's exit-time barrier would otherwise wait for the other
+        # processes, which wait for this one. The launcher (or cluster) sees the status at once.
+        import traceback
+
+        print(f"jaxdp: error: process {distributed.process_id}: {type(e).__name__}: {e}", file=sys.stderr)
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(2 if isinstance(e, config.ConfigError) else 1)
+    return 0
+
+
+def _argv_without_processes() -> list[str]:
+    out, skip = [], False
+    for a in sys.argv[1:]:
+        if skip:
+            skip = False
+            continue
+        if a in ("--processes", "--timeout"):
+            skip = True
+            continue
+        if a.startswith(("--processes=", "--timeout=")):
+            continue
+        out.append(a)
+    return out

@@ -54,6 +54,10 @@ class Parser(argparse.ArgumentParser):
             example = values.RULES[action.dest].example if action.dest in values.RULES else action.default
             return (f"; give {'a whole number' if action.type is int else 'a number'}, e.g. "
                     f"{action.option_strings[0]} {example} (see {self.prog} -h)")
+        if action is not None and "expected one argument" in message:
+            example = values.RULES[action.dest].example if action.dest in values.RULES else action.metavar or "VALUE"
+            return (f"; give a value, e.g. {action.option_strings[0]} {example} (a value starting with '-' as "
+                    f"{action.option_strings[0]}=-1)")
         if message.startswith("unrecognized arguments"):
             typed = message.split(":", 1)[1].split()[0].split("=")[0]
             close = difflib.get_close_matches(typed, [o for o in self._option_string_actions if o.startswith("--")],
@@ -149,6 +153,9 @@ def configs(args, framework: str = "jax", names=None, single_on_one: bool = Fals
     clash = sorted(typed & set(preset))
     if clash:
         raise ConfigError(f"{_flag(clash[0])} is set by --preset {values['preset']}: drop one of them")
+    empty = sorted(k for k in typed if isinstance(values.get(k), str) and not values[k].strip())
+    if empty:
+        raise ConfigError(f"{_flag(empty[0])} is empty; give a value or drop the flag (see -h)")
     hsdp = {k: values.pop(k) for k in ("replicas", "hsdp_hosts") if k in values}  # read by hsdp runs only
     cfgs = []
     for s in names or args.strategies:

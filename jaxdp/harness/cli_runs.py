@@ -26,10 +26,10 @@ def inspect(args) -> int:
     from ..analysis import inspect as inspect_mod
 
     cfgs = argv.configs(args)
-    if args.json and len(cfgs) > 1 and "{strategy}" not in args.json:
+    if args.json is not None and len(cfgs) > 1 and "{strategy}" not in args.json:
         raise ConfigError("several strategies write several files: put {strategy} in --json, e.g. {strategy}.json")
-    jsons = {c.strategy: args.json.format(strategy=c.strategy) if args.json else None for c in cfgs}
-    for path in filter(None, jsons.values()):
+    jsons = {c.strategy: args.json.format(strategy=c.strategy) if args.json is not None else None for c in cfgs}
+    for path in (p for p in jsons.values() if p is not None):
         paths.output_file(path, "--json")
     for cfg in cfgs:
         inspect_mod.main(cfg, jsons[cfg.strategy])

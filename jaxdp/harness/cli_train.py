@@ -12,7 +12,7 @@ from ..core.errors import ConfigError
 
 def traces(pattern: str | None, names) -> dict:
     """strategy -> its trace path (None: no trace); several strategies need {strategy} in --trace."""
-    if not pattern:
+    if pattern is None:
         return {n: None for n in names}
     if len(names) > 1 and "{strategy}" not in pattern:
         raise ConfigError("several strategies write several traces: put {strategy} in --trace, e.g. "

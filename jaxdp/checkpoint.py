@@ -19,7 +19,7 @@ import os
 import jax
 import numpy as np
 
-from .core.record import RECORD_FIELDS, CheckpointError, check_resumable  # noqa: F401 (re-exported)
+from .core.record import RECORD_FIELDS, CheckpointError, check_resumable, corrupt  # noqa: F401 (re-exported)
 from .strategies import host_full
 
 
@@ -89,7 +89,7 @@ def restore(directory, cfg, strategy, problem, optimizer):
     try:
         record = manager.restore(step, args=ocp.args.Composite(record=ocp.args.JsonRestore()))["record"]
     except Exception as e:  # noqa: BLE001 - orbax raises many kinds; all mean "unreadable"
-        raise CheckpointError(f"checkpoint step {step} in {directory!r} is corrupt ({type(e).__name__}: {e})") from None
+        raise corrupt(step, directory, e) from None
     check_resumable(record["config"], step, cfg, directory)
 
     fresh = strategy.init(problem.params)  # the layout (shapes, shardings) this run wants
@@ -99,7 +99,7 @@ def restore(directory, cfg, strategy, problem, optimizer):
     try:
         metadata = manager.item_metadata(step)["state"]
     except Exception as e:  # noqa: BLE001
-        raise CheckpointError(f"checkpoint step {step} in {directory!r} is corrupt ({type(e).__name__}: {e})") from None
+        raise corrupt(step, directory, e) from None
     if metadata is None or set(metadata) != set(target):
         raise CheckpointError(
             f"checkpoint in {directory!r} holds different arrays than strategy {cfg.strategy!r} "
@@ -115,7 +115,7 @@ def restore(directory, cfg, strategy, problem, optimizer):
     try:
         arrays = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
     except Exception as e:  # noqa: BLE001
-        raise CheckpointError(f"checkpoint step {step} in {directory!r} is corrupt ({type(e).__name__}: {e})") from None
+        raise corrupt(step, directory, e) from None
     manager.close()
     if same_layout:
         return jax.tree.unflatten(treedef, [arrays[k] for k in target]), step

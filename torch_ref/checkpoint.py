@@ -40,7 +40,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from jaxdp.core.record import RECORD_FIELDS, CheckpointError, check_resumable  # noqa: F401 (one contract for both sides; RECORD_FIELDS re-exported)
+from jaxdp.core.record import RECORD_FIELDS, CheckpointError, check_resumable, corrupt  # noqa: F401 (one contract for both sides; RECORD_FIELDS re-exported)
 
 RECORD = "record.json"
 PARTIAL = ".partial"
@@ -177,7 +177,7 @@ def find(directory, cfg) -> tuple[int, str, dict]:
         saved = record["config"]
         assert record["step"] == step, f"record says step {record['step']}"
     except Exception as e:  # noqa: BLE001 - missing, truncated, not JSON, wrong fields: all "corrupt"
-        raise CheckpointError(f"checkpoint step {step} in {directory!r} is corrupt ({type(e).__name__}: {e})") from None
+        raise corrupt(step, directory, e) from None
     check_resumable(saved, step, cfg, directory)
     return step, path, record
 
@@ -189,7 +189,7 @@ def restore(directory, state, cfg) -> int:
     try:
         saved = set(dcp.FileSystemReader(path).read_metadata().state_dict_metadata)
     except Exception as e:  # noqa: BLE001
-        raise CheckpointError(f"checkpoint step {step} in {directory!r} is corrupt ({type(e).__name__}: {e})") from None
+        raise corrupt(step, directory, e) from None
     missing = [k for k in flat_keys({"train": state.state_dict()}) if k not in saved]
     if missing:
         raise CheckpointError(
@@ -200,10 +200,7 @@ def restore(directory, state, cfg) -> int:
         dcp.load({"train": state}, checkpoint_id=path, no_dist=not _distributed())
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP's is a BaseException, one error per rank
         cause = next(iter(e.failures.values()), e) if isinstance(e, CheckpointException) else e
-        first = str(cause).strip().splitlines()[0][:200] if str(cause).strip() else ""
-        raise CheckpointError(
-            f"checkpoint step {step} in {directory!r} is corrupt ({type(cause).__name__}: {first})"
-        ) from None
+        raise corrupt(step, directory, cause) from None
     rng = base64.b64decode(record["rng_state"])
     torch.set_rng_state(torch.frombuffer(bytearray(rng), dtype=torch.uint8))
     return step

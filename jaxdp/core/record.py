@@ -12,6 +12,16 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used; the message says why and what to do."""
 
 
+def corrupt(step: int, directory, cause: BaseException) -> CheckpointError:
+    """The one line for an unreadable checkpoint: the cause's first line (at most 160 characters; the
+    libraries' messages run to a thousand) and the fix."""
+    text = str(cause).strip()
+    first = text.splitlines()[0] if text else ""
+    first = first if len(first) <= 160 else first[:157] + "..."
+    return CheckpointError(f"checkpoint step {step} in {directory!r} is corrupt ({type(cause).__name__}: {first}); "
+                           f"delete its folder to resume from the step before, or start without --resume")
+
+
 def check_resumable(saved_config: dict, step: int, cfg, directory) -> None:
     """Refuse a checkpoint of another configuration (naming every field that differs) or one that
     leaves no step to run. Shared by jaxdp and torch_ref."""

@@ -20,7 +20,8 @@ NO_CHECKPOINT = ("checkpoint_dir", "checkpoint_every", "resume")  # compare, par
 
 def _add_train(sub) -> None:
     train = argv.subcommand(sub, "train", help="train one strategy (or several, one after another); optionally "
-                            "write its trace", description="Train with one data-parallel strategy.")
+                            "write its trace", description="Train with one data-parallel strategy. The PyTorch "
+                            "twin: python -m torch_ref train, with the same run flags.")
     argv.add_run_arguments(train)
     argv.add_strategies(train, "ddp", JAX, "the data-parallel strategy (fsdp is an alias of zero3)")
     argv.add_trace(train)

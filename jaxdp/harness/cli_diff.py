@@ -16,8 +16,8 @@ from . import divergence, parity
 def add_parser(sub) -> None:
     diff = argv.subcommand(sub, "diff", help="trace A against reference B: the first divergence, the errors per "
                            "field, judged by the parity bounds", description="Trace A against reference B.")
-    diff.add_argument("a", help="the trace to check (.npz)")
-    diff.add_argument("b", help="the reference trace (.npz)")
+    diff.add_argument("a", metavar="A", help="the trace to check (.npz)")
+    diff.add_argument("b", metavar="B", help="the reference trace (.npz)")
     diff.add_argument("--tolerance", type=float, default=None, metavar="T",
                       help="judge every array's max |a-b| / max |b| against this bound (default: the parity "
                            "bounds for the traces' dtype and optimizer, docs/PARITY.md)")

@@ -122,8 +122,8 @@ def test_the_group_bytes_check_fails_on_a_broken_step_or_theory(monkeypatch):
 @pytest.mark.parametrize("argv,message", [
     (["--strategy", "hsdp", "--replicas", "3", "--devices", "4"], "--replicas 3 must divide --devices 4: give one of "
                                                                   "1, 2, 4"),
-    (["--strategy", "ddp", "--replicas", "2", "--devices", "4"], "--replicas 2 is for --strategy hsdp, not ddp: drop "
-                                                                 "--replicas"),
+    (["--strategy", "ddp", "--replicas", "2", "--devices", "4"], "--replicas is read only by --strategy hsdp, not ddp: "
+                                                                 "drop --replicas"),
     (["--strategy", "hsdp", "--model", "cnn", "--data", "digits", "--devices", "2"], "hsdp has no --model cnn")])
 def test_bad_replicas_is_one_line_in_both_frameworks(argv, message, capsys):
     err = error_of(["train", *argv], capsys)

@@ -18,17 +18,17 @@ from .test_cli import error_of
 
 @pytest.mark.parametrize("argv,message", [
     (["memory", "--strategies", "ddp,zero3", "--replicas", "2", "--devices", "4"],
-     "--replicas 2 is for hsdp, which --strategies ddp,zero3 does not list: add hsdp"),
+     "--replicas is read only by --strategy hsdp, not ddp, zero3: drop --replicas"),
     (["compare", "--strategies", "ddp,zero3", "--replicas", "2", "--devices", "4"],
-     "--replicas 2 is for hsdp, which --strategies ddp,zero3 does not list"),
+     "--replicas is read only by --strategy hsdp, not ddp, zero3: drop --replicas"),
     (["train", "--strategy", "ddp,zero3", "--replicas", "2", "--devices", "4"],
-     "--replicas 2 is for hsdp, which --strategy ddp,zero3 does not list"),
+     "--replicas is read only by --strategy hsdp, not ddp, zero3: drop --replicas"),
     (["train", "--strategy", "hsdp", "--replicas", "1", "--devices", "4", "--processes", "2"],
      "--hsdp-hosts shard: --processes 2 cannot each hold whole shard groups (rows) of the --replicas 1 x 4 grid"),
     (["train", "--strategy", "hsdp", "--replicas", "4", "--devices", "4", "--processes", "2", "--hsdp-hosts",
       "replica"], "--hsdp-hosts replica: --processes 2 cannot each hold whole replica groups"),
     (["train", "--strategy", "ddp", "--hsdp-hosts", "replica", "--devices", "4"],
-     "--hsdp-hosts replica is for hsdp, which --strategy ddp does not list")])
+     "--hsdp-hosts is read only by --strategy hsdp, not ddp: drop --hsdp-hosts")])
 def test_replicas_and_hosts_errors_are_one_line(argv, message, capsys):
     err = error_of(argv, capsys)
     assert len(err.strip().splitlines()) == 1 and message in err, err

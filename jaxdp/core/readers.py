@@ -48,8 +48,9 @@ def check_given(given, model: str, runs, reduction: str = "native") -> None:
                               f"drop {_flag(name)}")
         if name in STRATEGY_FLAGS["jax"] and not any(s in STRATEGY_FLAGS[f][name] for f, s in runs):
             frameworks = sorted({f for f, _ in runs})
-            readers = [", ".join(STRATEGY_FLAGS[f][name]) + (f" in {PACKAGE[f]}" if len(frameworks) > 1 else "")
-                       for f in frameworks if STRATEGY_FLAGS[f][name]]
+            same = len({STRATEGY_FLAGS[f][name] for f in frameworks}) == 1
+            readers = [", ".join(STRATEGY_FLAGS[f][name]) + ("" if same else f" in {PACKAGE[f]}")
+                       for f in frameworks[:1 if same else None] if STRATEGY_FLAGS[f][name]]
             raise ConfigError(f"{_flag(name)} is read only by --strategy " + ("; ".join(readers) or "of jaxdp")
                               + ", not "
                               f"{', '.join(dict.fromkeys(s for _, s in runs))}: drop {_flag(name)}")

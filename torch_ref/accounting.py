@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from . import comm_groups
+from .profiler import profile
 from .theory import (  # noqa: F401 (re-exported)
     KINDS,
     BatchNormCount,
@@ -120,7 +121,7 @@ def _events(prof, shard: int | None = None) -> tuple[dict, dict, dict, dict]:
 def _profiled_step(strategy, xs, ys, device, at_start: int, shard: int | None = None) -> tuple:
     """One step under the profiler: (its collectives as `_events`, its seconds, its peak bytes); with
     `shard` (hsdp), each collective's process group named (`comm_groups.GroupSpy`)."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

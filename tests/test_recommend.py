@@ -58,7 +58,7 @@ def test_the_pick_follows_the_measured_state():
     small, big = recommend.recommend(summary(7_000)), recommend.recommend(summary(500_000_000), budget=4e9)
     assert small["situations"][0]["pick"] == "ddp" and big["situations"][0]["pick"] == "zero3"
     why = small["situations"][0]["why"]
-    assert "sends 27.3 KiB JAX / 27.3 KiB torch per step (4 B/param)" in why[0] and "(JAX x1.5)" in why[1]
+    assert "sends 27.3 KiB JAX / 27.3 KiB torch per step (4 B/param, 2 ring phases: 2(N-1)/N Psi)" in why[0] and "(JAX x1.5)" in why[1]
     assert "does not fit" in " ".join(big["situations"][0]["why"])
     assert small["measured"]["zero3"]["full_per_param"] == pytest.approx(16.0)  # sharded parts multiplied back
     # the reference models: Llama 3 8B's 128 GB of replicated state fits no H100; across nodes, hsdp (projected)

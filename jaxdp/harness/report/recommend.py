@@ -58,6 +58,12 @@ def state_at(m: dict, params: float, n: int) -> float:
     return params * (m["full_per_param"] - m["sharded_per_param"] + m["sharded_per_param"] / shards)
 
 
+def _phases(summary, s: str) -> str:
+    """', k ring phases: k(N-1)/N Psi' from the projection's count of s's measured bytes."""
+    k = summary["projection"].get("ring_phases", {}).get(s)
+    return "" if not k else f", {k:.2g} ring phases: {k:.2g}(N-1)/N Psi"
+
+
 def _share(x: float) -> str:
     return f"{x:.0%}" if x >= 0.01 else f"{x:.1e}"
 
@@ -79,8 +85,8 @@ def this_run(summary, meas: dict, budget: float) -> dict:
     p = meas[pick]
     why = [f"{pick}: in-step peak {nbytes(p['peak'])} per device ({_share(p['peak'] / budget)} of {si(budget, 'B')})"
            + (", so the state fits one device" if fits[pick] else ": no strategy measured here fits, this is the "
-              "smallest peak") + f"; sends {_sent(p)} per step ({p['sent_per_param']:.3g} B/param), "
-           f"the least of those that fit; step {_fmt_ms(p)}."]
+              "smallest peak") + f"; sends {_sent(p)} per step ({p['sent_per_param']:.3g} B/param"
+           + _phases(summary, pick) + f"), the least of those that fit; step {_fmt_ms(p)}."]
     for s, m in meas.items():
         if s != pick:
             why.append(f"{s}: state {nbytes(m['state'])} (x{m['state'] / p['state']:.2g}), sends "
@@ -103,16 +109,18 @@ def one_node(summary, model, meas: dict, budget: float, n: int = NODE_GPUS) -> d
     pool = [s for s in meas if fits[s]] or [min(meas, key=state.get)]
     pick = min(pool, key=lambda s: (meas[s]["sent_per_param"], state[s]))
     least = min(meas, key=lambda s: meas[s]["sent_per_param"])
-    phases = summary["projection"].get("ring_phases", {})
     why = [f"{s}: state {nbytes(state[s])} per GPU ({meas[s]['full_per_param']:.3g} B/param"
            + (f", sharded parts / {min(n, NODE_GPUS) if meas[s]['hsdp'] else n}" if meas[s]["sharded_per_param"]
               else ", a full copy") + f"), {'fits' if fits[s] else 'does not fit'}; sends "
-           f"{meas[s]['sent_per_param']:.3g} B/param per step"
-           + (f" ({phases[s]:.2g} ring phases of Psi)" if s in phases else "")
-           + ("" if s == least else f", x{meas[s]['sent_per_param'] / meas[least]['sent_per_param']:.2g} {least}'s")
+           f"{meas[s]['sent_per_param']:.3g} B/param per step" + _phases(summary, s)
+           + ("" if s == least or not meas[least]["sent_per_param"]
+              else f", x{meas[s]['sent_per_param'] / meas[least]['sent_per_param']:.2g} {least}'s")
            for s in meas]
     lead = (f"{pick} fits in {si(STATE_SHARE * budget, 'B')} and sends the least of those that fit" if fits[pick]
             else f"nothing measured fits in {si(STATE_SHARE * budget, 'B')}; {pick} needs the least")
+    if least != pick:
+        lead += (f"; {least}, which sends less, needs {nbytes(state[least])} per GPU" if not fits[least] else
+                 f"; {least} sends as little and holds more")
     return {"situation": f"{model.name} ({p / 1e9:.3g}B parameters) on one node of {n} GPUs (NVLink)",
             "model": model.name, "params": p, "devices": n, "pick": pick, "projected_only": False, "fits": fits,
             "why": [lead + "."] + why}
@@ -136,9 +144,9 @@ def across_nodes(summary, model, meas: dict, budget: float, n: int = ACROSS_NODE
     """A reference model on n GPUs over n / 8 nodes: the best projected efficiency among those that fit."""
     p = references.params(model)
     cands = dict(meas)
-    if "hsdp" not in cands and any(m["sharded_per_param"] for m in meas.values()):
-        zero = max((m for m in meas.values() if m["sharded_per_param"]), key=lambda m: m["sharded_per_param"])
-        cands["hsdp"] = {**zero, "hsdp": True, "projected": True}
+    if "hsdp" not in cands:  # hsdp shards parameters, gradients and optimizer state within a node
+        full = max(meas.values(), key=lambda m: m["full_per_param"])
+        cands["hsdp"] = {**full, "sharded_per_param": full["full_per_param"], "hsdp": True, "projected": True}
     state = {s: state_at(m, p, n) for s, m in cands.items()}
     fits = {s: state[s] <= STATE_SHARE * budget for s in cands}
     eff = {s: _efficiency(summary, model, s, meas, n, preset) for s in cands}

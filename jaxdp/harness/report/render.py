@@ -8,7 +8,7 @@ import json
 import os
 
 from . import plots, projection, recommend
-from .units import si
+from .units import nbytes, si
 
 NOTES = [
     "Step times: each framework's training run, timed step by step with time.perf_counter (JAX: jaxdp.train.run, "
@@ -51,7 +51,7 @@ LINKS_NOTE = (
 
 
 def _kib(b) -> str:
-    return "-" if b is None else f"{b / 1024:.1f}"
+    return nbytes(b)
 
 
 def _rows(summary) -> list[list[str]]:
@@ -84,8 +84,8 @@ def finding(entry) -> str:
 
 
 HEADER = ["strategy", "parity", "worst grad / param rel. diff", "step ms (JAX / torch, median)",
-          "first step s (JAX / torch)", "comm KiB/device/step (JAX / torch / theory)",
-          "state KiB/device (JAX / torch / ZeRO formula)", "in-step peak KiB/device (JAX / torch)"]
+          "first step s (JAX / torch)", "comm per device per step (JAX / torch / theory)",
+          "state per device (JAX / torch / ZeRO formula)", "in-step peak per device (JAX / torch)"]
 
 
 def _title(summary) -> str:

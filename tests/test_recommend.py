@@ -27,16 +27,20 @@ def summary(params: int, names=("ddp", "zero3"), n: int = 2, itemsize: int = 4, 
     full = {"params": itemsize * params, "grads": itemsize * params, "opt_state": 2 * itemsize * params}
     ring = (n - 1) / n * itemsize * params
     sent = {"ddp": {"all-reduce": 2 * ring}, "zero1": {"all-reduce": 2 * ring, "all-gather": ring},
-            "zero3": {"reduce-scatter": ring, "all-gather": 2 * ring}}
-    shard = {"ddp": (), "zero1": ("opt_state",), "zero3": ("params", "grads", "opt_state")}
-    ms = ms or {"ddp": (2.0, 4.0), "zero1": (2.2, 5.0), "zero3": (2.5, 20.0)}
+            "zero3": {"reduce-scatter": ring, "all-gather": 2 * ring},
+            "hsdp": {"reduce-scatter": ring * 2 / 3, "all-gather": 4 / 3 * ring, "all-reduce": ring / 2}}
+    shard = {"ddp": (), "zero1": ("opt_state",), "zero3": ("params", "grads", "opt_state"),
+             "hsdp": ("params", "grads", "opt_state")}
+    ms = ms or {"ddp": (2.0, 4.0), "zero1": (2.2, 5.0), "zero3": (2.5, 20.0), "hsdp": (2.6, 21.0)}
     entries = []
     for name in names:
-        mem = {k: v / n if k in shard[name] else v for k, v in full.items()}
+        shards = n // 2 if name == "hsdp" else n  # hsdp: R = 2 groups of S = n / 2
+        mem = {k: v / shards if k in shard[name] else v for k, v in full.items()}
         state = sum(mem.values())
         entries.append({"name": name, "theory": {"memory": mem, "comm": {"total": sum(sent[name].values())}},
                         "frameworks": {"jax": _side(mem, sent[name], 1.3 * state, ms[name][0]),
                                        "torch": _side(mem, sent[name], 1.4 * state, ms[name][1])},
+                        "layout": {"shards": shards, "sharded": {k: k in shard[name] for k in full}},
                         "parity": {"loss": [0.0] * 4, "grad": [1e-7] * 4, "param": [1e-6] * 4, "pass": True,
                                    "worst": {"grad": 1e-7, "param": 1e-6}}})
     proj = projection.for_report({e["name"]: e["frameworks"]["jax"]["comm"]["total"] for e in entries}, params,
@@ -58,7 +62,8 @@ def test_the_pick_follows_the_measured_state():
     small, big = recommend.recommend(summary(7_000)), recommend.recommend(summary(500_000_000), budget=4e9)
     assert small["situations"][0]["pick"] == "ddp" and big["situations"][0]["pick"] == "zero3"
     why = small["situations"][0]["why"]
-    assert "sends 27.3 KiB JAX / 27.3 KiB torch per step (4 B/param, 2 ring phases: 2(N-1)/N Psi)" in why[0] and "(JAX x1.5)" in why[1]
+    assert "sends 27.3 KiB JAX / 27.3 KiB torch per step (4 B/param, 2 ring phases: 2(N-1)/N Psi)" in why[0]
+    assert "(JAX x1.5)" in why[1]
     assert "does not fit" in " ".join(big["situations"][0]["why"])
     assert small["measured"]["zero3"]["full_per_param"] == pytest.approx(16.0)  # sharded parts multiplied back
     # the reference models: Llama 3 8B's 128 GB of replicated state fits no H100; across nodes, hsdp (projected)
@@ -80,6 +85,19 @@ def test_least_traffic_among_those_that_fit_and_measured_hsdp_is_not_projected()
     assert _picks(s, budget=200e9)["Llama 3 8B"] == "zero1"
     across = recommend.recommend(s)["situations"][-1]
     assert across["projected_only"] and across["efficiency"]["hsdp"] > across["efficiency"]["zero3"]
+
+
+def test_a_measured_hsdp_is_zero3_on_one_node_and_measured_across_nodes():
+    """hsdp measured on 4 devices as 2 groups of 2 sends less than zero3 (part of its traffic stays in a group),
+    but on one node of 8 it is one group: zero3. Across 16 nodes it is picked, from the run's own numbers."""
+    rec = recommend.recommend(summary(7_000, names=("ddp", "zero3", "hsdp"), n=4))
+    assert rec["measured"]["hsdp"]["full_per_param"] == pytest.approx(16.0)
+    assert rec["measured"]["hsdp"]["sent_per_param"] < rec["measured"]["zero3"]["sent_per_param"]
+    by = {r["situation"]: r for r in rec["situations"]}
+    node = by["Llama 3 8B (8.03B parameters) on one node of 8 GPUs (NVLink)"]
+    assert node["pick"] == "zero3" and "hsdp" not in node["fits"] and "i.e. zero3" in node["why"][-1]
+    across = by["Llama 3 8B on 128 GPUs (16 nodes, InfiniBand between them)"]
+    assert across["pick"] == "hsdp" and not across["projected_only"]
 
 
 def _checked_figures(monkeypatch) -> dict:

@@ -104,6 +104,8 @@ def this_run(summary, meas: dict, budget: float) -> dict:
 def one_node(summary, model, meas: dict, budget: float, n: int = NODE_GPUS) -> dict:
     """A reference model on one node: the least traffic among the strategies whose state fits."""
     p = references.params(model)
+    hsdp = meas.get("hsdp")  # on one node hsdp is one group of S = n: zero3 (its bytes here had R groups)
+    meas = {s: m for s, m in meas.items() if s != "hsdp" or n > NODE_GPUS}
     state = {s: state_at(m, p, n) for s, m in meas.items()}
     fits = {s: state[s] <= STATE_SHARE * budget for s in meas}
     pool = [s for s in meas if fits[s]] or [min(meas, key=state.get)]
@@ -121,6 +123,9 @@ def one_node(summary, model, meas: dict, budget: float, n: int = NODE_GPUS) -> d
     if least != pick:
         lead += (f"; {least}, which sends less, needs {nbytes(state[least])} per GPU" if not fits[least] else
                  f"; {least} sends as little and holds more")
+    if hsdp and "hsdp" not in meas:
+        why.append(f"hsdp: on one node it is one shard group of {n}, i.e. zero3 (its bytes measured here include "
+                   "the all-reduce across groups, which one node does not have)")
     return {"situation": f"{model.name} ({p / 1e9:.3g}B parameters) on one node of {n} GPUs (NVLink)",
             "model": model.name, "params": p, "devices": n, "pick": pick, "projected_only": False, "fits": fits,
             "why": [lead + "."] + why}

@@ -28,8 +28,8 @@ KIND_COLORS = {
     "reduce": "#937860",
 }
 THEORY = "theory (total)"
-PARTS = ("params", "grads", "opt_state")
-PART_COLORS = {"params": "#4c72b0", "grads": "#dd8452", "opt_state": "#55a868"}
+PARTS = ("params", "grads", "opt_state", "master_params")  # master_params: torch zero2's fp-master shard
+PART_COLORS = {"params": "#4c72b0", "grads": "#dd8452", "opt_state": "#55a868", "master_params": "#8c8c8c"}
 
 
 def _frameworks(entry):
@@ -190,7 +190,7 @@ def _stacked(ax, labels, values_by_part, parts, colors, formula=None, largest=0.
     totals = [sum(v.get(p, 0.0) for p in parts) for v in values_by_part] + [f or 0 for f in (formula or [])]
     unit, scale = _byte_unit(max(totals + [largest], default=1))
     bottom = np.zeros(len(labels))
-    for part in parts:
+    for part in [p for p in parts if any(v.get(p) for v in values_by_part)]:  # those present, in order
         vals = np.array([v.get(part, 0.0) for v in values_by_part], dtype=float) / scale
         ax.bar(range(len(labels)), vals, bottom=bottom, color=colors[part], label=part)
         bottom += vals

@@ -31,13 +31,13 @@ def chromium_flags(profile_dir: str) -> list[str]:
             f"--user-data-dir={profile_dir}", "--virtual-time-budget=5000", "--hide-scrollbars"]
 
 
-def dom_status(html_path: str, profile_dir: str) -> tuple[int, int, int] | None:
-    """(images decoded, images, table rows) as the page counts them on load, or None if it did not."""
+def dom_status(html_path: str, profile_dir: str) -> tuple[tuple[int, int, int] | None, str]:
+    """((images decoded, images, table rows) as the page counts them on load, or None if it did not; the DOM)."""
     url = "file://" + os.path.abspath(html_path)
     dom = subprocess.run(chromium_flags(profile_dir) + ["--dump-dom", url], capture_output=True, text=True,
                          timeout=120).stdout
     found = STATUS.search(dom)
-    return tuple(map(int, found.groups())) if found else None
+    return (tuple(map(int, found.groups())) if found else None), dom
 
 
 def screenshot(html_path: str, png: str, profile_dir: str, size: str = "1200,2600") -> str:
@@ -66,7 +66,8 @@ def main(argv=None) -> int:
     work = tempfile.mkdtemp(prefix="jaxdp-screenshot-")
     summary = runner.compare(cfg, args.strategies.split(","), progress=lambda m: print(m, flush=True))
     paths = render.write(summary, os.path.join(work, "report"))
-    print("page:", dom_status(paths["html"], os.path.join(work, "profile")))
+    status, _ = dom_status(paths["html"], os.path.join(work, "profile"))
+    print(f"page: images {status[0]}/{status[1]}, {status[2]} table rows" if status else "page: no status line")
     screenshot(paths["html"], args.out, os.path.join(work, "profile"))
     print(f"screenshot: {args.out} (report: {paths['html']})")
     return 0

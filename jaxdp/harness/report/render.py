@@ -12,9 +12,9 @@ from .units import nbytes, si
 
 NOTES = [
     "Step times: each framework's training run, timed step by step with time.perf_counter (JAX: jaxdp.train.run, "
-    "the step waited for with float(loss); torch: torch_ref.train.train_rank, float(loss) and, on a GPU, "
-    "torch.cuda.synchronize), without the profiler. torch.profiler runs only in the separate accounting steps "
-    "that count the bytes sent and the in-step peak; their times are not shown.",
+    "the step waited for with float(loss); torch: torch_ref.train.train_rank, whose train_step returns the "
+    "loss as a float, and on a GPU torch.cuda.synchronize), without the profiler. torch.profiler runs only in the "
+    "separate accounting steps that count the bytes sent and the in-step peak; their times are not shown.",
     "Times are wall-clock on the machine named above. On simulated CPU devices all 'devices' share the same "
     "cores, so absolute times and JAX/torch ratios say little about GPUs; communication bytes and memory do not "
     "depend on the machine.",

@@ -3,10 +3,10 @@
 examples, and the refusals."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 
@@ -118,29 +118,31 @@ def test_criterion_boundary_is_compute_equal_to_communication():
     assert not projection.compute_bound(comm * flops_s * 1.001, both, 4, 1, phases)["compute_bound"]
 
 
-def _chromium():
-    return shutil.which("chromium") or shutil.which("chromium-browser")
+def _screenshot_script():
+    """scripts/screenshot_report.py, which regenerates docs/compare_screenshot.png (its Chromium helpers)."""
+    spec = importlib.util.spec_from_file_location("screenshot_report", os.path.join(REPO, "scripts",
+                                                                                   "screenshot_report.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_report_renders_in_headless_chromium(report):
-    browser = _chromium()
-    if browser is None:
+    shots = _screenshot_script()
+    if shots.browser() is None:
         if os.environ.get("CI"):
             pytest.fail("CI must install Debian's chromium (.ci/run does)")
         pytest.skip("Debian's chromium is not installed on this machine (.ci/run installs it for CI)")
     _, paths, out = report
-    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={os.path.join(out, 'chromium-profile')}", "--virtual-time-budget=5000"]
-    url = "file://" + os.path.abspath(paths["html"])
-    dom = subprocess.run(flags + ["--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
-    status = re.search(r'<div id="status">images (\d+)/(\d+), tables (\d+) rows</div>', dom)
+    profile = os.path.join(out, "chromium-profile")
+    status, dom = shots.dom_status(paths["html"], profile)
     assert status, dom[-2000:]
-    loaded, total, rows = map(int, status.groups())
-    assert loaded == total == 6 and rows >= 4
-    shot = os.path.join(REPO, "docs", "compare_screenshot.png") if os.environ.get("JAXDP_SAVE_SCREENSHOT") \
-        else os.path.join(out, "screenshot.png")
-    subprocess.run(flags + ["--window-size=1200,2400", f"--screenshot={shot}", url], capture_output=True, timeout=120)
+    loaded, total, rows = status
+    situations = 5  # the run, and two reference models x (one node, 16 nodes)
+    assert loaded == total == 6 and rows >= 4 + situations
+    assert dom.index("<h2>Which strategy</h2>") < dom.index("<h2>Verdict</h2>")
+    assert len(re.findall(r"<td class=\"pick\">", dom)) == situations, dom[:3000]
+    shot = shots.screenshot(paths["html"], os.path.join(out, "screenshot.png"), profile)
     assert os.path.getsize(shot) > 50_000  # a rendered page, not a blank one
 
 

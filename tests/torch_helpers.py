@@ -203,7 +203,9 @@ def _strategy_and_batch(rank, n, cfg, init):
 
 def collectives_per_step(rank, n, cfg, init) -> dict:
     """The c10d collectives one optimizer step issues, by profiler event name (second step)."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
+
+    from torch_ref.profiler import profile
 
     strategy, x, y = _strategy_and_batch(rank, n, cfg, init)
     strategy.step(x, y)
@@ -217,7 +219,9 @@ def bucket_launches(rank, n, cfg, init) -> dict:
     count of every all-reduce the strategy launched (`dist.all_reduce` calls, in order) and of every
     one the process group ran (`gloo:all_reduce` profiler events, by start time: gloo runs them on
     two worker threads, so two buckets in flight at once may start in either order)."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
+
+    from torch_ref.profiler import profile
 
     strategy, x, y = _strategy_and_batch(rank, n, cfg, init)
     strategy.step(x, y)

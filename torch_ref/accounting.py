@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from . import comm_groups
+from .profiler import profile
 from .theory import (  # noqa: F401 (re-exported)
     KINDS,
     BatchNormCount,
@@ -120,7 +121,7 @@ def _events(prof, shard: int | None = None) -> tuple[dict, dict, dict, dict]:
 def _profiled_step(strategy, xs, ys, device, at_start: int, shard: int | None = None) -> tuple:
     """One step under the profiler: (its collectives as `_events`, its seconds, its peak bytes); with
     `shard` (hsdp), each collective's process group named (`comm_groups.GroupSpy`)."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -248,7 +249,6 @@ def summarise(cfg, views: list[dict]) -> dict:
             f"the bytes of a true reduce-scatter; counted as the all-reduces they are"
         )
     notes += STRATEGY_NOTES.get(cfg.strategy, [])
-    notes.append("step_times were taken with the profiler on; use torch_ref.train.RunResult.step_times for speed")
     out = {
         "strategy": cfg.strategy,
         "devices": cfg.devices,
@@ -262,6 +262,7 @@ def summarise(cfg, views: list[dict]) -> dict:
         "peak_bytes_per_rank": [v["peak_bytes"] for v in views],
         "memory_per_rank": [v["memory"] for v in views],
         "step_times": [max(v["step_times"][i] for v in views) for i in range(len(view0["step_times"]))],
+        "step_times_note": "taken with the profiler on; use torch_ref.train.RunResult.step_times for speed",
         "notes": notes,
     }
     if any(c != per_rank_comm[0] for c in per_rank_comm[1:]):
@@ -281,7 +282,8 @@ def measure(cfg, init: dict, steps: int = 2, warmup: int = 1, timeout_s: float =
     profiler (only those are counted), and return
     {comm: {kind: bytes sent per device per step, total}, comm_ops: {kind: ops per step},
      comm_requested: {c10d op: count}, memory: {params, grads, opt_state, master_params} (rank 0),
-     memory_per_rank: [...], step_times: [s per step, the slowest rank's], notes: [...],
+     memory_per_rank: [...], step_times: [s per step, the slowest rank's, profiler on: `step_times_note`],
+     notes: [...],
      comm_per_rank: [...] only where ranks differ}."""
     from . import launch
 

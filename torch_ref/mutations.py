@@ -202,7 +202,9 @@ def collective_dtypes(rank: int, n: int, cfg, init, steps: int = 2) -> dict[str,
     """{process-group op: the dtypes of the tensors it received} over `steps` steps of `cfg` on this
     rank: the backend's own profiler events (`gloo:all_reduce`, `nccl:...`), which carry the tensors
     the process group was handed, DDP's reducer's buckets included."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
+
+    from .profiler import profile
 
     dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
     model = models.load_flax(models.build(cfg, dataset), init)

@@ -2,11 +2,16 @@
 from __future__ import annotations
 
 import os
+import textwrap
 
 import matplotlib
 
 matplotlib.use("Agg")
+import matplotlib.legend  # noqa: E402
+import matplotlib.lines  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.text  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
 from . import projection as projection_mod  # noqa: E402
@@ -22,16 +27,63 @@ KIND_COLORS = {
     "broadcast": "#c44e52",
     "reduce": "#937860",
 }
-PARTS = ("params", "grads", "opt_state")
-PART_COLORS = {"params": "#4c72b0", "grads": "#dd8452", "opt_state": "#55a868"}
+THEORY = "theory (total)"
+PARTS = ("params", "grads", "opt_state", "master_params")  # master_params: torch zero2's fp-master shard
+PART_COLORS = {"params": "#4c72b0", "grads": "#dd8452", "opt_state": "#55a868", "master_params": "#8c8c8c"}
 
 
 def _frameworks(entry):
     return [f for f in ("jax", "torch") if f in entry["frameworks"] and "error" not in entry["frameworks"][f]]
 
 
+def overflow(fig) -> list[str]:
+    """What a reader would miss: texts and legends not wholly on the canvas, and legends drawn over an axes'
+    data area. Empty for every figure here (tests/test_report_figures.py)."""
+    fig.draw_without_rendering()  # the constrained layout is made at draw time
+    renderer = fig.canvas.get_renderer()
+    canvas, out = fig.bbox, []
+    ticks = {id(t) for a in fig.axes for axis in (a.xaxis, a.yaxis) for which in ("major", "minor")
+             for t in axis.get_ticklabels(which=which)}  # laid out by matplotlib, some outside the view
+    for t in fig.findobj(matplotlib.text.Text):
+        if t.get_visible() and t.get_text().strip() and id(t) not in ticks:
+            b = t.get_window_extent(renderer)
+            if b.x0 < canvas.x0 - 1 or b.y0 < canvas.y0 - 1 or b.x1 > canvas.x1 + 1 or b.y1 > canvas.y1 + 1:
+                out.append(f"cut off: {t.get_text()!r}")
+    titles = [t for t in (fig._suptitle, fig._supxlabel) if t is not None]
+    for leg in fig.findobj(matplotlib.legend.Legend):
+        b = leg.get_window_extent(renderer)
+        if any(b.overlaps(a.get_window_extent(renderer)) for a in fig.axes if a.axison):
+            out.append("legend over the data: " + ", ".join(t.get_text() for t in leg.get_texts()))
+        if any(b.overlaps(t.get_window_extent(renderer)) for t in titles):
+            out.append("legend over the title: " + ", ".join(t.get_text() for t in leg.get_texts()))
+    return out
+
+
+def _figure(width, height, *args, **kwargs):
+    """A figure laid out by matplotlib's constrained layout (titles, labels and outside legends get room)."""
+    return plt.subplots(*args, figsize=(width, height), layout="constrained", **kwargs)
+
+
+def _title(fig, text: str, fontsize=10):
+    """A suptitle wrapped to the figure's width (at most 12 characters per inch at size 10)."""
+    width = max(20, int(fig.get_figwidth() * 120 / fontsize))
+    fig.suptitle("\n".join(textwrap.fill(line, width) for line in text.split("\n")), fontsize=fontsize)
+
+
+def _legend(fig, ax=None, handles=None, labels=None):
+    """One legend for the figure, outside the axes on the right (never over the data)."""
+    if handles is None:
+        handles, labels = (ax or fig.axes[0]).get_legend_handles_labels()
+    theory = matplotlib.lines.Line2D([], [], color="black", linewidth=2)  # the bars' "_" markers, at legend size
+    handles = [theory if label == THEORY else h for h, label in zip(handles, labels, strict=True)]
+    return fig.legend(handles, labels, loc="outside right center", fontsize=8)
+
+
+def _integer_steps(ax):
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+
+
 def _save(fig, path):
-    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -41,52 +93,63 @@ def loss_curves(summary, path):
     entries = summary["strategies"]
     cols = min(4, len(entries))
     rows = -(-len(entries) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.8 * rows), squeeze=False, sharey=True)
+    fig, axes = _figure(max(3.4 * cols + 1.2, 6.5), 2.8 * rows + 0.6, rows, cols, squeeze=False, sharey=True)
     for ax, entry in zip(axes.flat, entries, strict=False):
         for fw in _frameworks(entry):
             losses = entry["frameworks"][fw]["losses"]
             ax.plot(range(1, len(losses) + 1), losses, label=fw, markersize=3, **FRAMEWORK_STYLE[fw])
-        ax.set_title(entry["name"])
+        ax.set_title(entry["name"], fontsize=10)
         ax.set_xlabel("step")
+        _integer_steps(ax)
         ax.grid(alpha=0.3)
     for ax in axes[:, 0]:
         ax.set_ylabel("loss (mean cross-entropy)")
     for ax in list(axes.flat)[len(entries) :]:
         ax.axis("off")
-    axes.flat[0].legend()
-    fig.suptitle("1. Loss per step: JAX (solid) and PyTorch (dashed) overlaid")
+    _legend(fig, axes.flat[0])
+    _title(fig, "1. Loss per step: JAX (solid) and PyTorch (dashed) overlaid")
     return _save(fig, path)
 
 
+LINESTYLES = ("-", "--", ":", "-.")
+
+
 def parity(summary, path):
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
+    fig, axes = _figure(11, 4.0, 1, 2, sharey=True)
     tol = summary["tolerance"]
     for ax, field in zip(axes, ("grad", "param"), strict=False):
         for i, entry in enumerate(summary["strategies"]):
             errs = entry.get("parity", {}).get(field)
             if errs:
                 steps = np.arange(1, len(errs) + 1)
-                ax.semilogy(
-                    steps,
-                    np.maximum(errs, 1e-18),
-                    marker="o",
-                    markersize=3,
-                    label=entry["name"],
-                    color=plt.cm.tab10(i % 10),
-                )
+                ax.semilogy(steps, np.maximum(errs, 1e-18), marker="ox+s^v"[i % 6], markersize=4,
+                            linestyle=LINESTYLES[i % 4], label=entry["name"], color=plt.cm.tab10(i % 10))
         ax.axhline(tol, color="black", linestyle=":", label=f"tolerance {tol:g}")
-        ax.set_title(f"{'gradients' if field == 'grad' else 'parameters'}: worst relative difference, JAX vs torch")
+        ax.set_title(f"{'gradients' if field == 'grad' else 'parameters'}: worst relative difference", fontsize=10)
         ax.set_xlabel("step")
+        _integer_steps(ax)
         ax.grid(alpha=0.3, which="both")
     axes[0].set_ylabel("max |jax - torch| / max |torch|")
-    axes[1].legend(fontsize=8, loc="upper left")
-    fig.suptitle("2. Cross-framework difference per step (log scale; 1e-18 floors exact zeros)")
+    _legend(fig, axes[1])
+    _title(fig, "2. Cross-framework difference per step, JAX vs torch (log scale; 1e-18 floors exact zeros)")
     return _save(fig, path)
 
 
+def _ms(x: float) -> str:
+    return f"{x:.3g} ms"
+
+
+def _two_and_five(v, _) -> str:
+    """Minor ticks of a log axis labelled at 2 and 5 of each decade only (the others crowd)."""
+    lead = v / 10 ** np.floor(np.log10(v)) if v > 0 else 0
+    return f"{v:g}" if round(lead) in (2, 5) else ""
+
+
 def step_times(summary, path):
+    """Grouped bars on a log axis (a framework 10x slower than the other still leaves both readable), each
+    labelled with its median."""
     entries = summary["strategies"]
-    fig, ax = plt.subplots(figsize=(max(7, 1.4 * len(entries) + 2), 4))
+    fig, ax = _figure(max(6.5, 1.5 * len(entries) + 3), 4.2)
     width = 0.38
     for j, fw in enumerate(("jax", "torch")):
         xs, med, lo, hi = [], [], [], []
@@ -98,31 +161,46 @@ def step_times(summary, path):
             med.append(1e3 * r["median_step_s"])
             lo.append(1e3 * (r["median_step_s"] - r["p25_step_s"]))
             hi.append(1e3 * (r["p75_step_s"] - r["median_step_s"]))
-        ax.bar(xs, med, width, yerr=[lo, hi], capsize=3, label=fw, color=FRAMEWORK_STYLE[fw]["color"], alpha=0.85)
+        bars = ax.bar(xs, med, width, yerr=[lo, hi], capsize=3, label=fw, color=FRAMEWORK_STYLE[fw]["color"],
+                      alpha=0.85)
+        ax.bar_label(bars, labels=[_ms(m) for m in med], fontsize=7, padding=2)
+    ax.set_yscale("log")
+    ax.set_ylim(top=ax.get_ylim()[1] * 2.5)  # room for the labels
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(_two_and_five))
     ax.set_xticks(range(len(entries)), [e["name"] for e in entries])
-    ax.set_ylabel("step time (ms): median, bars = 25th-75th percentile")
-    ax.set_title(
-        "3. Step time per strategy and framework\n(compilation and warm-up excluded; "
-        f"{summary['machine']['platform']}, {summary['devices']} devices)",
-        fontsize=10,
-    )
-    ax.legend()
-    ax.grid(axis="y", alpha=0.3)
+    ax.set_ylabel("step time, ms (log): median;\nwhiskers: 25th-75th percentile")
+    _legend(fig, ax)
+    _title(fig, "3. Step time per strategy and framework (compilation and warm-up excluded; "
+                f"{summary['machine']['platform']}, {summary['devices']} devices)")
+    ax.grid(axis="y", alpha=0.3, which="both")
     return _save(fig, path)
 
 
-def _stacked(ax, labels, values_by_part, parts, colors, formula=None):
+BYTE_UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
+
+
+def _byte_unit(largest: float) -> tuple[str, float]:
+    """The unit an axis of bytes reads best in: the largest whose value at `largest` is at least 1."""
+    return next(((n, s) for n, s in BYTE_UNITS if largest >= s), BYTE_UNITS[-1])
+
+
+def _stacked(ax, labels, values_by_part, parts, colors, formula=None, largest=0.0) -> tuple[str, float]:
+    """Stacked bars of bytes in the unit that reads best (for them and `largest`); returns (unit, bytes per unit)."""
+    totals = [sum(v.get(p, 0.0) for p in parts) for v in values_by_part] + [f or 0 for f in (formula or [])]
+    unit, scale = _byte_unit(max(totals + [largest], default=1))
     bottom = np.zeros(len(labels))
-    for part in parts:
-        vals = np.array([v.get(part, 0.0) for v in values_by_part], dtype=float) / 1024
+    for part in [p for p in parts if any(v.get(p) for v in values_by_part)]:  # those present, in order
+        vals = np.array([v.get(part, 0.0) for v in values_by_part], dtype=float) / scale
         ax.bar(range(len(labels)), vals, bottom=bottom, color=colors[part], label=part)
         bottom += vals
     if formula is not None:
-        tot = np.array([f if f is not None else np.nan for f in formula], dtype=float) / 1024
-        ax.scatter(range(len(labels)), tot, marker="_", s=900, color="black", zorder=5, label="theory (total)")
+        tot = np.array([f if f is not None else np.nan for f in formula], dtype=float) / scale
+        ax.scatter(range(len(labels)), tot, marker="_", s=900, color="black", zorder=5, label=THEORY)
         bottom = np.fmax(bottom, np.nan_to_num(tot))
     ax.set_ylim(0, 1.12 * max(float(bottom.max()), 1e-9))
-    ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
+    ax.set_xticks(range(len(labels)), labels, fontsize=8)
+    return unit, scale
 
 
 def memory(summary, path):
@@ -136,19 +214,16 @@ def memory(summary, path):
                 peaks.append(entry["frameworks"][fw].get("peak_bytes"))
                 theory = entry.get("theory", {}).get("memory")
                 formula.append(sum(theory.values()) if theory else None)
-    fig, ax = plt.subplots(figsize=(max(7, 0.9 * len(labels) + 2), 4.2))
-    _stacked(ax, labels, values, PARTS, PART_COLORS, formula)
-    peak = np.array([np.nan if p is None else p / 1024 for p in peaks], dtype=float)
+    fig, ax = _figure(max(6.5, 0.9 * len(labels) + 3.5), 4.4)
+    unit, scale = _stacked(ax, labels, values, PARTS, PART_COLORS, formula, max((p or 0 for p in peaks), default=0))
+    peak = np.array([np.nan if p is None else p / scale for p in peaks], dtype=float)
     if np.isfinite(peak).any():
         ax.scatter(range(len(labels)), peak, marker="D", s=40, color="crimson", zorder=6, label="in-step peak")
         ax.set_ylim(0, 1.12 * max(ax.get_ylim()[1] / 1.12, float(np.nanmax(peak))))
-    ax.set_ylabel("KiB per device")
-    ax.set_title(
-        "4. Per-device memory: state between steps (bars: parameters, gradients, optimizer state; black line =\n"
-        "ZeRO formula) and the in-step peak (red: JAX memory_analysis, torch profiler memory events)",
-        fontsize=10,
-    )
-    ax.legend(fontsize=8)
+    ax.set_ylabel(f"{unit} per device")
+    _legend(fig, ax)
+    _title(fig, "4. Per-device memory: state between steps (bars: parameters, gradients, optimizer state; black "
+                "line: ZeRO formula) and the in-step peak (red: JAX memory_analysis, torch profiler memory events)")
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
 
@@ -163,13 +238,11 @@ def communication(summary, path):
                 values.append(comm)
                 theory = entry.get("theory", {}).get("comm")
                 formula.append(theory["total"] if theory else None)
-    fig, ax = plt.subplots(figsize=(max(7, 0.9 * len(labels) + 2), 4.2))
-    _stacked(ax, labels, values, KINDS, KIND_COLORS, formula)
-    ax.set_ylabel("KiB sent per device per step")
-    ax.set_title(
-        "5. Communication per device per step, by collective\n(measured bars; black line = ring theory)", fontsize=10
-    )
-    ax.legend(fontsize=8)
+    fig, ax = _figure(max(6.5, 0.9 * len(labels) + 3.5), 4.4)
+    unit, _ = _stacked(ax, labels, values, KINDS, KIND_COLORS, formula)
+    ax.set_ylabel(f"{unit} sent per device per step")
+    _legend(fig, ax)
+    _title(fig, "5. Communication per device per step, by collective (measured bars; black line: ring theory)")
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
 
@@ -194,7 +267,7 @@ def scaling(summary, path):
     proj = summary["projection"]
     models = list(proj["models"])
     strategies = list(proj["bytes_per_param"])
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6), sharey=True)
+    fig, axes = _figure(12, 5.2, 1, 2, sharey=True)
     for ax, kind in zip(axes, ("weak", "strong"), strict=False):
         for m, model in enumerate(models):
             for i, name in enumerate(strategies):
@@ -209,15 +282,12 @@ def scaling(summary, path):
         ax.set_yscale("log")
         ax.set_ylim(top=1.5)
     axes[0].set_ylabel("efficiency (log; 1 = perfect)")
-    axes[1].legend(fontsize=7, loc="lower left")
+    _legend(fig, axes[1])
     names = ", ".join(models[:-1]) + " and " + models[-1]
-    fig.suptitle(f"6. Projected scaling of {names} on H100s (alpha-beta model), "
-                 "with each strategy's bytes/parameter as measured in this run", fontsize=10)
-    fig.text(0.01, 0.01, scaling_caption(proj), fontsize=7.5, wrap=True, va="bottom")
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    _title(fig, f"6. Projected scaling of {names} on H100s (alpha-beta model), with each strategy's "
+                "bytes/parameter as measured in this run")
+    fig.supxlabel(textwrap.fill(scaling_caption(proj), 190), fontsize=7.5, x=0.0, ha="left")
+    return _save(fig, path)
 
 
 FIGURES = (

@@ -7,9 +7,14 @@ import html
 import json
 import os
 
-from . import plots, projection
+from . import plots, projection, recommend
+from .units import nbytes, si
 
 NOTES = [
+    "Step times: each framework's training run, timed step by step with time.perf_counter (JAX: jaxdp.train.run, "
+    "the step waited for with float(loss); torch: torch_ref.train.train_rank, whose train_step returns the "
+    "loss as a float, and on a GPU torch.cuda.synchronize), without the profiler. torch.profiler runs only in the "
+    "separate accounting steps that count the bytes sent and the in-step peak; their times are not shown.",
     "Times are wall-clock on the machine named above. On simulated CPU devices all 'devices' share the same "
     "cores, so absolute times and JAX/torch ratios say little about GPUs; communication bytes and memory do not "
     "depend on the machine.",
@@ -46,7 +51,7 @@ LINKS_NOTE = (
 
 
 def _kib(b) -> str:
-    return "-" if b is None else f"{b / 1024:.1f}"
+    return nbytes(b)
 
 
 def _rows(summary) -> list[list[str]]:
@@ -79,8 +84,8 @@ def finding(entry) -> str:
 
 
 HEADER = ["strategy", "parity", "worst grad / param rel. diff", "step ms (JAX / torch, median)",
-          "first step s (JAX / torch)", "comm KiB/device/step (JAX / torch / theory)",
-          "state KiB/device (JAX / torch / ZeRO formula)", "in-step peak KiB/device (JAX / torch)"]
+          "first step s (JAX / torch)", "comm per device per step (JAX / torch / theory)",
+          "state per device (JAX / torch / ZeRO formula)", "in-step peak per device (JAX / torch)"]
 
 
 def _title(summary) -> str:
@@ -112,7 +117,7 @@ def _projection_rows(summary) -> list[list[str]]:
             weak = [r["weak_efficiency"] for r in p["rows"]]
             strong = [(r["n"], r["strong_efficiency"]) for r in p["rows"] if r["strong_efficiency"] is not None]
             rows.append([
-                model, _count(m["params"]), f"{per_token:.3g}" if per_token else "-", name,
+                model, _count(m["params"]), si(per_token, "FLOP") if per_token else "-", name,
                 f"{proj['bytes_per_param'][name]:.2f}", f"{weak[0]:.3f} / {weak[-1]:.3f}",
                 f"{strong[0][1]:.3f} / {strong[-1][1]:.3f} (N = {strong[-1][0]})" if strong else "-",
             ])
@@ -149,6 +154,22 @@ def _projection_sources(summary) -> list[str]:
                f"Criterion: {proj['criterion']}.", plots.scaling_caption(proj)])
 
 
+PRESET_UNITS = {"peak_flops": "FLOP/s", "nvlink_bytes_s": "B/s", "ib_bytes_s": "B/s", "nvlink_alpha_s": "s",
+                "ib_alpha_s": "s", "memory_bytes": "B"}
+
+
+def _preset_rows(summary) -> list[list[str]]:
+    """The hardware preset, each number with its unit (989 TFLOP/s, not 989000000000000.0)."""
+    preset = summary["projection"]["preset"]
+    fmt = {"mfu": lambda v: f"{v:.0%} (assumed)", **{k: (lambda v, u=u: si(v, u)) for k, u in PRESET_UNITS.items()}}
+    return [[k, fmt.get(k, str)(v)] for k, v in preset.items() if k != "sources"]
+
+
+def _which(summary) -> dict:
+    """summary.json's `recommendation`, derived again from the measurements (`recommend.recommend`)."""
+    return recommend.recommend(summary)
+
+
 def _table_html(table_id: str, header: list[str], rows: list[list[str]]) -> str:
     e = html.escape
     head = "".join(f"<th>{e(h)}</th>" for h in header)
@@ -161,15 +182,17 @@ def _table_md(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
+def _notes(summary) -> list[str]:
+    """NOTES, then the torch side's own notes (`torch_ref.accounting`), each once."""
+    torch_notes = sorted({n for s in summary["strategies"] for n in s["frameworks"]["torch"].get("notes", [])})
+    return NOTES + [f"torch: {n}" for n in torch_notes]
+
+
 def html_page(summary, images: dict[str, bytes]) -> str:
     e = html.escape
     figs = "".join(f"<figure><img alt='{e(name)}' src='data:image/png;base64,{base64.b64encode(data).decode()}'>"
                    f"</figure>" for name, data in images.items())
-    preset = summary["projection"]["preset"]
-    preset_rows = [[k, str(v)] for k, v in preset.items() if k != "sources"]
-    notes = "".join(f"<li>{e(n)}</li>" for n in NOTES)
-    torch_notes = sorted({n for s in summary["strategies"] for n in s["frameworks"]["torch"].get("notes", [])})
-    notes += "".join(f"<li>torch: {e(n)}</li>" for n in torch_notes)
+    notes = "".join(f"<li>{e(n)}</li>" for n in _notes(summary))
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{e(_title(summary))}</title>
 <style>
@@ -178,25 +201,28 @@ h1 {{ font-size: 22px; }} h2 {{ font-size: 17px; margin-top: 28px; }}
 table {{ border-collapse: collapse; font-size: 13px; margin: 8px 0; }}
 th, td {{ border: 1px solid #ccc; padding: 4px 8px; text-align: left; }}
 th {{ background: #f2f2f2; }} td.fail {{ color: #b00; font-weight: bold; }}
+td.pick {{ font-weight: bold; white-space: nowrap; }} #recommendation ul {{ margin: 2px 0; padding-left: 18px; }}
 figure {{ margin: 12px 0; }} img {{ max-width: 100%; border: 1px solid #eee; }}
 .small {{ font-size: 12px; color: #555; }}
 </style></head><body>
 <h1>{e(_title(summary))}</h1>
 <p class="small">{e(_config_line(summary))}
 Parity tolerance: {summary["tolerance"]:g} ({e(summary["tolerance_why"])}).</p>
+<h2>Which strategy</h2>
+{recommend.as_html(_which(summary))}
 <h2>Verdict</h2>
 {_table_html("verdict", HEADER, _rows(summary))}
 <h2>Figures</h2>
 {figs}
 <h2>Projection</h2>
 {_table_html("projection", PROJECTION_HEADER, _projection_rows(summary))}
-{_table_html("presets", ["preset", "value"], preset_rows)}
+{_table_html("presets", ["preset", "value"], _preset_rows(summary))}
 <ul class="small">{"".join(f"<li>{e(line)}</li>" for line in _projection_sources(summary))}</ul>
 <h3>Links: NVLink inside a node, InfiniBand between nodes (hsdp at S = 8)</h3>
 {_table_html("links", LINKS_HEADER, _links_rows(summary))}
 <ul class="small">{"".join(f"<li>{e(line)}</li>" for line in _published_lines(summary) + [LINKS_NOTE])}</ul>
 <h2>Notes</h2><ul>{notes}</ul>
-<div id="status"></div>
+<div id="status" hidden></div>
 <script>
 window.addEventListener('load', function () {{
   var imgs = Array.from(document.images);
@@ -217,6 +243,10 @@ def markdown(summary, image_files: list[str]) -> str:
         "",
         f"Parity tolerance: {summary['tolerance']:g} ({summary['tolerance_why']}).",
         "",
+        "## Which strategy",
+        "",
+        *recommend.as_markdown(_which(summary)),
+        "",
         "## Verdict",
         "",
         *_table_md(HEADER, _rows(summary)),
@@ -225,14 +255,13 @@ def markdown(summary, image_files: list[str]) -> str:
         "",
     ]
     lines += [f"![{name}]({name})" for name in image_files]
-    preset = summary["projection"]["preset"]
     lines += ["", "## Projection", "", *_table_md(PROJECTION_HEADER, _projection_rows(summary)), ""]
-    lines += _table_md(["preset", "value"], [[k, str(v)] for k, v in preset.items() if k != "sources"])
+    lines += _table_md(["preset", "value"], _preset_rows(summary))
     lines += [""] + [f"- {line}" for line in _projection_sources(summary)]
     lines += ["", "### Links: NVLink inside a node, InfiniBand between nodes (hsdp at S = 8)", "",
               *_table_md(LINKS_HEADER, _links_rows(summary)), ""]
     lines += [f"- {line}" for line in _published_lines(summary) + [LINKS_NOTE]]
-    lines += ["", "## Notes", ""] + [f"- {n}" for n in NOTES]
+    lines += ["", "## Notes", ""] + [f"- {n}" for n in _notes(summary)]
     return "\n".join(lines) + "\n"
 
 
@@ -241,7 +270,7 @@ def write(summary, out: str) -> dict:
     paths = plots.draw_all(summary, out)
     images = {os.path.basename(p): open(p, "rb").read() for p in paths}
     with open(os.path.join(out, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
+        json.dump({**summary, "recommendation": _which(summary)}, f, indent=1)
     with open(os.path.join(out, "report.html"), "w") as f:
         f.write(html_page(summary, images))
     with open(os.path.join(out, "report.md"), "w") as f:

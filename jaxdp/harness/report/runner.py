@@ -22,6 +22,7 @@ from ...core import hsdp_hosts
 from ...core import trace as trace_mod
 from ...core.config import FRAMEWORK_STRATEGIES, PACKAGE, ConfigError, RunConfig
 from ...core.timing import timing
+from ...strategies.zero import layout as zero_layout
 from .. import parity
 from . import projection
 
@@ -171,6 +172,7 @@ def compare(cfg: RunConfig, strategies: list[str], progress=None) -> dict:
         say(f"jaxdp: accounting {name} (compiled HLO, arrays)")
         jacc = jax_accounting(c)
         entries.append(_entry(name, c, j, jacc, *torch_side[c]))
+        entries[-1]["layout"] = {"shards": c.devices // c.replicas, "sharded": zero_layout.of(c.strategy).sharded}
         if reference is not None:
             entries[-1]["vs_single"] = versus_single(j, reference, c, name)
     say("projection: alpha-beta model, reference models with the measured bytes per parameter")

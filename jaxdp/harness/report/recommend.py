@@ -1,0 +1,214 @@
+"""Which strategy: the compare report's answer, derived from this run's measurements and the projection.
+
+What it reads (summary.json): each strategy's measured per-device state (parameters, gradients, optimizer
+state: JAX's arrays) and in-step peak (both frameworks), the bytes a device sends per step (JAX's compiled
+HLO; torch's count beside it), the median step time of both frameworks, and the projection's reference
+models and links (`projection`, `links`, `hardware`). From the state it computes each strategy's bytes per
+parameter of a *full* copy (a sharded part measured at 1/S of it is multiplied back by S), so the state of
+any model on any number of GPUs follows: full bytes/param x parameters, divided by the GPUs a part is
+sharded over (N for zero1-3; S = one node for hsdp).
+
+The rules (each situation's `why` shows the numbers it used):
+- a strategy *fits* when its state takes at most STATE_SHARE of a device's memory (the rest is left for
+  activations, which a toy model's peak cannot predict); the run itself is judged on its measured peak;
+- within one node (NVLink), among the strategies that fit: the one that sends the fewest bytes per step
+  (ddp's all-reduce, 2(N-1)/N Psi, when it fits; zero3's gathers cost 1.5x that);
+- across nodes (InfiniBand between them), among those that fit: the highest projected weak-scaling
+  efficiency (no overlap), which is where hsdp's node-local gathers win; hsdp enters from the links model
+  when the run did not measure it (marked `projected_only`).
+"""
+from __future__ import annotations
+
+import html
+
+from ...core.config import ALIASES
+from ...strategies.zero import layout as zero_layout
+from . import links, references
+from .hardware import H100_NVLINK_IB, NODE_GPUS, Preset
+from .units import nbytes, si
+
+STATE_SHARE = 0.5
+ACROSS_NODES = 128  # 16 nodes of 8
+
+
+def measured(summary) -> dict:
+    """{strategy: the numbers the rules read}, per device at the run's device count."""
+    n, params = summary["devices"], summary["projection"]["run"]["params"]
+    out = {}
+    for e in summary["strategies"]:
+        j, t = e["frameworks"]["jax"], e["frameworks"]["torch"]
+        lay = e.get("layout") or {"shards": n, "sharded": zero_layout.of(ALIASES.get(e["name"], e["name"])).sharded}
+        full = sum(v * (lay["shards"] if lay["sharded"].get(k) else 1) for k, v in j["memory"].items())
+        sharded = sum(v * lay["shards"] for k, v in j["memory"].items() if lay["sharded"].get(k))
+        out[e["name"]] = {
+            "state": sum(j["memory"].values()), "torch_state": sum((t.get("memory") or {}).values()) or None,
+            "peak": max(p for p in (j.get("peak_bytes"), t.get("peak_bytes"), 0) if p is not None),
+            "sent": j["comm"]["total"], "torch_sent": (t.get("comm") or {}).get("total"),
+            "step_ms": {"jax": 1e3 * j["median_step_s"], "torch": 1e3 * t["median_step_s"]},
+            "full_per_param": full / params, "sharded_per_param": sharded / params,
+            "sent_per_param": j["comm"]["total"] / params, "shards": lay["shards"],
+            "param_bytes": j["memory"]["params"] * (lay["shards"] if lay["sharded"].get("params") else 1) / params,
+            "hsdp": e["name"] == "hsdp"}
+    return out
+
+
+def state_at(m: dict, params: float, n: int) -> float:
+    """Bytes of state per device for a model of `params` on n GPUs (hsdp: sharded over min(n, a node))."""
+    shards = min(n, NODE_GPUS) if m["hsdp"] else n
+    return params * (m["full_per_param"] - m["sharded_per_param"] + m["sharded_per_param"] / shards)
+
+
+def _phases(summary, s: str) -> str:
+    """', k ring phases: k(N-1)/N Psi' from the projection's count of s's measured bytes."""
+    k = summary["projection"].get("ring_phases", {}).get(s)
+    return "" if not k else f", {k:.2g} ring phases: {k:.2g}(N-1)/N Psi"
+
+
+def _share(x: float) -> str:
+    return f"{x:.0%}" if x >= 0.01 else f"{x:.1e}"
+
+
+def _sent(m: dict) -> str:
+    return f"{nbytes(m['sent'])} JAX / {nbytes(m['torch_sent'])} torch"
+
+
+def _fmt_ms(m: dict) -> str:
+    return f"{m['step_ms']['jax']:.3g} ms JAX / {m['step_ms']['torch']:.3g} ms torch"
+
+
+def this_run(summary, meas: dict, budget: float) -> dict:
+    """The run's own model on its own devices, judged on the measured peak."""
+    n, run = summary["devices"], summary["projection"]["run"]
+    fits = {s: m["peak"] <= budget for s, m in meas.items()}
+    pool = [s for s in meas if fits[s]] or [min(meas, key=lambda s: meas[s]["peak"])]
+    pick = min(pool, key=lambda s: (meas[s]["sent"], meas[s]["state"]))
+    p = meas[pick]
+    why = [f"{pick}: in-step peak {nbytes(p['peak'])} per device ({_share(p['peak'] / budget)} of {si(budget, 'B')})"
+           + (", so the state fits one device" if fits[pick] else ": no strategy measured here fits, this is the "
+              "smallest peak") + f"; sends {_sent(p)} per step ({p['sent_per_param']:.3g} B/param"
+           + _phases(summary, pick) + f"), the least of those that fit; step {_fmt_ms(p)}."]
+    for s, m in meas.items():
+        if s != pick:
+            why.append(f"{s}: state {nbytes(m['state'])} (x{m['state'] / p['state']:.2g}), sends "
+                       f"{_sent(m)} (JAX x{m['sent'] / max(p['sent'], 1):.2g}), step {_fmt_ms(m)}"
+                       + ("" if fits[s] else "; does not fit"))
+    fastest = {fw: min(meas, key=lambda s: meas[s]["step_ms"][fw]) for fw in ("jax", "torch")}
+    if any(f != pick for f in fastest.values()):
+        why.append(f"Fastest here: {fastest['jax']} (JAX), {fastest['torch']} (torch); on simulated devices the "
+                   "'devices' share CPU cores, so these times say little about GPUs.")
+    return {"situation": f"this run: {run['label']}, {run['params']:,} parameters, {n} devices (measured)",
+            "model": run["label"], "params": run["params"], "devices": n, "pick": pick, "projected_only": False,
+            "fits": fits, "why": why}
+
+
+def one_node(summary, model, meas: dict, budget: float, n: int = NODE_GPUS) -> dict:
+    """A reference model on one node: the least traffic among the strategies whose state fits."""
+    p = references.params(model)
+    hsdp = meas.get("hsdp")  # on one node hsdp is one group of S = n: zero3 (its bytes here had R groups)
+    meas = {s: m for s, m in meas.items() if s != "hsdp" or n > NODE_GPUS}
+    state = {s: state_at(m, p, n) for s, m in meas.items()}
+    fits = {s: state[s] <= STATE_SHARE * budget for s in meas}
+    pool = [s for s in meas if fits[s]] or [min(meas, key=state.get)]
+    pick = min(pool, key=lambda s: (meas[s]["sent_per_param"], state[s]))
+    least = min(meas, key=lambda s: meas[s]["sent_per_param"])
+    why = [f"{s}: state {nbytes(state[s])} per GPU ({meas[s]['full_per_param']:.3g} B/param"
+           + (f", sharded parts / {min(n, NODE_GPUS) if meas[s]['hsdp'] else n}" if meas[s]["sharded_per_param"]
+              else ", a full copy") + f"), {'fits' if fits[s] else 'does not fit'}; sends "
+           f"{meas[s]['sent_per_param']:.3g} B/param per step" + _phases(summary, s)
+           + ("" if s == least or not meas[least]["sent_per_param"]
+              else f", x{meas[s]['sent_per_param'] / meas[least]['sent_per_param']:.2g} {least}'s")
+           for s in meas]
+    lead = (f"{pick} fits in {si(STATE_SHARE * budget, 'B')} and sends the least of those that fit" if fits[pick]
+            else f"nothing measured fits in {si(STATE_SHARE * budget, 'B')}; {pick} needs the least")
+    if least != pick:
+        lead += (f"; {least}, which sends less, needs {nbytes(state[least])} per GPU" if not fits[least] else
+                 f"; {least} sends as little and holds more")
+    if hsdp and "hsdp" not in meas:
+        why.append(f"hsdp: on one node it is one shard group of {n}, i.e. zero3 (its bytes measured here include "
+                   "the all-reduce across groups, which one node does not have)")
+    return {"situation": f"{model.name} ({p / 1e9:.3g}B parameters) on one node of {n} GPUs (NVLink)",
+            "model": model.name, "params": p, "devices": n, "pick": pick, "projected_only": False, "fits": fits,
+            "why": [lead + "."] + why}
+
+
+def _efficiency(summary, model, s: str, meas: dict, n: int, preset: Preset) -> float:
+    """Projected weak efficiency (no overlap) of s at n: the projection's rows (measured bytes), or for an
+    unmeasured hsdp, the links model in the run's parameter dtype."""
+    rows = summary["projection"]["models"].get(model.name, {}).get("strategies", {}).get(s, {}).get("rows", [])
+    row = next((r for r in rows if r["n"] == n), None)
+    if row is not None:
+        return row["weak_efficiency"]
+    itemsize = max(m["param_bytes"] for m in meas.values())
+    compute = references.flops_per_token(model) * model.context / (preset.peak_flops * preset.mfu)
+    comm = links.comm_seconds(s, references.params(model), n, preset, itemsizes=(itemsize, itemsize))
+    return compute / (compute + comm)
+
+
+def across_nodes(summary, model, meas: dict, budget: float, n: int = ACROSS_NODES,
+                 preset: Preset = H100_NVLINK_IB) -> dict:
+    """A reference model on n GPUs over n / 8 nodes: the best projected efficiency among those that fit."""
+    p = references.params(model)
+    cands = dict(meas)
+    if "hsdp" not in cands:  # hsdp shards parameters, gradients and optimizer state within a node
+        full = max(meas.values(), key=lambda m: m["full_per_param"])
+        cands["hsdp"] = {**full, "sharded_per_param": full["full_per_param"], "hsdp": True, "projected": True}
+    state = {s: state_at(m, p, n) for s, m in cands.items()}
+    fits = {s: state[s] <= STATE_SHARE * budget for s in cands}
+    eff = {s: _efficiency(summary, model, s, meas, n, preset) for s in cands}
+    pool = [s for s in cands if fits[s]] or [min(cands, key=state.get)]
+    pick = max(pool, key=eff.get)
+    why = [f"{s}{' (projected by the links model, not in this run)' if cands[s].get('projected') else ''}: "
+           f"state {nbytes(state[s])} per GPU, {'fits' if fits[s] else 'does not fit'}; weak efficiency "
+           f"{eff[s]:.2f} (no overlap)" for s in cands]
+    lead = f"{pick}: weak efficiency {eff[pick]:.2f} at {n} GPUs, the best of those that fit"
+    if pick == "hsdp":
+        lead += (f"; a 1-D ring over {n} GPUs crosses InfiniBand ({si(preset.ib_bytes_s, 'B/s')}) in every phase, "
+                 f"hsdp keeps its gathers and reduce-scatter on NVLink ({si(preset.nvlink_bytes_s, 'B/s')}) inside "
+                 f"a node and sends only Psi / {NODE_GPUS} across nodes")
+    elif "hsdp" in cands:
+        lead += f"; hsdp {'projects less' if fits['hsdp'] else 'does not fit: it shards over one node only'}"
+    return {"situation": f"{model.name} on {n} GPUs ({n // NODE_GPUS} nodes, InfiniBand between them)",
+            "model": model.name, "params": p, "devices": n, "pick": pick,
+            "projected_only": bool(cands[pick].get("projected")), "fits": fits, "efficiency": eff,
+            "why": [lead + "."] + why}
+
+
+def recommend(summary, preset: Preset = H100_NVLINK_IB, budget: float | None = None) -> dict:
+    """summary.json's `recommendation`: the measured inputs, the assumptions, one pick per situation."""
+    budget = preset.memory_bytes if budget is None else budget
+    meas = measured(summary)
+    situations = [this_run(summary, meas, budget)]
+    for model in references.REFERENCES:
+        situations.append(one_node(summary, model, meas, budget))
+        situations.append(across_nodes(summary, model, meas, budget, preset=preset))
+    return {"device_memory_bytes": budget, "state_share": STATE_SHARE, "measured": meas,
+            "assumptions": [f"device: {si(budget, 'B')} ({preset.name.split(',')[0]}); a model's state (parameters, "
+                            f"gradients, optimizer state, in this run's dtype and optimizer) may take at most "
+                            f"{STATE_SHARE:.0%} of it, the rest is left for activations",
+                            "bytes per parameter, state and traffic, measured in this run; efficiency: the "
+                            "projection's weak scaling, one sequence per GPU, no overlap"],
+            "situations": situations}
+
+
+WHICH_HEADER = ["situation", "use", "why (the numbers it used)"]
+
+
+def as_html(rec: dict) -> str:
+    """The report page's "Which strategy" table (the first line of each `why` in bold)."""
+    e = html.escape
+    rows = "".join(f"<tr><td>{e(r['situation'])}</td><td class='pick'>{e(r['pick'])}"
+                   f"{' (projected)' if r['projected_only'] else ''}</td><td><b>{e(r['why'][0])}</b><ul>"
+                   + "".join(f"<li>{e(w)}</li>" for w in r["why"][1:]) + "</ul></td></tr>" for r in rec["situations"])
+    head = "".join(f"<th>{h}</th>" for h in WHICH_HEADER)
+    notes = "".join(f"<li>{e(a)}</li>" for a in rec["assumptions"])
+    return f"<table id='recommendation'><tr>{head}</tr>{rows}</table><ul class='small'>{notes}</ul>"
+
+
+def as_markdown(rec: dict) -> list[str]:
+    """report.md's "Which strategy" lines."""
+    lines = []
+    for r in rec["situations"]:
+        lines.append(f"- **{r['situation']}: {r['pick']}{' (projected)' if r['projected_only'] else ''}.** "
+                     f"{r['why'][0]}")
+        lines += [f"  - {w}" for w in r["why"][1:]]
+    return lines + [""] + [f"Assumptions: {'; '.join(rec['assumptions'])}."]

@@ -1,0 +1,143 @@
+"""The compare report's "Which strategy" section (`recommend`) and its figures, from synthetic summaries:
+the recommendation follows the measured numbers (two summaries, two answers), every figure keeps its text
+on the canvas and its legend off the data with one strategy or several, and no raw float is printed."""
+from __future__ import annotations
+
+import json
+import re
+
+import matplotlib
+import pytest
+
+from jaxdp.harness.report import plots, projection, recommend, render
+
+KINDS = ("all-reduce", "reduce-scatter", "all-gather", "point-to-point", "broadcast", "reduce")
+
+
+def _side(memory, sent: dict, peak, ms):
+    comm = {k: float(sent.get(k, 0.0)) for k in KINDS}
+    return {"losses": [2.3, 2.2, 2.1, 2.0], "first_step_s": 0.5, "median_step_s": ms / 1e3,
+            "p25_step_s": 0.9 * ms / 1e3, "p75_step_s": 1.1 * ms / 1e3, "timed_steps": 2,
+            "comm": comm | {"total": sum(comm.values())}, "memory": memory, "peak_bytes": peak, "notes": []}
+
+
+def summary(params: int, names=("ddp", "zero3"), n: int = 2, itemsize: int = 4, ms=None) -> dict:
+    """A float32 Adam run of `params` parameters on n devices, as `runner.compare` writes it: ddp holds
+    4 + 4 + 8 bytes per parameter and all-reduces the gradients; zero3 holds 1/n of each and sends 1.5x."""
+    full = {"params": itemsize * params, "grads": itemsize * params, "opt_state": 2 * itemsize * params}
+    ring = (n - 1) / n * itemsize * params
+    sent = {"ddp": {"all-reduce": 2 * ring}, "zero1": {"all-reduce": 2 * ring, "all-gather": ring},
+            "zero3": {"reduce-scatter": ring, "all-gather": 2 * ring},
+            "hsdp": {"reduce-scatter": ring * 2 / 3, "all-gather": 4 / 3 * ring, "all-reduce": ring / 2}}
+    shard = {"ddp": (), "zero1": ("opt_state",), "zero3": ("params", "grads", "opt_state"),
+             "hsdp": ("params", "grads", "opt_state")}
+    ms = ms or {"ddp": (2.0, 4.0), "zero1": (2.2, 5.0), "zero3": (2.5, 20.0), "hsdp": (2.6, 21.0)}
+    entries = []
+    for name in names:
+        shards = n // 2 if name == "hsdp" else n  # hsdp: R = 2 groups of S = n / 2
+        mem = {k: v / shards if k in shard[name] else v for k, v in full.items()}
+        state = sum(mem.values())
+        entries.append({"name": name, "theory": {"memory": mem, "comm": {"total": sum(sent[name].values())}},
+                        "frameworks": {"jax": _side(mem, sent[name], 1.3 * state, ms[name][0]),
+                                       "torch": _side(mem, sent[name], 1.4 * state, ms[name][1])},
+                        "layout": {"shards": shards, "sharded": {k: k in shard[name] for k in full}},
+                        "parity": {"loss": [0.0] * 4, "grad": [1e-7] * 4, "param": [1e-6] * 4, "pass": True,
+                                   "worst": {"grad": 1e-7, "param": 1e-6}}})
+    proj = projection.for_report({e["name"]: e["frameworks"]["jax"]["comm"]["total"] for e in entries}, params,
+                                 itemsize, 6.0 * params, n, 64, "gpt")
+    return {"created": "2026-11-25T00:00:00+00:00", "devices": n, "tolerance": 1e-5, "tolerance_why": "float32",
+            "config": {"model": "gpt", "data": "text", "steps": 4, "batch_size": 64, "optimizer": "adam",
+                       "dtype": "float32"},
+            "machine": {"platform": "cpu", "processor": "x86_64", "cpu_count": 2, "versions": {"jax": "0"}},
+            "flops_per_sample": 6.0 * params, "strategies": entries, "projection": proj}
+
+
+def _picks(s, **kw) -> dict:
+    return {r["situation"].split(" (")[0].split(":")[0]: r["pick"] for r in recommend.recommend(s, **kw)["situations"]}
+
+
+def test_the_pick_follows_the_measured_state():
+    """A model whose replicated state fits one device: ddp (least traffic). The same strategies measured on a
+    model 8 GB of state cannot hold whole (0.5e9 parameters x 16 B): zero3, whose state is 1/N."""
+    small, big = recommend.recommend(summary(7_000)), recommend.recommend(summary(500_000_000), budget=4e9)
+    assert small["situations"][0]["pick"] == "ddp" and big["situations"][0]["pick"] == "zero3"
+    why = small["situations"][0]["why"]
+    assert "sends 27.3 KiB JAX / 27.3 KiB torch per step (4 B/param, 2 ring phases: 2(N-1)/N Psi)" in why[0]
+    assert "(JAX x1.5)" in why[1]
+    assert "does not fit" in " ".join(big["situations"][0]["why"])
+    assert small["measured"]["zero3"]["full_per_param"] == pytest.approx(16.0)  # sharded parts multiplied back
+    # the reference models: Llama 3 8B's 128 GB of replicated state fits no H100; across nodes, hsdp (projected)
+    picks = _picks(summary(7_000))
+    assert picks == {"this run": "ddp", "GPT-2 124M": "ddp", "GPT-2 124M on 128 GPUs": "hsdp",
+                     "Llama 3 8B": "zero3", "Llama 3 8B on 128 GPUs": "hsdp"}
+
+
+def test_least_traffic_among_those_that_fit_and_measured_hsdp_is_not_projected():
+    """jaxdp's zero1 all-reduces and then gathers (3 ring phases, as zero3's): with zero1 measured too, zero3
+    wins the tie on bytes with the smaller state; ddp once its state (Llama 3 8B: 128 GB) fits half the device.
+    A zero1 measured sending as little as ddp is picked where ddp does not fit and it does (72 GB on 8 GPUs)."""
+    s = summary(7_000, names=("ddp", "zero1", "zero3"))
+    assert _picks(s)["Llama 3 8B"] == "zero3"
+    assert _picks(s, budget=200e9)["Llama 3 8B"] == "zero3"
+    assert _picks(s, budget=400e9)["Llama 3 8B"] == "ddp"
+    zero1 = s["strategies"][1]["frameworks"]["jax"]["comm"]
+    zero1["total"] -= zero1["all-gather"]  # a zero1 that sends only its all-reduce
+    assert _picks(s, budget=200e9)["Llama 3 8B"] == "zero1"
+    across = recommend.recommend(s)["situations"][-1]
+    assert across["projected_only"] and across["efficiency"]["hsdp"] > across["efficiency"]["zero3"]
+
+
+def test_a_measured_hsdp_is_zero3_on_one_node_and_measured_across_nodes():
+    """hsdp measured on 4 devices as 2 groups of 2 sends less than zero3 (part of its traffic stays in a group),
+    but on one node of 8 it is one group: zero3. Across 16 nodes it is picked, from the run's own numbers."""
+    rec = recommend.recommend(summary(7_000, names=("ddp", "zero3", "hsdp"), n=4))
+    assert rec["measured"]["hsdp"]["full_per_param"] == pytest.approx(16.0)
+    assert rec["measured"]["hsdp"]["sent_per_param"] < rec["measured"]["zero3"]["sent_per_param"]
+    by = {r["situation"]: r for r in rec["situations"]}
+    node = by["Llama 3 8B (8.03B parameters) on one node of 8 GPUs (NVLink)"]
+    assert node["pick"] == "zero3" and "hsdp" not in node["fits"] and "i.e. zero3" in node["why"][-1]
+    across = by["Llama 3 8B on 128 GPUs (16 nodes, InfiniBand between them)"]
+    assert across["pick"] == "hsdp" and not across["projected_only"]
+
+
+def _checked_figures(monkeypatch) -> dict:
+    """{figure path: `plots.overflow`'s findings}, filled as the figures are saved."""
+    found, save = {}, plots._save
+
+    def checked(fig, path):
+        found[path] = plots.overflow(fig)
+        return save(fig, path)
+
+    monkeypatch.setattr(plots, "_save", checked)
+    return found
+
+
+def test_figures_keep_their_text_and_legends_off_the_data(tmp_path, monkeypatch):
+    """Three strategies here; one in `test_the_page_prints_units_not_raw_floats`."""
+    found = _checked_figures(monkeypatch)
+    plots.draw_all(summary(7_000, names=("ddp", "zero1", "zero3")), str(tmp_path))
+    assert len(found) == 6 and all(v == [] for v in found.values()), found
+
+
+def test_overflow_sees_a_cut_title_and_a_legend_over_the_data():
+    """The check itself: a figure as the report drew them before (a title wider than the figure, the legend
+    inside the axes) is caught."""
+    fig, ax = matplotlib.pyplot.subplots(figsize=(3.6, 2.8))
+    ax.plot([1, 2], [1, 2], label="jax")
+    ax.legend()
+    fig.suptitle("1. Loss per step: JAX (solid) and PyTorch (dashed) overlaid, a title too wide for one strategy")
+    found = plots.overflow(fig)
+    assert any(f.startswith("cut off") for f in found) and any(f.startswith("legend over") for f in found)
+
+
+def test_the_page_prints_units_not_raw_floats(tmp_path, monkeypatch):
+    """One strategy: the page, and every figure's text on its canvas."""
+    found = _checked_figures(monkeypatch)
+    paths = render.write(summary(7_000, names=("ddp",)), str(tmp_path))
+    assert len(found) == 6 and all(v == [] for v in found.values()), found
+    page, md = open(paths["html"]).read(), open(paths["md"]).read()
+    assert "989 TFLOP/s" in md and "450 GB/s" in md and "3 us" in md and "80 GB" in md and "40% (assumed)" in md
+    assert not re.search(r"\d{9,}\.0\b", md) and "989000000000000" not in page
+    assert "## Which strategy" in md and "id='recommendation'" in page and "profiler on" not in page
+    assert md.index("## Which strategy") < md.index("## Verdict")
+    assert json.load(open(paths["json"]))["recommendation"]["situations"][0]["pick"] == "ddp"

@@ -50,7 +50,7 @@ def _base(args, names) -> config.RunConfig:
 
 def compare(args) -> int:
     from .. import devices
-    from .report import render, runner
+    from .report import recommend, render, runner
 
     names = args.strategies
     runner.check_strategies(names)
@@ -70,6 +70,8 @@ def compare(args) -> int:
         print(f"{e['name']:<12} parity {'pass' if p['pass'] else 'FAIL'} (worst grad {p['worst']['grad']:.1e}, "
               f"param {p['worst']['param']:.1e}); comm JAX {e['frameworks']['jax']['comm']['total'] / 1024:.1f} "
               f"KiB/step" + render.finding(e))
+    for situation in recommend.recommend(summary)["situations"]:  # the report's "Which strategy", in short
+        print(f"which strategy: {situation['situation']}: {situation['pick']}")
     print(f"report: {written['html']} ({written['md']}, {written['json']}) in {time.perf_counter() - t0:.0f}s")
     return 0 if all(e["parity"]["pass"] for e in summary["strategies"]) else 1
 

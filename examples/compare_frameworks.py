@@ -36,10 +36,9 @@ def describe(entry: dict) -> list[str]:
 def contrast(first: dict, other: dict) -> str:
     """How `other` differs from `first` on the JAX side: state held and bytes sent per device."""
     a, b = first["frameworks"]["jax"], other["frameworks"]["jax"]
-    held = sum(a["memory"].values()) / sum(b["memory"].values())
+    held = sum(b["memory"].values()) / sum(a["memory"].values())
     sent = b["comm"]["total"] / a["comm"]["total"]
-    return (f"{other['name']} holds {held:.1f}x less state per device than {first['name']} "
-            f"and sends {sent:.1f}x its bytes")
+    return f"{other['name']} holds {held:.2f}x {first['name']}'s state per device and sends {sent:.2f}x its bytes"
 
 
 def main():

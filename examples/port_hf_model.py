@@ -22,6 +22,8 @@ import numpy as np
 VOCAB, SEQ, D_MODEL, N_LAYER, N_HEAD, N_KV_HEAD, D_FF = 96, 16, 64, 2, 4, 2, 128
 LR, WEIGHT_DECAY, CLIP = 1e-3, 0.01, 1.0
 BUG_STEP = 2
+# Strategies both parallelize()s take with no further options (hsdp also needs its replicas).
+STRATEGIES = ("dp", "ddp", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3", "fsdp")
 # Each model: its transformers class, the prefix of its backbone's names, the tensor the bug hits.
 PREFIX = {"gpt2": "transformer.", "llama": "model."}
 BUG = {"gpt2": "transformer.ln_f.weight", "llama": "model.norm.weight"}
@@ -160,13 +162,20 @@ def report(args, name) -> bool:
     return diff.ok
 
 
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=("gpt2", "llama", "both"), default="both")
-    parser.add_argument("--strategy", default="zero3")
-    parser.add_argument("--devices", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--strategy", choices=STRATEGIES, default="zero3")
+    parser.add_argument("--devices", type=positive, default=4)
+    parser.add_argument("--steps", type=positive, default=3)
+    parser.add_argument("--batch-size", type=positive, default=8)
     parser.add_argument("--plant-bug", action="store_true",
                         help=f"perturb the torch run's final norm weight after step {BUG_STEP}")
     parser.add_argument("--quick", action="store_true", help="2 devices, 2 steps")
@@ -176,6 +185,8 @@ def main():
         args.devices, args.steps = 2, 2
     if args.batch_size % args.devices:
         parser.error(f"--batch-size {args.batch_size} must be a multiple of --devices {args.devices}")
+    if args.plant_bug and args.steps < BUG_STEP:
+        parser.error(f"--plant-bug perturbs after step {BUG_STEP}: give --steps {BUG_STEP} or more")
     try:
         import transformers  # noqa: F401
     except ImportError:

@@ -21,6 +21,8 @@ D_IN, D_HIDDEN, D_OUT = 8, 16, 4
 LR, WEIGHT_DECAY, CLIP = 1e-2, 0.01, 1.0
 EPS = 1e-5  # LayerNorm epsilon: torch's default is 1e-5, Flax's 1e-6. Say it on both sides.
 BUG_STEP = 2
+# Strategies both parallelize()s take with no further options (hsdp also needs its replicas).
+STRATEGIES = ("dp", "ddp", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3", "fsdp")
 
 
 def batches(steps: int, batch: int, seed: int = 0):
@@ -136,19 +138,31 @@ def meta(args, framework):
             "batch_size": args.batch_size, "lr": LR, "clip_norm": CLIP}
 
 
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--strategy", default="zero2")
-    parser.add_argument("--devices", type=int, default=2)
-    parser.add_argument("--accum", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--batch-size", type=int, default=24)
+    parser.add_argument("--strategy", choices=STRATEGIES, default="zero2")
+    parser.add_argument("--devices", type=positive, default=2)
+    parser.add_argument("--accum", type=positive, default=1)
+    parser.add_argument("--steps", type=positive, default=4)
+    parser.add_argument("--batch-size", type=positive, default=24)
     parser.add_argument("--plant-bug", action="store_true", help=f"perturb one torch tensor after step {BUG_STEP}")
     parser.add_argument("--quick", action="store_true", help=f"{BUG_STEP + 1} steps (a smoke run)")
     parser.add_argument("--out", default="reports/port")
     args = parser.parse_args()
     if args.quick:
         args.steps = BUG_STEP + 1
+    if args.batch_size % (args.devices * args.accum):
+        parser.error(f"--batch-size {args.batch_size} must be a multiple of --devices x --accum = "
+                     f"{args.devices * args.accum}")
+    if args.plant_bug and args.steps < BUG_STEP:
+        parser.error(f"--plant-bug perturbs after step {BUG_STEP}: give --steps {BUG_STEP} or more")
     os.makedirs(args.out, exist_ok=True)
     jax_path, torch_path = (os.path.join(args.out, f"{f}.npz") for f in ("jax", "torch"))
 

@@ -16,16 +16,17 @@ import sys
 import tempfile
 
 from jaxdp import devices, train
-from jaxdp.core import config, trace
+from jaxdp.core import argv, config, trace
 
 BOUND = 1e-12  # float64: what a different order of the same sums can change
 
 
 def one_process(flags: list[str], path: str) -> None:
     """The reference: the run `jaxdp train FLAGS` describes, in this process on its own devices."""
-    parser = argparse.ArgumentParser()
-    config.add_arguments(parser)
-    cfg = config.from_args(parser.parse_args(flags))
+    parser = argv.Parser()
+    argv.add_run_arguments(parser)
+    argv.add_strategies(parser, "ddp", config.FRAMEWORK_STRATEGIES["jax"], "strategy")
+    (cfg,) = argv.configs(parser.parse_args(flags))
     devices.setup(cfg.devices)
     result = train.run(cfg, trace_path=path, progress=False)
     print(f"1 process x {cfg.devices} devices:  loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}")

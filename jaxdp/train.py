@@ -8,6 +8,7 @@ import time
 import numpy as np
 
 from . import devices as devices_mod
+from .core import progress as run_progress  # where the run is, for the line Ctrl-C prints
 from .core.config import RunConfig
 from .core.results import NonFiniteLoss, RunResult  # noqa: F401 (re-exported: jaxdp.train's names)
 
@@ -88,6 +89,8 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
         from .core import trace
 
         trace.save(trace_path, result.meta, result.arrays)
+    if trace_path is not None and jax.process_index() == 0:
+        run_progress.kept(trace_path, f"trace {trace_path}")
     return result
 
 
@@ -97,6 +100,7 @@ def _train(cfg, dataset, par, state, start, saver, recorder, result, progress):
 
     bar = _progress_bar(cfg, progress) if jax.process_index() == 0 else None
     t0 = t1 = time.perf_counter()
+    run_progress.step_done(start)
     for k in range(start + 1, cfg.steps + 1):
         t_step = time.perf_counter()
         x, y = host_batch(cfg, dataset, k)  # the global batch; a process steps on its rows of it
@@ -109,8 +113,9 @@ def _train(cfg, dataset, par, state, start, saver, recorder, result, progress):
         result.step_times.append(time.perf_counter() - t_step)  # float(loss) waited for the step
         if recorder is not None:
             recorder.step(k, loss, metrics["grads"], par.params(state), x, y, state=metrics.get("state"))
-        if saver is not None:
-            saver.maybe_save(k, state, cfg)
+        if saver is not None and saver.maybe_save(k, state, cfg):
+            run_progress.kept(cfg.checkpoint_dir, f"checkpoint step {k} in {cfg.checkpoint_dir}")
+        run_progress.step_done(k)
         if k == start + 1:
             t1 = time.perf_counter()
             result.first_step_s = t1 - t0

@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from jaxdp.core import data
+from jaxdp.core import progress as run_progress  # where the run is, for the line Ctrl-C prints
 from jaxdp.core.config import ConfigError, RunConfig
 from jaxdp.core.results import NonFiniteLoss, RunResult  # one error type and one result for both frameworks
 
@@ -111,6 +112,7 @@ def train_rank(rank: int, world: int, cfg: RunConfig, init: dict[str, np.ndarray
     input_dtype = models.numpy_master_dtype(cfg.dtype)
     fail_at = _fail_at()
     t0 = t1 = time.perf_counter()
+    run_progress.step_done(start)
     for k in range(start + 1, cfg.steps + 1):
         t_step = time.perf_counter()
         x, y = dataset.batch(k, cfg.batch_size)
@@ -131,6 +133,8 @@ def train_rank(rank: int, world: int, cfg: RunConfig, init: dict[str, np.ndarray
             recorder.step(k, loss, x, y)  # every rank: a collective for sharded strategies
         if cfg.checkpoint_every > 0 and k % cfg.checkpoint_every == 0:
             checkpoint.save(cfg.checkpoint_dir, k, api.state_of(model).checkpoint, cfg)
+            run_progress.kept(cfg.checkpoint_dir, f"checkpoint step {k} in {cfg.checkpoint_dir}")
+        run_progress.step_done(k)
         if k == start + 1:
             t1 = time.perf_counter()
             result.first_step_s = t1 - t0
@@ -184,6 +188,7 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, timeout_s: 
         from jaxdp.core import trace
 
         trace.save(trace_path, result.meta, result.arrays)
+        run_progress.kept(trace_path, f"trace {trace_path}")
     return result
 
 

@@ -8,6 +8,7 @@ import sys
 
 from ..core import config, hsdp_hosts
 from . import cli_diff
+from .interrupt import guarded
 
 
 def _strategy_list(text: str) -> list[str]:
@@ -82,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@guarded("jaxdp")  # Ctrl-C: one line and status 130 (interrupt.py)
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from ..checkpoint import CheckpointError
@@ -249,19 +251,12 @@ def _compare(args) -> int:
 
 
 def _bench(args) -> int:
-    import json
-
     from ..core import trace
     from . import bench
 
     trace.check_writable(os.path.join(args.out, "bench.json"), "--out")
     results = bench.run(quick=args.quick, out=args.out)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "bench.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    table = bench.markdown(results)
-    with open(os.path.join(args.out, "bench.md"), "w") as f:
-        f.write(table)
+    table = bench.write(results, args.out)  # bench.json and bench.md, both or neither
     print(table)
     print(f"wrote {os.path.join(args.out, 'bench.json')} and bench.md")
     return 0

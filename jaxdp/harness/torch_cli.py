@@ -8,6 +8,7 @@ import os
 import sys
 
 from ..core import config, hsdp_hosts
+from .interrupt import guarded
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@guarded("torch_ref")  # Ctrl-C: one line and status 130 (interrupt.py)
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:

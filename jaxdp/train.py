@@ -10,6 +10,7 @@ import numpy as np
 from . import devices as devices_mod
 from .core import progress as run_progress  # where the run is, for the line Ctrl-C prints
 from .core.config import RunConfig
+from .core.record import discard_torn
 from .core.results import NonFiniteLoss, RunResult  # noqa: F401 (re-exported: jaxdp.train's names)
 
 
@@ -81,7 +82,11 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
     recorder = Recorder(trace_path if jax.process_index() == 0 else None, result.meta) if record else None
     if recorder is not None:  # a resumed run's init/ is what it resumed from
         recorder.init(problem.params if start == 0 else par.params(state), state=problem.state)
-    _train(cfg, dataset, par, state, start, saver, recorder, result, progress)
+    try:
+        _train(cfg, dataset, par, state, start, saver, recorder, result, progress)
+    except KeyboardInterrupt:  # Ctrl-C: the complete checkpoints stay, a save cut short goes
+        discard_torn(cfg.checkpoint_dir if saver is not None else None)
+        raise
     if recorder is not None:
         recorder.close()  # process 0 writes the trace (atomically)
         result.arrays = recorder.arrays

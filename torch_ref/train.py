@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from jaxdp.core import data
 from jaxdp.core import progress as run_progress  # where the run is, for the line Ctrl-C prints
 from jaxdp.core.config import ConfigError, RunConfig
+from jaxdp.core.record import discard_torn
 from jaxdp.core.results import NonFiniteLoss, RunResult  # one error type and one result for both frameworks
 
 from . import api, checkpoint, cnn, launch, models, optim, strategies
@@ -165,7 +166,24 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, timeout_s: 
     cfg.validate("torch")
     if cfg.resume:  # a clear error before any rank starts (each rank checks again as it loads)
         checkpoint.find(cfg.checkpoint_dir, cfg)
+    try:
+        result = _train_ranks(cfg, env, init, record, timeout_s, pg_timeout_s)
+    except KeyboardInterrupt:  # Ctrl-C: the ranks are stopped; the complete checkpoints stay, a save cut short goes
+        discard_torn(cfg.checkpoint_dir if cfg.checkpoint_every > 0 else None)
+        raise
+    if trace_path is not None and result is not None:
+        from jaxdp.core import trace
+
+        trace.save(trace_path, result.meta, result.arrays)
+        run_progress.kept(trace_path, f"trace {trace_path}")
+    return result
+
+
+def _train_ranks(cfg: RunConfig, env, init, record: bool, timeout_s: float, pg_timeout_s: float) -> RunResult | None:
+    """`train_rank` as this rank of a torchrun world (`env`), in this process (--devices 1), or on
+    `cfg.devices` spawned ranks: rank 0's result."""
     if env is not None:  # one rank of a torchrun world: every rank computed the same init
+        rank, world, local_rank = env
         device = launch.rank_device(cfg.platform, local_rank)
         launch.init_process_group(device, rank, world, pg_timeout_s)
         try:
@@ -184,11 +202,6 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, timeout_s: 
     else:
         result = launch.launch(train_rank, cfg.devices, cfg, init, record, platform=cfg.platform,
                                timeout_s=timeout_s, pg_timeout_s=pg_timeout_s)[0]
-    if trace_path is not None and result is not None:
-        from jaxdp.core import trace
-
-        trace.save(trace_path, result.meta, result.arrays)
-        run_progress.kept(trace_path, f"trace {trace_path}")
     return result
 
 

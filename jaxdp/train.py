@@ -10,7 +10,6 @@ import numpy as np
 from . import devices as devices_mod
 from .core import progress as run_progress  # where the run is, for the line Ctrl-C prints
 from .core.config import RunConfig
-from .core.record import discard_torn
 from .core.results import NonFiniteLoss, RunResult  # noqa: F401 (re-exported: jaxdp.train's names)
 
 
@@ -84,8 +83,9 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
         recorder.init(problem.params if start == 0 else par.params(state), state=problem.state)
     try:
         _train(cfg, dataset, par, state, start, saver, recorder, result, progress)
-    except KeyboardInterrupt:  # Ctrl-C: the complete checkpoints stay, a save cut short goes
-        discard_torn(cfg.checkpoint_dir if saver is not None else None)
+    except KeyboardInterrupt:  # Ctrl-C: the checkpoints stay (a save in progress completes first)
+        if saver is not None:
+            _stop_saver(saver, cfg.checkpoint_dir)
         raise
     if recorder is not None:
         recorder.close()  # process 0 writes the trace (atomically)
@@ -118,9 +118,11 @@ def _train(cfg, dataset, par, state, start, saver, recorder, result, progress):
         result.step_times.append(time.perf_counter() - t_step)  # float(loss) waited for the step
         if recorder is not None:
             recorder.step(k, loss, metrics["grads"], par.params(state), x, y, state=metrics.get("state"))
-        if saver is not None and saver.maybe_save(k, state, cfg):
-            run_progress.kept(cfg.checkpoint_dir, f"checkpoint step {k} in {cfg.checkpoint_dir}")
         run_progress.step_done(k)
+        if saver is not None:
+            with run_progress.sigint_deferred():  # Ctrl-C during a save: the save completes first
+                if saver.maybe_save(k, state, cfg):
+                    run_progress.kept(cfg.checkpoint_dir, f"checkpoint step {k} in {cfg.checkpoint_dir}")
         if k == start + 1:
             t1 = time.perf_counter()
             result.first_step_s = t1 - t0
@@ -133,6 +135,15 @@ def _train(cfg, dataset, par, state, start, saver, recorder, result, progress):
         saver.close()
     if cfg.steps - start > 1:
         result.steps_per_s = (cfg.steps - start - 1) / max(time.perf_counter() - t1, 1e-9)
+
+
+def _stop_saver(saver, directory) -> None:
+    """Ctrl-C: orbax's threads finish what the last save started (they fail at interpreter exit
+    otherwise), and the latest complete checkpoint is the one kept."""
+    with run_progress.sigint_ignored():
+        step = saver.stop()
+    if step is not None:
+        run_progress.kept(directory, f"checkpoint step {step} in {directory}")
 
 
 def _process_rows(a, accum: int):

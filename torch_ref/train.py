@@ -132,10 +132,11 @@ def train_rank(rank: int, world: int, cfg: RunConfig, init: dict[str, np.ndarray
         result.losses.append(loss)
         if recorder:
             recorder.step(k, loss, x, y)  # every rank: a collective for sharded strategies
-        if cfg.checkpoint_every > 0 and k % cfg.checkpoint_every == 0:
-            checkpoint.save(cfg.checkpoint_dir, k, api.state_of(model).checkpoint, cfg)
-            run_progress.kept(cfg.checkpoint_dir, f"checkpoint step {k} in {cfg.checkpoint_dir}")
         run_progress.step_done(k)
+        if cfg.checkpoint_every > 0 and k % cfg.checkpoint_every == 0:
+            with run_progress.sigint_deferred():  # Ctrl-C during a save: the save completes first
+                checkpoint.save(cfg.checkpoint_dir, k, api.state_of(model).checkpoint, cfg)
+                run_progress.kept(cfg.checkpoint_dir, f"checkpoint step {k} in {cfg.checkpoint_dir}")
         if k == start + 1:
             t1 = time.perf_counter()
             result.first_step_s = t1 - t0

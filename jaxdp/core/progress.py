@@ -5,7 +5,8 @@ Both frameworks' training loops update `NOW` (`step_done`, `kept`). A child proc
 torch_ref spawned, a `jaxdp train --processes` process) reports to its launcher through the small JSON
 file named by the environment variable JAXDP_PROGRESS_FILE (`channel` makes one; `merge` reads it
 back). Children are started with Ctrl-C ignored (`sigint_ignored`): the terminal sends SIGINT to the
-whole process group, and the launcher alone answers it, stopping and reaping its children.
+whole process group, and the launcher alone answers it, stopping and reaping its children. A checkpoint
+is saved with Ctrl-C deferred (`sigint_deferred`): it completes, then the run stops.
 """
 from __future__ import annotations
 
@@ -111,3 +112,20 @@ def sigint_ignored():
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def sigint_deferred():
+    """Ctrl-C during the block (a checkpoint being saved) takes effect when the block ends: the save
+    completes, then KeyboardInterrupt is raised as usual."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt

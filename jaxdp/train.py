@@ -106,31 +106,33 @@ def _train(cfg, dataset, par, state, start, saver, recorder, result, progress):
     bar = _progress_bar(cfg, progress) if jax.process_index() == 0 else None
     t0 = t1 = time.perf_counter()
     run_progress.step_done(start)
-    for k in range(start + 1, cfg.steps + 1):
-        t_step = time.perf_counter()
-        x, y = host_batch(cfg, dataset, k)  # the global batch; a process steps on its rows of it
-        state, metrics = par.step(state, *(_process_rows(a, cfg.accum) for a in (x, y)))
-        loss = float(metrics["loss"])
-        if cfg.nan_check and not math.isfinite(loss):
-            raise NonFiniteLoss(f"loss is {loss} at step {k} ({cfg.strategy}, lr {cfg.lr}); lower --lr, "
-                                f"set --clip-norm, or pass --no-nan-check to continue anyway")
-        result.losses.append(loss)
-        result.step_times.append(time.perf_counter() - t_step)  # float(loss) waited for the step
-        if recorder is not None:
-            recorder.step(k, loss, metrics["grads"], par.params(state), x, y, state=metrics.get("state"))
-        run_progress.step_done(k)
-        if saver is not None:
-            with run_progress.sigint_deferred():  # Ctrl-C during a save: the save completes first
-                if saver.maybe_save(k, state, cfg):
-                    run_progress.kept(cfg.checkpoint_dir, f"checkpoint step {k} in {cfg.checkpoint_dir}")
-        if k == start + 1:
-            t1 = time.perf_counter()
-            result.first_step_s = t1 - t0
+    try:
+        for k in range(start + 1, cfg.steps + 1):
+            t_step = time.perf_counter()
+            x, y = host_batch(cfg, dataset, k)  # the global batch; a process steps on its rows of it
+            state, metrics = par.step(state, *(_process_rows(a, cfg.accum) for a in (x, y)))
+            loss = float(metrics["loss"])
+            if cfg.nan_check and not math.isfinite(loss):
+                raise NonFiniteLoss(f"loss is {loss} at step {k} ({cfg.strategy}, lr {cfg.lr}); lower --lr, "
+                                    f"set --clip-norm, or pass --no-nan-check to continue anyway")
+            result.losses.append(loss)
+            result.step_times.append(time.perf_counter() - t_step)  # float(loss) waited for the step
+            if recorder is not None:
+                recorder.step(k, loss, metrics["grads"], par.params(state), x, y, state=metrics.get("state"))
+            run_progress.step_done(k)
+            if saver is not None:
+                with run_progress.sigint_deferred():  # Ctrl-C during a save: the save completes first
+                    if saver.maybe_save(k, state, cfg):
+                        run_progress.kept(cfg.checkpoint_dir, f"checkpoint step {k} in {cfg.checkpoint_dir}")
+            if k == start + 1:
+                t1 = time.perf_counter()
+                result.first_step_s = t1 - t0
+            if bar is not None:
+                bar.set_postfix(loss=f"{loss:.4f}")
+                bar.update(1)
+    finally:
         if bar is not None:
-            bar.set_postfix(loss=f"{loss:.4f}")
-            bar.update(1)
-    if bar is not None:
-        bar.close()
+            bar.close()  # on Ctrl-C too: the command's one line then starts a clean line
     if saver is not None:
         saver.close()
     if cfg.steps - start > 1:

@@ -6,6 +6,7 @@ the launchers update; the writers (`jaxdp.core.atomic`) leave no half-written fi
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import signal
 import sys
@@ -27,7 +28,8 @@ def guarded(prog: str):
             except KeyboardInterrupt:
                 if threading.current_thread() is threading.main_thread():
                     signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C ends the exit at once
-                sys.stdout.flush()
+                with contextlib.suppress(OSError, ValueError):  # stdout closed or gone: the line still goes out
+                    sys.stdout.flush()
                 print(progress.line(prog), file=sys.stderr, flush=True)
                 return EXIT_STATUS
 

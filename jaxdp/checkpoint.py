@@ -14,6 +14,7 @@ written shard by shard), next to a JSON record of the run.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import jax
@@ -71,6 +72,16 @@ class Checkpointer:
 
     def close(self):
         self.manager.close()
+
+    def stop(self) -> int | None:
+        """Ctrl-C: let orbax finish what it started (its threads write on after `save` returns, and fail
+        loudly at interpreter exit otherwise), close, and return the latest complete step (None: none)."""
+        with contextlib.suppress(Exception):  # a save cut short in its first part: nothing to finish
+            self.manager.wait_until_finished()
+        step = self.manager.latest_step()
+        with contextlib.suppress(Exception):
+            self.manager.close()
+        return step
 
 
 def restore(directory, cfg, strategy, problem, optimizer):

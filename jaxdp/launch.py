@@ -5,6 +5,7 @@ Nothing here is a protocol of our own: the children are ordinary `jaxdp train --
 --num-processes P --process-id I` runs, exactly what one would start by hand on P hosts of a
 cluster. The launcher only starts them and watches them: when one fails, the others are stopped and
 the launcher exits with the failed process's status, so a dead process never leaves the rest hanging.
+Ctrl-C is the launcher's alone: it stops the children and reaps them before it answers.
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import socket
 import subprocess
 import sys
 import time
+
+from .core import progress
 
 POLL_S = 0.2
 GRACE_S = 5.0
@@ -27,39 +30,66 @@ def free_port() -> int:
 
 
 def launch(argv: list[str], processes: int, timeout_s: float | None = None) -> int:
-    """Run `python -m jaxdp <argv>` as `processes` jax.distributed processes; returns the exit status."""
+    """Run `python -m jaxdp <argv>` as `processes` jax.distributed processes; returns the exit status.
+    Ctrl-C reaches the launcher alone (the children ignore SIGINT): it stops and reaps them, takes process
+    0's progress report (`jaxdp.core.progress`) and raises KeyboardInterrupt for the command's one line."""
     coordinator = f"127.0.0.1:{free_port()}"
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", progress.ENV)}
     children = []
-    for pid in range(processes):
-        cmd = [sys.executable, "-m", "jaxdp", *argv, "--coordinator", coordinator,
-               "--num-processes", str(processes), "--process-id", str(pid)]
-        children.append(subprocess.Popen(cmd, env=env, stdout=None if pid == 0 else subprocess.DEVNULL))
-        print(f"jaxdp: started process {pid} (pid {children[-1].pid})", file=sys.stderr, flush=True)
+    with progress.channel() as report:
+        try:
+            with progress.sigint_ignored():  # inherited: the children leave Ctrl-C to this process
+                for pid in range(processes):
+                    cmd = [sys.executable, "-m", "jaxdp", *argv, "--coordinator", coordinator,
+                           "--num-processes", str(processes), "--process-id", str(pid)]
+                    child_env = {**env, progress.ENV: report} if pid == 0 else env
+                    children.append(subprocess.Popen(cmd, env=child_env,
+                                                     stdout=None if pid == 0 else subprocess.DEVNULL))
+                    print(f"jaxdp: started process {pid} (pid {children[-1].pid})", file=sys.stderr, flush=True)
+            return _watch(children, timeout_s)
+        except KeyboardInterrupt:
+            with progress.sigint_ignored():  # a second Ctrl-C does not cut the stopping short
+                _kill(children)
+            progress.merge(report)
+            raise
+        finally:
+            with progress.sigint_ignored():
+                _stop(children)
+
+
+def _watch(children, timeout_s: float | None) -> int:
+    """Wait for every child to finish (0), for one to fail (its status), or for the timeout (124)."""
     start = time.monotonic()
-    try:
-        while True:
-            codes = [c.poll() for c in children]
-            failed = [(i, code) for i, code in enumerate(codes) if code not in (None, 0)]
-            if failed:
-                # Peers of a dead process fail too (their connections close), sometimes first: wait a
-                # moment, then blame a process killed by a signal before one that merely saw it go.
-                time.sleep(FIRST_CAUSE_S)
-                failed = [(i, c.poll()) for i, c in enumerate(children) if c.poll() not in (None, 0)]
-                i, code = min(failed, key=lambda ic: (ic[1] > 0, ic[0]))
-                how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
-                others = "".join(f"; process {j} exited with status {c}" for j, c in failed if j != i)
-                print(f"jaxdp: error: process {i} {how}{others}; stopping the other processes",
-                      file=sys.stderr, flush=True)
-                return code if code > 0 else 1
-            if all(code == 0 for code in codes):
-                return 0
-            if timeout_s is not None and time.monotonic() - start > timeout_s:
-                print(f"jaxdp: error: the run exceeded {timeout_s:.0f}s; stopping it", file=sys.stderr, flush=True)
-                return 124
-            time.sleep(POLL_S)
-    finally:
-        _stop(children)
+    while True:
+        codes = [c.poll() for c in children]
+        failed = [(i, code) for i, code in enumerate(codes) if code not in (None, 0)]
+        if failed:
+            # Peers of a dead process fail too (their connections close), sometimes first: wait a
+            # moment, then blame a process killed by a signal before one that merely saw it go.
+            time.sleep(FIRST_CAUSE_S)
+            failed = [(i, c.poll()) for i, c in enumerate(children) if c.poll() not in (None, 0)]
+            i, code = min(failed, key=lambda ic: (ic[1] > 0, ic[0]))
+            how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+            others = "".join(f"; process {j} exited with status {c}" for j, c in failed if j != i)
+            print(f"jaxdp: error: process {i} {how}{others}; stopping the other processes",
+                  file=sys.stderr, flush=True)
+            return code if code > 0 else 1
+        if all(code == 0 for code in codes):
+            return 0
+        if timeout_s is not None and time.monotonic() - start > timeout_s:
+            print(f"jaxdp: error: the run exceeded {timeout_s:.0f}s; stopping it", file=sys.stderr, flush=True)
+            return 124
+        time.sleep(POLL_S)
+
+
+def _kill(children) -> None:
+    """Ctrl-C: SIGKILL every child at once, then reap them. Not SIGTERM: jax.distributed takes SIGTERM for a
+    preemption notice and carries on, and a child that outlives its peer by a moment logs their failure."""
+    for c in children:
+        if c.poll() is None:
+            c.kill()
+    for c in children:
+        c.wait()
 
 
 def _stop(children) -> None:

@@ -8,6 +8,7 @@ import time
 import numpy as np
 
 from . import devices as devices_mod
+from .core import progress as run_progress  # where the run is, for the line Ctrl-C prints
 from .core.config import RunConfig
 from .core.results import NonFiniteLoss, RunResult  # noqa: F401 (re-exported: jaxdp.train's names)
 
@@ -80,7 +81,12 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
     recorder = Recorder(trace_path if jax.process_index() == 0 else None, result.meta) if record else None
     if recorder is not None:  # a resumed run's init/ is what it resumed from
         recorder.init(problem.params if start == 0 else par.params(state), state=problem.state)
-    _train(cfg, dataset, par, state, start, saver, recorder, result, progress)
+    try:
+        _train(cfg, dataset, par, state, start, saver, recorder, result, progress)
+    except KeyboardInterrupt:  # Ctrl-C: the checkpoints stay (a save in progress completes first)
+        if saver is not None:
+            _stop_saver(saver, cfg.checkpoint_dir)
+        raise
     if recorder is not None:
         recorder.close()  # process 0 writes the trace (atomically)
         result.arrays = recorder.arrays
@@ -88,6 +94,8 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
         from .core import trace
 
         trace.save(trace_path, result.meta, result.arrays)
+    if trace_path is not None and jax.process_index() == 0:
+        run_progress.kept(trace_path, f"trace {trace_path}")
     return result
 
 
@@ -97,32 +105,47 @@ def _train(cfg, dataset, par, state, start, saver, recorder, result, progress):
 
     bar = _progress_bar(cfg, progress) if jax.process_index() == 0 else None
     t0 = t1 = time.perf_counter()
-    for k in range(start + 1, cfg.steps + 1):
-        t_step = time.perf_counter()
-        x, y = host_batch(cfg, dataset, k)  # the global batch; a process steps on its rows of it
-        state, metrics = par.step(state, *(_process_rows(a, cfg.accum) for a in (x, y)))
-        loss = float(metrics["loss"])
-        if cfg.nan_check and not math.isfinite(loss):
-            raise NonFiniteLoss(f"loss is {loss} at step {k} ({cfg.strategy}, lr {cfg.lr}); lower --lr, "
-                                f"set --clip-norm, or pass --no-nan-check to continue anyway")
-        result.losses.append(loss)
-        result.step_times.append(time.perf_counter() - t_step)  # float(loss) waited for the step
-        if recorder is not None:
-            recorder.step(k, loss, metrics["grads"], par.params(state), x, y, state=metrics.get("state"))
-        if saver is not None:
-            saver.maybe_save(k, state, cfg)
-        if k == start + 1:
-            t1 = time.perf_counter()
-            result.first_step_s = t1 - t0
+    run_progress.step_done(start)
+    try:
+        for k in range(start + 1, cfg.steps + 1):
+            t_step = time.perf_counter()
+            x, y = host_batch(cfg, dataset, k)  # the global batch; a process steps on its rows of it
+            state, metrics = par.step(state, *(_process_rows(a, cfg.accum) for a in (x, y)))
+            loss = float(metrics["loss"])
+            if cfg.nan_check and not math.isfinite(loss):
+                raise NonFiniteLoss(f"loss is {loss} at step {k} ({cfg.strategy}, lr {cfg.lr}); lower --lr, "
+                                    f"set --clip-norm, or pass --no-nan-check to continue anyway")
+            result.losses.append(loss)
+            result.step_times.append(time.perf_counter() - t_step)  # float(loss) waited for the step
+            if recorder is not None:
+                recorder.step(k, loss, metrics["grads"], par.params(state), x, y, state=metrics.get("state"))
+            run_progress.step_done(k)
+            if saver is not None:
+                with run_progress.sigint_deferred():  # Ctrl-C during a save: the save completes first
+                    if saver.maybe_save(k, state, cfg):
+                        run_progress.kept(cfg.checkpoint_dir, f"checkpoint step {k} in {cfg.checkpoint_dir}")
+            if k == start + 1:
+                t1 = time.perf_counter()
+                result.first_step_s = t1 - t0
+            if bar is not None:
+                bar.set_postfix(loss=f"{loss:.4f}")
+                bar.update(1)
+    finally:
         if bar is not None:
-            bar.set_postfix(loss=f"{loss:.4f}")
-            bar.update(1)
-    if bar is not None:
-        bar.close()
+            bar.close()  # on Ctrl-C too: the command's one line then starts a clean line
     if saver is not None:
         saver.close()
     if cfg.steps - start > 1:
         result.steps_per_s = (cfg.steps - start - 1) / max(time.perf_counter() - t1, 1e-9)
+
+
+def _stop_saver(saver, directory) -> None:
+    """Ctrl-C: orbax's threads finish what the last save started (they fail at interpreter exit
+    otherwise), and the latest complete checkpoint is the one kept."""
+    with run_progress.sigint_ignored():
+        step = saver.stop()
+    if step is not None:
+        run_progress.kept(directory, f"checkpoint step {step} in {directory}")
 
 
 def _process_rows(a, accum: int):

@@ -7,7 +7,6 @@ import importlib.util
 import json
 import os
 import re
-import subprocess
 
 import pytest
 

@@ -6,7 +6,8 @@ timeout on every collective), runs `fn(rank, n, *args)` and returns every rank's
 A rank that raises is reported to the parent, which waits a moment for the other ranks' errors,
 terminates every rank still running and raises `RankError` carrying the *first* error in time
 (the originating one: the others are usually their peers' broken connections). The parent also
-gives up after `timeout` seconds. So a failure ends the run promptly, never a hang.
+gives up after `timeout` seconds. So a failure ends the run promptly, never a hang. Ctrl-C is the
+parent's alone (the ranks start with SIGINT ignored): it stops and reaps the ranks before it answers.
 
 Under torchrun, `from_env()` reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT.
 """
@@ -24,6 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from jaxdp.core import progress
 from jaxdp.core.errors import ConfigError
 
 GRACE_S = 2.0  # after the first error: how long to collect the others' before terminating them
@@ -92,10 +94,14 @@ def hsdp_grid(model, world: int) -> list[list[list[int]]]:
     return [[[int(k), int(k) // per_host] for k in row] for row in mesh.mesh.tolist()]
 
 
-def _entry(rank, world, port, platform, pg_timeout_s, results, fn, args):
-    """Runs in each spawned process."""
+def _entry(rank, world, port, platform, pg_timeout_s, results, report, fn, args):
+    """Runs in each spawned process (Ctrl-C ignored: the parent answers it). Rank 0 reports its progress
+    to the parent through the file `report` (`jaxdp.core.progress`)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    os.environ.pop(progress.ENV, None)
+    if rank == 0:
+        os.environ[progress.ENV] = report
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     try:
         device = rank_device(platform, rank)
@@ -116,49 +122,65 @@ def _entry(rank, world, port, platform, pg_timeout_s, results, fn, args):
 
 def launch(fn, nprocs: int, *args, platform: str = "auto", timeout_s: float = 3600.0,
            pg_timeout_s: float = 300.0) -> list:
-    """Run `fn(rank, nprocs, *args)` on `nprocs` new processes; return [rank 0's value, ...]."""
+    """Run `fn(rank, nprocs, *args)` on `nprocs` new processes; return [rank 0's value, ...]. On Ctrl-C
+    (which the ranks ignore) the ranks are stopped and reaped, rank 0's progress becomes this process's
+    (`jaxdp.core.progress`), and KeyboardInterrupt goes on up."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(r, nprocs, port, platform, pg_timeout_s, results, fn, args),
-                         daemon=True, name=f"torch_ref-rank{r}") for r in range(nprocs)]
-    for p in procs:
-        p.start()
+    with progress.channel() as report:
+        procs = [ctx.Process(target=_entry, args=(r, nprocs, port, platform, pg_timeout_s, results, report, fn, args),
+                             daemon=True, name=f"torch_ref-rank{r}") for r in range(nprocs)]
+        ok = False
+        try:
+            with progress.sigint_ignored():  # inherited by the ranks
+                for p in procs:
+                    p.start()
+            values = _collect(procs, results, nprocs, timeout_s)
+            ok = True
+            return values
+        except KeyboardInterrupt:
+            with progress.sigint_ignored():  # a second Ctrl-C does not cut the stopping short
+                _stop(procs, wait_s=0.0)
+            progress.merge(report)
+            raise
+        finally:
+            with progress.sigint_ignored():
+                _stop(procs, wait_s=5.0 if ok else 0.0)
+
+
+def _collect(procs, results, nprocs: int, timeout_s: float) -> list:
+    """Every rank's value, in rank order; RankError for the first failure in time, TimeoutError."""
     values, errors = {}, []
     deadline = time.monotonic() + timeout_s
     first_error_at = dead_since = None
-    ok = False
-    try:
-        while len(values) < nprocs:
-            now = time.monotonic()
-            if errors and now - first_error_at > GRACE_S:
-                break
-            if now > deadline:
-                raise TimeoutError(f"torch_ref: the {nprocs} ranks did not finish within {timeout_s:.0f}s "
-                                   f"(finished: {sorted(values)})")
-            try:
-                kind, rank, payload, t = results.get(timeout=0.1)
-            except queue_mod.Empty:
-                silent = [p for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in values]
-                if silent and not errors:  # died without a word (killed, segfault): allow the pipe to drain
-                    dead_since = dead_since or now
-                    if now - dead_since > GRACE_S:
-                        r = procs.index(silent[0])
-                        code = silent[0].exitcode
-                        raise RankError(r, f"process exited with code {code} and no Python error") from None
-                continue
-            if kind == "ok":
-                values[rank] = payload
-            else:
-                errors.append((t, rank, payload))
-                first_error_at = first_error_at or time.monotonic()
-        if errors:
-            _, rank, (message, tb, cause) = min(errors, key=lambda e: e[0])
-            raise RankError(rank, message, tb, cause)
-        ok = True
-        return [values[r] for r in range(nprocs)]
-    finally:
-        _stop(procs, wait_s=5.0 if ok else 0.0)
+    while len(values) < nprocs:
+        now = time.monotonic()
+        if errors and now - first_error_at > GRACE_S:
+            break
+        if now > deadline:
+            raise TimeoutError(f"torch_ref: the {nprocs} ranks did not finish within {timeout_s:.0f}s "
+                               f"(finished: {sorted(values)})")
+        try:
+            kind, rank, payload, t = results.get(timeout=0.1)
+        except queue_mod.Empty:
+            silent = [p for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in values]
+            if silent and not errors:  # died without a word (killed, segfault): allow the pipe to drain
+                dead_since = dead_since or now
+                if now - dead_since > GRACE_S:
+                    r = procs.index(silent[0])
+                    code = silent[0].exitcode
+                    raise RankError(r, f"process exited with code {code} and no Python error") from None
+            continue
+        if kind == "ok":
+            values[rank] = payload
+        else:
+            errors.append((t, rank, payload))
+            first_error_at = first_error_at or time.monotonic()
+    if errors:
+        _, rank, (message, tb, cause) = min(errors, key=lambda e: e[0])
+        raise RankError(rank, message, tb, cause)
+    return [values[r] for r in range(nprocs)]
 
 
 def _stop(procs, wait_s: float = 5.0) -> None:

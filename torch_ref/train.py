@@ -17,7 +17,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from jaxdp.core import data
+from jaxdp.core import progress as run_progress  # where the run is, for the line Ctrl-C prints
 from jaxdp.core.config import ConfigError, RunConfig
+from jaxdp.core.record import discard_torn
 from jaxdp.core.results import NonFiniteLoss, RunResult  # one error type and one result for both frameworks
 
 from . import api, checkpoint, cnn, launch, models, optim, strategies
@@ -111,6 +113,7 @@ def train_rank(rank: int, world: int, cfg: RunConfig, init: dict[str, np.ndarray
     input_dtype = models.numpy_master_dtype(cfg.dtype)
     fail_at = _fail_at()
     t0 = t1 = time.perf_counter()
+    run_progress.step_done(start)
     for k in range(start + 1, cfg.steps + 1):
         t_step = time.perf_counter()
         x, y = dataset.batch(k, cfg.batch_size)
@@ -129,8 +132,11 @@ def train_rank(rank: int, world: int, cfg: RunConfig, init: dict[str, np.ndarray
         result.losses.append(loss)
         if recorder:
             recorder.step(k, loss, x, y)  # every rank: a collective for sharded strategies
+        run_progress.step_done(k)
         if cfg.checkpoint_every > 0 and k % cfg.checkpoint_every == 0:
-            checkpoint.save(cfg.checkpoint_dir, k, api.state_of(model).checkpoint, cfg)
+            with run_progress.sigint_deferred():  # Ctrl-C during a save: the save completes first
+                checkpoint.save(cfg.checkpoint_dir, k, api.state_of(model).checkpoint, cfg)
+                run_progress.kept(cfg.checkpoint_dir, f"checkpoint step {k} in {cfg.checkpoint_dir}")
         if k == start + 1:
             t1 = time.perf_counter()
             result.first_step_s = t1 - t0
@@ -161,7 +167,24 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, timeout_s: 
     cfg.validate("torch")
     if cfg.resume:  # a clear error before any rank starts (each rank checks again as it loads)
         checkpoint.find(cfg.checkpoint_dir, cfg)
+    try:
+        result = _train_ranks(cfg, env, init, record, timeout_s, pg_timeout_s)
+    except KeyboardInterrupt:  # Ctrl-C: the ranks are stopped; the complete checkpoints stay, a save cut short goes
+        discard_torn(cfg.checkpoint_dir if cfg.checkpoint_every > 0 else None)
+        raise
+    if trace_path is not None and result is not None:
+        from jaxdp.core import trace
+
+        trace.save(trace_path, result.meta, result.arrays)
+        run_progress.kept(trace_path, f"trace {trace_path}")
+    return result
+
+
+def _train_ranks(cfg: RunConfig, env, init, record: bool, timeout_s: float, pg_timeout_s: float) -> RunResult | None:
+    """`train_rank` as this rank of a torchrun world (`env`), in this process (--devices 1), or on
+    `cfg.devices` spawned ranks: rank 0's result."""
     if env is not None:  # one rank of a torchrun world: every rank computed the same init
+        rank, world, local_rank = env
         device = launch.rank_device(cfg.platform, local_rank)
         launch.init_process_group(device, rank, world, pg_timeout_s)
         try:
@@ -180,10 +203,6 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, timeout_s: 
     else:
         result = launch.launch(train_rank, cfg.devices, cfg, init, record, platform=cfg.platform,
                                timeout_s=timeout_s, pg_timeout_s=pg_timeout_s)[0]
-    if trace_path is not None and result is not None:
-        from jaxdp.core import trace
-
-        trace.save(trace_path, result.meta, result.arrays)
     return result
 
 

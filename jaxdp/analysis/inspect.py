@@ -19,12 +19,11 @@ read them from `--json`.
 """
 from __future__ import annotations
 
-import json
-
 import jax
 import numpy as np
 
 from .. import models
+from ..core import atomic
 from ..strategies import bucket
 from . import accounting
 
@@ -87,7 +86,6 @@ def main(cfg, json_path: str | None = None) -> int:
     result = inspect(cfg)
     print(format_inspect(result))
     if json_path:
-        with open(json_path, "w") as f:
-            json.dump(result, f, indent=1)
+        atomic.write_json(json_path, result, indent=1)
         print(f"wrote {json_path}")
     return 0

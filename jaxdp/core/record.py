@@ -1,10 +1,15 @@
 """A checkpoint's record, the part both frameworks share: which configuration fields must match to
 resume (`RECORD_FIELDS`), the one error (`CheckpointError`) and the check (`check_resumable`). The arrays
-are each framework's own (orbax in jaxdp/checkpoint.py, torch.distributed.checkpoint in torch_ref)."""
+are each framework's own (orbax in jaxdp/checkpoint.py, torch.distributed.checkpoint in torch_ref). A save
+cut short by Ctrl-C is removed (`discard_torn`); the complete checkpoints stay."""
 from __future__ import annotations
+
+import os
+import shutil
 
 from .config import COMPARABLE_FIELDS, RunConfig
 
+TORN = (".partial", ".orbax-checkpoint-tmp")  # a save in progress: torch_ref's suffix, orbax's (in the name)
 RECORD_FIELDS = tuple(f for f in COMPARABLE_FIELDS if f != "steps")
 
 
@@ -35,3 +40,13 @@ def check_resumable(saved_config: dict, step: int, cfg, directory) -> None:
         raise CheckpointError(
             f"checkpoint in {directory!r} is at step {step}; --steps {cfg.steps} leaves nothing to run"
         )
+
+
+def discard_torn(directory) -> None:
+    """Remove the saves in `directory` that a stopped run left unfinished (both frameworks' temporary
+    folders: never a checkpoint, and each framework's restore ignores them)."""
+    if not directory or not os.path.isdir(directory):
+        return
+    for name in os.listdir(directory):
+        if any(mark in name for mark in TORN):
+            shutil.rmtree(os.path.join(directory, name), ignore_errors=True)

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import zipfile
 from dataclasses import dataclass
 
 import numpy as np
+
+from . import atomic
 
 FIELDS = ("loss", "grad", "param", "update", "init", "x", "y", "state")
 
@@ -73,19 +74,9 @@ def check_writable(path, flag: str = "--trace") -> None:
 
 
 def save(path, meta: dict, arrays: dict[str, np.ndarray]) -> None:
-    """Write atomically: a reader never sees a half-written trace."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".npz.tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, meta=np.array(json.dumps(meta, sort_keys=True)), **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write atomically: a reader never sees a half-written trace (`atomic.writing`)."""
+    with atomic.writing(path, "wb") as f:
+        np.savez(f, meta=np.array(json.dumps(meta, sort_keys=True)), **arrays)
 
 
 def load(path) -> Trace:

@@ -7,6 +7,7 @@ import sys
 
 from ..core import argv, config
 from . import cli_diff, cli_runs, cli_train
+from .interrupt import guarded
 
 TORCH_COMMANDS = ("compare", "parity", "bench")  # they run torch_ref too
 JAX = config.FRAMEWORK_STRATEGIES["jax"]
@@ -88,6 +89,7 @@ def build_parser() -> argv.Parser:
     return parser
 
 
+@guarded("jaxdp")  # Ctrl-C: one line and status 130 (interrupt.py)
 def main(argv_=None) -> int:
     args = build_parser().parse_args(argv_)
     from ..checkpoint import CheckpointError

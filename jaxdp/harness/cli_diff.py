@@ -3,11 +3,10 @@ the errors per field and the verdict; `--json` and `--html` write the same resul
 as a page. Exit status 0 when A agrees with B, 1 when it does not, 2 on bad input."""
 from __future__ import annotations
 
-import json
 import math
 import os
 
-from ..core import argv, paths
+from ..core import argv, atomic, paths
 from ..core import trace as trace_mod
 from ..core.errors import ConfigError
 from . import divergence, parity
@@ -40,13 +39,11 @@ def main(args) -> int:
     report = divergence.compare(a, b, args.tolerance, check_config=args.config_check)
     print(text(report))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(divergence.as_json(report, args.a, args.b), f, indent=1, allow_nan=False)
+        atomic.write_json(args.json, divergence.as_json(report, args.a, args.b), indent=1, allow_nan=False)
     if args.html:
         from .report import diff_html
 
-        with open(args.html, "w") as f:
-            f.write(diff_html.page(report, args.a, args.b))
+        atomic.write_text(args.html, diff_html.page(report, args.a, args.b))
     written = [p for p in (args.json, args.html) if p]
     if written:
         print(f"wrote {' and '.join(os.fspath(p) for p in written)}")

@@ -92,18 +92,11 @@ def parity(args) -> int:
 
 
 def bench(args) -> int:
-    import json
-
     from . import bench as bench_mod
 
     paths.output_dir(args.out, "--out")
     results = bench_mod.run(quick=args.quick, out=args.out)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "bench.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    table = bench_mod.markdown(results)
-    with open(os.path.join(args.out, "bench.md"), "w") as f:
-        f.write(table)
+    table = bench_mod.write(results, args.out)  # bench.json and bench.md, both or neither
     print(table)
     print(f"wrote {os.path.join(args.out, 'bench.json')} and bench.md")
     return 0

@@ -10,6 +10,7 @@ import sys
 
 from ..core import argv, config, hsdp_hosts
 from ..core.errors import ConfigError
+from .interrupt import guarded
 
 DIFFERS = ("Differs from `jaxdp train`: several processes come from torchrun (or --devices N spawns N ranks on "
            "this machine), not --processes / --coordinator; --pg-timeout bounds each collective.")
@@ -53,6 +54,7 @@ def check(args) -> list:
     return cfgs
 
 
+@guarded("torch_ref")  # Ctrl-C: one line and status 130 (interrupt.py)
 def main(argv_=None) -> int:
     args = build_parser().parse_args(argv_)
     try:

@@ -28,7 +28,8 @@ the programs schedule on this CPU, not how they would communicate on a GPU clust
 memory do not depend on the machine.
 
 The package: `plan` (what runs), `measure` (timed runs; compiled steps in a child process), `gpu`
-(item 7), `tables` (bench.json's rows), `goals`, `markdown` (bench.md); `run` below ties them.
+(item 7), `tables` (bench.json's rows), `goals`, `markdown` (bench.md); `run` below ties them, `write`
+writes bench.json and bench.md.
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ import sys
 import time
 
 from ... import devices, train
+from ...core import atomic
 from ...core.timing import WARMUP_STEPS
 from . import tables
 from .collectives import collectives_benchmark
@@ -84,6 +86,15 @@ def run(quick: bool = False, out: str | None = None, progress=None) -> dict:
     return tables.jsonable(results)
 
 
+def write(results: dict, out: str) -> str:
+    """bench.json and bench.md in `out`, both or neither (`atomic.staged`); returns bench.md's text."""
+    table = markdown(results)
+    with atomic.staged(out) as stage:
+        atomic.write_json(os.path.join(stage, "bench.json"), results, indent=1)
+        atomic.write_text(os.path.join(stage, "bench.md"), table)
+    return table
+
+
 def _setup(p: Plan, omp: str) -> dict:
     return {"omp_wait_policy": omp,
             "platform": "cpu (simulated devices share the cores; torch ranks are gloo processes on the same cores)",
@@ -125,4 +136,4 @@ def _passive_omp() -> str:
     return os.environ.get("OMP_WAIT_POLICY", "default") + " (torch was imported before the bench set it)"
 
 
-__all__ = ["markdown", "run"]
+__all__ = ["markdown", "run", "write"]

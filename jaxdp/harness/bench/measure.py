@@ -107,7 +107,8 @@ def inspect_all(p: Plan, say) -> dict:
     say(f"bench: compiling {len(p.comm_strategies)} strategies on {', '.join(map(str, p.comm_ns))} devices "
         f"(HLO bytes, memory) in a child process")
     code = f"import json, sys; from jaxdp.bench import measure; json.dump(measure.child({p.quick!r}), sys.stdout)"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800,
+                          process_group=0)  # Ctrl-C reaches the bench alone, which kills and reaps the child
     if proc.returncode:
         raise RuntimeError(f"bench: the compile child failed:\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout)

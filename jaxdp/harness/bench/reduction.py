@@ -27,6 +27,7 @@ import jax
 
 from ... import devices
 from ...analysis import accounting
+from ...core import atomic
 from ...core.config import RunConfig
 from ...core.reduction import resolve_shards
 from .plan import Plan, plan
@@ -137,6 +138,7 @@ def run_child(quick: bool, fma: bool, modes: tuple, timeout_s: float = CHILD_TIM
     code = (f"import json, sys; from jaxdp.bench import reduction; "
             f"json.dump(reduction.child({quick!r}, {modes!r}), sys.stdout)")
     proc = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, timeout=timeout_s,
+                          process_group=0,  # Ctrl-C reaches the bench alone, which kills and reaps the child
                           env=_child_env(fma))
     if proc.returncode:
         raise RuntimeError(f"bench: the reduction child ({'with' if fma else 'without'} FMA) failed with exit "
@@ -208,9 +210,8 @@ if __name__ == "__main__":
     result = reduction_benchmark(plan(args.quick), lambda m: print(m, file=sys.stderr, flush=True))
     result["wall_s"] = time.perf_counter() - t0
     result["load_average"] = os.getloadavg()
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "reduction.json"), "w") as f:
-        json.dump(jsonable(result), f, indent=1)
-    with open(os.path.join(args.out, "reduction.md"), "w") as f:
-        f.write("\n".join(reduction_section({"reduction": result})) + "\n")
+    with atomic.staged(args.out) as stage:  # both files or neither
+        atomic.write_json(os.path.join(stage, "reduction.json"), jsonable(result), indent=1)
+        section = "\n".join(reduction_section({"reduction": result})) + "\n"
+        atomic.write_text(os.path.join(stage, "reduction.md"), section)
     print(f"wrote {os.path.join(args.out, 'reduction.json')} and reduction.md")

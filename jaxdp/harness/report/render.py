@@ -7,6 +7,7 @@ import html
 import json
 import os
 
+from ...core import atomic
 from . import plots, projection, recommend
 from .units import nbytes, si
 
@@ -266,18 +267,20 @@ def markdown(summary, image_files: list[str]) -> str:
 
 
 def write(summary, out: str) -> dict:
-    os.makedirs(out, exist_ok=True)
-    paths = plots.draw_all(summary, out)
-    images = {os.path.basename(p): open(p, "rb").read() for p in paths}
-    with open(os.path.join(out, "summary.json"), "w") as f:
-        json.dump({**summary, "recommendation": _which(summary)}, f, indent=1)
-    with open(os.path.join(out, "report.html"), "w") as f:
-        f.write(html_page(summary, images))
-    with open(os.path.join(out, "report.md"), "w") as f:
-        f.write(markdown(summary, list(images)))
+    """The report's files in `out`, all or none (`atomic.staged`: a run stopped while writing leaves
+    neither a partial report nor a folder it created)."""
+    with atomic.staged(out) as stage:
+        drawn = plots.draw_all(summary, stage)
+        images = {os.path.basename(p): open(p, "rb").read() for p in drawn}
+        with open(os.path.join(stage, "summary.json"), "w") as f:
+            json.dump({**summary, "recommendation": _which(summary)}, f, indent=1)
+        with open(os.path.join(stage, "report.html"), "w") as f:
+            f.write(html_page(summary, images))
+        with open(os.path.join(stage, "report.md"), "w") as f:
+            f.write(markdown(summary, list(images)))
     return {
         "html": os.path.join(out, "report.html"),
         "md": os.path.join(out, "report.md"),
         "json": os.path.join(out, "summary.json"),
-        "images": paths,
+        "images": [os.path.join(out, os.path.basename(p)) for p in drawn],
     }

@@ -1,0 +1,103 @@
+"""Files that are whole or absent: every trace, report and JSON the commands write goes through here, so
+that a run stopped at any moment (Ctrl-C, a kill) leaves no half-written file and no empty folder.
+
+- `writing(path)`: a file object on a temporary file in the same folder, moved onto `path`
+  (`os.replace`, atomic on one file system) when the block ends normally, removed when it raises.
+- `write_bytes` / `write_text` / `write_json`: the one-call forms.
+- `staged(out)`: a folder of files written together (a report, bench.json + bench.md): the files are
+  written into a hidden folder inside `out` and moved into `out` only once all are written; when the
+  block raises, nothing stays, not even `out` (or its parents) if they did not exist before.
+- `probe(folder)`: can a file be written in `folder` later? Checked by writing one, and leaving no
+  folder behind that was not there.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+
+
+def missing_dirs(folder) -> list[str]:
+    """The folders `os.makedirs(folder)` would create, outermost first."""
+    missing, d = [], os.path.abspath(os.fspath(folder))
+    while not os.path.exists(d):
+        missing.append(d)
+        parent = os.path.dirname(d)
+        if parent == d:
+            break
+        d = parent
+    return missing[::-1]
+
+
+def remove_dirs(made: list[str]) -> None:
+    """Remove the folders in `made` (outermost first) that are still empty, innermost first."""
+    for d in reversed(made):
+        with contextlib.suppress(OSError):
+            os.rmdir(d)
+
+
+@contextlib.contextmanager
+def writing(path, mode: str = "wb"):
+    """`with writing(path) as f: ...`: `path` appears whole when the block ends, or not at all."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    made = missing_dirs(folder)
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode) as f:
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        remove_dirs(made)
+        raise
+
+
+def write_bytes(path, data: bytes) -> None:
+    with writing(path, "wb") as f:
+        f.write(data)
+
+
+def write_text(path, text: str) -> None:
+    with writing(path, "w") as f:
+        f.write(text)
+
+
+def write_json(path, obj, **kwargs) -> None:
+    with writing(path, "w") as f:
+        json.dump(obj, f, **kwargs)
+
+
+@contextlib.contextmanager
+def staged(out):
+    """`with staged(out) as stage: (write files into stage)`: on normal exit every file of `stage` is moved
+    into `out`; on an exception `stage` is removed, and so is `out` when this call created it."""
+    out = os.fspath(out)
+    made = missing_dirs(out)
+    os.makedirs(out, exist_ok=True)
+    stage = tempfile.mkdtemp(dir=out, prefix=".partial-")
+    try:
+        yield stage
+        for name in sorted(os.listdir(stage)):
+            os.replace(os.path.join(stage, name), os.path.join(out, name))
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        remove_dirs(made)
+        raise
+    os.rmdir(stage)
+
+
+def probe(folder) -> None:
+    """Raise OSError now if a file cannot be created in `folder` (made as a writer would make it), and
+    leave behind no folder that did not exist."""
+    made = missing_dirs(folder)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, suffix=".probe"):
+            pass
+    finally:
+        remove_dirs(made)

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 from .core import progress
@@ -44,9 +45,13 @@ def launch(argv: list[str], processes: int, timeout_s: float | None = None) -> i
                            "--num-processes", str(processes), "--process-id", str(pid)]
                     child_env = {**env, progress.ENV: report} if pid == 0 else env
                     children.append(subprocess.Popen(cmd, env=child_env,
-                                                     stdout=None if pid == 0 else subprocess.DEVNULL))
+                                                     stdout=subprocess.PIPE if pid == 0 else subprocess.DEVNULL))
                     print(f"jaxdp: started process {pid} (pid {children[-1].pid})", file=sys.stderr, flush=True)
-            return _watch(children, timeout_s)
+            relay = threading.Thread(target=_relay, args=(children[0].stdout,), daemon=True)
+            relay.start()
+            code = _watch(children, timeout_s)
+            relay.join(timeout=GRACE_S)
+            return code
         except KeyboardInterrupt:
             with progress.sigint_ignored():  # a second Ctrl-C does not cut the stopping short
                 _kill(children)
@@ -55,6 +60,15 @@ def launch(argv: list[str], processes: int, timeout_s: float | None = None) -> i
         finally:
             with progress.sigint_ignored():
                 _stop(children)
+
+
+def _relay(pipe) -> None:
+    """Process 0's stdout, less gloo's connection notice (`[Gloo] Rank 0 is connected to 1 peer ranks`),
+    which the C++ library prints on every run: not the user's business."""
+    for line in iter(pipe.readline, b""):
+        if not line.startswith(b"[Gloo] "):
+            sys.stdout.buffer.write(line)
+            sys.stdout.flush()
 
 
 def _watch(children, timeout_s: float | None) -> int:

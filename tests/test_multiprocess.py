@@ -39,6 +39,8 @@ def test_two_processes_equal_one_process_for_every_strategy(tmp_path):
                                    "--trace", str(tmp_path / "{strategy}.npz")])
     out = subprocess.run(argv, capture_output=True, text=True, timeout=420, env=_env())
     assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()  # one summary per strategy, no dependency's notice (gloo's "[Gloo] Rank 0 ...")
+    assert len(lines) == len(STRATEGIES) and all(" steps, loss " in line for line in lines), out.stdout
     ref = run(CFG.replace(strategy="single", devices=1))
     for strategy in STRATEGIES:
         got = trace.load(tmp_path / f"{strategy}.npz")

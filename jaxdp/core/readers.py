@@ -51,8 +51,11 @@ def check_given(given, model: str, runs, reduction: str = "native") -> None:
             same = len({STRATEGY_FLAGS[f][name] for f in frameworks}) == 1
             readers = [", ".join(STRATEGY_FLAGS[f][name]) + ("" if same else f" in {PACKAGE[f]}")
                        for f in frameworks[:1 if same else None] if STRATEGY_FLAGS[f][name]]
-            raise ConfigError(f"{_flag(name)} is read only by --strategy " + ("; ".join(readers) or "of jaxdp")
-                              + ", not "
+            if not readers:  # no strategy of these frameworks reads it: say who does
+                raise ConfigError(f"{_flag(name)} is read only by jaxdp's --strategy "
+                                  f"{', '.join(STRATEGY_FLAGS['jax'][name])}; {PACKAGE[frameworks[0]]} has no such "
+                                  f"choice: drop {_flag(name)}")
+            raise ConfigError(f"{_flag(name)} is read only by --strategy " + "; ".join(readers) + ", not "
                               f"{', '.join(dict.fromkeys(s for _, s in runs))}: drop {_flag(name)}")
         if name == "shards" and reduction != "canonical":
             raise ConfigError("--shards is read only by --reduction canonical: drop --shards or add "

@@ -85,19 +85,19 @@ def formula(layout: Layout, shapes, n: int, param_bytes: int, grad_bytes: int, k
 
 
 def theory(layout: Layout, shapes, n: int, itemsize: int, accum: int, loss_itemsize: int | None = None) -> dict:
-    """Bytes each device sends per step, by the textbook (ring) algorithms, for the program the -jit step
-    states under `explicit` (docs/STRATEGIES.md): the gradient reduced once per step, whatever `accum`
-    (arrays that shard: reduce-scattered, (N-1)/N size, where the optimizer state is sharded; the others
-    all-reduced, 2 (N-1)/N size); zero1-jit all-gathers its updated parameters once, (N-1)/N Psi_sharded;
-    fsdp-jit gathers its parameters once per micro-batch, (N-1)/N Psi_sharded each; the loss, one scalar
-    all-reduce. `auto` is measured against the same numbers."""
+    """Bytes each device sends per step by the textbook (ring) algorithms: the least this layout needs,
+    whatever `accum` (docs/STRATEGIES.md). The gradient reduced once per step: the arrays that shard
+    reduce-scattered ((N-1)/N of each) where the optimizer state is sharded, the others all-reduced
+    (2 (N-1)/N); the sharded parameters gathered once per step ((N-1)/N of each): zero1-jit after the
+    update, fsdp-jit before the first micro-batch (kept through the others: the memory that gathering
+    again per micro-batch, as zero3 does, would save); the loss, one scalar all-reduce. Both axis types
+    are measured against it: `explicit` states this program, `auto` is whatever the partitioner chose."""
     ring = 2 * (n - 1) / n
     split = [math.prod(s) for s in shapes if layout.shards_opt_state and leaf_spec(s, n) != P()]
     whole = sum(math.prod(s) for s in shapes) - sum(split)
     out = {"all-reduce": ring * (whole * itemsize + (loss_itemsize or itemsize)),
-           "reduce-scatter": (n - 1) / n * sum(split) * itemsize, "all-gather": 0.0, "point-to-point": 0.0}
-    gathers = accum if layout.shards_params else 1 if layout.shards_opt_state else 0
-    out["all-gather"] = gathers * (n - 1) / n * sum(split) * itemsize
+           "reduce-scatter": (n - 1) / n * sum(split) * itemsize,
+           "all-gather": (n - 1) / n * sum(split) * itemsize, "point-to-point": 0.0}
     if n == 1:
         out = {k: 0.0 for k in out}
     out["total"] = sum(out.values())

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxdp.core import trace
-from jaxdp.core.config import FRAMEWORK_STRATEGIES
+from jaxdp.core.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES
 from jaxdp.harness import parity
 
 from .conftest import BASE, run
@@ -20,7 +20,8 @@ from .pairwise import pairwise
 
 TOL = 1e-12
 DIMENSIONS = {
-    "strategy": [s for s in FRAMEWORK_STRATEGIES["jax"] if s not in ("single", "hsdp") and not s.startswith("zero")],
+    "strategy": [s for s in FRAMEWORK_STRATEGIES["jax"] if s not in ("single", "hsdp", *JIT_STRATEGIES)
+                 and not s.startswith("zero")],  # -jit: tests/test_jit.py
     "devices": [1, 2, 3, 4, 8],
     "optimizer": ["sgd", "momentum", "adam", "adamw"],
     "accum": [1, 3],

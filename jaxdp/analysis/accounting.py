@@ -45,7 +45,8 @@ from .theory import (  # noqa: F401 (the communication theory, re-exported: call
     theory_for,
 )
 
-STAGE = {name: zero_layout.of(name).stage for name in FACTORIES}  # read from the layout table
+STAGE = {name: zero_layout.of(name).stage for name in FACTORIES} | {  # read from the layout tables
+    name: row.stage for name, row in jit_layout.LAYOUTS.items()}
 STATE_ARRAYS_PER_PARAM = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
 
 

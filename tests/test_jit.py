@@ -22,7 +22,8 @@ from jaxdp.analysis import accounting, inspect
 from jaxdp.core.config import JIT_STRATEGIES, ConfigError
 from jaxdp.strategies.jit import layout
 
-from .conftest import BASE
+from .conftest import BASE, run
+from .helpers import as_trace
 from .pairwise import pairwise
 from .test_strategies import assert_matches_single
 
@@ -108,26 +109,37 @@ def shapes():
     return [tuple(p.shape) for p in jax.tree.leaves(compiled("ddp-jit", "auto").problem.params)]
 
 
-@functools.cache
-def memory(strategy: str, axis_type: str) -> dict:
-    cfg = PROGRAM.replace(strategy=strategy, axis_type=axis_type)
-    return accounting.memory(cfg, compiled(strategy, axis_type))
+def held(strategy: str, axis_type: str) -> dict:
+    """Bytes device 0 holds of the parameters and optimizer state (the compiled case's placed state), with the
+    formula of the strategy's layout (`jit/layout.formula`) and the compiled step's peak."""
+    c = compiled(strategy, axis_type)
+    device, k = c.devices[0], accounting.STATE_ARRAYS_PER_PARAM["adamw"] * 4
+    formula = layout.formula(layout.LAYOUTS[strategy], shapes(), 4, 4, 4, k, replicated_state_bytes=4)
+    return {"params": accounting.bytes_on(c.state.params, device), "formula": formula,
+            "opt_state": accounting.bytes_on(c.state.opt_state, device),
+            "peak": inspected(strategy, axis_type)["peak_bytes"]}
 
 
 def state_matches_formula(m: dict) -> bool:
-    return all(m["measured"][part] == m["formula"][part] for part in ("params", "opt_state"))
+    return all(m[part] == m["formula"][part] for part in ("params", "opt_state"))
 
 
 @pytest.mark.parametrize("axis_type", ["auto", "explicit"])
 def test_fsdp_jit_holds_the_zero3_formula_and_peaks_below_ddp_jit(axis_type):
-    fsdp, ddp = memory("fsdp-jit", axis_type), memory("ddp-jit", axis_type)
+    fsdp, ddp = held("fsdp-jit", axis_type), held("ddp-jit", axis_type)
     assert state_matches_formula(fsdp) and state_matches_formula(ddp)
-    n, psi, k = 4, fsdp["psi"], fsdp["k_bytes"]
+    psi, n, k = sum(np.prod(s) for s in shapes()), 4, 8
     whole = sum(np.prod(s) for s in shapes() if layout.leaf_spec(s, n) == layout.P())  # the 10-class bias
-    assert fsdp["measured"]["params"] == 4 * ((psi - whole) // n + whole)  # ZeRO-3: Psi / N, b_p = 4
-    assert fsdp["measured"]["opt_state"] - 4 == k * ((psi - whole) // n + whole)  # + Adam's step count
-    assert fsdp["peak_bytes"] < ddp["peak_bytes"]
+    assert fsdp["params"] == 4 * ((psi - whole) // n + whole)  # ZeRO-3: Psi / N, 4 bytes each
+    assert fsdp["opt_state"] - 4 == k * ((psi - whole) // n + whole)  # + Adam's step count
+    assert fsdp["peak"] < ddp["peak"]
     assert not state_matches_formula({**ddp, "formula": fsdp["formula"]})  # the check fails on the wrong layout
+
+
+def test_jaxdp_memory_reads_fsdp_jit():
+    """`jaxdp memory`'s measurement (the arrays of a step that ran, and its gradient) equals the formula."""
+    m = accounting.memory(PROGRAM.replace(strategy="fsdp-jit", axis_type="explicit"), compiled("fsdp-jit", "explicit"))
+    assert m["measured"] == m["formula"] and m["peak_bytes"] == held("fsdp-jit", "explicit")["peak"]
 
 
 @pytest.mark.parametrize("axis_type", ["auto", "explicit"])
@@ -140,9 +152,25 @@ def test_zero1_jit_optimizer_state_is_really_sharded(axis_type):
         return [not s.is_fully_replicated for s, a in zip(outs, jax.tree.leaves(c.state.opt_state), strict=True)
                 if np.ndim(a) and layout.leaf_spec(np.shape(a), 4) != layout.P()]
 
-    z1, ddp = memory("zero1-jit", axis_type), memory("ddp-jit", axis_type)
+    z1, ddp = held("zero1-jit", axis_type), held("ddp-jit", axis_type)
     assert state_matches_formula(z1)
-    assert z1["measured"]["params"] == ddp["measured"]["params"]
-    assert z1["measured"]["opt_state"] < ddp["measured"]["opt_state"] / 3
+    assert z1["params"] == ddp["params"]
+    assert z1["opt_state"] < ddp["opt_state"] / 3
     assert opt_state_split("zero1-jit") and all(opt_state_split("zero1-jit"))
     assert not any(opt_state_split("ddp-jit"))
+
+
+def test_torch_ref_runs_the_same_layout_twin_under_the_same_name():
+    """`python -m torch_ref train --strategy fsdp-jit` runs FSDP2 (zero3) and says so; its trace equals
+    jaxdp's fsdp-jit (explicit) at 1e-12 in float64 (one rank: no world to spawn)."""
+    pytest.importorskip("torch")
+    from jaxdp.harness import parity, torch_run
+    from torch_ref import strategies as torch_strategies
+    from torch_ref.train import summary
+
+    assert {name: torch_strategies.resolve(name) for name in JIT_STRATEGIES} == {
+        name: row.torch for name, row in layout.LAYOUTS.items()}
+    cfg = BASE.replace(strategy="fsdp-jit", devices=1, steps=2, accum=3, clip_norm=0.5, axis_type="explicit")
+    got = torch_run.run(cfg, record=True)
+    assert got.meta["torch_twin"] == "zero3" and "fsdp-jit (its twin zero3) on 1" in summary(got)
+    assert parity.judge(as_trace(run(cfg)), as_trace(got)).ok  # float64: every bound 1e-12 (updates 1e-10)

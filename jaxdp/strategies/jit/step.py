@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import NamedSharding, reshard
+from jax.sharding import NamedSharding, auto_axes, reshard
 from jax.sharding import PartitionSpec as P
 
 from ...core.config import ConfigError
@@ -82,15 +82,27 @@ def device_grads(loss_fn, gather, params, xs, ys):
     gradients `(N@data, *shape)` (a vmap over the device axis: device d's rows, its own gradient). The
     carry stays sharded over `data` through the scan: no communication inside the loop. `gather(params)`
     gives the full parameters each micro-batch (fsdp-jit's all-gather; the identity for the others)."""
-    per_device = jax.vmap(jax.value_and_grad(loss_fn), in_axes=(None, 0, 0))
+    vmapped = jax.vmap(jax.value_and_grad(loss_fn), in_axes=(None, 0, 0))
+    shapes = per_device_shapes(loss_fn, jax.eval_shape(gather, params), xs, ys)
+    # The model itself runs with the axis left to the partitioner (`auto_axes`): explicit typing has no rule
+    # for some ops a model uses (an embedding's gather from sharded indices); the device axis stays split.
+    per_device = auto_axes(vmapped, out_sharding=jax.tree.map(lambda _: P(AXIS), shapes))
 
     def micro(carry, batch):
         return jax.tree.map(jnp.add, carry, per_device(gather(params), *batch)), None
 
-    shapes = jax.eval_shape(lambda p, x, y: per_device(gather(p), x, y), params, xs[0], ys[0])
     init = jax.tree.map(lambda s: reshard(jnp.zeros(s.shape, s.dtype), P(AXIS)), shapes)
     (losses, grads), _ = lax.scan(micro, init, (xs, ys))
     return losses, grads
+
+
+def per_device_shapes(loss_fn, full, xs, ys):
+    """The shapes of `device_grads`' carry: a loss and a gradient per device (from one device's rows)."""
+    n = xs.shape[1]
+    plain = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), full)
+    loss = jax.eval_shape(loss_fn, plain, *(jax.ShapeDtypeStruct(a.shape[2:], a.dtype) for a in (xs, ys)))
+    return (jax.ShapeDtypeStruct((n,), loss.dtype), jax.tree.map(lambda a: jax.ShapeDtypeStruct((n, *a.shape), a.dtype),
+                                                                 plain))
 
 
 def sum_devices(per_device, spec_tree, count: int):

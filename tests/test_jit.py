@@ -38,6 +38,14 @@ def test_jit_strategy_equals_single(case):
     assert_matches_single(BASE.replace(**case, **EQUAL))
 
 
+def test_a_token_model_runs_under_explicit_types():
+    """gpt (an embedding: a gather from sharded token ids, which explicit typing cannot resolve by itself; the
+    model runs under `auto_axes` inside the per-device vmap): fsdp-jit explicit equals single."""
+    assert_matches_single(BASE.replace(model="gpt", data="text", strategy="fsdp-jit", axis_type="explicit", devices=2,
+                                       steps=2, batch_size=8, n_layer=1, d_model=16, n_head=2, seq_len=8, accum=2,
+                                       optimizer="adamw", lr=1e-2, clip_norm=1.0))
+
+
 def test_api_takes_a_users_optax_chain_and_the_axis_type():
     """parallelize(..., strategy="fsdp-jit", axis_type="explicit") with the user's chain (a global-norm
     clip that clips) gives single's parameters; a wrong axis type is one line."""

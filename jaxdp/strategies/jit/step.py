@@ -101,8 +101,8 @@ def per_device_shapes(loss_fn, full, xs, ys):
     n = xs.shape[1]
     plain = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), full)
     loss = jax.eval_shape(loss_fn, plain, *(jax.ShapeDtypeStruct(a.shape[2:], a.dtype) for a in (xs, ys)))
-    return (jax.ShapeDtypeStruct((n,), loss.dtype), jax.tree.map(lambda a: jax.ShapeDtypeStruct((n, *a.shape), a.dtype),
-                                                                 plain))
+    grads = jax.tree.map(lambda a: jax.ShapeDtypeStruct((n, *a.shape), a.dtype), plain)
+    return jax.ShapeDtypeStruct((n,), loss.dtype), grads
 
 
 def sum_devices(per_device, spec_tree, count: int):

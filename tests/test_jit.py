@@ -144,10 +144,13 @@ def test_fsdp_jit_holds_the_zero3_formula_and_peaks_below_ddp_jit(axis_type):
     assert not state_matches_formula({**ddp, "formula": fsdp["formula"]})  # the check fails on the wrong layout
 
 
-def test_jaxdp_memory_reads_fsdp_jit():
-    """`jaxdp memory`'s measurement (the arrays of a step that ran, and its gradient) equals the formula."""
-    m = accounting.memory(PROGRAM.replace(strategy="fsdp-jit", axis_type="explicit"), compiled("fsdp-jit", "explicit"))
-    assert m["measured"] == m["formula"] and m["peak_bytes"] == held("fsdp-jit", "explicit")["peak"]
+@pytest.mark.parametrize("strategy", ["zero1-jit", "fsdp-jit"])
+def test_jaxdp_memory_reads_the_jit_strategies(strategy):
+    """`jaxdp memory`'s measurement (the arrays of a step that ran, and its gradient) equals the formula; under
+    explicit, zero1-jit's gradient comes out in the optimizer state's shards (stage 2's gradient)."""
+    m = accounting.memory(PROGRAM.replace(strategy=strategy, axis_type="explicit"), compiled(strategy, "explicit"))
+    assert m["measured"] == m["formula"] and m["peak_bytes"] == held(strategy, "explicit")["peak"]
+    assert m["measured"]["grads"] < 4 * m["psi"] / 3  # sharded: about Psi / N of 4 bytes
 
 
 @pytest.mark.parametrize("axis_type", ["auto", "explicit"])

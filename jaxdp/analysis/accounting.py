@@ -153,7 +153,7 @@ def memory(cfg, trains: CompiledStep | None = None) -> dict:
     if cfg.strategy in jit_layout.LAYOUTS:  # each array sharded by its shape, whole where N divides no dim
         shapes = [p.shape for p in jax.tree.leaves(c.problem.params)]
         expected = jit_layout.formula(jit_layout.LAYOUTS[cfg.strategy], shapes, shards, itemsize, itemsize, k_bytes,
-                                      scalars)
+                                      scalars, cfg.axis_type)
     else:
         expected = formula(zero_layout.of(cfg.strategy), sizes, shards, itemsize, itemsize, k_bytes, scalars)
     step = step_memory((trains or compile_step(cfg)).program)

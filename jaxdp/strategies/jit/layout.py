@@ -31,10 +31,13 @@ class Layout(NamedTuple):
     twin: str    # ... and what it is
     stage: int   # the ZeRO stage of the layout (its memory formula)
 
-    @property
-    def sharded(self) -> dict:
-        """{part: sharded?} for the memory formula's three parts (gradients: as the parameters)."""
-        return {"params": self.shards_params, "grads": self.shards_params, "opt_state": self.shards_opt_state}
+    def sharded(self, axis_type: str = "auto") -> dict:
+        """{part: sharded?} for the memory formula's three parts. The gradient is the step's reduced one:
+        in the parameters' layout, except under `explicit` where the optimizer state is sharded (zero1-jit
+        reduces it straight into the state's shards, stage 2's gradient; the per-device sum it carries
+        through the micro-batches is whole, as stage 1's)."""
+        grads = self.shards_params or (self.shards_opt_state and axis_type == "explicit")
+        return {"params": self.shards_params, "grads": grads, "opt_state": self.shards_opt_state}
 
 
 DDP = Layout("ddp-jit", False, False, "ddp", "torch DistributedDataParallel", 0)
@@ -74,12 +77,13 @@ def per_device(shape, n: int, sharded: bool) -> int:
 
 
 def formula(layout: Layout, shapes, n: int, param_bytes: int, grad_bytes: int, k_bytes: int,
-            replicated_state_bytes: int = 0) -> dict:
+            replicated_state_bytes: int = 0, axis_type: str = "auto") -> dict:
     """Bytes per device by the ZeRO formula of the layout's stage with this layout's sharding: each part
     sum(size / N) over the arrays that divide plus sum(size) over the others where it is sharded, Psi
     where it is not (ddp-jit: stage 0, zero1-jit: 1, fsdp-jit: 3; the gradient is the step's output,
-    in the parameters' layout)."""
-    elements = {part: sum(per_device(s, n, sharded) for s in shapes) for part, sharded in layout.sharded.items()}
+    `Layout.sharded`)."""
+    elements = {part: sum(per_device(s, n, sharded) for s in shapes)
+                for part, sharded in layout.sharded(axis_type).items()}
     return {"params": param_bytes * elements["params"], "grads": grad_bytes * elements["grads"],
             "opt_state": k_bytes * elements["opt_state"] + replicated_state_bytes}
 

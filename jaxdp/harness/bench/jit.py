@@ -64,3 +64,28 @@ def section(results: dict) -> list:
                      f"{r['loop_bytes'] / 1024:.1f} | {r['peak_bytes'] / 1024:.0f} | {1e3 * r['step_s']:.2f} | "
                      f"{r['jit_over_hand']:.2f} |")
     return lines
+
+
+if __name__ == "__main__":  # item 10 alone: python -m jaxdp.bench.jit [--quick] [--out DIR]
+    import argparse
+    import json
+    import os
+    import sys
+
+    from ... import devices
+    from .plan import plan
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="ddp / ddp-jit only, N = 2, accum 2, a small mlp")
+    parser.add_argument("--out", default="reports/bench", help="folder for jit.json and jit.md")
+    args = parser.parse_args()
+    p = plan(args.quick)
+    devices.setup(max(p.time_ns), "cpu")
+    result = {"jit_vs_hand": jit_vs_hand(p, lambda m: print(m, file=sys.stderr, flush=True))}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "jit.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    table = "\n".join(section(result)) + "\n"
+    with open(os.path.join(args.out, "jit.md"), "w") as f:
+        f.write(table)
+    print(table)

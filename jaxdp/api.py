@@ -91,7 +91,7 @@ def parallelize(loss_fn, params, optimizer, *, strategy: str, devices=None, mesh
     Options (each strategy accepts its own; an unknown one is an error listing them): `bucket_mb`
     (ddp-bucket), `collectives` "xla" or "ring" (zero1/2/3, hsdp), `reshard_after_forward` (zero3, hsdp),
     `replicas` (hsdp: R groups of N / R devices, zero3 within a group and replicated across; R divides N),
-    `hsdp_hosts` (hsdp: "shard", each process holds whole shard groups, or "replica": whole replica groups).
+    `hsdp_hosts` (hsdp: "shard" or "replica"), `axis_type` (ddp-jit, zero1-jit, fsdp-jit: "auto" or "explicit").
 
     Any optax GradientTransformation keeps its global semantics: under ZeRO it runs on the global
     sharded arrays (a `clip_by_global_norm` sees the whole gradient's norm). One that depends on the

@@ -9,7 +9,7 @@ import numpy as np
 
 from . import devices as devices_mod
 from .core import progress as run_progress  # where the run is, for the line Ctrl-C prints
-from .core.config import RunConfig
+from .core.config import JIT_STRATEGIES, RunConfig
 from .core.results import NonFiniteLoss, RunResult  # noqa: F401 (re-exported: jaxdp.train's names)
 
 
@@ -172,7 +172,9 @@ def _start(cfg: RunConfig, strategy, problem, optimizer):
 
 def summary(result: RunResult) -> str:
     cfg = result.cfg
-    return (f"{cfg.strategy} on {cfg.devices} {result.meta.get('platform', '?')} device(s), {cfg.model}/{cfg.data}, "
+    axis = f" (axis type {cfg.axis_type})" if cfg.strategy in JIT_STRATEGIES else ""
+    return (f"{cfg.strategy}{axis} on {cfg.devices} {result.meta.get('platform', '?')} device(s), "
+            f"{cfg.model}/{cfg.data}, "
             f"{cfg.dtype}: {cfg.steps} steps, loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}, "
             f"first step (compile) {result.first_step_s:.2f}s, {result.steps_per_s:.1f} steps/s after")
 

@@ -30,6 +30,7 @@ CONTEXT = {"channels": ["--model", "cnn", "--data", "digits"], "batchnorm": ["--
            "collectives": ["--strategy", "zero3"], "reshard_after_forward": ["--strategy", "zero3"],
            "replicas": ["--strategy", "hsdp", "--devices", "4", "--batch-size", "64"],
            "hsdp_hosts": ["--strategy", "hsdp", "--devices", "4"], "shards": ["--reduction", "canonical"],
+           "axis_type": ["--strategy", "fsdp-jit"],
            "timeout": ["--processes", "2", "--devices", "2"], "checkpoint_every": ["--checkpoint-dir", "{tmp}/ck"],
            "process_id": ["--coordinator", "h:1", "--num-processes", "2", "--devices", "2"],
            "num_processes": ["--coordinator", "h:1", "--process-id", "0", "--devices", "2"],
@@ -149,7 +150,8 @@ def read_by_none():
         yield pytest.param("torch_ref", "train", flag, value, model, id=f"torch_ref-{flag}-model")
     for name in readers.STRATEGY_FLAGS["jax"]:
         flag = "--" + name.replace("_", "-")
-        value = {"collectives": "ring", "reshard_after_forward": "false", "hsdp_hosts": "replica"}.get(name, "2")
+        value = {"collectives": "ring", "reshard_after_forward": "false", "hsdp_hosts": "replica",
+                 "axis_type": "explicit"}.get(name, "2")
         for prog, framework in (("jaxdp", "jax"), ("torch_ref", "torch")):
             other = next(s for s in ("dp", "ddp-ring", "ddp") if s not in readers.STRATEGY_FLAGS[framework][name])
             yield pytest.param(prog, "train", flag, value, ["--strategy", other], id=f"{prog}-{flag}-strategy")

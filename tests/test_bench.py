@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 ITEMS = ("step_time", "dp_overhead", "ring_vs_xla", "communication", "memory", "compile", "gpu_throughput",
-         "collectives", "reduction")
+         "collectives", "reduction", "jit_vs_hand")
 
 
 def test_bench_quick_writes_valid_json_and_markdown(tmp_path):
@@ -66,6 +66,12 @@ def test_bench_quick_writes_valid_json_and_markdown(tmp_path):
     assert [(r["strategy"], r["devices"]) for r in red["rows"]] == [("ddp", 2), ("zero1", 2), ("ddp", 2)]  # mlp, cnn
     assert all(r["canonical_bytes"] >= r["native_bytes"] > 0 and r["ratio"] > 0 for r in red["rows"][:2])
     assert red["rows"][2]["model"] == "cnn" and red["rows"][2]["canonical_bytes"] > 0 and red["rows"][2]["ratio"] > 0
-    for n in range(1, 10):
+    jit = results["jit_vs_hand"]["rows"]  # item 10: ddp, ddp-jit auto, ddp-jit explicit at accum 2, one run
+    assert [(r["strategy"], r["axis_type"], r["accum"]) for r in jit] == [
+        ("ddp", None, 2), ("ddp-jit", "auto", 2), ("ddp-jit", "explicit", 2)]
+    assert all(r["step_s"] > 0 and r["peak_bytes"] > 0 and r["jit_over_hand"] > 0 for r in jit)
+    assert jit[0]["measured_bytes"] == jit[2]["measured_bytes"] == jit[2]["theory_bytes"]  # once per step
+    assert jit[2]["loop_bytes"] == 0 < jit[1]["loop_bytes"]  # auto: the gradient all-reduced per micro-batch
+    for n in range(1, 11):
         assert f"## {n}." in table
     assert "| cnn | ddp | 2 |" in table and "| gpt2 | ddp | 2 |" in table

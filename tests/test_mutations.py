@@ -11,7 +11,7 @@ import functools
 
 import pytest
 
-from jaxdp.core.config import FRAMEWORK_STRATEGIES
+from jaxdp.core.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES
 from jaxdp.harness import mutations, pair_runs
 from jaxdp.harness.mutations import checks, score
 
@@ -31,8 +31,8 @@ SUBSET = [
 ]
 BF16 = mutations.ADAM.replace(dtype="bfloat16", steps=2)
 # hsdp is zero3 on a grid (tests/test_hsdp.py): its own mutation there
-TORCH_DISTRIBUTED = [s for s in FRAMEWORK_STRATEGIES["torch"] if s not in ("single", "hsdp")]
-JAX_DISTRIBUTED = [s for s in FRAMEWORK_STRATEGIES["jax"] if s not in ("single", "hsdp")]
+TORCH_DISTRIBUTED = [s for s in FRAMEWORK_STRATEGIES["torch"] if s not in ("single", "hsdp", *JIT_STRATEGIES)]
+JAX_DISTRIBUTED = [s for s in FRAMEWORK_STRATEGIES["jax"] if s not in ("single", "hsdp", *JIT_STRATEGIES)]
 TORCH_FLOATS = {"float", "double", "c10::BFloat16", "c10::Half"}
 REPLICATED = [s for s in JAX_DISTRIBUTED if s != "zero3"]  # zero3 keeps no replica but Adam's count
 

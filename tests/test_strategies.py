@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxdp.core import trace
-from jaxdp.core.config import FRAMEWORK_STRATEGIES
+from jaxdp.core.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES
 from jaxdp.harness import parity
 
 from .conftest import BASE, run
@@ -20,7 +20,8 @@ from .pairwise import pairwise
 
 TOL = 1e-12
 DIMENSIONS = {
-    "strategy": [s for s in FRAMEWORK_STRATEGIES["jax"] if s not in ("single", "hsdp") and not s.startswith("zero")],
+    "strategy": [s for s in FRAMEWORK_STRATEGIES["jax"] if s not in ("single", "hsdp", *JIT_STRATEGIES)
+                 and not s.startswith("zero")],  # -jit: tests/test_jit.py
     "devices": [1, 2, 3, 4, 8],
     "optimizer": ["sgd", "momentum", "adam", "adamw"],
     "accum": [1, 3],
@@ -33,7 +34,7 @@ def assert_matches_single(cfg, tol=TOL):
     """Every array within `tol` (worst element relative to the array's scale; inf for NaN/Inf), and
     the project's judge (per-tensor norms, each step's update, elementwise) within the float64 bounds."""
     got = run(cfg)
-    ref = run(cfg.replace(strategy="single", devices=1, replicas=1))
+    ref = run(cfg.replace(strategy="single", devices=1, replicas=1, axis_type="auto"))
     result = trace.diff(as_trace(got), as_trace(ref))
     bad = {k: v for k, v in result["per_array"].items() if v > tol}
     assert not bad, (

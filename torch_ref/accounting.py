@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import comm_groups
+from . import comm_groups, strategies
 from .profiler import profile
 from .theory import (  # noqa: F401 (re-exported)
     KINDS,
@@ -248,7 +248,8 @@ def summarise(cfg, views: list[dict]) -> dict:
             f"(gloo has no reduce-scatter): 2(n-1)/n of the input's bytes instead of (n-1)/n, twice "
             f"the bytes of a true reduce-scatter; counted as the all-reduces they are"
         )
-    notes += STRATEGY_NOTES.get(cfg.strategy, [])
+    notes += [strategies.twin_note(cfg.strategy)] if cfg.strategy in strategies.TWINS else []
+    notes += STRATEGY_NOTES.get(strategies.resolve(cfg.strategy), [])
     out = {
         "strategy": cfg.strategy,
         "devices": cfg.devices,

@@ -104,6 +104,8 @@ def train_rank(rank: int, world: int, cfg: RunConfig, init: dict[str, np.ndarray
     result.meta = {"framework": "torch", **cfg.to_dict(), "platform": "gpu" if device.type == "cuda" else "cpu",
                    "backend": dist.get_backend() if dist.is_initialized() else None, "versions": versions(),
                    "first_step": start + 1}
+    if cfg.strategy in strategies.TWINS:  # a -jit name: what ran is its twin
+        result.meta["torch_twin"] = strategies.resolve(cfg.strategy)
     if cfg.strategy == "hsdp":  # which ranks (and hosts) form each shard group: --hsdp-hosts
         result.meta["hsdp_grid"] = launch.hsdp_grid(module, world)
     recorder = Recorder(None, result.meta, model) if record else None
@@ -208,7 +210,8 @@ def _train_ranks(cfg: RunConfig, env, init, record: bool, timeout_s: float, pg_t
 
 def summary(result: RunResult) -> str:
     cfg = result.cfg
-    return (f"{cfg.strategy} on {cfg.devices} {result.meta.get('platform', '?')} rank(s) (torch), "
+    twin = f" (its twin {result.meta['torch_twin']})" if "torch_twin" in result.meta else ""
+    return (f"{cfg.strategy}{twin} on {cfg.devices} {result.meta.get('platform', '?')} rank(s) (torch), "
             f"{cfg.model}/{cfg.data}, {cfg.dtype}: {cfg.steps} steps, loss {result.losses[0]:.4f} -> "
             f"{result.losses[-1]:.4f}, first step {result.first_step_s:.2f}s, {result.steps_per_s:.1f} steps/s after")
 

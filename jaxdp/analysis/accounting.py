@@ -24,6 +24,7 @@ import numpy as np
 from .. import models, strategies, train
 from ..core import data
 from ..strategies import FACTORIES, stats
+from ..strategies.jit import layout as jit_layout
 from ..strategies.zero import layout as zero_layout
 from . import hlo
 from .theory import (  # noqa: F401 (the communication theory, re-exported: callers name it here)
@@ -44,7 +45,8 @@ from .theory import (  # noqa: F401 (the communication theory, re-exported: call
     theory_for,
 )
 
-STAGE = {name: zero_layout.of(name).stage for name in FACTORIES}  # read from the layout table
+STAGE = {name: zero_layout.of(name).stage for name in FACTORIES} | {  # read from the layout tables
+    name: row.stage for name, row in jit_layout.LAYOUTS.items()}
 STATE_ARRAYS_PER_PARAM = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
 
 
@@ -148,7 +150,12 @@ def memory(cfg, trains: CompiledStep | None = None) -> dict:
                   if leaf.ndim == 0)
     k_bytes = STATE_ARRAYS_PER_PARAM[cfg.optimizer] * itemsize
     shards = cfg.devices // cfg.replicas  # hsdp: sharded over a group of S = N / R (zero3's formula at S)
-    expected = formula(zero_layout.of(cfg.strategy), sizes, shards, itemsize, itemsize, k_bytes, scalars)
+    if cfg.strategy in jit_layout.LAYOUTS:  # each array sharded by its shape, whole where N divides no dim
+        shapes = [p.shape for p in jax.tree.leaves(c.problem.params)]
+        expected = jit_layout.formula(jit_layout.LAYOUTS[cfg.strategy], shapes, shards, itemsize, itemsize, k_bytes,
+                                      scalars, cfg.axis_type)
+    else:
+        expected = formula(zero_layout.of(cfg.strategy), sizes, shards, itemsize, itemsize, k_bytes, scalars)
     step = step_memory((trains or compile_step(cfg)).program)
     return {"strategy": cfg.strategy, "devices": cfg.devices, "psi": sum(sizes), "sizes": sizes, "k_bytes": k_bytes,
             "param_bytes": itemsize, "measured": measured, "formula": expected,
@@ -166,9 +173,10 @@ def measure_step(cfg) -> dict:
               "compile_s": c.compile_s}
     out = {**memory(cfg, c), **trains}
     channels = batchnorm_channels(c.problem)
-    out["theory"] = theory_for(cfg, out["sizes"], root_sizes(c.problem), channels)
+    shapes = [p.shape for p in jax.tree.leaves(c.problem.params)]
+    out["theory"] = theory_for(cfg, out["sizes"], root_sizes(c.problem), channels, shapes)
     out["comm_groups"] = group_bytes(collectives(c.program.as_text(), cfg.devices), cfg.devices, cfg.replicas)
-    out["theory_groups"] = group_theory_for(cfg, out["sizes"], root_sizes(c.problem), channels)
+    out["theory_groups"] = group_theory_for(cfg, out["sizes"], root_sizes(c.problem), channels, shapes)
     if c.stats_program is not None:  # the running statistics' own program, apart from the train step
         out["stats_comm"] = communication(c.stats_program.as_text(), cfg.devices)["total"]
         out["stats_theory"] = stats_theory_for(cfg, list(c.stats_sizes), channels)["total"]

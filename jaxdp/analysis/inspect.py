@@ -15,7 +15,7 @@ and `theory_bytes_per_device` (`accounting.theory`), `replicas` (R) and that tot
 (BatchNorm) advances them in a second, forward-only program (jaxdp/strategies/stats.py): its bytes are
 not the train step's, and are given apart as `stats_bytes_per_device` (measured from its compiled HLO)
 and `stats_theory_bytes_per_device` (`accounting.stats_theory`). These keys are a contract: scripts
-read them from `--json`.
+read them from `--json`. The -jit strategies add `axis_type` ("auto" or "explicit": their mesh's AxisType).
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import numpy as np
 
 from .. import models
 from ..core import atomic
+from ..core.config import JIT_STRATEGIES
 from ..strategies import bucket
 from . import accounting
 
@@ -38,20 +39,23 @@ def inspect(cfg, step: accounting.CompiledStep | None = None) -> dict:
     ops = [{"op": c["op"], "dtype": c["dtype"], "elements": c["elements"], "group_size": c["group"],
             "inter_group": accounting.crosses_groups(c, shard), "bytes_per_device": c["sent"], "trips": c["trips"]}
            for c in found]
-    sizes = [int(np.prod(p.shape)) for p in jax.tree.leaves(problem.params)]
+    shapes = [tuple(p.shape) for p in jax.tree.leaves(problem.params)]
+    sizes = [int(np.prod(s)) for s in shapes]
     root = accounting.root_sizes(problem)  # zero3: a tied weight, gathered once per micro-batch
     channels = accounting.batchnorm_channels(problem)  # BatchNorm: its statistics' all-reduces
     out = {"strategy": cfg.strategy, "devices": cfg.devices, "model": cfg.model, "dtype": cfg.dtype,
            "accum": cfg.accum, "collectives": ops,
            "bytes_per_device": sum(c["bytes_per_device"] * (c["trips"] or 1) for c in ops),
-           "theory_bytes_per_device": accounting.theory_for(cfg, sizes, root, channels)["total"],
+           "theory_bytes_per_device": accounting.theory_for(cfg, sizes, root, channels, shapes)["total"],
            "replicas": cfg.replicas, **accounting.group_bytes(found, cfg.devices, cfg.replicas),
-           **{f"theory_{k}": v for k, v in accounting.group_theory_for(cfg, sizes, root, channels).items()},
+           **{f"theory_{k}": v for k, v in accounting.group_theory_for(cfg, sizes, root, channels, shapes).items()},
            **accounting.step_memory(compiled)}
     if step.stats_program is not None:  # the running statistics' own program, next to the train step
         stats_ops = accounting.collectives(step.stats_program.as_text(), cfg.devices)
         out["stats_bytes_per_device"] = sum(c["sent"] * (c["trips"] or 1) for c in stats_ops)
         out["stats_theory_bytes_per_device"] = accounting.stats_theory_for(cfg, step.stats_sizes, channels)["total"]
+    if cfg.strategy in JIT_STRATEGIES:  # what the partitioner emitted depends on the mesh's AxisType
+        out["axis_type"] = cfg.axis_type
     if cfg.strategy == "ddp-bucket":
         named = models.flat_names(problem.params)
         out["buckets"] = [sum(int(named[name].size) for name in b) for b in bucket.plan(problem, cfg.bucket_mb)]
@@ -59,7 +63,8 @@ def inspect(cfg, step: accounting.CompiledStep | None = None) -> dict:
 
 
 def format_inspect(r: dict) -> str:
-    lines = [f"{r['strategy']} on {r['devices']} devices ({r['model']}, {r['dtype']}, accum {r['accum']}): "
+    axis = f", axis type {r['axis_type']}" if "axis_type" in r else ""
+    lines = [f"{r['strategy']} on {r['devices']} devices ({r['model']}, {r['dtype']}, accum {r['accum']}{axis}): "
              f"{len(r['collectives'])} collectives in program order",
              f"  {'#':>3} {'op':<19} {'dtype':<6} {'elements':>10} {'group':>5} {'bytes/device':>13} {'trips':>5}"]
     lines += [f"  {i:>3} {c['op']:<19} {c['dtype']:<6} {c['elements']:>10} "
@@ -77,6 +82,10 @@ def format_inspect(r: dict) -> str:
                      f"(theory {r['stats_theory_bytes_per_device']:.0f})")
     lines.append(f"bytes per device: state {r['state_bytes']}, temp {r['temp_bytes']}, peak {r['peak_bytes']} "
                  "(state + temp + unaliased outputs)")
+    looped = [c for c in r["collectives"] if (c["trips"] or 0) > 1]
+    if looped:
+        lines.append(f"inside a loop (trips > 1): {len(looped)} collective(s), "
+                     f"{sum(c['bytes_per_device'] * c['trips'] for c in looped):.0f} bytes per device per step")
     if "buckets" in r:
         lines.append(f"buckets (elements, in the order reduced): {r['buckets']}")
     return "\n".join(lines)

@@ -12,6 +12,7 @@ from jax.extend.core import Literal
 
 from .. import models
 from ..models import units
+from ..strategies.jit import layout as jit_layout
 from ..strategies.zero import layout as zero_layout
 
 
@@ -169,14 +170,17 @@ def stats_theory(strategy: str, sizes: list[int], channels: int, n: int, itemsiz
     return out
 
 
-def theory_for(cfg, sizes: list[int], root: list[int] = (), channels: int = 0) -> dict:
+def theory_for(cfg, sizes: list[int], root: list[int] = (), channels: int = 0, shapes=None) -> dict:
     """`theory` (or `dp_theory`) for a run configuration: its strategy, devices, master dtype,
     accumulation and zero3's reshard mode, plus the synchronised BatchNorm statistics of a model with
     `channels` BatchNorm channels (`batchnorm_theory`, under `--batchnorm sync`). No communication for
-    `single` or one device."""
+    `single` or one device. The -jit strategies shard each array by its shape: their theory
+    (`jit/layout.theory`) reads `shapes` (the parameters' shapes, in `sizes`' order)."""
     itemsize = np.dtype(models.MASTER_DTYPE[cfg.dtype]).itemsize
     if cfg.strategy == "single" or cfg.devices == 1:
         return {"all-reduce": 0.0, "reduce-scatter": 0.0, "all-gather": 0.0, "point-to-point": 0.0, "total": 0.0}
+    if cfg.strategy in jit_layout.LAYOUTS:
+        return jit_layout.theory(jit_layout.LAYOUTS[cfg.strategy], shapes, cfg.devices, itemsize, cfg.accum)
     if cfg.strategy == "dp":
         out = dp_theory(sizes, cfg.devices, itemsize)
     else:
@@ -188,10 +192,10 @@ def theory_for(cfg, sizes: list[int], root: list[int] = (), channels: int = 0) -
     return out
 
 
-def group_theory_for(cfg, sizes: list[int], root: list[int] = (), channels: int = 0) -> dict:
+def group_theory_for(cfg, sizes: list[int], root: list[int] = (), channels: int = 0, shapes=None) -> dict:
     """`theory_for`'s total split into `bytes_intra_group` and `bytes_inter_group` (`inter_group_theory`)."""
     itemsize = np.dtype(models.MASTER_DTYPE[cfg.dtype]).itemsize
-    total = theory_for(cfg, sizes, root, channels)["total"]
+    total = theory_for(cfg, sizes, root, channels, shapes)["total"]
     inter = inter_group_theory(sizes, cfg.devices, cfg.replicas, itemsize)
     return {"bytes_intra_group": total - inter, "bytes_inter_group": inter}
 

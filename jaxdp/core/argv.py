@@ -156,10 +156,11 @@ def configs(args, framework: str = "jax", names=None, single_on_one: bool = Fals
     empty = sorted(k for k in typed if isinstance(values.get(k), str) and not values[k].strip())
     if empty:
         raise ConfigError(f"{_flag(empty[0])} is empty; give a value or drop the flag (see -h)")
-    hsdp = {k: values.pop(k) for k in ("replicas", "hsdp_hosts") if k in values}  # read by hsdp runs only
+    only = readers.STRATEGY_FLAGS[framework]  # a strategy option goes to the strategies that read it
     cfgs = []
     for s in names or args.strategies:
-        cfg = config.RunConfig(**values, strategy=s, **(hsdp if s == "hsdp" else {}))
+        mine = {k: v for k, v in values.items() if k not in only or config.ALIASES.get(s, s) in only[k]}
+        cfg = config.RunConfig(**mine, strategy=s)
         cfgs.append(cfg.replace(devices=1) if single_on_one and cfg.strategy == "single" else cfg)
     runs = getattr(args, "runs", None) or [(framework, c.strategy) for c in cfgs]  # compare, parity: both sides
     readers.check_given(typed, cfgs[0].model, runs, cfgs[0].reduction)

@@ -23,9 +23,12 @@ BATCHNORMS = ("sync", "local")
 PLATFORMS = ("auto", "cpu", "gpu")
 COLLECTIVES = ("xla", "ring")
 # Strategy names per framework; a name means the same algorithm on both sides.
+JIT_STRATEGIES, AXIS_TYPES = ("ddp-jit", "zero1-jit", "fsdp-jit"), ("auto", "explicit")  # jaxdp/strategies/jit/
 FRAMEWORK_STRATEGIES = {
-    "jax": ("single", "dp", "ddp", "ddp-pmap", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3", "hsdp"),
-    "torch": ("single", "dp", "ddp", "ddp-naive", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3", "hsdp"),
+    "jax": ("single", "dp", "ddp", "ddp-pmap", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3", "hsdp")
+    + JIT_STRATEGIES,
+    "torch": ("single", "dp", "ddp", "ddp-naive", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3", "hsdp")
+    + JIT_STRATEGIES,
 }
 ALL_STRATEGIES = tuple(dict.fromkeys(FRAMEWORK_STRATEGIES["jax"] + FRAMEWORK_STRATEGIES["torch"]))
 ALIASES = {"fsdp": "zero3"}
@@ -105,6 +108,7 @@ class RunConfig:
     replicas: int = _flag(1, "hsdp: R groups of --devices / R devices, zero3 within a group, replicated across")
     hsdp_hosts: str = _flag("shard", "hsdp, several processes: each process (host) holds whole shard groups (the "
                             "gathers stay in a host) or whole replica groups (docs/STRATEGIES.md)", HOSTS)
+    axis_type: str = _flag("auto", "-jit strategies: the mesh's jax.sharding.AxisType (docs/STRATEGIES.md)", AXIS_TYPES)
     reduction: str = _flag(
         "native", "gradient reduction: native (each N sums in its own order) or canonical (the same bits on any "
         "N dividing --shards: docs/CANONICAL.md)", REDUCTIONS)
@@ -131,7 +135,7 @@ class RunConfig:
         values.check_ranges({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
         for name, valid in (("model", MODELS), ("data", DATASETS), ("optimizer", OPTIMIZERS), ("dtype", DTYPES),
                             ("platform", PLATFORMS), ("collectives", COLLECTIVES), ("batchnorm", BATCHNORMS),
-                            ("hsdp_hosts", HOSTS)):
+                            ("hsdp_hosts", HOSTS), ("axis_type", AXIS_TYPES)):
             value = getattr(self, name)
             if value not in valid:
                 raise ConfigError(f"unknown {name} {value!r}; valid: {', '.join(valid)}")
@@ -171,6 +175,8 @@ class RunConfig:
         if (self.resume or self.checkpoint_every > 0) and not self.checkpoint_dir:
             raise ConfigError("--resume and --checkpoint-every need --checkpoint-dir DIR")
         self._validate_replicas(framework)
+        if self.axis_type != "auto" and self.strategy not in JIT_STRATEGIES:
+            raise ConfigError(f"--axis-type is for {', '.join(JIT_STRATEGIES)}, not {self.strategy}: drop it")
         self._validate_reduction()
         return self
 

@@ -20,8 +20,12 @@ HOSTS = ("shard", "replica")
 
 
 def per_strategy(cfg, name: str):
-    """`cfg` for one listed strategy: `--replicas` (and `--hsdp-hosts`) kept for hsdp only."""
-    return cfg.replace(strategy=name) if name == "hsdp" else cfg.replace(strategy=name, replicas=1, hsdp_hosts="shard")
+    """`cfg` for one listed strategy: `--replicas` (and `--hsdp-hosts`) kept for hsdp only, `--axis-type` for the
+    -jit strategies only (`config.JIT_STRATEGIES`, named by their suffix here: config imports this module)."""
+    axis = {} if name.endswith("-jit") else {"axis_type": "auto"}
+    if name == "hsdp":
+        return cfg.replace(strategy=name, **axis)
+    return cfg.replace(strategy=name, replicas=1, hsdp_hosts="shard", **axis)
 
 
 def check_listed(replicas: int, names, flag: str = "--strategies", hosts: str = "shard") -> None:

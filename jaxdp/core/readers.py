@@ -27,9 +27,11 @@ MODEL_FLAGS = {
 # it (tests/test_bad_input.py): torch's DDP reads --bucket-mb as bucket_cap_mb, torch has no --collectives.
 STRATEGY_FLAGS = {
     "jax": {"bucket_mb": ("ddp-bucket",), "collectives": ("zero1", "zero2", "zero3", "hsdp"),
-            "reshard_after_forward": ("zero3", "hsdp"), "replicas": ("hsdp",), "hsdp_hosts": ("hsdp",)},
+            "reshard_after_forward": ("zero3", "hsdp"), "replicas": ("hsdp",), "hsdp_hosts": ("hsdp",),
+            "axis_type": ("ddp-jit", "zero1-jit", "fsdp-jit")},
     "torch": {"bucket_mb": ("ddp", "zero1", "ddp-bucket"), "collectives": (),
-              "reshard_after_forward": ("zero3", "hsdp"), "replicas": ("hsdp",), "hsdp_hosts": ("hsdp",)},
+              "reshard_after_forward": ("zero3", "hsdp"), "replicas": ("hsdp",), "hsdp_hosts": ("hsdp",),
+              "axis_type": ()},  # torch runs a -jit name's twin (torch_ref.strategies.TWINS): no axis types
 }
 PACKAGE = {"jax": "jaxdp", "torch": "torch_ref"}
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..core.config import ALIASES, FRAMEWORK_STRATEGIES, ConfigError
+from ..core.config import ALIASES, AXIS_TYPES, FRAMEWORK_STRATEGIES, ConfigError
 from ..core.hsdp_hosts import HOSTS
 from ..core.reduction import REDUCTIONS
-from . import bucket, ddp, ddp_pmap, dp, hsdp, ring, single, zero
+from . import bucket, ddp, ddp_pmap, dp, hsdp, jit, ring, single, zero
 from .common import Strategy, TrainState
 
 
@@ -24,6 +24,7 @@ class StrategyOptions(NamedTuple):
     clip_norm: float = 0.0              # canonical: clip the canonical global norm (native: in the optax chain)
     replicas: int = 1                   # hsdp: R groups of N / R devices (zero3 within a group, replicated across)
     hsdp_hosts: str = "shard"           # hsdp: the grid's order, row-major ("shard") or column-major ("replica")
+    axis_type: str = "auto"             # -jit: the mesh's jax.sharding.AxisType, "auto" or "explicit" (jit/step.py)
 
 
 FACTORIES = {
@@ -37,6 +38,7 @@ FACTORIES = {
     "zero2": zero.make_stage(2),
     "zero3": zero.make_stage(3),
     "hsdp": hsdp.make,
+    **jit.FACTORIES,
 }
 assert tuple(FACTORIES) == FRAMEWORK_STRATEGIES["jax"]
 
@@ -48,7 +50,7 @@ OPTIONS = {name: () for name in FACTORIES} | {
     "zero2": ("collectives",),
     "zero3": ("collectives", "reshard_after_forward"),
     "hsdp": ("collectives", "reshard_after_forward", "replicas", "hsdp_hosts"),
-}
+} | {name: ("axis_type",) for name in jit.FACTORIES}
 
 
 # A saved (checkpointed) array of strategy `name` -> the full array: ddp-pmap's per-device copies, ZeRO's
@@ -92,6 +94,8 @@ def options(name: str, accum: int = 1, **given) -> StrategyOptions:
         raise ConfigError(f"strategy {name!r} takes no option {', '.join(unknown)}; its options: {valid}")
     if given.get("hsdp_hosts", "shard") not in HOSTS:
         raise ConfigError(f"hsdp_hosts={given['hsdp_hosts']!r}; valid: {', '.join(HOSTS)}")
+    if given.get("axis_type", "auto") not in AXIS_TYPES:
+        raise ConfigError(f"axis_type={given['axis_type']!r}; valid: {', '.join(AXIS_TYPES)}")
     if given.get("collectives", "xla") not in ("xla", "ring"):
         raise ConfigError(f"collectives={given['collectives']!r}; valid: xla, ring")
     if given.get("reduction", "native") not in REDUCTIONS:

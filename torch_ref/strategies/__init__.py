@@ -24,7 +24,12 @@ FACTORIES = {
     "zero3": zero3.make,
     "hsdp": hsdp.make,
 }
-assert tuple(FACTORIES) == FRAMEWORK_STRATEGIES["torch"]
+# jaxdp's -jit strategies (plain jax.jit over NamedShardings) have no torch form of their own: torch_ref runs,
+# under the same name, the strategy with the same layout, and says so (`twin_note`; the run's meta `torch_twin`).
+TWINS = {"ddp-jit": "ddp", "zero1-jit": "zero1", "fsdp-jit": "zero3"}
+TWIN_TOOLS = {"ddp": "DistributedDataParallel", "zero1": "ZeroRedundancyOptimizer over DDP",
+              "zero3": "FSDP2 fully_shard"}
+assert tuple(FACTORIES) + tuple(TWINS) == FRAMEWORK_STRATEGIES["torch"]
 # The options each strategy takes (besides accum), as `parallelize(..., **options)` names them.
 OPTIONS = {name: () for name in FACTORIES} | {
     "ddp": ("bucket_mb",), "zero1": ("bucket_mb",), "ddp-bucket": ("bucket_mb",),
@@ -34,11 +39,20 @@ OPTIONS = {name: () for name in FACTORIES} | {
 
 
 def resolve(name: str) -> str:
-    """`name` with aliases resolved (fsdp -> zero3); an unknown name is an error listing the valid ones."""
-    name = ALIASES.get(name, name)
+    """`name` with aliases resolved (fsdp -> zero3) and a -jit name to its twin (`TWINS`); an unknown name is
+    an error listing the valid ones."""
+    name = TWINS.get(ALIASES.get(name, name), ALIASES.get(name, name))
     if name not in FACTORIES:
-        raise ConfigError(f"unknown strategy {name!r}; valid: {', '.join(FACTORIES)} (or {', '.join(ALIASES)})")
+        raise ConfigError(f"unknown strategy {name!r}; valid: {', '.join(FACTORIES)} (or "
+                          f"{', '.join((*ALIASES, *TWINS))})")
     return name
+
+
+def twin_note(name: str) -> str | None:
+    """What torch_ref runs for a -jit name (None for the others), in one line for the run's summary."""
+    if name not in TWINS:
+        return None
+    return f"{name}: torch_ref runs its same-layout twin {TWINS[name]} ({TWIN_TOOLS[TWINS[name]]})"
 
 
 def build(name: str, model, optimizer, accum: int = 1, reduction: str = "native", shards: int | None = None,
@@ -63,4 +77,4 @@ def options_of(cfg) -> dict:
     return {k: values[k] for k in OPTIONS[resolve(cfg.strategy)] if k in values}
 
 
-__all__ = ["FACTORIES", "OPTIONS", "Options", "Strategy", "build", "options_of", "resolve"]
+__all__ = ["FACTORIES", "OPTIONS", "Options", "Strategy", "TWINS", "build", "options_of", "resolve", "twin_note"]

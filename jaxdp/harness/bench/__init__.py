@@ -21,6 +21,10 @@ Nine measurements (the keys of the result dictionary, written to bench.json by t
 9. `reduction`: `--reduction canonical` against `native` per strategy (ZeRO with both collectives),
    N = 4 and 8 (2 in --quick): step time ratio, bytes sent and temporaries of each compiled program,
    both modes in one child process started without fused multiply-adds (`reduction.py`).
+10. `jit_vs_hand`: ddp / zero1 / zero3 (shard_map) next to ddp-jit / zero1-jit / fsdp-jit (plain jax.jit),
+   auto and explicit, in one run at the largest timed N, accum 1 and 4 (2 in --quick: ddp only): bytes
+   against theory, the bytes inside the micro-batch loop, peak bytes, step time (`jit.py`). The -jit
+   strategies also appear in items 1 (against their torch twins), 4 and 5 (auto) of the full run.
 
 Items 1-6, 8 and 9 run on simulated CPU devices (`--platform cpu`) on every machine: the "devices" share
 the machine's cores, and torch's ranks are processes (gloo) on the same cores, so times say how
@@ -46,6 +50,7 @@ from . import tables
 from .collectives import collectives_benchmark
 from .goals import goals
 from .gpu import gpu_throughput
+from .jit import jit_vs_hand
 from .markdown import markdown
 from .measure import inspect_all, time_strategies
 from .plan import Plan, plan
@@ -80,6 +85,7 @@ def run(quick: bool = False, out: str | None = None, progress=None) -> dict:
         "gpu_throughput": gpu_throughput(p, say),
         "collectives": {"rows": coll},
         "reduction": reduction_benchmark(p, say),
+        "jit_vs_hand": jit_vs_hand(p, say),
     }
     results["goals"] = goals(results)
     results["wall_s"] = time.perf_counter() - t0

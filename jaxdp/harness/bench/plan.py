@@ -3,11 +3,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...core.config import FRAMEWORK_STRATEGIES, RunConfig
+from ...core.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES, RunConfig
 
 # hsdp is left out: at the default --replicas 1 it is zero3, and it runs no cnn (BatchNorm)
 SHARED = tuple(s for s in FRAMEWORK_STRATEGIES["jax"] if s in FRAMEWORK_STRATEGIES["torch"] and s != "hsdp")
 JAX_ALL = tuple(s for s in FRAMEWORK_STRATEGIES["jax"] if s != "hsdp")
+HAND = tuple(s for s in JAX_ALL if s not in JIT_STRATEGIES)  # the -jit ones run no BatchNorm and no canonical
+JIT_PAIRS = (("ddp", "ddp-jit"), ("zero1", "zero1-jit"), ("zero3", "fsdp-jit"))  # hand-written, -jit (item 10)
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,9 @@ class Plan:
     reduction_bn_model: RunConfig | None = None  # item 9's cnn (sync BatchNorm: a statistics program too)
     reduction_bn_strategies: tuple = ()
     reduction_bn_ns: tuple = ()
+    jit_model: RunConfig | None = None  # item 10: hand-written vs -jit, at N = max(time_ns)
+    jit_pairs: tuple = ()
+    jit_accums: tuple = ()
 
 
 def plan(quick: bool) -> Plan:
@@ -50,20 +55,22 @@ def plan(quick: bool) -> Plan:
                     models["mlp"], _gpu_config(base), 4, (0.01,), 1, ported,
                     base.replace(model="mlp", data="synthetic", hidden=(16,), batch_size=16),
                     (("ddp", None), ("zero1", "xla")), (2,), 3, False, _cnn(base, (2, 4), 16), (("ddp", None),),
-                    (2,))
+                    (2,), models["mlp"], JIT_PAIRS[:1], (2,))
     models = {"mlp": base.replace(model="mlp", data="synthetic", hidden=(1024, 1024), batch_size=512),
               "gpt": base.replace(model="gpt", data="text", n_layer=2, n_head=4, d_model=128, seq_len=64,
                                   batch_size=32),
               "cnn": _cnn(base, (32, 64), 256),
               "gpt2": _gpt2(base, 2, 4, 128, 64, 32)}
     strategies = tuple(s for s in JAX_ALL if s != "single")
-    ported = (("cnn", models["cnn"], strategies, (2, 4, 8)), ("gpt2", models["gpt2"], strategies, (2, 4, 8)),
-              ("llama", _llama(base, 2, 4, 2, 128, 64, 32), strategies, (2, 4, 8)))
+    hand = tuple(s for s in HAND if s != "single")
+    ported = (("cnn", models["cnn"], hand, (2, 4, 8)), ("gpt2", models["gpt2"], hand, (2, 4, 8)),
+              ("llama", _llama(base, 2, 4, 2, 128, 64, 32), hand, (2, 4, 8)))
     comm_model = base.replace(model="mlp", data="synthetic", hidden=(1024, 1024), batch_size=256)
     return Plan(False, 12, models, (2, 4), SHARED, (2, 4, 8, 16), strategies, comm_model,
                 _gpu_config(base), 30, (1, 4, 16, 64), 10, ported, comm_model,
-                tuple(_with_collectives(JAX_ALL)), (4, 8), 10, True, _cnn(base, (8, 16), 64),
-                (("single", None), ("ddp", None), ("zero3", "xla")), (2, 4))
+                tuple(_with_collectives(HAND)), (4, 8), 10, True, _cnn(base, (8, 16), 64),
+                (("single", None), ("ddp", None), ("zero3", "xla")), (2, 4),
+                base.replace(model="mlp", data="synthetic", hidden=(1024, 1024), batch_size=64), JIT_PAIRS, (1, 4))
 
 
 def _with_collectives(strategies: tuple):

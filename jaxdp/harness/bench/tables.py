@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...core.config import JIT_STRATEGIES
 from .goals import OVERHEAD_GOAL, RING_GOAL
 
 COMM_NOTES = {
@@ -11,7 +12,9 @@ COMM_NOTES = {
              "accum 1; once with --reshard-after-forward false), as the compiled program does "
              "(tests/test_zero3_compiled.py); a difference means the theory was not given accum or reshard",
     "dp": "theory: binomial tree, mean over devices 2(N-1)/N Psi; device 0 sends ceil(log2 N) Psi (comm_max)",
-}
+} | {name: "theory is the layout's least, one gradient reduction per step; with the default --axis-type auto the "
+             "partitioner places the collectives itself (per micro-batch, or moving activations instead of "
+             "gathering parameters): item 10 and docs/STRATEGIES.md" for name in JIT_STRATEGIES}
 
 
 def ratio(a, b):

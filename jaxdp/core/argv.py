@@ -25,13 +25,17 @@ def given(namespace) -> set:
     return namespace.__dict__.setdefault(GIVEN, set())
 
 
-class _Store(argparse.Action):
+class Store(argparse.Action):
+    """argparse's store, remembering that the flag was typed (`given`)."""
+
     def __call__(self, parser, namespace, values, option_string=None):
         setattr(namespace, self.dest, values)
         given(namespace).add(self.dest)
 
 
-class _Switch(argparse.BooleanOptionalAction):
+class Switch(argparse.BooleanOptionalAction):
+    """--flag / --no-flag, remembering that it was typed."""
+
     def __call__(self, parser, namespace, values, option_string=None):
         super().__call__(parser, namespace, values, option_string)
         given(namespace).add(self.dest)
@@ -91,13 +95,13 @@ def add_run_arguments(parser, exclude=()) -> None:
             continue
         meta = f.metadata
         if f.type in ("bool", bool) and not meta.get("type"):  # --flag / --no-flag
-            parser.add_argument(_flag(f.name), dest=f.name, default=f.default, action=_Switch,
+            parser.add_argument(_flag(f.name), dest=f.name, default=f.default, action=Switch,
                                 help=meta["help"] + " (default: %(default)s)")
             continue
         kind = meta.get("type") or {"int": int, "float": float, "str": str}[f.type]
         shown = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else "%(default)s"
         parser.add_argument(_flag(f.name), dest=f.name, default=f.default, type=kind, choices=meta.get("choices"),
-                            action=_Store, help=meta["help"] + f" (default: {shown})")
+                            action=Store, help=meta["help"] + f" (default: {shown})")
 
 
 def strategy_list(valid, pairs: bool = False):
@@ -122,17 +126,17 @@ def strategy_list(valid, pairs: bool = False):
 def add_strategies(parser, default: str, valid, what: str, pairs: bool = False) -> None:
     """`--strategy` and `--strategies`: the same flag, one name or several comma-separated."""
     parser.add_argument("--strategy", "--strategies", dest="strategies", default=strategy_list(valid, pairs)(default),
-                        type=strategy_list(valid, pairs), action=_Store, metavar="NAME[,NAME...]",
+                        type=strategy_list(valid, pairs), action=Store, metavar="NAME[,NAME...]",
                         help=f"{what}; one of {', '.join(valid)}, or several comma-separated (default: {default})")
 
 
 def add_trace(parser, who: str = "") -> None:
-    parser.add_argument("--trace", default=None, metavar="PATH", action=_Store,
+    parser.add_argument("--trace", default=None, metavar="PATH", action=Store,
                         help=f"write the trace (.npz) here{who}; with several strategies put {{strategy}} in it")
 
 
 def add_timeout(parser, what: str) -> None:
-    parser.add_argument("--timeout", type=float, default=3600.0, action=_Store, metavar="SECONDS",
+    parser.add_argument("--timeout", type=float, default=3600.0, action=Store, metavar="SECONDS",
                         help=f"{what}: stop every process after this many seconds (default: %(default)s)")
 
 

@@ -27,17 +27,17 @@ def _add_train(sub) -> None:
     argv.add_strategies(train, "ddp", JAX, "the data-parallel strategy (fsdp is an alias of zero3)")
     argv.add_trace(train)
     multi = train.add_argument_group("multi-process (jax.distributed)")
-    multi.add_argument("--processes", type=int, default=1, action=argv._Store,
+    multi.add_argument("--processes", type=int, default=1, action=argv.Store,
                        help="start this many processes on this machine, each holding --devices / P devices "
                             "(default: %(default)s)")
-    multi.add_argument("--coordinator", default=None, metavar="HOST:PORT", action=argv._Store,
+    multi.add_argument("--coordinator", default=None, metavar="HOST:PORT", action=argv.Store,
                        help="process 0's coordinator (cluster runs; with --num-processes and --process-id)")
-    multi.add_argument("--num-processes", type=int, default=None, action=argv._Store,
+    multi.add_argument("--num-processes", type=int, default=None, action=argv.Store,
                        help="processes in all (cluster runs)")
-    multi.add_argument("--process-id", type=int, default=None, action=argv._Store,
+    multi.add_argument("--process-id", type=int, default=None, action=argv.Store,
                        help="this process's index, 0 to --num-processes - 1 (cluster runs)")
     argv.add_timeout(multi, "--processes")
-    train.add_argument("--progress", default=None, action=argv._Switch,
+    train.add_argument("--progress", default=None, action=argv.Switch,
                        help="progress bar (default: when stderr is a terminal)")
 
 
@@ -51,7 +51,7 @@ def _add_analyses(sub) -> None:
                               "memory", description="Compile one training step and list what it communicates.")
     argv.add_run_arguments(inspect, exclude=NO_RUN)
     argv.add_strategies(inspect, "ddp", JAX, "the strategy to compile")
-    inspect.add_argument("--json", default=None, metavar="PATH", action=argv._Store,
+    inspect.add_argument("--json", default=None, metavar="PATH", action=argv.Store,
                          help="also write the result as JSON here (several strategies: put {strategy} in it)")
 
 
@@ -62,7 +62,7 @@ def _add_pairs(sub) -> None:
     argv.add_run_arguments(compare, exclude=NO_CHECKPOINT)
     argv.add_strategies(compare, "ddp,ddp-ring,zero1,zero3", EITHER, "the strategies to compare (each must exist "
                         "in both frameworks: " + ", ".join(BOTH) + ")")
-    compare.add_argument("--out", default="reports/compare", metavar="DIR", action=argv._Store,
+    compare.add_argument("--out", default="reports/compare", metavar="DIR", action=argv.Store,
                          help="folder for report.html, report.md, summary.json, PNGs (default: %(default)s)")
 
     parity = argv.subcommand(sub, "parity", help="train each strategy in jaxdp and torch_ref and compare them step "
@@ -73,9 +73,9 @@ def _add_pairs(sub) -> None:
 
     bench = argv.subcommand(sub, "bench", help="benchmarks, side by side in one run: writes bench.json and bench.md",
                             description="Benchmarks as ratios measured side by side in one run.")
-    bench.add_argument("--quick", action=argv._Switch, default=False,
+    bench.add_argument("--quick", action=argv.Switch, default=False,
                        help="tiny sizes and few repeats (a smoke run) (default: %(default)s)")
-    bench.add_argument("--out", default="reports/bench", metavar="DIR", action=argv._Store,
+    bench.add_argument("--out", default="reports/bench", metavar="DIR", action=argv.Store,
                        help="folder for bench.json and bench.md (default: %(default)s)")
 
 

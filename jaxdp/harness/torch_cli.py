@@ -26,7 +26,7 @@ def build_parser() -> argv.Parser:
                         "the data-parallel strategy (fsdp is an alias of zero3)")
     argv.add_trace(train, " (rank 0)")
     argv.add_timeout(train, "the launcher")
-    train.add_argument("--pg-timeout", type=float, default=300.0, metavar="SECONDS", action=argv._Store,
+    train.add_argument("--pg-timeout", type=float, default=300.0, metavar="SECONDS", action=argv.Store,
                        help="process group: a collective that waits longer fails (default: %(default)s)")
     return parser
 

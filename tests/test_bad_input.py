@@ -64,7 +64,8 @@ def bad_values(action) -> list[str]:
     if isinstance(action, argparse.BooleanOptionalAction) or action.nargs == 0:
         return []
     if action.dest in PATHS:
-        return ["", "{tmp}/afile/x"] + (["{tmp}/adir"] if PATHS[action.dest] == "file" else ["{tmp}/afile"])
+        braces = ["{tmp}/r{x}.npz"] if action.dest == "trace" else []  # only {strategy} is filled in
+        return ["", "{tmp}/afile/x", *braces] + (["{tmp}/adir"] if PATHS[action.dest] == "file" else ["{tmp}/afile"])
     if action.choices:
         return ["bogus", ""]
     if action.type is values.int_list:
@@ -157,6 +158,9 @@ def read_by_none():
             yield pytest.param(prog, "train", flag, value, ["--strategy", other], id=f"{prog}-{flag}-strategy")
     yield pytest.param("jaxdp", "compare", "--bucket-mb", "2", ["--strategy", "zero3"], id="compare-bucket")
     yield pytest.param("jaxdp", "train", "--shards", "4", [], id="shards-native")
+    yield pytest.param("jaxdp", "inspect", "--json", "{tmp}/r{x}.json", [], id="inspect-json-braces")
+    yield pytest.param("jaxdp", "inspect", "--json", "{tmp}/one.json", ["--strategy", "ddp,zero3"],
+                       id="inspect-json-two")
     yield pytest.param("jaxdp", "train", "--n-layer", "2", ["--preset", "gpt2-124m"], id="preset-clash")
     for name in ("memory", "inspect"):
         for flag in cli.NO_RUN:

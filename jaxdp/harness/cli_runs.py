@@ -7,7 +7,6 @@ import sys
 import time
 
 from ..core import argv, config, paths
-from ..core.errors import ConfigError
 
 
 def memory(args) -> int:
@@ -24,13 +23,10 @@ def memory(args) -> int:
 
 def inspect(args) -> int:
     from ..analysis import inspect as inspect_mod
+    from .cli_train import outputs
 
     cfgs = argv.configs(args)
-    if args.json is not None and len(cfgs) > 1 and "{strategy}" not in args.json:
-        raise ConfigError("several strategies write several files: put {strategy} in --json, e.g. {strategy}.json")
-    jsons = {c.strategy: args.json.format(strategy=c.strategy) if args.json is not None else None for c in cfgs}
-    for path in (p for p in jsons.values() if p is not None):
-        paths.output_file(path, "--json")
+    jsons = outputs(args.json, [c.strategy for c in cfgs], "--json", "{strategy}.json")
     for cfg in cfgs:
         inspect_mod.main(cfg, jsons[cfg.strategy])
     return 0

@@ -10,20 +10,18 @@ from ..core import argv, config, hsdp_hosts, paths
 from ..core.errors import ConfigError
 
 
-def traces(pattern: str | None, names) -> dict:
-    """strategy -> its trace path (None: no trace); several strategies need {strategy} in --trace."""
+def outputs(pattern: str | None, names, flag: str = "--trace", example: str = "runs/{strategy}.npz") -> dict:
+    """strategy -> its output path (None: not asked for); several strategies need {strategy} in `flag`."""
     if pattern is None:
         return {n: None for n in names}
     if len(names) > 1 and "{strategy}" not in pattern:
-        raise ConfigError("several strategies write several traces: put {strategy} in --trace, e.g. "
-                          "runs/{strategy}.npz")
+        raise ConfigError(f"several strategies write several files: put {{strategy}} in {flag}, e.g. {example}")
     try:
         out = {n: pattern.format(strategy=n) for n in names}
     except (KeyError, IndexError, ValueError):
-        raise ConfigError(f"--trace {pattern}: only {{strategy}} may stand in braces; e.g. runs/{{strategy}}.npz") \
-            from None
+        raise ConfigError(f"{flag} {pattern}: only {{strategy}} may stand in braces; e.g. {example}") from None
     for path in out.values():
-        paths.output_file(path, "--trace")
+        paths.output_file(path, flag)
     return out
 
 
@@ -83,7 +81,7 @@ def train(args) -> int:
     from .. import devices
 
     cfgs = argv.configs(args)
-    trace_paths = traces(args.trace, [c.strategy for c in cfgs])
+    trace_paths = outputs(args.trace, [c.strategy for c in cfgs])
     check_checkpoints(cfgs)
     check_processes(args)
     for cfg in cfgs:

@@ -35,10 +35,10 @@ def check(args) -> list:
     """Every input of `torch_ref train`, before any rank starts: the configurations, paths, timeouts, machine."""
     from torch_ref.launch import check_platform
 
-    from .cli_train import check_checkpoints, traces
+    from .cli_train import check_checkpoints, outputs
 
     cfgs = argv.configs(args, framework="torch")
-    args.trace_paths = traces(args.trace, [c.strategy for c in cfgs])
+    args.trace_paths = outputs(args.trace, [c.strategy for c in cfgs])
     check_checkpoints(cfgs)
     for name in ("timeout", "pg_timeout"):
         value = getattr(args, name)

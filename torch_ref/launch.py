@@ -17,6 +17,7 @@ import datetime
 import os
 import pickle
 import queue as queue_mod
+import signal as signal_mod
 import socket
 import time
 import traceback
@@ -32,11 +33,25 @@ GRACE_S = 2.0  # after the first error: how long to collect the others' before t
 
 
 class RankError(RuntimeError):
-    """A rank failed; `rank` says which, `cause` is its exception (when it could be pickled)."""
+    """A rank failed; `rank` says which, `cause` is its exception (when it could be pickled), `signal` the
+    signal that killed it (a native crash, a kill), if one did."""
 
-    def __init__(self, rank: int, message: str, tb: str = "", cause: BaseException | None = None):
+    def __init__(self, rank: int, message: str, tb: str = "", cause: BaseException | None = None,
+                 signal: int | None = None):
         super().__init__(f"rank {rank} failed: {message}")
-        self.rank, self.traceback, self.cause = rank, tb, cause
+        self.rank, self.traceback, self.cause, self.signal = rank, tb, cause, signal
+
+
+def _killed(procs) -> tuple[int, int] | None:
+    """(rank, signal) of the first rank a signal killed, or None."""
+    return next(((r, -p.exitcode) for r, p in enumerate(procs) if p.exitcode is not None and p.exitcode < 0), None)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal_mod.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def free_port() -> int:
@@ -168,8 +183,9 @@ def _collect(procs, results, nprocs: int, timeout_s: float) -> list:
             if silent and not errors:  # died without a word (killed, segfault): allow the pipe to drain
                 dead_since = dead_since or now
                 if now - dead_since > GRACE_S:
-                    r = procs.index(silent[0])
-                    code = silent[0].exitcode
+                    r, code = procs.index(silent[0]), silent[0].exitcode
+                    if code < 0:
+                        raise RankError(r, f"killed by signal {-code} ({_signal_name(-code)})", signal=-code) from None
                     raise RankError(r, f"process exited with code {code} and no Python error") from None
             continue
         if kind == "ok":
@@ -179,6 +195,11 @@ def _collect(procs, results, nprocs: int, timeout_s: float) -> list:
             first_error_at = first_error_at or time.monotonic()
     if errors:
         _, rank, (message, tb, cause) = min(errors, key=lambda e: e[0])
+        killed = _killed(procs)  # a rank killed by a signal raises nothing; its peers' errors follow from it
+        if killed is not None and killed[0] != rank:
+            r, number = killed
+            raise RankError(r, f"killed by signal {number} ({_signal_name(number)}); then rank {rank}: {message}",
+                            tb, cause, signal=number)
         raise RankError(rank, message, tb, cause)
     return [values[r] for r in range(nprocs)]
 

@@ -197,17 +197,20 @@ def test_shared_flags_mean_the_same_in_both_frameworks():
     assert theirs["strategies"][0] == ours["strategies"][0] == ("--strategy", "--strategies")
 
 
+def test_a_missing_gpu_is_one_line_before_any_rank(tmp, monkeypatch, capsys):
+    """The machine, checked before work: torch_ref --platform gpu where torch sees no GPU."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    code, out = call("torch_ref", ["train", "--devices", "2", "--platform", "gpu"], tmp, monkeypatch, capsys)
+    assert code == 2 and out.err.count("\n") == 1 and "--platform gpu: torch sees no GPU" in out.err, out.err
+
+
 @pytest.mark.parametrize("argv_", [
     ["-m", "jaxdp", "train", "--lr", "nan"],
-    ["-m", "torch_ref", "train", "--devices", "2", "--platform", "gpu"],
     ["-m", "jaxdp", "compare", "--strategy", "zero3", "--hidden", "8,,8"],
-], ids=["jaxdp-lr-nan", "torch_ref-gpu", "compare-hidden"])
+], ids=["jaxdp-lr-nan", "compare-hidden"])
 def test_a_real_process_answers_in_one_line(argv_, tmp_path):
-    pytest.importorskip("torch")
-    import torch
-
-    if "gpu" in argv_ and torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
     run = subprocess.run([sys.executable] + argv_, capture_output=True, text=True, timeout=120, cwd=tmp_path,
                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
     assert run.returncode == 2 and run.stdout == "" and run.stderr.count("\n") == 1, run.stderr

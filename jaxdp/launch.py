@@ -64,9 +64,10 @@ def launch(argv: list[str], processes: int, timeout_s: float | None = None) -> i
 
 def _relay(pipe) -> None:
     """Process 0's stdout, less gloo's connection notice (`[Gloo] Rank 0 is connected to 1 peer ranks`),
-    which the C++ library prints on every run: not the user's business."""
+    which the C++ library prints on every run, and the blank line its separate newline sometimes leaves
+    (`jaxdp train` itself prints none): not the user's business."""
     for line in iter(pipe.readline, b""):
-        if not line.startswith(b"[Gloo] "):
+        if not line.lstrip().startswith(b"[Gloo] ") and line.strip():
             sys.stdout.buffer.write(line)
             sys.stdout.flush()
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..core import spread as spread_mod
 from ..core import trace as trace_mod
-from . import error_model, parity, relaxed
+from . import error_model, parity, relaxed, resolution
 
 ORDER = ("init", "x", "y", "loss", "grad", "param", "state")
 BATCH = ("x", "y")
@@ -143,7 +143,7 @@ def compare(a: trace_mod.Trace, b: trace_mod.Trace, tolerance: float | None = No
     if tolerance is None:
         row = parity.judge(ra, rb, tol, sides=("A", "B"), check_config=False, with_ulp=True)
         d, failures = row.diff, spread_mod.failures(found) + row.failures  # a rank spread first: it explains the rest
-        measures = _bounded(d, tol, pos, same_shape)
+        measures = _bounded(d, tol, pos, same_shape, row.resolution)
         step_update = dict(zip(range(first_step, steps + 1), row.per_step["step update"], strict=False))
         bounds = {f: tol.bound(f) for f in parity.FIELDS + ("elementwise",)} | {"dtype": dtype, "source": source}
     else:
@@ -156,7 +156,9 @@ def compare(a: trace_mod.Trace, b: trace_mod.Trace, tolerance: float | None = No
     divergences.sort(key=lambda v: (v.step, ORDER.index(v.field), -v.ratio, v.name))
     first = divergences[0] if divergences else None
     allow = row.allowance if row is not None else None
-    if first is not None and first.key in a.arrays and first.key in b.arrays and not first.detail:
+    if first is not None and first.measure in resolution.MEASURES:
+        _located(first, a, b, row.resolution)
+    elif first is not None and first.key in a.arrays and first.key in b.arrays and not first.detail:
         _locate(first, a, b, first_step, d["floor"], allow)
     note, kept = relaxed.lines(row) if row is not None else ("", [])
     notes += ([note] if note else []) + spread_mod.notes(found)
@@ -188,9 +190,13 @@ def _restricted(t, keys, first_step, steps, dtype) -> trace_mod.Trace:
                            kept)
 
 
-def _bounded(d, tol, pos, keys) -> dict:
-    """key -> [(measure, error, bound)] under the parity bounds (module docstring)."""
+def _bounded(d, tol, pos, keys, derived=None) -> dict:
+    """key -> [(measure, error, bound)] under the parity bounds (module docstring), a parameter's
+    update also under its bounds derived from the traces (`derived`, jaxdp/harness/resolution.py)."""
     out = {}
+    extra = {}
+    for f in derived.cells if derived else ():
+        extra.setdefault(f"step/{f.step}/param/{f.name}", []).append((f.measure, f.error, f.bound))
     for k in keys:
         step, fld, name = pos[k]
         if fld in ("init",) + BATCH:
@@ -203,6 +209,7 @@ def _bounded(d, tol, pos, keys) -> dict:
             out[k] = [("norm", d["norm"][k], tol.bound(fld)), ("elementwise", d["elementwise"][k], tol.elementwise)]
             if fld == "param" and f"update/{step}/{name}" in d["norm"]:
                 out[k].append(("update", d["norm"][f"update/{step}/{name}"], tol.update))
+            out[k] += extra.get(k, [])
     return out
 
 
@@ -242,6 +249,16 @@ def _step_updates(step_update: dict, tol, norm: dict) -> list[Divergence]:
             out.append(Divergence(step, "param", name, f"step/{step}/param/{name}", "step update", err,
                                   tol.step_update))
     return out
+
+
+def _located(v: Divergence, a, b, derived) -> None:
+    """Fill in a derived bound's divergence: the element the resolution names (the tensor's worst
+    element for 'resolved update') and both sides' parameters there."""
+    element = next((f for f in derived.cells if (f.step, f.name, f.measure) == (v.step, v.name, "resolved element")),
+                   None)
+    if element is not None and element.index is not None:
+        v.index = element.index
+        v.a, v.b = (float(np.asarray(t.arrays[v.key], np.float64)[element.index]) for t in (a, b))
 
 
 def _locate(v: Divergence, a, b, first_step: int, floor: float, allow=None) -> None:

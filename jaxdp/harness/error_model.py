@@ -167,10 +167,14 @@ def grad_floors(b, u: float, grad_bound: float, elementwise_bound: float) -> dic
     return out
 
 
-def replay(t, opt: Optimizer, names, grads_out: dict | None = None, side: str = "") -> dict:
+def replay(t, opt: Optimizer, names, grads_out: dict | None = None, side: str = "",
+           envelope: dict | None = None) -> dict:
     """{k: {name: update}}: each step's update as `opt` makes it from `t`'s own recorded gradients
-    (before clipping) and parameters, in float64; stops at the first step missing a gradient."""
+    (before clipping) and parameters, in float64; stops at the first step missing a gradient.
+    `envelope` receives {k: {name: M}}: the same update made from |g| and |p| (a running error
+    bound's magnitude: the update's rounding in its dtype is a few u x M, also where its terms cancel)."""
     state: dict = {}
+    env_state: dict = {}
     out = {}
     params = {n: np.asarray(t.arrays[f"init/{n}"], np.float64) for n in names}
     for k in range(t.first_step, t.steps + 1):
@@ -181,6 +185,10 @@ def replay(t, opt: Optimizer, names, grads_out: dict | None = None, side: str = 
             grads_out.update({(side, k, n): t.arrays[key] for n, key in keys.items()})
         grads = {n: np.asarray(t.arrays[key], np.float64) for n, key in keys.items()}
         out[k] = _update(opt, grads, params, state, k - t.first_step + 1)
+        if envelope is not None:
+            absolute = _update(opt, {n: np.abs(g) for n, g in grads.items()}, {n: np.abs(p) for n, p in params.items()},
+                               env_state, k - t.first_step + 1)
+            envelope[k] = {n: np.abs(x) for n, x in absolute.items()}
         params = {n: np.asarray(t.arrays.get(f"step/{k}/param/{n}", params[n]), np.float64) for n in names}
     return out
 

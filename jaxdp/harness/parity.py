@@ -60,7 +60,7 @@ import numpy as np
 from ..core import trace as trace_mod
 from ..core.config import RunConfig
 from ..core.hsdp_hosts import per_strategy
-from . import error_model, relaxed
+from . import error_model, relaxed, resolution
 
 # (label, jaxdp strategy, torch_ref strategy): same names where both frameworks have them, and the
 # two framework-only variants against the other side's plain ddp.
@@ -143,6 +143,7 @@ class Row:
     allowance: error_model.Allowance | None = field(default=None, repr=False)  # the per-element error model
     relaxed: list = field(default_factory=list)  # jaxdp.relaxed: kept within bounds by the error model
     model_note: str = ""  # why the error model replayed no optimizer ("" when it did)
+    resolution: resolution.Resolution | None = field(default=None, repr=False)  # the derived bounds
 
     @property
     def ok(self) -> bool:
@@ -155,19 +156,24 @@ def judge(a, b, tol: Tolerance | None = None, label: str = "", cfg: RunConfig | 
     names the field, the worst array (by key) and the bound; non-finite arrays are named by key and side.
     The error model (jaxdp/harness/error_model.py) only lowers measures: it runs where they fail without it."""
     tol = tol or tolerance(b.meta)
-    row = _judged(a, b, tol, label, cfg, sides, check_config, with_ulp, None)
-    if row.ok:
-        row.model_note = "error model: not needed (every measure within its bound without it)"
+    if check_config:
+        trace_mod.check_comparable(a, b)
+    derived = resolution.resolve(a, b)  # the tight direction: bounds derived from the traces
+    row = _judged(a, b, tol, label, cfg, sides, with_ulp, None, derived)
+    if row.ok or all(f.startswith(resolution.MEASURES) for f in row.failures):
+        if row.ok:
+            row.model_note = "error model: not needed (every measure within its bound without it)"
         return row
     allow = error_model.allowance(a, b, tol.grad, tol.elementwise)
     if allow is None:  # a dtype it does not cover
         return replace(row, model_note=error_model.why_none(a, b))
-    return _judged(a, b, tol, label, cfg, sides, check_config, with_ulp, allow)
+    return _judged(a, b, tol, label, cfg, sides, with_ulp, allow, derived)
 
 
-def _judged(a, b, tol, label, cfg, sides, check_config, with_ulp, allow) -> Row:
-    """`judge`'s measures and failures, with the error model's allowances `allow` (or None)."""
-    d = trace_mod.diff(a, b, check_config=check_config, with_ulp=with_ulp, allowance=allow, sides=sides)
+def _judged(a, b, tol, label, cfg, sides, with_ulp, allow, derived=None) -> Row:
+    """`judge`'s measures and failures, with the error model's allowances `allow` (or None) and the
+    derived bounds `derived` (jaxdp/harness/resolution.py, or None)."""
+    d = trace_mod.diff(a, b, check_config=False, with_ulp=with_ulp, allowance=allow, sides=sides)
     steps = range(b.first_step, b.steps + 1)
     worst_at = {}  # (field, step) -> (error, key)
     for key, err in d["norm"].items():
@@ -183,9 +189,11 @@ def _judged(a, b, tol, label, cfg, sides, check_config, with_ulp, allow) -> Row:
     worst_key["step update"] = f"step {b.first_step + int(np.argmax(per_step['step update']))}" if steps else ""
     init_identical = all(np.array_equal(a.arrays[k], b.arrays[k]) for k in b.arrays if k.startswith("init/"))
     row = Row(label, cfg, worst, per_step, worst_key, init_identical, tol, diff=d, allowance=allow,
-              model_note=error_model.why_none(a, b) or "")
+              model_note=error_model.why_none(a, b) or "", resolution=derived)
     if allow is not None:
-        row.relaxed = relaxed.relaxations(a, b, allow, d, tol, d["floor"])
+        flagged = derived.flagged() if derived else set()
+        row.relaxed = [r for r in relaxed.relaxations(a, b, allow, d, tol, d["floor"])
+                       if (r.step, r.name) not in flagged]  # "explained by roundoff" only where it is
     row.failures += [f"non-finite: {k} holds NaN or Inf in {_sides(w, sides)}" for k, w in d["non_finite"].items()]
     row.failures += [f"spread: {f.describe()}" for f in d["spread"] if f.fails]  # rank spread (jaxdp/core/spread.py)
     if not init_identical:
@@ -198,6 +206,12 @@ def _judged(a, b, tol, label, cfg, sides, check_config, with_ulp, allow) -> Row:
         key = max(elementwise, key=elementwise.get)
         row.failures.append(f"elementwise {elementwise[key]:.2e} > {tol.elementwise:g} at {key}")
     row.failures += [f"{side}: {msg}" for side, t in zip(sides, (a, b), strict=True) for msg in bf16_reduced(t)]
+    for measure in resolution.MEASURES:
+        worst_found = max((f for f in derived.beyond if f.measure == measure), key=lambda f: f.ratio,
+                          default=None) if derived else None
+        if worst_found is not None:
+            row.failures.append(f"{measure} {worst_found.error:.2e} > {worst_found.bound:.2e} at "
+                                f"update/{worst_found.step}/{worst_found.name}")
     return row
 
 

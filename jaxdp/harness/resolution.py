@@ -1,0 +1,140 @@
+"""The judge's tight direction: how far two honest runs' updates can differ, derived per tensor and per
+element from the two traces themselves, so that a bug far below the dtype's constant bound is seen
+(docs/PARITY.md, "Bounds derived from the traces"). The dtype's constants stay as ceilings.
+
+Two honest runs store p_k = p_(k-1) + U_k(g, p_(k-1)) + r_k, each with its own gradients g and its own
+rounding r_k. The measured difference of one step's updates (du = p_k - p_(k-1), each side's own) is
+
+    du_a - du_b = [U_k(g_a, p_a) - U_k(g_b, p_b)] + (arithmetic_a - arithmetic_b) + (r_a - r_b)
+
+  1. the first term is replayed exactly (float64) from the recorded gradients and parameters
+     (jaxdp/harness/error_model.py): R_i, the only allowance an element gets from its gradients;
+  2. the update arithmetic in the run's dtype (m, v, sqrt, the division, clipping's coefficient) errs
+     by a few u of its running magnitude M_i (the same update made from |g| and |p|, which covers terms
+     that cancel): C_ARITH u M_i;
+  3. storing p_k: each side rounds at most twice at p's magnitude (torch's AdamW: the decay, then the
+     step; optax: once), so |r_a - r_b| <= 2 ulp_i, ulp_i the spacing of the larger of p_k and p_(k-1).
+
+What is left, x_i = max(|du_a - du_b| - R_i - C_ARITH u M_i, 0), is storage only, and is judged
+  per element  x_i <= 2 ulp_i                                   ('resolved element')
+  per tensor   sum x_i^2 <= sum ulp_i^2 / 3 + 16 sqrt(sum ulp_i^4)  ('resolved update')
+The tensor bound: each side's r is at most two roundings, each uniform in +-ulp/2 (variance ulp^2 / 12),
+so E[x_i^2] <= ulp_i^2 / 3, and x_i^2 lies in [0, 4 ulp_i^2]; Hoeffding's inequality puts the sum
+above its mean by 16 sqrt(sum ulp^4) (4 standard deviations of the bound, s = 4) with probability below
+exp(-2 s^2) = 1e-14. Nothing here is a constant of the dtype: a tensor whose parameters are 0.02 and
+whose update is 1e-3 resolves a change of its update of 1e-6 (float32) or 1e-14 (float64) relative;
+one whose parameters are 1 (a LayerNorm scale) resolves ulp(1) / |du|. The smallest bug each tensor
+shows is measured, not assumed (`python -m jaxdp.mutations.limits`).
+
+Applied where the optimizer can be replayed (error_model.why_none: float64 and float32, a named
+optimizer, traces from step 1); elsewhere the constant bounds judge alone.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..core import trace as trace_mod
+from . import error_model
+
+C_ARITH = 16  # unit roundoffs of the update's running magnitude (a handful of operations, with margin)
+MEASURES = ("resolved update", "resolved element")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One tensor's update at one step, judged against its derived bound: `error` and `bound` are
+    relative to the update (B's): the tensor's ||x|| / ||du_b||, or the element's x_i / |du_b,i|."""
+    step: int
+    name: str
+    measure: str
+    error: float
+    bound: float
+    index: tuple | None = None
+
+    @property
+    def ratio(self) -> float:
+        if math.isnan(self.error):
+            return math.inf
+        return self.error / self.bound if self.bound > 0 else (math.inf if self.error > 0 else 0.0)
+
+    def describe(self) -> str:
+        at = f" at {list(self.index)}" if self.index is not None else ""
+        return (f"step {self.step}, update, {self.name}{at}: {self.measure} error {self.error:.2e} > "
+                f"{self.bound:.2e}, the storage roundoff left once the gradients' differences are replayed")
+
+
+@dataclass
+class Resolution:
+    """Every (step, tensor) judged: `cells` holds both measures of each, `beyond` those past their bound."""
+    opt: error_model.Optimizer
+    cells: list = field(default_factory=list)
+    beyond: list = field(default_factory=list)
+
+    def worst(self, measure: str) -> Finding | None:
+        return max((c for c in self.cells if c.measure == measure), key=lambda c: c.ratio, default=None)
+
+    def flagged(self) -> set:
+        """{(step, name)} of the updates beyond a derived bound."""
+        return {(f.step, f.name) for f in self.beyond}
+
+
+def resolve(a: trace_mod.Trace, b: trace_mod.Trace) -> Resolution | None:
+    """The derived bounds of trace `a` against reference `b` (module docstring); None where the
+    optimizer cannot be replayed (error_model.why_none says why)."""
+    if error_model.why_none(a, b):
+        return None
+    opt = error_model.optimizer_of(b.meta) or error_model.optimizer_of(a.meta)
+    u = error_model.UNIT[b.meta.get("dtype", a.meta.get("dtype"))]
+    names = [n for n in b.names() if f"init/{n}" in a.arrays and f"init/{n}" in b.arrays]
+    env_a, env_b = {}, {}
+    ra = error_model.replay(a, opt, names, envelope=env_a)
+    rb = error_model.replay(b, opt, names, envelope=env_b)
+    out = Resolution(opt)
+    for k in sorted(set(ra) & set(rb)):
+        for n in names:
+            pa, pb = _params(a, k, n), _params(b, k, n)
+            if pa is None or pb is None or n not in ra[k] or n not in rb[k]:
+                continue
+            noise = C_ARITH * u * np.maximum(env_a[k][n], env_b[k][n])
+            found = judge_tensor(pa, pb, np.abs(ra[k][n] - rb[k][n]) + noise, k, n)
+            out.cells += found
+            out.beyond += [f for f in found if f.ratio > 1]
+    return out
+
+
+def _params(t, k: int, name: str):
+    """(p_(k-1), p_k) of `t` in their stored dtype, or None."""
+    before = t.arrays.get(f"init/{name}" if k == t.first_step else f"step/{k - 1}/param/{name}")
+    after = t.arrays.get(f"step/{k}/param/{name}")
+    return None if before is None or after is None else (np.asarray(before), np.asarray(after))
+
+
+def judge_tensor(pa, pb, explained, step: int, name: str) -> list[Finding]:
+    """Both measures of one tensor's update at one step: `pa`, `pb` each side's (p_(k-1), p_k);
+    `explained` the per-element difference the replay and the arithmetic account for."""
+    (a0, a1), (b0, b1) = pa, pb
+    du_a = a1.astype(np.float64) - a0.astype(np.float64)
+    du_b = b1.astype(np.float64) - b0.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        x = np.maximum(np.abs(du_a - du_b) - np.nan_to_num(explained, nan=0.0, posinf=0.0), 0.0)
+        x = np.where(np.isfinite(du_a) & np.isfinite(du_b), x, np.nan)
+    ulp = np.maximum.reduce([np.spacing(np.abs(v)).astype(np.float64) for v in (a0, a1, b0, b1)])
+    if not x.size:
+        return []
+    scale = float(np.linalg.norm(du_b)) or 1.0
+    bound2 = float(np.sum(ulp ** 2)) / 3 + 16 * math.sqrt(float(np.sum(ulp ** 4)))
+    tensor = Finding(step, name, "resolved update", float(np.linalg.norm(x)) / scale, math.sqrt(bound2) / scale)
+    if np.isnan(x).any():
+        return [tensor, Finding(step, name, "resolved element", math.nan, 0.0, _at(np.isnan(x)))]
+    i = np.unravel_index(int(np.argmax(x / (2 * ulp))), x.shape)
+    size = float(abs(du_b[i])) or 1.0
+    element = Finding(step, name, "resolved element", float(x[i]) / size, 2 * float(ulp[i]) / size,
+                      tuple(int(j) for j in i))
+    return [tensor, element]
+
+
+def _at(mask) -> tuple:
+    return tuple(int(j) for j in np.unravel_index(int(np.argmax(mask)), mask.shape))

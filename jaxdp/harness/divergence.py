@@ -100,8 +100,9 @@ def position(key: str, first_step: int = 1):
 def default_bounds(a: trace_mod.Trace, b: trace_mod.Trace) -> tuple[parity.Tolerance, str, str]:
     """The parity bounds for the dtype and optimizer in B's meta (else A's). A user's trace without
     `dtype` is judged by the row of its parameters' dtype (float64, else float32: a bf16 run's
-    master values are float32, so name `dtype` or pass --tolerance); without `optimizer` by the SGD
-    row (the stricter)."""
+    master values are float32, so name `dtype` or pass --tolerance); without `optimizer` by the Adam
+    row, which holds for every optimizer (the same as SGD's in float64 and float32; bf16's judges
+    Adam's updates per step only)."""
     meta = {k: m[k] for m in (a.meta, b.meta) for k in ("dtype", "optimizer") if k in m}
     source = []
     if "dtype" not in meta:
@@ -109,8 +110,8 @@ def default_bounds(a: trace_mod.Trace, b: trace_mod.Trace) -> tuple[parity.Toler
         meta["dtype"] = "float64" if kinds == {"float64"} else "float32"
         source.append(f"dtype {meta['dtype']} from the parameters' arrays (meta has no 'dtype')")
     if "optimizer" not in meta:
-        meta["optimizer"] = "sgd"
-        source.append("optimizer row sgd (meta has no 'optimizer')")
+        meta["optimizer"] = "adam"
+        source.append("optimizer row adam, which holds for any optimizer (meta has no 'optimizer')")
     source.append(f"the parity bounds for {meta['dtype']}, {meta['optimizer']}; --tolerance T overrides")
     return parity.tolerance(meta), meta["dtype"], "; ".join(source)
 

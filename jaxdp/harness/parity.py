@@ -60,7 +60,7 @@ import numpy as np
 from ..core import trace as trace_mod
 from ..core.config import RunConfig
 from ..core.hsdp_hosts import per_strategy
-from . import error_model, relaxed
+from . import error_model, relaxed, unmodelled
 
 # (label, jaxdp strategy, torch_ref strategy): same names where both frameworks have them, and the
 # two framework-only variants against the other side's plain ddp.
@@ -162,6 +162,8 @@ def judge(a, b, tol: Tolerance | None = None, label: str = "", cfg: RunConfig | 
     allow = error_model.allowance(a, b, tol.grad, tol.elementwise)
     if allow is None:  # a dtype it does not cover
         return replace(row, model_note=error_model.why_none(a, b))
+    if allow.opt is None:  # no optimizer to replay: what the gradients' disagreement explains
+        unmodelled.fill(a, b, allow, (trace_mod.updates(a), trace_mod.updates(b)))
     return _judged(a, b, tol, label, cfg, sides, check_config, with_ulp, allow)
 
 

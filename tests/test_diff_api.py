@@ -6,11 +6,14 @@ bugs fail. Synthetic traces (tests/test_error_model.py's AdamW runs, tests/test_
 trace), no training."""
 from __future__ import annotations
 
-import numpy as np
+import json
+
 import pytest
 
+import jaxdp
 from jaxdp.core import trace
-from jaxdp.harness import divergence
+from jaxdp.core.errors import ConfigError
+from jaxdp.harness import cli, divergence
 
 from .test_error_model import BUGS, run
 
@@ -46,3 +49,78 @@ def test_identical_gradients_leave_no_allowance():
     arrays["step/3/param/wte"] = arrays["step/3/param/wte"] + 1e-9  # past the storage rounding
     report = divergence.compare(trace.Trace(a.meta, arrays), a, check_config=False)
     assert not report.ok and (report.first.step, report.first.name) == (3, "wte")
+
+
+def resumed_from(t: trace.Trace, first: int) -> trace.Trace:
+    """`t` as a run resumed after step first - 1 records it: its values then as `init/`, steps from `first`."""
+    arrays = {k: v for k, v in t.arrays.items() if not k.startswith("step/") or int(k.split("/")[1]) >= first}
+    arrays |= {f"init/{n}": t.arrays[f"step/{first - 1}/param/{n}"] for n in t.names()}
+    return trace.Trace({**t.meta, "first_step": first}, arrays)
+
+
+@pytest.mark.parametrize("late", ["a", "b"])
+def test_a_resumed_trace_is_judged_over_the_steps_it_shares_with_the_full_run(late):
+    full = run(run_seed=1)
+    pair = (resumed_from(full, 3), full) if late == "a" else (full, resumed_from(full, 3))
+    v = jaxdp.diff(*pair)
+    assert v.ok, v.text()
+    assert v.steps == (3, 5) and any("compared over steps 3..5" in n for n in v.notes), v.notes
+
+
+def test_a_resumed_trace_with_a_mutated_shared_step_or_start_fails():
+    full = run(run_seed=1)
+    bad = resumed_from(full, 3)
+    arrays = dict(bad.arrays, **{"step/4/param/wte": bad.arrays["step/4/param/wte"] * (1 + 1e-6)})
+    v = jaxdp.diff(trace.Trace(bad.meta, arrays), full)
+    assert not v.ok and (v.first.step, v.first.field, v.first.name) == (4, "param", "wte"), v.text()
+    arrays = dict(bad.arrays, **{"init/wte": bad.arrays["init/wte"] * (1 + 1e-6)})  # resumed from other bits
+    v = jaxdp.diff(trace.Trace(bad.meta, arrays), full)
+    assert not v.ok and (v.first.step, v.first.field, v.first.name) == (2, "init", "wte"), v.text()
+
+
+def test_traces_without_a_step_in_common_are_one_clear_error():
+    full = run(run_seed=1)
+    short = trace.Trace({**full.meta, "steps": 2}, {k: v for k, v in full.arrays.items()
+                                                    if not k.startswith(("step/3/", "step/4/", "step/5/"))})
+    with pytest.raises(trace.TraceError, match="no step in common"):
+        jaxdp.diff(resumed_from(full, 4), short, check_config=False)
+
+
+def near(k, n, up, p):
+    """A key-bias element at step 2 far beyond its roundoff allowance (tests/test_error_model.py)."""
+    up = up.copy()
+    if (k, n) == (2, "attn/bias"):
+        up[5] += 1e-9
+    return up
+
+
+def test_after_a_divergence_the_relaxed_tensors_are_one_count_line(tmp_path):
+    honest = jaxdp.diff(run(run_seed=1), run(run_seed=2), check_config=False)
+    assert honest.ok and honest.relaxed
+    assert f"within bounds by the error model ({len(honest.relaxed)}:" in honest.text()
+    v = jaxdp.diff(run(run_seed=1, bug=near), run(run_seed=2), check_config=False)
+    assert not v.ok and v.relaxed, v.text()
+    lines = [line for line in v.text().splitlines() if "within bounds by the error model" in line]
+    assert lines == [lines[0]] and f": {len(v.relaxed)} tensors" in lines[0]
+    assert not any(r.describe(None) in v.text() for r in v.relaxed)
+    assert len(v.to_json()["relaxed"]) == v.to_json()["relaxed_count"] == len(v.relaxed)
+
+
+def test_diff_takes_paths_or_traces_and_its_json_is_the_cli_s(tmp_path, capsys):
+    a, b = run(run_seed=1, bug=near), run(run_seed=2)
+    paths = [str(tmp_path / "a.npz"), str(tmp_path / "b.npz")]
+    for p, t in zip(paths, (a, b), strict=True):
+        trace.save(p, t.meta, t.arrays)
+    v = jaxdp.diff(*paths, check_config=False)
+    assert isinstance(v, jaxdp.Verdict) and v.first == jaxdp.diff(a, b, check_config=False).first
+    assert v.findings[0] is v.first and v.failures
+    assert cli.main(["diff", *paths, "--no-config-check", "--json", str(tmp_path / "d.json")]) == 1
+    assert capsys.readouterr().out.startswith(v.text())
+    doc = json.loads((tmp_path / "d.json").read_text())
+    assert doc == json.loads(json.dumps(v.to_json()))
+    assert {"ok", "first_divergence", "a", "b", "bounds", "failures", "notes", "steps", "relaxed", "spread",
+            "divergences", "table"} <= set(doc)
+    with pytest.raises(ConfigError, match="trace A"):
+        jaxdp.diff(str(tmp_path / "none.npz"), b)
+    with pytest.raises(ConfigError, match="tolerance"):
+        jaxdp.diff(a, b, tolerance=-1.0)

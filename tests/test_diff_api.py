@@ -124,3 +124,28 @@ def test_diff_takes_paths_or_traces_and_its_json_is_the_cli_s(tmp_path, capsys):
         jaxdp.diff(str(tmp_path / "none.npz"), b)
     with pytest.raises(ConfigError, match="tolerance"):
         jaxdp.diff(a, b, tolerance=-1.0)
+
+
+def test_a_torch_optimizer_s_param_groups_are_its_settings():
+    torch = pytest.importorskip("torch")
+    from jaxdp.core import optimizer_settings
+
+    p = [torch.nn.Parameter(torch.zeros(3))]
+    assert optimizer_settings.settings(torch.optim.AdamW(p, lr=1e-3, weight_decay=0.01)) == {
+        "optimizer": "adamw", "lr": 1e-3, "weight_decay": 0.01, "adam_betas": [0.9, 0.999], "adam_eps": 1e-8}
+    assert optimizer_settings.settings(torch.optim.SGD(p, lr=0.1, momentum=0.9))["optimizer"] == "momentum"
+    assert optimizer_settings.settings(torch.optim.SGD(p, lr=0.1))["optimizer"] == "sgd"
+    q = [torch.nn.Parameter(torch.zeros(2))]
+    groups = torch.optim.SGD([{"params": p}, {"params": q, "lr": 0.2}], lr=0.1)
+    with pytest.raises(ConfigError, match="param groups differ in lr"):
+        optimizer_settings.settings(groups)
+
+
+def test_recorded_settings_are_replayed_and_the_missing_line_goes():
+    from jaxdp.core import optimizer_settings
+
+    a, b = (unrecorded(run(run_seed=s)) for s in (1, 2))
+    settings = {"name": "adamw", "lr": 1e-3, "weight_decay": 0.01}
+    a, b = (trace.Trace(optimizer_settings.merged(t.meta, settings), t.arrays) for t in (a, b))
+    v = jaxdp.diff(a, b, check_config=False)
+    assert v.ok and not any("not recorded" in n for n in v.notes) and any("adamw (lr 0.001" in n for n in v.notes)

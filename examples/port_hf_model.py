@@ -75,9 +75,10 @@ def batches(steps: int, batch: int, seed: int = 0):
 
 
 def meta(args, name, framework):
-    return {"framework": framework, "model": f"hf-{name}", "dtype": DTYPE[name], "optimizer": "adamw",
-            "lr": LR, "weight_decay": WEIGHT_DECAY, "clip_norm": CLIP, "strategy": args.strategy,
-            "devices": args.devices, "steps": args.steps, "batch_size": args.batch_size}
+    """The run's description; the optimizer's settings come from the Recorders' `optimizer=` (clipping is
+    the training step's, so `clip_norm` is here)."""
+    return {"framework": framework, "model": f"hf-{name}", "dtype": DTYPE[name], "clip_norm": CLIP,
+            "strategy": args.strategy, "devices": args.devices, "steps": args.steps, "batch_size": args.batch_size}
 
 
 # ---- JAX ----------------------------------------------------------------------------------------------
@@ -95,7 +96,8 @@ def jax_run(args, name, init, data, path):
     par = jaxdp.parallelize(jax_model(name), init, optimizer, strategy=args.strategy, devices=args.devices,
                             loss=cross_entropy, return_grads=True)
     state = par.init()
-    with jaxdp.trace.Recorder(path, meta(args, name, "jax")) as rec:
+    settings = {"name": "adamw", "lr": LR, "weight_decay": WEIGHT_DECAY}  # optax does not expose them
+    with jaxdp.trace.Recorder(path, meta(args, name, "jax"), optimizer=settings) as rec:
         rec.init(init)
         for k, (x, y) in enumerate(data, start=1):
             state, metrics = par.step(state, x, y)
@@ -124,7 +126,8 @@ def torch_rank(rank, world, args, name, data, path):
         hf_model(name), strategy=args.strategy,
         optimizer=lambda ps: torch.optim.AdamW(ps, lr=LR, weight_decay=WEIGHT_DECAY))
     rows = slice(rank * args.batch_size // world, (rank + 1) * args.batch_size // world)
-    with torch_ref.trace.Recorder(path, meta(args, name, "torch"), model, strip_prefix=PREFIX[name]) as rec:
+    with torch_ref.trace.Recorder(path, meta(args, name, "torch"), model, strip_prefix=PREFIX[name],
+                                  optimizer=optimizer) as rec:
         rec.init()
         for k, (x, y) in enumerate(data, start=1):
             loss = torch_ref.train_step(model, optimizer, torch.from_numpy(x[rows]), torch.from_numpy(y[rows]),
@@ -151,14 +154,13 @@ def paths(args, name) -> tuple[str, str]:
 
 def report(args, name) -> bool:
     """The diff of one model's two runs, printed as `jaxdp diff` prints it. True when they agree."""
-    from jaxdp.core import trace
-    from jaxdp.harness import cli_diff, divergence
+    import jaxdp
 
     torch_path, jax_path = paths(args, name)
-    diff = divergence.compare(trace.load(torch_path), trace.load(jax_path))
+    diff = jaxdp.diff(torch_path, jax_path)
     print(f"== {name} ({DTYPE[name]}, {args.strategy}, N = {args.devices}, {args.steps} steps): "
           f"transformers' model in torch_ref (A) against jaxdp.models.{'GPT2' if name == 'gpt2' else 'Llama'} (B)")
-    print(cli_diff.text(diff))
+    print(diff.text())
     return diff.ok
 
 

@@ -67,7 +67,9 @@ def jax_run(args, data, path):
     par = jaxdp.parallelize(model, None, optimizer, strategy=args.strategy, devices=args.devices,
                             accum=args.accum, loss=cross_entropy_jax, return_grads=True)
     state = par.init()
-    with jaxdp.trace.Recorder(path, meta(args, "jax")) as rec:
+    # optax does not expose its settings: record them (`jaxdp diff` replays them on the gradients)
+    settings = {"name": "adamw", "lr": LR, "weight_decay": WEIGHT_DECAY, "clip_norm": CLIP}
+    with jaxdp.trace.Recorder(path, meta(args, "jax"), optimizer=settings) as rec:
         rec.init(init)
         for k, (x, y) in enumerate(data, start=1):
             state, metrics = par.step(state, x, y)
@@ -111,7 +113,8 @@ def torch_rank(rank, world, args, data, init, path):
         model, strategy=args.strategy, accum=args.accum,
         optimizer=lambda ps: torch.optim.AdamW(ps, lr=LR, weight_decay=WEIGHT_DECAY))
     rows = slice(rank * args.batch_size // world, (rank + 1) * args.batch_size // world)
-    with torch_ref.trace.Recorder(path, meta(args, "torch"), model) as rec:
+    # the optimizer's settings from its param_groups; clipping is train_step's: clip_norm in meta
+    with torch_ref.trace.Recorder(path, {**meta(args, "torch"), "clip_norm": CLIP}, model, optimizer=optimizer) as rec:
         rec.init()
         for k, (x, y) in enumerate(data, start=1):
             loss = torch_ref.train_step(model, optimizer, torch.from_numpy(x[rows]), torch.from_numpy(y[rows]),
@@ -133,9 +136,9 @@ def plant_bug(model):
 
 # ---- both, and the diff -----------------------------------------------------------------------------
 def meta(args, framework):
-    return {"framework": framework, "model": "tinynet", "dtype": "float64", "optimizer": "adamw",
-            "strategy": args.strategy, "devices": args.devices, "accum": args.accum, "steps": args.steps,
-            "batch_size": args.batch_size, "lr": LR, "clip_norm": CLIP}
+    """The run's description; the optimizer's settings come from the Recorders' `optimizer=`."""
+    return {"framework": framework, "model": "tinynet", "dtype": "float64", "strategy": args.strategy,
+            "devices": args.devices, "accum": args.accum, "steps": args.steps, "batch_size": args.batch_size}
 
 
 def positive(text: str) -> int:
@@ -178,23 +181,20 @@ def main():
     launch.launch(torch_rank, args.devices, args, data, init, torch_path, platform="cpu", timeout_s=300)
     print(f"torch: {args.strategy} on {args.devices} rank(s), {args.steps} steps -> {torch_path}")
 
-    from jaxdp.core import trace
-    from jaxdp.harness import divergence
     from jaxdp.harness.report import diff_html
 
-    a, b = trace.load(torch_path), trace.load(jax_path)
-    report = divergence.compare(a, b)
+    verdict = jaxdp.diff(torch_path, jax_path)  # the Verdict `jaxdp diff torch.npz jax.npz` prints
     with open(os.path.join(args.out, "diff.json"), "w") as f:
-        json.dump(divergence.as_json(report, torch_path, jax_path), f, indent=1)
+        json.dump(verdict.to_json(), f, indent=1)
     with open(os.path.join(args.out, "diff.html"), "w") as f:
-        f.write(diff_html.page(report, torch_path, jax_path))
-    if report.first is None:
-        verdict = "ok" if report.ok else "FAIL"
-        print(f"torch and jax agree at every step and tensor within the float64 parity bounds ({verdict})")
+        f.write(diff_html.page(verdict.report, torch_path, jax_path))
+    if verdict.first is None:
+        word = "ok" if verdict.ok else "FAIL"
+        print(f"torch and jax agree at every step and tensor within the float64 parity bounds ({word})")
     else:
-        print(f"first divergence: {report.first.describe()}")
+        print(f"first divergence: {verdict.first.describe()}")
     print(f"details: {args.out}/diff.html, {args.out}/diff.json")
-    return 0 if report.ok else 1
+    return 0 if verdict.ok else 1
 
 
 if __name__ == "__main__":  # the spawned torch ranks import this file again

@@ -1,7 +1,8 @@
 """jaxdp: data parallelism in JAX (DP, DDP, bucketed and ring all-reduce, ZeRO, HSDP), checked against PyTorch.
 
 The library API (docs/LIBRARY.md): `jaxdp.setup_devices(n)`, `jaxdp.parallelize(loss_fn, params,
-optimizer, strategy=...)`, `jaxdp.trace.Recorder(path, meta)`.
+optimizer, strategy=...)`, `jaxdp.trace.Recorder(path, meta, optimizer=...)`,
+`jaxdp.diff(a, b)` (the `Verdict` of trace a against reference b).
 
 Importing jaxdp does not initialise JAX's backends (nor import JAX): the API is loaded on first
 use, so `jaxdp.setup_devices(n)` can still ask for n simulated CPU devices afterwards.
@@ -11,8 +12,9 @@ from . import _moved
 __version__ = "0.1.0"
 _moved.install()  # the paths modules had before jaxdp.core / .analysis / .harness still import
 
-_LAZY = {"setup_devices": "api", "parallelize": "api", "Parallel": "api"}
-__all__ = ["Parallel", "parallelize", "setup_devices"]
+_LAZY = {"setup_devices": "api", "parallelize": "api", "Parallel": "api", "diff": "harness.verdict",
+         "Verdict": "harness.verdict"}
+__all__ = ["Parallel", "Verdict", "diff", "parallelize", "setup_devices"]
 
 
 def __getattr__(name):

@@ -121,7 +121,7 @@ def test_a_wrong_gradient_is_judged_on_the_gradient_not_excused_after_the_optimi
 
 
 @pytest.mark.parametrize("meta, why", [
-    ({"optimizer": "lion"}, "names none of"), ({"dtype": "bfloat16"}, "dtype 'bfloat16'"),
+    ({"optimizer": "lion"}, "is none of"), ({"dtype": "bfloat16"}, "dtype 'bfloat16'"),
     ({"first_step": 2}, "resumed trace")])
 def test_no_allowance_where_the_optimizer_cannot_be_replayed(meta, why):
     a, b = (trace.Trace({**t.meta, **meta}, t.arrays) for t in (run(run_seed=1), run(run_seed=2)))

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from jaxdp.core import trace
+from jaxdp.core.errors import ConfigError
 from jaxdp.models import flat_names
 
 PARAMS = {"layers": {0: {"kernel": np.arange(6.0).reshape(2, 3), "bias": np.ones(3)}}, "scale": np.float64(2.0)}
@@ -72,3 +73,15 @@ def test_an_nnx_state_is_recorded_as_its_arrays():
     rec.init(nnx.state(model, nnx.Param))
     assert set(rec.arrays) == {"init/kernel", "init/bias"}
     np.testing.assert_array_equal(rec.arrays["init/kernel"], np.asarray(model.kernel[...]))
+
+
+def test_the_optimizer_settings_go_into_meta_and_a_clash_or_an_optax_object_is_one_line():
+    rec = trace.Recorder(None, {"model": "mine"}, optimizer={"name": "adamw", "lr": 1e-3, "weight_decay": 0.01,
+                                                             "clip_norm": 1.0})
+    assert rec.meta == {"model": "mine", "optimizer": "adamw", "lr": 1e-3, "weight_decay": 0.01, "clip_norm": 1.0}
+    assert trace.Recorder(None, {"lr": 1e-3}, optimizer={"name": "sgd", "lr": 1e-3}).meta["optimizer"] == "sgd"
+    with pytest.raises(ConfigError, match="weight_decay 0.0 in meta, 0.01 in the optimizer"):
+        trace.Recorder(None, {"weight_decay": 0.0}, optimizer={"name": "adamw", "lr": 1e-3, "weight_decay": 0.01})
+    with pytest.raises(ConfigError, match="give a dict of its settings") as e:
+        trace.Recorder(None, {}, optimizer=lambda params: None)  # what optax's transformations expose: nothing
+    assert "\n" not in str(e.value)

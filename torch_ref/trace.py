@@ -1,7 +1,7 @@
 """`Recorder`: write a torch training run as a jaxdp trace (docs/TRACE.md), for `jaxdp diff`.
 
     model, optimizer = torch_ref.parallelize(MyModel(), strategy="ddp", optimizer=make_optimizer)
-    with torch_ref.trace.Recorder("run.npz", {"model": "mine", "steps": 10}, model) as rec:
+    with torch_ref.trace.Recorder("run.npz", {"model": "mine", "steps": 10}, model, optimizer=optimizer) as rec:
         rec.init()
         for k in range(1, 11):
             loss = torch_ref.train_step(model, optimizer, x_rows, y_rows, loss_fn)
@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from jaxdp.core import optimizer_settings
 from jaxdp.core import trace as jax_trace
 from jaxdp.core.config import ConfigError
 
@@ -41,11 +42,14 @@ class Recorder:
     by module path and layer type; `names=` and `strip_prefix=` as `convert.tensors_to_flax` takes
     them; an unmapped parameter is an error here, at construction).
     `path=None` keeps the arrays in memory (`arrays`, on rank 0) without writing. `meta` is written
-    as given, with `framework: torch` added when absent."""
+    as given, with `framework: torch` added when absent, and `optimizer`'s settings (the torch.optim
+    optimizer `parallelize` returned: its param_groups' lr, weight_decay, betas, eps, momentum; or a
+    dict, jaxdp/core/optimizer_settings.py) so that `jaxdp diff` replays it; clipping is the
+    training step's: put `clip_norm` in meta."""
 
-    def __init__(self, path, meta: dict, model, names=None, strip_prefix: str = ""):
+    def __init__(self, path, meta: dict, model, names=None, strip_prefix: str = "", optimizer=None):
         self.par = api.state_of(model)  # a model parallelize did not return is an error naming the fix
-        self.path, self.meta = path, {"framework": "torch", **meta}
+        self.path, self.meta = path, optimizer_settings.merged({"framework": "torch", **meta}, optimizer)
         self.names, self.strip_prefix = names, strip_prefix
         convert.mapping(self.par.module, names, strip_prefix)  # every parameter maps (else one error listing them)
         self.writer = not dist.is_initialized() or dist.get_rank() == 0

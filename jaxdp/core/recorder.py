@@ -1,6 +1,7 @@
 """`Recorder`: write the trace (docs/TRACE.md) from any training loop, step by step.
 
-    with jaxdp.trace.Recorder("run.npz", {"framework": "jax", "model": "mine"}) as rec:
+    settings = {"name": "adamw", "lr": 1e-3, "weight_decay": 0.01}   # what optax.adamw(...) was given
+    with jaxdp.trace.Recorder("run.npz", {"framework": "jax", "model": "mine"}, optimizer=settings) as rec:
         rec.init(params)
         for k in range(1, steps + 1):
             state, metrics = par.step(state, x, y)
@@ -22,6 +23,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from . import optimizer_settings
 from .tracefile import save
 
 
@@ -58,13 +60,15 @@ def unflatten(flat_names: dict) -> dict:
 class Recorder:
     """A trace being recorded: `init(params, state=None)`, then `step(...)` per step; written on close.
 
-    `meta` is the trace's JSON header (framework, model, optimizer...: what `jaxdp diff` compares);
-    `steps` and `first_step` are filled in from the steps recorded unless given. `path` None keeps
-    the arrays in memory only (`arrays`)."""
+    `meta` is the trace's JSON header (framework, model, dtype...: what `jaxdp diff` compares);
+    `steps` and `first_step` are filled in from the steps recorded unless given. `optimizer`: the
+    settings the run trains with, a dict (`name`, `lr`, `weight_decay`, `betas`, `eps`, `momentum`,
+    `clip_norm`; jaxdp/core/optimizer_settings.py), written into meta so that `jaxdp diff` replays
+    that optimizer. `path` None keeps the arrays in memory only (`arrays`)."""
 
-    def __init__(self, path, meta: dict | None = None):
+    def __init__(self, path, meta: dict | None = None, optimizer=None):
         self.path = path
-        self.meta = dict(meta or {})
+        self.meta = optimizer_settings.merged(dict(meta or {}), optimizer)
         self.arrays: dict[str, np.ndarray] = {}
         self.steps: list[int] = []
         self.closed = False

@@ -22,13 +22,13 @@ recorders take optionally. A trace's rank spread (jaxdp/core/spread.py) is judge
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..core import spread as spread_mod
 from ..core import trace as trace_mod
-from . import error_model, parity, relaxed, resolution
+from . import error_model, parity, relaxed, resolution, resumed
 
 ORDER = ("init", "x", "y", "loss", "grad", "param", "state")
 BATCH = ("x", "y")
@@ -100,8 +100,9 @@ def position(key: str, first_step: int = 1):
 def default_bounds(a: trace_mod.Trace, b: trace_mod.Trace) -> tuple[parity.Tolerance, str, str]:
     """The parity bounds for the dtype and optimizer in B's meta (else A's). A user's trace without
     `dtype` is judged by the row of its parameters' dtype (float64, else float32: a bf16 run's
-    master values are float32, so name `dtype` or pass --tolerance); without `optimizer` by the SGD
-    row (the stricter)."""
+    master values are float32, so name `dtype` or pass --tolerance); without `optimizer` by the Adam
+    row, which holds for every optimizer (the same as SGD's in float64 and float32; bf16's judges
+    Adam's updates per step only)."""
     meta = {k: m[k] for m in (a.meta, b.meta) for k in ("dtype", "optimizer") if k in m}
     source = []
     if "dtype" not in meta:
@@ -109,8 +110,8 @@ def default_bounds(a: trace_mod.Trace, b: trace_mod.Trace) -> tuple[parity.Toler
         meta["dtype"] = "float64" if kinds == {"float64"} else "float32"
         source.append(f"dtype {meta['dtype']} from the parameters' arrays (meta has no 'dtype')")
     if "optimizer" not in meta:
-        meta["optimizer"] = "sgd"
-        source.append("optimizer row sgd (meta has no 'optimizer')")
+        meta["optimizer"] = "adam"
+        source.append("optimizer row adam, which holds for any optimizer (meta has no 'optimizer')")
     source.append(f"the parity bounds for {meta['dtype']}, {meta['optimizer']}; --tolerance T overrides")
     return parity.tolerance(meta), meta["dtype"], "; ".join(source)
 
@@ -126,7 +127,9 @@ def compare(a: trace_mod.Trace, b: trace_mod.Trace, tolerance: float | None = No
         shared = trace_mod.shared_config_fields(a, b)
         notes.append(f"configuration compared on {', '.join(shared) or 'no field (neither meta carries one)'}")
     found, a, b = spread_mod.split(a, b, ("A", "B"))
-    first_step = max(a.first_step, b.first_step)
+    a, b, shared = resumed.align(a, b)
+    notes += [shared] if shared else []
+    first_step = a.first_step
     pos = {k: p for k in set(a.arrays) | set(b.arrays) if (p := position(k, first_step))}
     outside = sorted((set(a.arrays) | set(b.arrays)) - set(pos))
     if outside:
@@ -161,7 +164,8 @@ def compare(a: trace_mod.Trace, b: trace_mod.Trace, tolerance: float | None = No
     elif first is not None and first.key in a.arrays and first.key in b.arrays and not first.detail:
         _locate(first, a, b, first_step, d["floor"], allow)
     note, kept = relaxed.lines(row) if row is not None else ("", [])
-    notes += ([note] if note else []) + spread_mod.notes(found)
+    settings = error_model.why_none(ra, rb) if row is not None and dtype in error_model.DTYPES else None
+    notes += list(dict.fromkeys(n for n in (note, settings) if n)) + spread_mod.notes(found)  # said once
     ok = not divergences and not failures
     return Report(ok, first, divergences, cells, failures, notes, bounds, first_step=first_step, steps=steps,
                   extra={"diff": d, "row": row, "tolerance": tolerance, "spread": found}, relaxed=kept)
@@ -288,29 +292,3 @@ def _locate(v: Divergence, a, b, first_step: int, floor: float, allow=None) -> N
                 v.allowance = relaxed.why(allow.opt, float(g_a[index]), float(g_b[index]),
                                           float(np.max(np.abs(g_b))), float(allowed[index]),
                                           float(np.abs(xa - xb)[index]), ("A", "B"))
-
-
-def as_json(report: Report, a_path: str = "", b_path: str = "") -> dict:
-    """The `--json` document: `ok`, `first_divergence` (or None) and the rest (docs/TRACE.md).
-    Non-finite numbers are written as the strings 'nan', 'inf', '-inf' (JSON has none)."""
-    first = None
-    if report.first is not None:
-        first = asdict(report.first)
-        first["index"] = list(first["index"]) if first["index"] is not None else None
-    doc = {"ok": report.ok, "first_divergence": first, "a": a_path, "b": b_path, "bounds": report.bounds,
-           "failures": report.failures, "notes": report.notes, "steps": [report.first_step, report.steps],
-           "relaxed": report.relaxed, "spread": [asdict(f) for f in report.extra.get("spread", [])],
-           "divergences": [{k: getattr(v, k) for k in ("step", "field", "name", "measure", "error", "bound")}
-                           for v in report.divergences],
-           "table": report.cells}
-    return _finite(doc)
-
-
-def _finite(x):
-    if isinstance(x, float) and not math.isfinite(x):
-        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    return x

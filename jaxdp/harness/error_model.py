@@ -34,7 +34,8 @@ relative to itself is O(1), so it is judged at the step's gradient scale (`grad_
 
 Applied to float64 and float32 runs; bf16 runs keep their bounds (Adam's updates there are judged per
 step, which already absorbs such elements). A resumed trace (no optimizer state to replay from) or an
-optimizer meta does not name gets the gradient floors only, which the notes say.
+optimizer meta does not name gets the gradient floors and the gradient-explained allowances of
+jaxdp/harness/unmodelled.py instead of a replay, which the notes say.
 """
 from __future__ import annotations
 
@@ -107,11 +108,24 @@ def why_none(a, b) -> str | None:
     if meta.get("dtype") not in DTYPES:
         return f"no per-element error model for dtype {meta.get('dtype')!r} (float64 and float32 only)"
     if optimizer_of(b.meta) is None and optimizer_of(a.meta) is None:
-        return ("no optimizer in the error model: meta names none of sgd, momentum, adam, adamw with its lr "
-                "(gradients judged with their roundoff floors)")
+        return (f"optimizer settings not recorded ({missing(b.meta) or missing(a.meta)}): updates judged by how "
+                f"far the gradients disagree, not by a replay of the optimizer; record them with "
+                f"Recorder(..., optimizer=...) (docs/LIBRARY.md)")
     if a.first_step != 1 or b.first_step != 1:
-        return "no optimizer in the error model: a resumed trace has no optimizer state to replay"
+        return ("no optimizer replay from a resumed trace (no optimizer state to replay from): updates judged by "
+                "how far the gradients disagree")
     return None
+
+
+def missing(meta: dict) -> str:
+    """What a meta lacks for `optimizer_of`, in words ('' when nothing)."""
+    name = meta.get("optimizer")
+    lacks = [k for k in ("optimizer", "lr") if k not in meta]
+    if name is not None and name not in OPTIMIZERS:
+        return f"optimizer {name!r} is none of {', '.join(OPTIMIZERS)}"
+    if "lr" in meta and not isinstance(meta["lr"], (int, float)):
+        return f"lr {meta['lr']!r} is not a number"
+    return "meta lacks " + " and ".join(repr(k) for k in lacks) if lacks else ""
 
 
 def allowance(a, b, grad_bound: float = math.inf, elementwise_bound: float = math.inf) -> Allowance | None:

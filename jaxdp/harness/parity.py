@@ -60,7 +60,7 @@ import numpy as np
 from ..core import trace as trace_mod
 from ..core.config import RunConfig
 from ..core.hsdp_hosts import per_strategy
-from . import error_model, relaxed, resolution
+from . import error_model, relaxed, resolution, unmodelled
 
 # (label, jaxdp strategy, torch_ref strategy): same names where both frameworks have them, and the
 # two framework-only variants against the other side's plain ddp.
@@ -167,6 +167,8 @@ def judge(a, b, tol: Tolerance | None = None, label: str = "", cfg: RunConfig | 
     allow = error_model.allowance(a, b, tol.grad, tol.elementwise)
     if allow is None:  # a dtype it does not cover
         return replace(row, model_note=error_model.why_none(a, b))
+    if allow.opt is None:  # no optimizer to replay: what the gradients' disagreement explains
+        unmodelled.fill(a, b, allow, (trace_mod.updates(a), trace_mod.updates(b)))
     return _judged(a, b, tol, label, cfg, sides, with_ulp, allow, derived)
 
 
@@ -206,12 +208,7 @@ def _judged(a, b, tol, label, cfg, sides, with_ulp, allow, derived=None) -> Row:
         key = max(elementwise, key=elementwise.get)
         row.failures.append(f"elementwise {elementwise[key]:.2e} > {tol.elementwise:g} at {key}")
     row.failures += [f"{side}: {msg}" for side, t in zip(sides, (a, b), strict=True) for msg in bf16_reduced(t)]
-    for measure in resolution.MEASURES:
-        worst_found = max((f for f in derived.beyond if f.measure == measure), key=lambda f: f.ratio,
-                          default=None) if derived else None
-        if worst_found is not None:
-            row.failures.append(f"{measure} {worst_found.error:.2e} > {worst_found.bound:.2e} at "
-                                f"update/{worst_found.step}/{worst_found.name}")
+    row.failures += derived.failures() if derived else []
     return row
 
 

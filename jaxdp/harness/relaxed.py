@@ -43,7 +43,9 @@ def why(opt: Optimizer | None, g_a: float, g_b: float, tensor_max: float, allow:
     level = "roundoff level" if ratio < 1e-6 else "small" if ratio < 1e-3 else "resolved"
     name = opt.name if opt else ""
     how = ("that Adam's m / (sqrt(v) + eps) amplifies" if name in ("adam", "adamw")
-           else "that the update carries linearly")
+           else "that the update carries linearly" if opt else
+           "that any optimizer may carry (no optimizer recorded: up to 2x the gradients' relative difference "
+           "times the update)")
     after = f" ({opt.describe()})" if opt else ""
     return (f"gradient {g_b:.1e} ({sides[1]}) and {g_a:.1e} ({sides[0]}) against the tensor's max "
             f"{tensor_max:.1e} ({level}): a difference {how}{after}, plus one ulp of storage; allowance "

@@ -76,6 +76,15 @@ class Resolution:
     def worst(self, measure: str) -> Finding | None:
         return max((c for c in self.cells if c.measure == measure), key=lambda c: c.ratio, default=None)
 
+    def failures(self) -> list[str]:
+        """The judge's failure lines: the worst update beyond each derived bound."""
+        out = []
+        for measure in MEASURES:
+            found = max((f for f in self.beyond if f.measure == measure), key=lambda f: f.ratio, default=None)
+            if found is not None:
+                out.append(f"{measure} {found.error:.2e} > {found.bound:.2e} at update/{found.step}/{found.name}")
+        return out
+
     def flagged(self) -> set:
         """{(step, name)} of the updates beyond a derived bound."""
         return {(f.step, f.name) for f in self.beyond}

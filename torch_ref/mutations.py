@@ -133,12 +133,8 @@ def bn_no_backward_reduce():
     return [(batchnorm, "_AllReduceSum", _AllReduceForwardOnly)]
 
 
-def fused_bias(cfg) -> int:
-    return 3 * cfg.d_model  # gpt2's c_attn bias, [q | k | v]: the size that picks it out of the model
-
-
 def fused_kernel(cfg) -> int:
-    return 3 * cfg.d_model ** 2  # gpt2's c_attn kernel
+    return 3 * cfg.d_model ** 2  # gpt2's c_attn kernel: the size that picks it out of the model
 
 
 def _edit_update(size_of, edit):
@@ -169,9 +165,10 @@ def _edit_update(size_of, edit):
     return [(optim, "make", made)]
 
 
-def _doubled_first(u):
+def _scaled_first(u):
+    """The first element's update 1 + 1e-5 times itself."""
     u = u.clone()
-    u.view(-1)[0] *= 2
+    u.view(-1)[0] *= 1.00001
     return u
 
 
@@ -181,10 +178,10 @@ def adam_eps():
 
 
 PATCHES = {
-    "lr-1.0001x": lambda: _edit_update(fused_bias, lambda k, u, p, lr, wd: u * 1.0001),
+    "lr-1.00001x": lambda: _edit_update(fused_kernel, lambda k, u, p, lr, wd: u * 1.00001),
     "decay-skipped-once": lambda: _edit_update(fused_kernel, lambda k, u, p, lr, wd: u + lr * wd * p if k == 2 else u),
     "adam-eps-1e-6": adam_eps,
-    "one-element": lambda: _edit_update(fused_bias, lambda k, u, p, lr, wd: _doubled_first(u) if k == 2 else u),
+    "one-element": lambda: _edit_update(fused_kernel, lambda k, u, p, lr, wd: _scaled_first(u) if k == 2 else u),
     "missing-1/N": missing_one_over_n,
     "summed-twice": summed_twice,
     "clip-shard-norm": clip_shard_norm,

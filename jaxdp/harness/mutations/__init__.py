@@ -46,12 +46,13 @@ CATALOGUE = [
     Mutation("bn-no-backward-reduce", "cnn: sync BatchNorm's backward all-reduce removed (the statistics are "
              "global in forward, but each device's gradient misses the other devices' rows' dependence on them)",
              CNN, "zero2", "ddp", dtypes=CNN_DTYPES),
-    Mutation("lr-1.0001x", "the learning rate 1.0001x on one tensor (gpt2's fused qkv bias), every step", GPT2,
+    Mutation("lr-1.00001x", "the learning rate 1.00001x on one weight tensor (gpt2's fused qkv kernel), every "
+             "step", GPT2,
              "ddp", "ddp", dtypes=SMALL_DTYPES),
     Mutation("decay-skipped-once", "AdamW's weight decay skipped on one tensor (the fused qkv kernel) at step 2",
              GPT2, "ddp", "ddp", dtypes=SMALL_DTYPES),
     Mutation("adam-eps-1e-6", "Adam's eps 1e-6 instead of 1e-8", GPT2, "ddp", "ddp", dtypes=SMALL_DTYPES),
-    Mutation("one-element", "one element's update doubled (the fused qkv bias's first, at step 2)", GPT2,
+    Mutation("one-element", "one element's update 1.00001x (the fused qkv kernel's first, at step 2)", GPT2,
              "ddp", "ddp", dtypes=SMALL_DTYPES),
 ]
 # A bug the trace cannot see (the trace reads device 0's copy): the replica check's own mutation.

@@ -14,7 +14,7 @@ from ... import optim
 from ...devices import AXIS
 from ...models import cnn, flat_names
 from ...strategies import bucket, common, ddp, zero
-from .runs import FUSED_BIAS, FUSED_KERNEL
+from .runs import FUSED_KERNEL
 
 
 def missing_one_over_n():
@@ -157,7 +157,7 @@ def _edit_update(size: int, edit):
 
 
 def lr_one_tensor():
-    return _edit_update(FUSED_BIAS, lambda k, u, p, lr, wd: u * 1.0001)
+    return _edit_update(FUSED_KERNEL, lambda k, u, p, lr, wd: u * 1.00001)
 
 
 def decay_skipped_once():
@@ -165,7 +165,7 @@ def decay_skipped_once():
 
 
 def one_element():
-    return _edit_update(FUSED_BIAS, lambda k, u, p, lr, wd: jnp.where(k == 2, u.at[0].multiply(2.0), u))
+    return _edit_update(FUSED_KERNEL, lambda k, u, p, lr, wd: jnp.where(k == 2, u.at[0, 0].multiply(1.00001), u))
 
 
 def adam_eps():
@@ -187,7 +187,7 @@ PATCHES = {
     "decay-one-replica": decay_one_shard,
     "bn-local-stats": bn_local_stats,
     "bn-no-backward-reduce": bn_no_backward_reduce,
-    "lr-1.0001x": lr_one_tensor,
+    "lr-1.00001x": lr_one_tensor,
     "decay-skipped-once": decay_skipped_once,
     "adam-eps-1e-6": adam_eps,
     "one-element": one_element,

@@ -123,6 +123,15 @@ def setup(n: int, platform: str = "auto", distributed: Distributed | None = None
     return list(devices[:n])
 
 
+def pin_float32_matmuls(devices) -> None:
+    """On a GPU, float32 matrix products in full float32 for this process: XLA:GPU's default precision
+    rounds their operands to TF32 (10-bit mantissas, ~5e-4), torch's does not, so float32 parity between
+    the frameworks needs 'highest' (torch_ref pins its side off too: `torch_ref.launch.pin_float32`).
+    A CPU computes float32 products in float32 whatever the setting: nothing is changed there."""
+    if any(d.platform == "gpu" for d in devices):
+        jax.config.update("jax_default_matmul_precision", "highest")
+
+
 def mesh(devices) -> Mesh:
     """A one-dimensional mesh whose only axis is named `data`."""
     return Mesh(np.asarray(devices), (AXIS,), axis_types=(AxisType.Explicit,))

@@ -36,6 +36,8 @@ def prepare(cfg: RunConfig, return_grads: bool = False, distributed: devices_mod
         raise devices_mod.DeviceError("strategy 'single' runs on one device of one process; drop --processes")
     if cfg.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
+    if cfg.dtype != "bfloat16":  # bf16 runs keep the fast matrix units; float32 ones on a GPU no TF32
+        devices_mod.pin_float32_matmuls(devices)
     from . import api, models, optim, strategies
     from .core import data
 

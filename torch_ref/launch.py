@@ -80,6 +80,14 @@ def rank_device(platform: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def pin_float32(device: torch.device) -> None:
+    """On a GPU, float32 matrix products and convolutions without TF32 (jaxdp pins its side to 'highest' too:
+    `jaxdp.devices.pin_float32_matmuls`), so float32 parity holds; cuDNN's convolutions default to TF32."""
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.cudnn.allow_tf32 = False
+
+
 def init_process_group(device: torch.device, rank: int, world: int, timeout_s: float, store=None) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -96,6 +96,8 @@ def train_rank(rank: int, world: int, cfg: RunConfig, init: dict[str, np.ndarray
     strategy is `single`) through `parallelize` + `train_step` (+ a `Recorder` with `record`, whose
     arrays go into the result as jaxdp.train.run's `record`). Returns the result on rank 0, None elsewhere."""
     device = device or launch.rank_device(cfg.platform, rank)
+    if cfg.dtype != "bfloat16":
+        launch.pin_float32(device)
     dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
     module = cnn.for_device(models.load_flax(models.build(cfg, dataset).to(device), init), device)
     model, optimizer = configured(module, cfg)

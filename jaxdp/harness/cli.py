@@ -3,6 +3,7 @@ The flags come from `jaxdp.core.argv` (the run flags from `RunConfig`, the one d
 use); every input is checked before any device, process or model is made (`cli_runs.py`, `cli_train.py`)."""
 from __future__ import annotations
 
+import os
 import sys
 
 from ..core import argv, config
@@ -100,6 +101,8 @@ def main(argv_=None) -> int:
     try:
         if args.command in TORCH_COMMANDS:
             config.require_torch(f"jaxdp {args.command}")
+            # one GPU shared with torch in this process: JAX takes memory as it needs it, not 75% up front
+            os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
         run = {"train": cli_train.train, "memory": cli_runs.memory, "inspect": cli_runs.inspect,
                "parity": cli_runs.parity, "compare": cli_runs.compare, "bench": cli_runs.bench,
                "diff": cli_diff.main}[args.command]

@@ -43,7 +43,6 @@ def run_torch(cfgs: list, timeout_s: float = 900.0) -> dict:
     """{item: result} for a list of items, each a RunConfig, or (RunConfig, mutation name or None)
     or (RunConfig, mutation, kind): kind 'train' (the default) gives the torch_ref RunResult of
     rank 0, 'dtypes' every rank's `torch_ref.mutations.collective_dtypes` (N > 1 only)."""
-    import torch
     import torch.distributed as dist
 
     from torch_ref import launch
@@ -61,12 +60,13 @@ def run_torch(cfgs: list, timeout_s: float = 900.0) -> dict:
     results = {}
     for n, entries in sorted(by_n.items()):
         jobs = [job for _, job in entries]
-        if n == 1:
+        if n == 1:  # in this process: on the GPU (nccl) where cfg.platform gives one, else the CPU (gloo)
             for item, job in entries:
+                device = launch.rank_device(job[0].platform, 0)
                 if job[0].strategy != "single":
-                    launch.init_process_group(torch.device("cpu"), 0, 1, 120, store=dist.HashStore())
+                    launch.init_process_group(device, 0, 1, 120, store=dist.HashStore())
                 try:
-                    results[item] = _torch_job(0, 1, *job, device=torch.device("cpu"))
+                    results[item] = _torch_job(0, 1, *job, device=device)
                 finally:
                     if dist.is_initialized():
                         dist.destroy_process_group()

@@ -72,8 +72,7 @@ def _cost(program, lowered) -> tuple[dict, str]:
 
 def summary(program, lowered=None) -> dict:
     text = program.as_text()
-    names = re.findall(r"= \S+ (all-reduce|all-gather|reduce-scatter|collective-permute|all-to-all)"
-                       r"(?:-start)?\(", text)
+    names = re.findall(r"\b(all-reduce|all-gather|reduce-scatter|collective-permute|all-to-all)(?:-start)?\(", text)
     out = {"collectives": sorted(names), "memory": accounting.step_memory(program),
            "fusions": text.count(" fusion("), "custom_calls": text.count("custom-call(")}
     cost, source = _cost(program, lowered)

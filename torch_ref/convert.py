@@ -19,9 +19,15 @@ of the torch names before they become Flax names; a tied tensor is named once, b
 Anything unmatched (a torch tensor without a Flax name, a Flax leaf without a torch tensor), ambiguous
 (two torch tensors on one Flax name) or mismatched (shape, dtype) is one `ConvertError` listing every
 such name. Wrappers are seen through: DDP / DataParallel (`.module`) and `torch.compile` (`._orig_mod`).
+
+A behaviour no tensor name carries is said, never dropped silently: `to_flax` warns (`ConvertWarning`, one
+line each, `uncarried`) for an `nn.Embedding`'s `padding_idx` (its row gets no gradient) unless `target=`,
+the Flax model the parameters are for, has the same `padding_idx` at that path, and for `max_norm` or
+`scale_grad_by_freq` (no jaxdp layer has them).
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 
 import numpy as np
@@ -32,8 +38,12 @@ from jaxdp.core.recorder import unflatten  # the trace's names -> nested dicts (
 
 from .convert_names import FIX, NAMED_RULES, RULES, ConvertError, Mapped, aliases, plan, raise_problems, unwrap
 
-__all__ = ["FIX", "NAMED_RULES", "RULES", "ConvertError", "Mapped", "unwrap", "mapping", "flax_names", "flax_array",
-           "torch_tensor", "tensors_to_flax", "to_flax", "load_flax", "flatten"]
+__all__ = ["FIX", "NAMED_RULES", "RULES", "ConvertError", "ConvertWarning", "Mapped", "unwrap", "mapping", "flax_names",
+           "flax_array", "torch_tensor", "tensors_to_flax", "to_flax", "load_flax", "flatten", "uncarried"]
+
+
+class ConvertWarning(UserWarning):
+    """A behaviour of the torch model that the converted names cannot carry (`uncarried`)."""
 
 
 def mapping(model: nn.Module, names: Mapping | None = None, strip_prefix: str = "") -> dict[str, Mapped]:
@@ -101,9 +111,12 @@ def tensors_to_flax(model: nn.Module, tensors: Mapping[str, torch.Tensor],
     return out
 
 
-def to_flax(model: nn.Module, names: Mapping | None = None, strip_prefix: str = "") -> dict:
+def to_flax(model: nn.Module, names: Mapping | None = None, strip_prefix: str = "", target=None) -> dict:
     """The model's parameters and mapped buffers as a nested dict of NumPy arrays in Flax layout, the
-    structure `nnx.to_pure_dict(nnx.state(flax_model))` has (int keys for list items)."""
+    structure `nnx.to_pure_dict(nnx.state(flax_model))` has (int keys for list items). `target`: the
+    Flax model they are for, checked for the behaviours names cannot carry (`uncarried`: a warning each)."""
+    for line in uncarried(model, strip_prefix, target):
+        warnings.warn(line, ConvertWarning, stacklevel=2)
     tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     found = mapping(model, names, strip_prefix)
     return unflatten(tensors_to_flax(model, {n: tensors[n] for n in found}, names, strip_prefix))
@@ -156,3 +169,34 @@ def flatten(tree: Mapping, prefix: str = "") -> dict:
             out[name] = value.get_value() if hasattr(value, "get_value") else value
     return out
 
+
+
+def uncarried(model: nn.Module, strip_prefix: str = "", target=None) -> list[str]:
+    """Behaviours of the torch model that no tensor name carries, one line each: an `nn.Embedding`'s
+    `padding_idx` unless `target` (a Flax module) has the same `padding_idx` at the embedding's path;
+    its `max_norm` and `scale_grad_by_freq` always."""
+    inner, _ = unwrap(model)
+    lines = []
+    for path, module in inner.named_modules():
+        if not isinstance(module, nn.Embedding):
+            continue
+        given = getattr(_module_at(target, path.removeprefix(strip_prefix)), "padding_idx", None)
+        if module.padding_idx is not None and given != module.padding_idx:
+            seen = f"the target has {given!r}" if target is not None else "no target="
+            lines.append(f"torch_ref.convert: {path} has padding_idx={module.padding_idx} (that row gets no gradient), "
+                         f"which no name carries; {seen}: build the Flax model with padding_idx={module.padding_idx} "
+                         f"(jaxdp.models.Llama takes it) and pass it as to_flax(..., target=model)")
+        lines += [f"torch_ref.convert: {path} has {attr}={getattr(module, attr)}, which no name carries and no jaxdp "
+                  f"layer has: write it into your Flax model's forward" for attr in ("max_norm", "scale_grad_by_freq")
+                  if getattr(module, attr)]
+    return lines
+
+
+def _module_at(target, path: str):
+    """The submodule of a Flax model at a torch module path ('layers.0.attn'), or None."""
+    for key in path.split(".") if target is not None else ():
+        try:
+            target = target[int(key)] if key.isdigit() else getattr(target, key)
+        except (AttributeError, IndexError, KeyError, TypeError):
+            return None
+    return target

@@ -42,8 +42,12 @@ def tie(tree, dep):
     each leaf plus 0 x (the sum of dep's leaves' first elements). Exact for finite `dep` (a non-finite
     one makes the loss non-finite anyway, which the run reports). XLA's algebraic simplifier folds
     x * 0 only for integers (NaN * 0 is NaN), so the edge survives optimisation; an optimization
-    barrier does not, on XLA:CPU (`cse_barrier_expander` removes it)."""
-    first = sum(jnp.ravel(d)[0].astype(jnp.float32) for d in jax.tree.leaves(dep))
+    barrier does not, on XLA:CPU (`cse_barrier_expander` removes it). An empty `dep` (a unit that owns no
+    parameters of its own, only shared ones: its gather and reduce-scatter are of nothing) adds no edge."""
+    leaves = jax.tree.leaves(dep)
+    if not leaves:
+        return tree
+    first = sum(jnp.ravel(d)[0].astype(jnp.float32) for d in leaves)
     return jax.tree.map(lambda a: a + first.astype(a.dtype) * 0, tree)
 
 

@@ -263,6 +263,7 @@ def _located(v: Divergence, a, b, derived) -> None:
     if element is not None and element.index is not None:
         v.index = element.index
         v.a, v.b = (float(np.asarray(t.arrays[v.key], np.float64)[element.index]) for t in (a, b))
+        v.allowance = element.why
 
 
 def _locate(v: Divergence, a, b, first_step: int, floor: float, allow=None) -> None:

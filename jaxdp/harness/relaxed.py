@@ -64,13 +64,18 @@ class GradRelaxed:
     norm: float  # ||g_t||
     step_norm: float  # ||g_step||
     floor: float
+    rho: float = 0.0  # the parameters' disagreement entering the step, where it set the floor
     field: str = "grad"
 
     def describe(self, opt=None, sides=("a", "b")) -> str:
-        return (f"step {self.step}, grad, {self.name}: {self.measure} error {self.raw:.2e} > {self.bound:g}, "
-                f"{self.judged:.2e} at the step's roundoff scale; gradient norm {self.norm:.1e} against the "
-                f"step's {self.step_norm:.1e}: roundoff only (a sum whose terms cancel, as a bias before a "
-                f"normalisation), judged against the floor {self.floor:.1e}")
+        head = f"step {self.step}, grad, {self.name}: {self.measure} error {self.raw:.2e} > {self.bound:g}, "
+        if self.rho:
+            return head + (f"{self.judged:.2e} against what the parameters' accepted disagreement entering the step "
+                           f"({self.rho:.1e} of its update) moves the gradients by (docs/PARITY.md), floor "
+                           f"{self.floor:.1e}")
+        return head + (f"{self.judged:.2e} at the step's roundoff scale; gradient norm {self.norm:.1e} against the "
+                       f"step's {self.step_norm:.1e}: roundoff only (a sum whose terms cancel, as a bias before a "
+                       f"normalisation), judged against the floor {self.floor:.1e}")
 
 
 def relaxations(a, b, allow: Allowance, diff: dict, tol, floor: float) -> list[Relaxed]:
@@ -111,14 +116,15 @@ def _relaxed(key, step, field_name, name, measure, raw, judged, bound, xa, xb, A
 
 def _grads(a, b, allow: Allowance, diff: dict, tol, floor: float) -> list[GradRelaxed]:
     out = []
-    for key, (norm_floor, elem_floor, step_norm) in allow.grad_floor.items():
+    for key, (norm_floor, elem_floor, step_norm, rho) in allow.grad_floor.items():
         raw_norm, raw_elem = diff["raw"].get(key, (0.0, 0.0))
         checks = [("norm", raw_norm, diff["norm"].get(key, 0.0), tol.grad, norm_floor),
                   ("elementwise", raw_elem, diff["elementwise"].get(key, 0.0), tol.elementwise, elem_floor)]
         for measure, raw, judged, bound, at in checks:
             if raw > bound >= judged:
                 out.append(GradRelaxed(int(key.split("/")[1]), key.split("/", 3)[-1], measure, raw, judged, bound,
-                                       float(np.linalg.norm(np.asarray(b.arrays[key], np.float64))), step_norm, at))
+                                       float(np.linalg.norm(np.asarray(b.arrays[key], np.float64))), step_norm, at,
+                                       rho))
                 break
     return out
 

@@ -53,6 +53,7 @@ class Finding:
     error: float
     bound: float
     index: tuple | None = None
+    why: str = ""  # the element's: what the replay explains of |a - b| there, and the storage bound
 
     @property
     def ratio(self) -> float:
@@ -140,8 +141,10 @@ def judge_tensor(pa, pb, explained, step: int, name: str) -> list[Finding]:
         return [tensor, Finding(step, name, "resolved element", math.nan, 0.0, _at(np.isnan(x)))]
     i = np.unravel_index(int(np.argmax(x / (2 * ulp))), x.shape)
     size = float(abs(du_b[i])) or 1.0
+    why = (f"|A - B| {abs(du_a[i] - du_b[i]):.1e} in this element's update, of which the gradients' replayed "
+           f"difference explains {float(explained[i]):.1e}; storage roundoff allows {2 * float(ulp[i]):.1e} more")
     element = Finding(step, name, "resolved element", float(x[i]) / size, 2 * float(ulp[i]) / size,
-                      tuple(int(j) for j in i))
+                      tuple(int(j) for j in i), why)
     return [tensor, element]
 
 

@@ -26,22 +26,10 @@ STRATEGIES = {1: ("zero3",), 2: ("ddp", "zero3"), 4: ("zero2", "zero3")}
 
 def hf_model(name: str) -> torch.nn.Module:
     """A tiny transformers model in float64, eager attention, no dropout, the same weights every call."""
-    import transformers as hf
+    from jaxdp.harness.mutations import hf_honest
 
-    torch.manual_seed(0)
-    small = dict(vocab_size=VOCAB, attn_implementation="eager")
-    if name == "gpt2":
-        model = hf.GPT2LMHeadModel(hf.GPT2Config(n_positions=SEQ, n_embd=16, n_layer=2, n_head=2, resid_pdrop=0.0,
-                                                 embd_pdrop=0.0, attn_pdrop=0.0, **small))
-    elif name == "llama":
-        model = hf.LlamaForCausalLM(hf.LlamaConfig(max_position_embeddings=SEQ, hidden_size=16, num_hidden_layers=2,
-                                                   num_attention_heads=4, num_key_value_heads=2,
-                                                   intermediate_size=32, **small))
-    else:
-        model = hf.BertForMaskedLM(hf.BertConfig(max_position_embeddings=2 * SEQ, hidden_size=16, num_hidden_layers=2,
-                                                 num_attention_heads=2, intermediate_size=32, hidden_dropout_prob=0.0,
-                                                 attention_probs_dropout_prob=0.0, **small))
-    return model.double()
+    assert (hf_honest.VOCAB, hf_honest.SEQ) == (VOCAB, SEQ)
+    return hf_honest.hf_model(name, "float64")
 
 
 def batch(k: int):

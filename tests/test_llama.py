@@ -81,19 +81,11 @@ def hf_in_float64(monkeypatch):
     """transformers' three float32 sites promoted to float64 (its RMSNorm, rotary angles, softmax)."""
     torch = pytest.importorskip("torch")
     ml = pytest.importorskip("transformers.models.llama.modeling_llama")
-
-    def norm(self, h):
-        return self.weight * (h * torch.rsqrt(h.square().mean(-1, keepdim=True) + self.variance_epsilon))
-
-    def rotary(self, x, position_ids):
-        dim = 2 * self.inv_freq.shape[0]
-        angles = position_ids[..., None].double() / 1e4 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-        angles = torch.cat([angles, angles], dim=-1)
-        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    from jaxdp.harness.mutations import hf_honest
 
     softmax = torch.nn.functional.softmax
-    monkeypatch.setattr(ml.LlamaRMSNorm, "forward", norm)
-    monkeypatch.setattr(ml.LlamaRotaryEmbedding, "forward", rotary)
+    monkeypatch.setattr(ml.LlamaRMSNorm, "forward", hf_honest.rms_norm_in_dtype)
+    monkeypatch.setattr(ml.LlamaRotaryEmbedding, "forward", hf_honest.rotary_in_float64)
     monkeypatch.setattr(torch.nn.functional, "softmax", lambda x, dim=None, dtype=None, **kw: softmax(x, dim=dim))
 
 

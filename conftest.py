@@ -52,6 +52,7 @@ PARITY_FILES = {f"parity_tests/{name}.py" for name in ("test_cli", "test_parity"
 LONGEST_FIRST = ("torch-worlds", "parity", "tests/test_canonical.py", "tests/test_hf_models.py", "tests/test_zero.py",
                  "tests/test_torch_accounting.py", "tests/test_torch_launch.py", "tests/test_zero3_compiled.py",
                  "tests/test_bench.py", "tests/test_multiprocess.py", "tests/test_mutations.py",
+                 "tests/test_llama_families.py", "tests/test_resolution.py",
                  "tests/test_torch_hsdp8.py", "tests/test_examples.py", "tests/test_hsdp.py",
                  "tests/test_torch_checkpoint.py", "tests/test_jit.py", "tests/test_checkpoint.py",
                  "tests/test_torch_canonical.py", "tests/test_interrupt.py", "tests/test_bad_input.py")

@@ -232,7 +232,7 @@ def replay(t, opt: Optimizer, names, grads_out: dict | None = None, side: str = 
     params = {n: np.asarray(t.arrays[f"init/{n}"], np.float64) for n in names}
     for k in range(t.first_step, t.steps + 1):
         keys = {n: f"step/{k}/grad/{n}" for n in names}
-        if not all(key in t.arrays for key in keys.values()):
+        if not all(key in t.arrays and np.shape(t.arrays[key]) == params[n].shape for n, key in keys.items()):
             break
         if grads_out is not None:  # the recorded arrays themselves, not float64 copies
             grads_out.update({(side, k, n): t.arrays[key] for n, key in keys.items()})
@@ -242,7 +242,10 @@ def replay(t, opt: Optimizer, names, grads_out: dict | None = None, side: str = 
             absolute = _update(opt, {n: np.abs(g) for n, g in grads.items()}, {n: np.abs(p) for n, p in params.items()},
                                env_state, k - t.first_step + 1)
             envelope[k] = {n: np.abs(x) for n, x in absolute.items()}
-        params = {n: np.asarray(t.arrays.get(f"step/{k}/param/{n}", params[n]), np.float64) for n in names}
+        after = {n: np.asarray(t.arrays.get(f"step/{k}/param/{n}", params[n]), np.float64) for n in names}
+        if any(after[n].shape != params[n].shape for n in names):
+            break  # a malformed trace: the judge names the shape, nothing is replayed past it
+        params = after
     return out
 
 

@@ -106,8 +106,8 @@ def resolve(a: trace_mod.Trace, b: trace_mod.Trace) -> Resolution | None:
     for k in sorted(set(ra) & set(rb)):
         for n in names:
             pa, pb = _params(a, k, n), _params(b, k, n)
-            if pa is None or pb is None or n not in ra[k] or n not in rb[k]:
-                continue
+            if pa is None or pb is None or n not in ra[k] or n not in rb[k] or np.shape(pa[1]) != np.shape(pb[1]):
+                continue  # a key or shape only one side has: the judge names it (trace.diff)
             noise = C_ARITH * u * np.maximum(env_a[k][n], env_b[k][n])
             found = judge_tensor(pa, pb, np.abs(ra[k][n] - rb[k][n]) + noise, k, n)
             out.cells += found

@@ -96,3 +96,20 @@ def test_a_tensor_whose_shape_changes_is_named_not_a_traceback():
     arrays["step/2/param/mlp/kernel"] = arrays["step/2/param/mlp/kernel"][:, :-1]
     with pytest.raises(trace.TraceError, match="shape mismatch"):
         parity.judge(trace.Trace(a.meta, arrays), b, check_config=False)
+
+
+def test_the_diff_of_a_bug_only_the_derived_bounds_see_prints_its_text(tmp_path, capsys):
+    """Where only the derived bounds fail the judge skips the allowance: the CLI's text still renders,
+    and says why (a run against itself with one tensor's learning rate 1 + 1e-13, float64)."""
+    from jaxdp.harness import cli
+
+    from .test_error_model import run
+
+    b = run("float64", 1)
+    bug = with_lr(b, "mlp/kernel", 1e-13)
+    path_a, path_b = str(tmp_path / "a.npz"), str(tmp_path / "b.npz")
+    trace.save(path_a, bug.meta, bug.arrays)
+    trace.save(path_b, b.meta, b.arrays)
+    assert cli.main(["diff", path_a, path_b, "--no-config-check"]) == 1
+    out = capsys.readouterr().out
+    assert "first divergence: step 1, param, mlp/kernel" in out and "not applied" in out, out

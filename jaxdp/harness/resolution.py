@@ -15,7 +15,13 @@ rounding r_k. The measured difference of one step's updates (du = p_k - p_(k-1),
   3. storing p_k: each side rounds at most twice at p's magnitude (torch's AdamW: the decay, then the
      step; optax: once), so |r_a - r_b| <= 2 ulp_i, ulp_i the spacing of the larger of p_k and p_(k-1).
 
-What is left, x_i = max(|du_a - du_b| - R_i - C_ARITH u M_i, 0), is storage only, and is judged
+  4. Adam's bias corrections 1 - beta^t: optax computes them in the run's dtype (float32 without x64:
+     1 - 0.999 errs by 1.3e-5 relative, and beta's rounding grows with t), torch in float64, so a whole
+     step's Adam updates may differ by one common factor 1 + s, fitted as the median over the tensors
+     and clamped to what that rounding can make (`common_scale`): a bug in one tensor is not common.
+
+What is left, x_i = max(|du_a - du_b - (U_a - U_b)_i - s A_i| - C_ARITH u M_i, 0) (A: the update's Adam
+part), is storage only, and is judged
   per element  x_i <= 2 ulp_i                                   ('resolved element')
   per tensor   sum x_i^2 <= sum ulp_i^2 / 3 + 16 sqrt(sum ulp_i^4)  ('resolved update')
 The tensor bound: each side's r is at most two roundings, each uniform in +-ulp/2 (variance ulp^2 / 12),
@@ -104,15 +110,52 @@ def resolve(a: trace_mod.Trace, b: trace_mod.Trace) -> Resolution | None:
     rb = error_model.replay(b, opt, names, envelope=env_b)
     out = Resolution(opt)
     for k in sorted(set(ra) & set(rb)):
-        for n in names:
-            pa, pb = _params(a, k, n), _params(b, k, n)
-            if pa is None or pb is None or n not in ra[k] or n not in rb[k] or np.shape(pa[1]) != np.shape(pb[1]):
-                continue  # a key or shape only one side has: the judge names it (trace.diff)
+        pairs = {n: (pa, pb) for n in names if (pa := _params(a, k, n)) is not None and (pb := _params(b, k, n))
+                 is not None and n in ra[k] and n in rb[k] and np.shape(pa[1]) == np.shape(pb[1])}
+        # (keys or shapes only one side has are the judge's to name: trace.diff)
+        adam = {n: _adam_part(opt, rb[k][n], pb[0]) for n, (_, pb) in pairs.items()}
+        replayed = {n: ra[k][n] - rb[k][n] for n in pairs}
+        scale = common_scale(opt, k - b.first_step + 1, u, {n: _du(*pa) - _du(*pb) - replayed[n]
+                                                            for n, (pa, pb) in pairs.items()}, adam)
+        for n, (pa, pb) in pairs.items():
             noise = C_ARITH * u * np.maximum(env_a[k][n], env_b[k][n])
-            found = judge_tensor(pa, pb, np.abs(ra[k][n] - rb[k][n]) + noise, k, n)
+            found = judge_tensor(pa, pb, replayed[n] + scale * adam[n], noise, k, n)
             out.cells += found
             out.beyond += [f for f in found if f.ratio > 1]
     return out
+
+
+def _du(before, after) -> np.ndarray:
+    return after.astype(np.float64) - before.astype(np.float64)
+
+
+def _adam_part(opt, update, before) -> np.ndarray:
+    """The part of a replayed update that Adam's bias corrections scale: all of it but AdamW's decoupled decay."""
+    if opt.name == "adamw":
+        return update + opt.lr * opt.weight_decay * before.astype(np.float64)
+    return update
+
+
+def common_scale(opt, count: int, u: float, residual: dict, adam: dict) -> float:
+    """One factor 1 + s by which a whole step's Adam updates differ on the two sides: the bias corrections
+    1 - beta^t, which optax computes in the run's dtype (float32 without x64: 1 - 0.999 has a relative
+    error of 1.3e-5, and beta's own rounding grows t-fold in beta^t) and torch in float64. s is the
+    median over the tensors of each one's least-squares factor (a bug in one tensor moves its own factor,
+    not the median; 3 tensors at least), clamped to what rounding can make of them,
+    2 u (t + 1) (beta1^t / (1 - beta1^t) + beta2^t / (2 (1 - beta2^t))) + 4 u: in float32 1.2e-4 at
+    step 1, 7.6e-5 at step 4, 6.2e-5 at step 20, 7e-5 at step 1000. 0 for sgd and momentum."""
+    if opt.name not in ("adam", "adamw"):
+        return 0.0
+    factors = []
+    for n, a in adam.items():
+        weight = float(np.sum(a * a))
+        if weight > 0 and np.isfinite(weight) and np.isfinite(residual[n]).all():
+            factors.append(float(np.sum(residual[n] * a)) / weight)
+    if len(factors) < 3:
+        return 0.0
+    b1, b2 = opt.betas
+    limit = 2 * u * (count + 1) * (b1 ** count / (1 - b1 ** count) + b2 ** count / (2 * (1 - b2 ** count))) + 4 * u
+    return float(np.clip(np.median(factors), -limit, limit))
 
 
 def _params(t, k: int, name: str):
@@ -122,14 +165,16 @@ def _params(t, k: int, name: str):
     return None if before is None or after is None else (np.asarray(before), np.asarray(after))
 
 
-def judge_tensor(pa, pb, explained, step: int, name: str) -> list[Finding]:
+def judge_tensor(pa, pb, expected, noise, step: int, name: str) -> list[Finding]:
     """Both measures of one tensor's update at one step: `pa`, `pb` each side's (p_(k-1), p_k);
-    `explained` the per-element difference the replay and the arithmetic account for."""
+    `expected` the signed difference du_a - du_b the replay (and the step's common factor) explains,
+    `noise` what the update arithmetic may add, per element."""
     (a0, a1), (b0, b1) = pa, pb
-    du_a = a1.astype(np.float64) - a0.astype(np.float64)
-    du_b = b1.astype(np.float64) - b0.astype(np.float64)
+    du_a, du_b = _du(a0, a1), _du(b0, b1)
     with np.errstate(invalid="ignore", over="ignore"):
-        x = np.maximum(np.abs(du_a - du_b) - np.nan_to_num(explained, nan=0.0, posinf=0.0), 0.0)
+        explained = np.abs(np.nan_to_num(expected, nan=0.0, posinf=0.0, neginf=0.0)) + noise
+        x = np.maximum(np.abs(du_a - du_b - np.nan_to_num(expected, nan=0.0, posinf=0.0, neginf=0.0))
+                       - np.nan_to_num(noise, nan=0.0, posinf=0.0), 0.0)
         x = np.where(np.isfinite(du_a) & np.isfinite(du_b), x, np.nan)
     ulp = np.maximum.reduce([np.spacing(np.abs(v)).astype(np.float64) for v in (a0, a1, b0, b1)])
     if not x.size:

@@ -221,11 +221,12 @@ def propagated(b, k: int, key: str, g, rho: float) -> tuple[float, float]:
 
 
 def replay(t, opt: Optimizer, names, grads_out: dict | None = None, side: str = "",
-           envelope: dict | None = None) -> dict:
+           envelope: dict | None = None, weights: dict | None = None) -> dict:
     """{k: {name: update}}: each step's update as `opt` makes it from `t`'s own recorded gradients
     (before clipping) and parameters, in float64; stops at the first step missing a gradient.
     `envelope` receives {k: {name: M}}: the same update made from |g| and |p| (a running error
-    bound's magnitude: the update's rounding in its dtype is a few u x M, also where its terms cancel)."""
+    bound's magnitude: the update's rounding in its dtype is a few u x M, also where its terms cancel);
+    `weights` (Adam only) {k: {name: sqrt(v_hat) / (sqrt(v_hat) + eps)}}: how much of the update v sets."""
     state: dict = {}
     env_state: dict = {}
     out = {}
@@ -242,6 +243,8 @@ def replay(t, opt: Optimizer, names, grads_out: dict | None = None, side: str = 
             absolute = _update(opt, {n: np.abs(g) for n, g in grads.items()}, {n: np.abs(p) for n, p in params.items()},
                                env_state, k - t.first_step + 1)
             envelope[k] = {n: np.abs(x) for n, x in absolute.items()}
+        if weights is not None and opt.name in ("adam", "adamw"):
+            weights[k] = {n: _v_weight(opt, state[n][1], k - t.first_step + 1) for n in names}
         after = {n: np.asarray(t.arrays.get(f"step/{k}/param/{n}", params[n]), np.float64) for n in names}
         if any(after[n].shape != params[n].shape for n in names):
             break  # a malformed trace: the judge names the shape, nothing is replayed past it
@@ -277,6 +280,11 @@ def _adam(opt: Optimizer, g, p, state: dict, n: str, count: int):
     state[n] = (m, v)
     u = -opt.lr * (m / (1 - b1 ** count)) / (np.sqrt(v / (1 - b2 ** count)) + opt.eps)
     return u - opt.lr * opt.weight_decay * p if opt.name == "adamw" else u
+
+
+def _v_weight(opt: Optimizer, v, count: int):
+    root = np.sqrt(v / (1 - opt.betas[1] ** count))
+    return root / (root + opt.eps)
 
 
 def excess(a, b, allow) -> np.ndarray:

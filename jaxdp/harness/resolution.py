@@ -105,21 +105,27 @@ def resolve(a: trace_mod.Trace, b: trace_mod.Trace) -> Resolution | None:
     opt = error_model.optimizer_of(b.meta) or error_model.optimizer_of(a.meta)
     u = error_model.UNIT[b.meta.get("dtype", a.meta.get("dtype"))]
     names = [n for n in b.names() if f"init/{n}" in a.arrays and f"init/{n}" in b.arrays]
-    env_a, env_b = {}, {}
-    ra = error_model.replay(a, opt, names, envelope=env_a)
-    rb = error_model.replay(b, opt, names, envelope=env_b)
+    env_a, env_b, w_a, w_b = {}, {}, {}, {}
+    ra = error_model.replay(a, opt, names, envelope=env_a, weights=w_a)
+    rb = error_model.replay(b, opt, names, envelope=env_b, weights=w_b)
     out = Resolution(opt)
     for k in sorted(set(ra) & set(rb)):
         pairs = {n: (pa, pb) for n in names if (pa := _params(a, k, n)) is not None and (pb := _params(b, k, n))
                  is not None and n in ra[k] and n in rb[k] and np.shape(pa[1]) == np.shape(pb[1])}
         # (keys or shapes only one side has are the judge's to name: trace.diff)
+        count = k - b.first_step + 1
+        limit_m, limit_v = bias_limits(opt, count, u)
         adam = {n: _adam_part(opt, rb[k][n], pb[0]) for n, (_, pb) in pairs.items()}
+        by_v = {n: adam[n] * w_b.get(k, {}).get(n, 0.0) for n in pairs}
+        by_v_a = {n: _adam_part(opt, ra[k][n], pa[0]) * w_a.get(k, {}).get(n, 0.0) for n, (pa, _) in pairs.items()}
         replayed = {n: ra[k][n] - rb[k][n] for n in pairs}
-        scale = common_scale(opt, k - b.first_step + 1, u, {n: _du(*pa) - _du(*pb) - replayed[n]
-                                                            for n, (pa, pb) in pairs.items()}, adam)
+        scale = common_scale(limit_v, {n: _du(*pa) - _du(*pb) - replayed[n] for n, (pa, pb) in pairs.items()}, by_v)
         for n, (pa, pb) in pairs.items():
-            noise = C_ARITH * u * np.maximum(env_a[k][n], env_b[k][n])
-            found = judge_tensor(pa, pb, replayed[n] + scale * adam[n], noise, k, n)
+            # the factor is fitted on B's updates; where A's differ (elements the replay already explains),
+            # the factor may sit on A's side instead: its limit times the difference
+            noise = (C_ARITH * u * np.maximum(env_a[k][n], env_b[k][n]) + limit_m * np.abs(adam[n])
+                     + limit_v * np.abs(by_v_a[n] - by_v[n]))
+            found = judge_tensor(pa, pb, replayed[n] + scale * by_v[n], noise, k, n)
             out.cells += found
             out.beyond += [f for f in found if f.ratio > 1]
     return out
@@ -136,25 +142,31 @@ def _adam_part(opt, update, before) -> np.ndarray:
     return update
 
 
-def common_scale(opt, count: int, u: float, residual: dict, adam: dict) -> float:
-    """One factor 1 + s by which a whole step's Adam updates differ on the two sides: the bias corrections
-    1 - beta^t, which optax computes in the run's dtype (float32 without x64: 1 - 0.999 has a relative
-    error of 1.3e-5, and beta's own rounding grows t-fold in beta^t) and torch in float64. s is the
-    median over the tensors of each one's least-squares factor (a bug in one tensor moves its own factor,
-    not the median; 3 tensors at least), clamped to what rounding can make of them,
-    2 u (t + 1) (beta1^t / (1 - beta1^t) + beta2^t / (2 (1 - beta2^t))) + 4 u: in float32 1.2e-4 at
-    step 1, 7.6e-5 at step 4, 6.2e-5 at step 20, 7e-5 at step 1000. 0 for sgd and momentum."""
+def bias_limits(opt, count: int, u: float) -> tuple[float, float]:
+    """How far rounding can move Adam's two bias corrections 1 - beta^t, relative (0 for sgd and momentum):
+    optax computes them in the run's dtype (float32 without x64: 1 - 0.999 errs by 1.3e-5, and beta's own
+    rounding grows t-fold in beta^t), torch in float64; both sides' errors, 2 u (t + 1) beta^t / (1 - beta^t)
+    + 4 u. m's (float32: 2.2e-6 at step 1, 1.1e-6 at step 4) is allowed per element; v's (halved by the
+    square root: 1.2e-4 at step 1, 7.5e-5 at step 4, 6e-5 at step 20) only as one factor (`common_scale`)."""
     if opt.name not in ("adam", "adamw"):
-        return 0.0
+        return 0.0, 0.0
+    b1, b2 = opt.betas
+    return (2 * u * (count + 1) * b1 ** count / (1 - b1 ** count) + 4 * u,
+            u * (count + 1) * b2 ** count / (1 - b2 ** count) + 4 * u)
+
+
+def common_scale(limit: float, residual: dict, by_v: dict) -> float:
+    """The factor s by which v's bias correction moved every tensor's Adam update on one side: the update's
+    part set by v, A sqrt(v_hat) / (sqrt(v_hat) + eps), times s. Fitted as the median over the tensors of
+    each one's least-squares factor (a bug in one tensor moves its own factor, not the median; 3 tensors at
+    least), clamped to `limit` (`bias_limits`)."""
     factors = []
-    for n, a in adam.items():
+    for n, a in by_v.items():
         weight = float(np.sum(a * a))
         if weight > 0 and np.isfinite(weight) and np.isfinite(residual[n]).all():
             factors.append(float(np.sum(residual[n] * a)) / weight)
-    if len(factors) < 3:
+    if len(factors) < 3 or limit == 0:
         return 0.0
-    b1, b2 = opt.betas
-    limit = 2 * u * (count + 1) * (b1 ** count / (1 - b1 ** count) + b2 ** count / (2 * (1 - b2 ** count))) + 4 * u
     return float(np.clip(np.median(factors), -limit, limit))
 
 

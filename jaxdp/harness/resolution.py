@@ -17,11 +17,12 @@ rounding r_k. The measured difference of one step's updates (du = p_k - p_(k-1),
 
   4. Adam's bias corrections 1 - beta^t: optax computes them in the run's dtype (float32 without x64:
      1 - 0.999 errs by 1.3e-5 relative, and beta's rounding grows with t), torch in float64, so a whole
-     step's Adam updates may differ by one common factor 1 + s, fitted as the median over the tensors
-     and clamped to what that rounding can make (`common_scale`): a bug in one tensor is not common.
+     step's updates may differ in v's share by one factor s common to every tensor, fitted as the median
+     over the tensors and clamped to what that rounding can make (`common_scale`, `bias_limits`): a bug
+     in one tensor is not common.
 
-What is left, x_i = max(|du_a - du_b - (U_a - U_b)_i - s A_i| - C_ARITH u M_i, 0) (A: the update's Adam
-part), is storage only, and is judged
+What is left, x_i = max(|du_a - du_b - (U_a - U_b)_i - s V_i| - C_ARITH u M_i - (m's and A's terms), 0)
+(V: v's share of B's update), is storage only, and is judged
   per element  x_i <= 2 ulp_i                                   ('resolved element')
   per tensor   sum x_i^2 <= sum ulp_i^2 / 3 + 16 sqrt(sum ulp_i^4)  ('resolved update')
 The tensor bound: each side's r is at most two roundings, each uniform in +-ulp/2 (variance ulp^2 / 12),

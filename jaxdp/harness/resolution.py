@@ -123,10 +123,12 @@ def resolve(a: trace_mod.Trace, b: trace_mod.Trace) -> Resolution | None:
         scale = common_scale(limit_v, {n: _du(*pa) - _du(*pb) - replayed[n] for n, (pa, pb) in pairs.items()}, by_v)
         for n, (pa, pb) in pairs.items():
             # the factor is fitted on B's updates; where A's differ (elements the replay already explains),
-            # the factor may sit on A's side instead: its limit times the difference
+            # the factor may sit on A's side instead: its limit times the difference. No fit (fewer than 3
+            # tensors): the limit per element.
+            unfitted = by_v[n] if scale is None else by_v_a[n] - by_v[n]
             noise = (C_ARITH * u * np.maximum(env_a[k][n], env_b[k][n]) + limit_m * np.abs(adam[n])
-                     + limit_v * np.abs(by_v_a[n] - by_v[n]))
-            found = judge_tensor(pa, pb, replayed[n] + scale * by_v[n], noise, k, n)
+                     + limit_v * np.abs(unfitted))
+            found = judge_tensor(pa, pb, replayed[n] + (scale or 0.0) * by_v[n], noise, k, n)
             out.cells += found
             out.beyond += [f for f in found if f.ratio > 1]
     return out
@@ -156,18 +158,20 @@ def bias_limits(opt, count: int, u: float) -> tuple[float, float]:
             u * (count + 1) * b2 ** count / (1 - b2 ** count) + 4 * u)
 
 
-def common_scale(limit: float, residual: dict, by_v: dict) -> float:
+def common_scale(limit: float, residual: dict, by_v: dict) -> float | None:
     """The factor s by which v's bias correction moved every tensor's Adam update on one side: the update's
     part set by v, A sqrt(v_hat) / (sqrt(v_hat) + eps), times s. Fitted as the median over the tensors of
     each one's least-squares factor (a bug in one tensor moves its own factor, not the median; 3 tensors at
-    least), clamped to `limit` (`bias_limits`)."""
+    least, else None), clamped to `limit` (`bias_limits`); 0 for sgd and momentum."""
     factors = []
     for n, a in by_v.items():
         weight = float(np.sum(a * a))
         if weight > 0 and np.isfinite(weight) and np.isfinite(residual[n]).all():
             factors.append(float(np.sum(residual[n] * a)) / weight)
-    if len(factors) < 3 or limit == 0:
+    if limit == 0:
         return 0.0
+    if len(factors) < 3:
+        return None
     return float(np.clip(np.median(factors), -limit, limit))
 
 

@@ -122,7 +122,7 @@ def test_the_transformers_check_sees_a_wrong_architecture(bug, hf_in_float64, mo
         pairs = lambda x: jnp.stack([-x[..., 1::2], x[..., ::2]], -1).reshape(x.shape)  # noqa: E731
         monkeypatch.setattr(llama, "rotate_half", pairs)
     elif bug == "eps 1e-5":
-        monkeypatch.setattr(llama, "RMS_EPS", 1e-5)
+        monkeypatch.setattr(llama, "_rms_norm", lambda d, eps, **kw: nnx.RMSNorm(d, epsilon=1e-5, **kw))
     else:
         heads = [0, 2, 1, 3]  # h -> kv h % 2 is h // 2 after swapping heads 1 and 2
     ours, hf = ours_and_hf(jnp.float64, torch.float64, heads=heads)
@@ -177,8 +177,8 @@ def test_the_twin_check_sees_a_twin_with_float32_rotary(monkeypatch):
     from torch_ref import llama as torch_llama
 
     rotary = torch_llama.rotary
-    monkeypatch.setattr(torch_llama, "rotary", lambda t, hd, dtype, device=None:
-                        tuple(a.double() for a in rotary(t, hd, torch.float32, device)))
+    monkeypatch.setattr(torch_llama, "rotary", lambda t, hd, dtype, device=None, theta=torch_llama.ROPE_THETA:
+                        tuple(a.double() for a in rotary(t, hd, torch.float32, device, theta)))
     d_logits, d_grad = twin_errors()
     assert d_logits > 1e-9 or d_grad > 1e-9
 

@@ -118,17 +118,21 @@ def resolve(a: trace_mod.Trace, b: trace_mod.Trace) -> Resolution | None:
         limit_m, limit_v = bias_limits(opt, count, u)
         adam = {n: _adam_part(opt, rb[k][n], pb[0]) for n, (_, pb) in pairs.items()}
         by_v = {n: adam[n] * w_b.get(k, {}).get(n, 0.0) for n in pairs}
-        by_v_a = {n: _adam_part(opt, ra[k][n], pa[0]) * w_a.get(k, {}).get(n, 0.0) for n, (pa, _) in pairs.items()}
+        adam_a = {n: _adam_part(opt, ra[k][n], pa[0]) for n, (pa, _) in pairs.items()}
+        by_v_a = {n: adam_a[n] * w_a.get(k, {}).get(n, 0.0) for n in pairs}
         replayed = {n: ra[k][n] - rb[k][n] for n in pairs}
-        scale = common_scale(limit_v, {n: _du(*pa) - _du(*pb) - replayed[n] for n, (pa, pb) in pairs.items()}, by_v)
+        residual = {n: _du(*pa) - _du(*pb) - replayed[n] for n, (pa, pb) in pairs.items()}
+        s_v = common_scale(limit_v, residual, by_v)  # v's correction first (the larger), then m's on what is left
+        s_m = common_scale(limit_m, {n: r - (s_v or 0.0) * by_v[n] for n, r in residual.items()}, adam)
         for n, (pa, pb) in pairs.items():
-            # the factor is fitted on B's updates; where A's differ (elements the replay already explains),
-            # the factor may sit on A's side instead: its limit times the difference. No fit (fewer than 3
-            # tensors): the limit per element.
-            unfitted = by_v[n] if scale is None else by_v_a[n] - by_v[n]
-            noise = (C_ARITH * u * np.maximum(env_a[k][n], env_b[k][n]) + limit_m * np.abs(adam[n])
-                     + limit_v * np.abs(unfitted))
-            found = judge_tensor(pa, pb, replayed[n] + (scale or 0.0) * by_v[n], noise, k, n)
+            # each factor is fitted on B's updates; where A's differ (elements the replay already explains),
+            # it may sit on A's side instead: its limit times the difference. No fit (fewer than 3 tensors):
+            # its limit per element.
+            loose = [(limit, b if s is None else a - b) for limit, s, a, b in
+                     ((limit_v, s_v, by_v_a[n], by_v[n]), (limit_m, s_m, adam_a[n], adam[n]))]
+            noise = C_ARITH * u * np.maximum(env_a[k][n], env_b[k][n]) + sum(lim * np.abs(x) for lim, x in loose)
+            expected = replayed[n] + (s_v or 0.0) * by_v[n] + (s_m or 0.0) * adam[n]
+            found = judge_tensor(pa, pb, expected, noise, k, n)
             out.cells += found
             out.beyond += [f for f in found if f.ratio > 1]
     return out
@@ -149,8 +153,8 @@ def bias_limits(opt, count: int, u: float) -> tuple[float, float]:
     """How far rounding can move Adam's two bias corrections 1 - beta^t, relative (0 for sgd and momentum):
     optax computes them in the run's dtype (float32 without x64: 1 - 0.999 errs by 1.3e-5, and beta's own
     rounding grows t-fold in beta^t), torch in float64; both sides' errors, 2 u (t + 1) beta^t / (1 - beta^t)
-    + 4 u. m's (float32: 2.2e-6 at step 1, 1.1e-6 at step 4) is allowed per element; v's (halved by the
-    square root: 1.2e-4 at step 1, 7.5e-5 at step 4, 6e-5 at step 20) only as one factor (`common_scale`)."""
+    + 4 u: m's (float32: 2.2e-6 at step 1, 1.1e-6 at step 4) and v's (halved by the square root: 1.2e-4
+    at step 1, 7.5e-5 at step 4, 6e-5 at step 20), each as one factor common to the tensors (`common_scale`)."""
     if opt.name not in ("adam", "adamw"):
         return 0.0, 0.0
     b1, b2 = opt.betas

@@ -17,7 +17,7 @@ rounding r_k. The measured difference of one step's updates (du = p_k - p_(k-1),
 
   4. Adam's bias corrections 1 - beta^t: optax computes them in the run's dtype (float32 without x64:
      1 - 0.999 errs by 1.3e-5 relative, and beta's rounding grows with t), torch in float64, so a whole
-     step's updates may differ in v's share by one factor s common to every tensor, fitted as the median
+     step's updates may differ in v's share (and in m's) by one factor common to every tensor, fitted as the median
      over the tensors and clamped to what that rounding can make (`common_scale`, `bias_limits`): a bug
      in one tensor is not common.
 

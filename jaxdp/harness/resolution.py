@@ -8,13 +8,12 @@ rounding r_k. The measured difference of one step's updates (du = p_k - p_(k-1),
     du_a - du_b = [U_k(g_a, p_a) - U_k(g_b, p_b)] + (arithmetic_a - arithmetic_b) + (r_a - r_b)
 
   1. the first term is replayed exactly (float64) from the recorded gradients and parameters
-     (jaxdp/harness/error_model.py): R_i, the only allowance an element gets from its gradients;
+     (jaxdp/harness/error_model.py), signed: the only allowance an element gets from its gradients;
   2. the update arithmetic in the run's dtype (m, v, sqrt, the division, clipping's coefficient) errs
      by a few u of its running magnitude M_i (the same update made from |g| and |p|, which covers terms
      that cancel): C_ARITH u M_i;
   3. storing p_k: each side rounds at most twice at p's magnitude (torch's AdamW: the decay, then the
-     step; optax: once), so |r_a - r_b| <= 2 ulp_i, ulp_i the spacing of the larger of p_k and p_(k-1).
-
+     step; optax: once), so |r_a - r_b| <= 2 ulp_i, ulp_i the spacing of the larger of p_k and p_(k-1);
   4. Adam's bias corrections 1 - beta^t: optax computes them in the run's dtype (float32 without x64:
      1 - 0.999 errs by 1.3e-5 relative, and beta's rounding grows with t), torch in float64, so a whole
      step's updates may differ in v's share (and in m's) by one factor common to every tensor, fitted as the median

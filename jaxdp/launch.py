@@ -62,12 +62,16 @@ def launch(argv: list[str], processes: int, timeout_s: float | None = None) -> i
                 _stop(children)
 
 
+# gloo's connection notice, `[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected
+# peer ranks is : 1`, which the C++ library prints on every run, sometimes split in two lines.
+GLOO_NOTICE = (b"[Gloo] ", b"Expected number of connected peer ranks")
+
+
 def _relay(pipe) -> None:
-    """Process 0's stdout, less gloo's connection notice (`[Gloo] Rank 0 is connected to 1 peer ranks`),
-    which the C++ library prints on every run, and the blank line its separate newline sometimes leaves
-    (`jaxdp train` itself prints none): not the user's business."""
+    """Process 0's stdout, less gloo's connection notice (GLOO_NOTICE) and the blank line its separate
+    newline sometimes leaves (`jaxdp train` itself prints none): not the user's business."""
     for line in iter(pipe.readline, b""):
-        if not line.lstrip().startswith(b"[Gloo] ") and line.strip():
+        if not line.lstrip().startswith(GLOO_NOTICE) and line.strip():
             sys.stdout.buffer.write(line)
             sys.stdout.flush()
 

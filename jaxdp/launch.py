@@ -90,6 +90,8 @@ def _watch(children, timeout_s: float | None, beats: heartbeat.Watch) -> int:
             # moment, then blame a process killed by a signal before one that merely saw it go.
             time.sleep(FIRST_CAUSE_S)
             failed = [(i, c.poll()) for i, c in enumerate(children) if c.poll() not in (None, 0)]
+            if _stopped(children, beats, heartbeat.STALE_S):  # the first cause: its peer's failure follows
+                return EXIT_FAILED
             i, code = min(failed, key=lambda ic: (ic[1] > 0, ic[0]))
             how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
             others = "".join(f"; process {j} exited with status {c}" for j, c in failed if j != i)
@@ -98,15 +100,22 @@ def _watch(children, timeout_s: float | None, beats: heartbeat.Watch) -> int:
             return EXIT_USAGE if code == EXIT_USAGE else EXIT_FAILED
         if all(code == 0 for code in codes):
             return 0
-        quiet = beats.silent([i for i, code in enumerate(codes) if code is None])
-        if quiet is not None:
-            print(f"jaxdp: error: {heartbeat.message(f'process {quiet[0]}', quiet[1])}", file=sys.stderr, flush=True)
-            _kill(children)  # SIGKILL: a stopped process takes no other signal
+        if _stopped(children, beats):
             return EXIT_FAILED
         if timeout_s is not None and time.monotonic() - start > timeout_s:
             print(f"jaxdp: error: the run exceeded {timeout_s:.0f}s; stopping it", file=sys.stderr, flush=True)
             return EXIT_FAILED
         time.sleep(POLL_S)
+
+
+def _stopped(children, beats: heartbeat.Watch, after_s: float | None = None) -> bool:
+    """A running child quiet for `after_s` (default: --heartbeat) is named, and every child killed."""
+    quiet = beats.silent([i for i, c in enumerate(children) if c.poll() is None], after_s)
+    if quiet is None:
+        return False
+    print(f"jaxdp: error: {heartbeat.message(f'process {quiet[0]}', quiet[1])}", file=sys.stderr, flush=True)
+    _kill(children)  # SIGKILL: a stopped process takes no other signal
+    return True
 
 
 def _kill(children) -> None:

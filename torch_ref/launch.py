@@ -205,10 +205,8 @@ def _collect(procs, results, nprocs: int, timeout_s: float, beats: heartbeat.Wat
         if now > deadline:
             raise TimeoutError(f"torch_ref: the {nprocs} ranks did not finish within {timeout_s:.0f}s "
                                f"(finished: {sorted(values)})")
-        quiet = beats.silent([r for r, p in enumerate(procs) if p.exitcode is None and r not in values])
-        if quiet is not None and not errors:
-            procs[quiet[0]].kill()  # a stopped process takes no other signal
-            raise RankStopped(*quiet)
+        if not errors:
+            _raise_stopped(procs, values, beats)
         try:
             kind, rank, payload, t = results.get(timeout=0.1)
         except queue_mod.Empty:
@@ -216,6 +214,7 @@ def _collect(procs, results, nprocs: int, timeout_s: float, beats: heartbeat.Wat
             if silent and not errors:  # died without a word (killed, segfault): allow the pipe to drain
                 dead_since = dead_since or now
                 if now - dead_since > GRACE_S:
+                    _raise_stopped(procs, values, beats, heartbeat.STALE_S)  # the first cause, if one stopped
                     r, code = procs.index(silent[0]), silent[0].exitcode
                     if code < 0:
                         raise RankError(r, f"killed by signal {-code} ({_signal_name(-code)})", signal=-code) from None
@@ -227,6 +226,7 @@ def _collect(procs, results, nprocs: int, timeout_s: float, beats: heartbeat.Wat
             errors.append((t, rank, payload))
             first_error_at = first_error_at or time.monotonic()
     if errors:
+        _raise_stopped(procs, values, beats, heartbeat.STALE_S)  # a stopped rank: its peers' timeouts follow
         _, rank, (message, tb, cause) = min(errors, key=lambda e: e[0])
         killed = _killed(procs)  # a rank killed by a signal raises nothing; its peers' errors follow from it
         if killed is not None and killed[0] != rank:
@@ -235,6 +235,14 @@ def _collect(procs, results, nprocs: int, timeout_s: float, beats: heartbeat.Wat
                             tb, cause, signal=number)
         raise RankError(rank, message, tb, cause)
     return [values[r] for r in range(nprocs)]
+
+
+def _raise_stopped(procs, values, beats: heartbeat.Watch, after_s: float | None = None) -> None:
+    """RankStopped for a running rank quiet for `after_s` (default: the heartbeat interval), killed first."""
+    quiet = beats.silent([r for r, p in enumerate(procs) if p.exitcode is None and r not in values], after_s)
+    if quiet is not None:
+        procs[quiet[0]].kill()  # a stopped process takes no other signal
+        raise RankStopped(*quiet)
 
 
 def _stop(procs, wait_s: float = 5.0) -> None:

@@ -5,6 +5,9 @@ A stopped process (SIGSTOP, a debugger, a swapped-out or frozen host) stops all 
 beat stops; a peer blocked in a collective waiting for it still beats (the thread runs beside the
 collective, which holds no GIL). So the launcher names the one that stopped, not the peer whose
 collective times out first. Before its first beat a worker is allowed STARTUP_S (imports, spawn).
+A worker beats at least every BEAT_S, so when a peer fails first (JAX's own 15 s heartbeat aborts the
+processes waiting for a stopped one) a worker quiet for STALE_S is known to have stopped, and is named
+as the cause, whatever `--heartbeat` is.
 
 Worker side: `start(path, interval_s)` (a daemon thread; `from_env` for a `jaxdp train --processes`
 child). Launcher side: `Watch(n, interval_s)`: a temporary folder of n beat files, `silent()` the
@@ -22,6 +25,8 @@ import time
 ENV_FILE, ENV_S = "JAXDP_HEARTBEAT_FILE", "JAXDP_HEARTBEAT_S"
 DEFAULT_S = 60.0
 STARTUP_S = 60.0  # before the first beat: starting Python, importing JAX or torch
+BEAT_S = 1.0  # the longest time between two beats (every --heartbeat / 4 when that is shorter)
+STALE_S = 4 * BEAT_S  # quiet this long while a peer failed: stopped
 
 
 def _beat(path: str, every_s: float) -> None:
@@ -39,10 +44,11 @@ def _beat(path: str, every_s: float) -> None:
 
 
 def start(path: str | None, interval_s: float) -> None:
-    """Touch `path` now and every `interval_s` / 4 from a daemon thread; nothing when `path` is None."""
+    """Touch `path` now and every min(`interval_s` / 4, BEAT_S) from a daemon thread; nothing when `path` is None."""
     if path is None:
         return
-    threading.Thread(target=_beat, args=(path, interval_s / 4), daemon=True, name="jaxdp-heartbeat").start()
+    every_s = min(interval_s / 4, BEAT_S)
+    threading.Thread(target=_beat, args=(path, every_s), daemon=True, name="jaxdp-heartbeat").start()
 
 
 def from_env() -> tuple[str, float] | tuple[None, float]:
@@ -68,11 +74,11 @@ class Watch:
             waited = time.time() - self.started
             return waited if waited > max(STARTUP_S, self.interval_s) else None
 
-    def silent(self, running) -> tuple[int, float] | None:
+    def silent(self, running, after_s: float | None = None) -> tuple[int, float] | None:
         """(worker, seconds without a beat) of the quietest of the `running` workers (indices) that has
-        been quiet longer than the interval, or None."""
+        been quiet longer than `after_s` (default: the interval), or None."""
         ages = [(i, self.age(i)) for i in running]
-        late = [(i, a) for i, a in ages if a is not None and a > self.interval_s]
+        late = [(i, a) for i, a in ages if a is not None and a > (after_s or self.interval_s)]
         return max(late, key=lambda ia: ia[1]) if late else None
 
     def close(self) -> None:

@@ -141,10 +141,11 @@ def add_timeout(parser, what: str) -> None:
                         help=f"{what}: stop every process after this many seconds (default: %(default)s)")
 
 
-def add_heartbeat(parser, what: str) -> None:
+def add_heartbeat(parser) -> None:
+    """--heartbeat: the same flag for `jaxdp train --processes P` and `torch_ref train --devices N`."""
     parser.add_argument("--heartbeat", type=float, default=60.0, action=Store, metavar="SECONDS",
-                        help=f"{what}: a process silent this long (stopped, frozen) is named and the run stopped, "
-                             f"status 3 (default: %(default)s)")
+                        help="a worker process (of --processes P, or a rank of torch_ref's --devices N) silent this "
+                             "long (stopped, frozen) is named and the run stopped, status 3 (default: %(default)s)")
 
 
 def check_seconds(args, names) -> None:

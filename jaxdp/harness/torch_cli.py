@@ -25,7 +25,7 @@ def build_parser() -> argv.Parser:
                         "the data-parallel strategy (fsdp is an alias of zero3)")
     argv.add_trace(train, " (rank 0)")
     argv.add_timeout(train, "the launcher")
-    argv.add_heartbeat(train, "--devices N (spawned ranks)")
+    argv.add_heartbeat(train)
     train.add_argument("--pg-timeout", type=float, default=300.0, metavar="SECONDS", action=argv.Store,
                        help="process group: a collective that waits longer fails (default: %(default)s)")
     return parser

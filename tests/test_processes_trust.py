@@ -201,6 +201,14 @@ def test_a_taken_coordinator_port_is_one_line_before_any_work(tmp_path):
     assert not (tmp_path / "t.npz").exists()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's interface name")
+def test_spawned_ranks_put_gloo_on_loopback():
+    """torch_ref's ranks set GLOO_SOCKET_IFNAME to it (unless given): gloo would otherwise listen on the
+    hostname's address, which is not loopback on most hosts (on the test machine it is, so the kill test
+    alone would not see it)."""
+    assert ports.loopback_interface() == "lo"
+
+
 def test_local_coordinators_bind_loopback():
     assert ports.bind_address("127.0.0.1:1234") == "127.0.0.1:1234"
     assert ports.bind_address("localhost:1234") == "localhost:1234"

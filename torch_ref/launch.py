@@ -128,6 +128,8 @@ def _entry(rank, world, port, platform, pg_timeout_s, results, report, beat, fn,
     heartbeat.start(beat_path, heartbeat_s)
     os.environ.update(MASTER_ADDR=ports.LOOPBACK, MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    if ports.loopback_interface() and "GLOO_SOCKET_IFNAME" not in os.environ:  # a local run: gloo on loopback
+        os.environ["GLOO_SOCKET_IFNAME"] = ports.loopback_interface()
     os.environ.pop(progress.ENV, None)
     if rank == 0:
         os.environ[progress.ENV] = report

@@ -24,6 +24,16 @@ def bind_address(coordinator: str) -> str | None:
     return coordinator if is_loopback(host) else None
 
 
+def loopback_interface() -> str | None:
+    """The loopback network interface's name ('lo' on Linux, 'lo0' on macOS), or None: for gloo, which
+    otherwise listens on whatever address this machine's hostname resolves to (GLOO_SOCKET_IFNAME)."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return None
+    return next((n for n in names if n in ("lo", "lo0")), None)
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((LOOPBACK, 0))

@@ -26,7 +26,7 @@ ENV_FILE, ENV_S = "JAXDP_HEARTBEAT_FILE", "JAXDP_HEARTBEAT_S"
 DEFAULT_S = 60.0
 STARTUP_S = 60.0  # before the first beat: starting Python, importing JAX or torch
 BEAT_S = 1.0  # the longest time between two beats (every --heartbeat / 4 when that is shorter)
-STALE_S = 4 * BEAT_S  # quiet this long while a peer failed: stopped
+STALE_S = 8 * BEAT_S  # quiet this long while a peer failed: stopped (a busy machine may delay a beat a few s)
 
 
 def _beat(path: str, every_s: float) -> None:

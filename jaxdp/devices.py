@@ -14,6 +14,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from .core import ports
 from .core.hsdp_hosts import grid_order
 
 AXIS = "data"
@@ -86,7 +87,8 @@ def _initialize_distributed(n: int, platform: str, dist: Distributed) -> None:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         request_cpu_devices(n // dist.num_processes)
     jax.distributed.initialize(dist.coordinator, dist.num_processes, dist.process_id,
-                               initialization_timeout=120, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+                               initialization_timeout=120, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S,
+                               coordinator_bind_address=ports.bind_address(dist.coordinator))  # loopback stays so
 
 
 def setup(n: int, platform: str = "auto", distributed: Distributed | None = None, reduction: str = "native") -> list:

@@ -4,52 +4,53 @@
 Nothing here is a protocol of our own: the children are ordinary `jaxdp train --coordinator HOST:PORT
 --num-processes P --process-id I` runs, exactly what one would start by hand on P hosts of a
 cluster. The launcher only starts them and watches them: when one fails, the others are stopped and
-the launcher exits with the failed process's status, so a dead process never leaves the rest hanging.
-Ctrl-C is the launcher's alone: it stops the children and reaps them before it answers.
+the launcher exits with status 3 (2 when a process refused its input), so a dead process never leaves
+the rest hanging. Ctrl-C is the launcher's alone: it stops the children and reaps them before it answers.
+The children die with the launcher, by any signal (`jaxdp.core.lifeline`), and each beats a heartbeat
+file: one that stops beating for `--heartbeat` seconds (stopped, frozen) is named and the run stopped
+(`jaxdp.core.heartbeat`). The coordinator listens on 127.0.0.1 only (docs/RELIABILITY.md).
 """
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 
-from .core import progress
+from .core import heartbeat, lifeline, ports, progress
+from .core.errors import EXIT_FAILED, EXIT_USAGE
 
 POLL_S = 0.2
 GRACE_S = 5.0
 FIRST_CAUSE_S = 1.0
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(argv: list[str], processes: int, timeout_s: float | None = None) -> int:
+def launch(argv: list[str], processes: int, timeout_s: float | None = None,
+           heartbeat_s: float = heartbeat.DEFAULT_S) -> int:
     """Run `python -m jaxdp <argv>` as `processes` jax.distributed processes; returns the exit status.
     Ctrl-C reaches the launcher alone (the children ignore SIGINT): it stops and reaps them, takes process
     0's progress report (`jaxdp.core.progress`) and raises KeyboardInterrupt for the command's one line."""
-    coordinator = f"127.0.0.1:{free_port()}"
+    coordinator = f"{ports.LOOPBACK}:{ports.free_port()}"
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", progress.ENV)}
-    children = []
+    env.update({lifeline.ENV: str(os.getpid()), heartbeat.ENV_S: str(heartbeat_s)})
+    children, beats = [], heartbeat.Watch(processes, heartbeat_s)
     with progress.channel() as report:
         try:
             with progress.sigint_ignored():  # inherited: the children leave Ctrl-C to this process
                 for pid in range(processes):
                     cmd = [sys.executable, "-m", "jaxdp", *argv, "--coordinator", coordinator,
                            "--num-processes", str(processes), "--process-id", str(pid)]
-                    child_env = {**env, progress.ENV: report} if pid == 0 else env
+                    child_env = {**env, heartbeat.ENV_FILE: beats.path(pid)}
+                    if pid == 0:
+                        child_env[progress.ENV] = report
                     children.append(subprocess.Popen(cmd, env=child_env,
                                                      stdout=subprocess.PIPE if pid == 0 else subprocess.DEVNULL))
                     print(f"jaxdp: started process {pid} (pid {children[-1].pid})", file=sys.stderr, flush=True)
             relay = threading.Thread(target=_relay, args=(children[0].stdout,), daemon=True)
             relay.start()
-            code = _watch(children, timeout_s)
+            code = _watch(children, timeout_s, beats)
             relay.join(timeout=GRACE_S)
             return code
         except KeyboardInterrupt:
@@ -60,6 +61,7 @@ def launch(argv: list[str], processes: int, timeout_s: float | None = None) -> i
         finally:
             with progress.sigint_ignored():
                 _stop(children)
+            beats.close()
 
 
 # gloo's connection notice, `[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected
@@ -76,8 +78,9 @@ def _relay(pipe) -> None:
             sys.stdout.flush()
 
 
-def _watch(children, timeout_s: float | None) -> int:
-    """Wait for every child to finish (0), for one to fail (its status), or for the timeout (124)."""
+def _watch(children, timeout_s: float | None, beats: heartbeat.Watch) -> int:
+    """Wait for every child to finish (0), for one to fail or stop beating (3; 2 when it refused its input),
+    or for the timeout (3)."""
     start = time.monotonic()
     while True:
         codes = [c.poll() for c in children]
@@ -87,18 +90,32 @@ def _watch(children, timeout_s: float | None) -> int:
             # moment, then blame a process killed by a signal before one that merely saw it go.
             time.sleep(FIRST_CAUSE_S)
             failed = [(i, c.poll()) for i, c in enumerate(children) if c.poll() not in (None, 0)]
+            if _stopped(children, beats, heartbeat.STALE_S):  # the first cause: its peer's failure follows
+                return EXIT_FAILED
             i, code = min(failed, key=lambda ic: (ic[1] > 0, ic[0]))
             how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
             others = "".join(f"; process {j} exited with status {c}" for j, c in failed if j != i)
             print(f"jaxdp: error: process {i} {how}{others}; stopping the other processes",
                   file=sys.stderr, flush=True)
-            return code if code > 0 else 1
+            return EXIT_USAGE if code == EXIT_USAGE else EXIT_FAILED
         if all(code == 0 for code in codes):
             return 0
+        if _stopped(children, beats):
+            return EXIT_FAILED
         if timeout_s is not None and time.monotonic() - start > timeout_s:
             print(f"jaxdp: error: the run exceeded {timeout_s:.0f}s; stopping it", file=sys.stderr, flush=True)
-            return 124
+            return EXIT_FAILED
         time.sleep(POLL_S)
+
+
+def _stopped(children, beats: heartbeat.Watch, after_s: float | None = None) -> bool:
+    """A running child quiet for `after_s` (default: --heartbeat) is named, and every child killed."""
+    quiet = beats.silent([i for i, c in enumerate(children) if c.poll() is None], after_s)
+    if quiet is None:
+        return False
+    print(f"jaxdp: error: {heartbeat.message(f'process {quiet[0]}', quiet[1])}", file=sys.stderr, flush=True)
+    _kill(children)  # SIGKILL: a stopped process takes no other signal
+    return True
 
 
 def _kill(children) -> None:

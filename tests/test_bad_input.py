@@ -31,7 +31,8 @@ CONTEXT = {"channels": ["--model", "cnn", "--data", "digits"], "batchnorm": ["--
            "replicas": ["--strategy", "hsdp", "--devices", "4", "--batch-size", "64"],
            "hsdp_hosts": ["--strategy", "hsdp", "--devices", "4"], "shards": ["--reduction", "canonical"],
            "axis_type": ["--strategy", "fsdp-jit"],
-           "timeout": ["--processes", "2", "--devices", "2"], "checkpoint_every": ["--checkpoint-dir", "{tmp}/ck"],
+           "timeout": ["--processes", "2", "--devices", "2"], "heartbeat": ["--processes", "2", "--devices", "2"],
+           "checkpoint_every": ["--checkpoint-dir", "{tmp}/ck"],
            "process_id": ["--coordinator", "h:1", "--num-processes", "2", "--devices", "2"],
            "num_processes": ["--coordinator", "h:1", "--process-id", "0", "--devices", "2"],
            "coordinator": ["--num-processes", "2", "--process-id", "0", "--devices", "2"],
@@ -39,7 +40,8 @@ CONTEXT = {"channels": ["--model", "cnn", "--data", "digits"], "batchnorm": ["--
 CONTEXT |= {k: TRANSFORMER for k in ("n_layer", "n_head", "d_model", "seq_len")}
 GOOD = {"steps": "1", "trace": "{tmp}/t.npz", "json": "{tmp}/i.json", "html": "{tmp}/d.html", "out": "{tmp}/out",
         "checkpoint_dir": "{tmp}/ck", "coordinator": "h:1", "process_id": "1", "num_processes": "2",
-        "processes": "2", "devices": "2", "timeout": "60", "replicas": "2", "tolerance": "1e-6", "preset": "gpt2-124m"}
+        "processes": "2", "devices": "2", "timeout": "60", "heartbeat": "30",
+        "replicas": "2", "tolerance": "1e-6", "preset": "gpt2-124m"}
 PATHS = {"trace": "file", "json": "file", "html": "file", "out": "dir", "checkpoint_dir": "dir"}
 TYPED = {"processes": 1, "num_processes": 1, "process_id": 0}  # int flags of the commands, and their minimum
 
@@ -106,7 +108,7 @@ def call(prog, argv_, tmp, monkeypatch, capsys):
 
 def base(prog, name, dest) -> list[str]:
     head = {"diff": ["diff", "{tmp}/a.npz", "{tmp}/b.npz"]}.get(name, [name])
-    return head + ([] if (prog, dest) == ("torch_ref", "timeout") else CONTEXT.get(dest, []))
+    return head + ([] if prog == "torch_ref" and dest in ("timeout", "heartbeat") else CONTEXT.get(dest, []))
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ import os
 import pickle
 import queue as queue_mod
 import signal as signal_mod
-import socket
 import time
 import traceback
 
@@ -26,8 +25,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from jaxdp.core import progress
+from jaxdp.core import heartbeat, lifeline, ports, progress
 from jaxdp.core.errors import ConfigError
+from jaxdp.core.ports import free_port  # noqa: F401  (torchrun-style tests pick a port with it)
 
 GRACE_S = 2.0  # after the first error: how long to collect the others' before terminating them
 
@@ -42,6 +42,14 @@ class RankError(RuntimeError):
         self.rank, self.traceback, self.cause, self.signal = rank, tb, cause, signal
 
 
+class RankStopped(RankError):
+    """A rank that stopped responding: no heartbeat for a whole interval (stopped, frozen)."""
+
+    def __init__(self, rank: int, seconds: float):
+        super().__init__(rank, "stopped responding")
+        self.args = (heartbeat.message(f"rank {rank}", seconds),)
+
+
 def _killed(procs) -> tuple[int, int] | None:
     """(rank, signal) of the first rank a signal killed, or None."""
     return next(((r, -p.exitcode) for r, p in enumerate(procs) if p.exitcode is not None and p.exitcode < 0), None)
@@ -52,12 +60,6 @@ def _signal_name(number: int) -> str:
         return signal_mod.Signals(number).name
     except ValueError:
         return f"signal {number}"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def backend_for(device: torch.device) -> str:
@@ -117,18 +119,25 @@ def hsdp_grid(model, world: int) -> list[list[list[int]]]:
     return [[[int(k), int(k) // per_host] for k in row] for row in mesh.mesh.tolist()]
 
 
-def _entry(rank, world, port, platform, pg_timeout_s, results, report, fn, args):
-    """Runs in each spawned process (Ctrl-C ignored: the parent answers it). Rank 0 reports its progress
-    to the parent through the file `report` (`jaxdp.core.progress`)."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+def _entry(rank, world, port, platform, pg_timeout_s, results, report, beat, fn, args):
+    """Runs in each spawned process (Ctrl-C ignored: the parent answers it). It dies with the parent
+    (`jaxdp.core.lifeline`), beats (`beat`: the parent's pid, this rank's heartbeat file and interval), joins
+    the parent's store on 127.0.0.1:`port`. Rank 0 reports its progress through the file `report`."""
+    launcher, beat_path, heartbeat_s = beat
+    lifeline.bind_to(launcher)
+    heartbeat.start(beat_path, heartbeat_s)
+    os.environ.update(MASTER_ADDR=ports.LOOPBACK, MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    if ports.loopback_interface() and "GLOO_SOCKET_IFNAME" not in os.environ:  # a local run: gloo on loopback
+        os.environ["GLOO_SOCKET_IFNAME"] = ports.loopback_interface()
     os.environ.pop(progress.ENV, None)
     if rank == 0:
         os.environ[progress.ENV] = report
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     try:
         device = rank_device(platform, rank)
-        init_process_group(device, rank, world, pg_timeout_s)
+        store = dist.TCPStore(ports.LOOPBACK, port, world, False, datetime.timedelta(seconds=pg_timeout_s))
+        init_process_group(device, rank, world, pg_timeout_s, store=store)
         value = fn(rank, world, *args)
         results.put(("ok", rank, value, time.time()))
         dist.destroy_process_group()
@@ -143,23 +152,34 @@ def _entry(rank, world, port, platform, pg_timeout_s, results, report, fn, args)
         os._exit(1)
 
 
+def _store(timeout_s: float) -> tuple[dist.TCPStore, int]:
+    """The ranks' rendezvous store, served by this process on a free 127.0.0.1 port (TCPStore alone would
+    listen on every interface, and a port chosen then bound by a rank could be taken in between)."""
+    sock = ports.listener()
+    store = dist.TCPStore(ports.LOOPBACK, sock.getsockname()[1], None, True, datetime.timedelta(seconds=timeout_s),
+                          wait_for_workers=False, master_listen_fd=sock.detach())
+    return store, store.port
+
+
 def launch(fn, nprocs: int, *args, platform: str = "auto", timeout_s: float = 3600.0,
-           pg_timeout_s: float = 300.0) -> list:
+           pg_timeout_s: float = 300.0, heartbeat_s: float = heartbeat.DEFAULT_S) -> list:
     """Run `fn(rank, nprocs, *args)` on `nprocs` new processes; return [rank 0's value, ...]. On Ctrl-C
     (which the ranks ignore) the ranks are stopped and reaped, rank 0's progress becomes this process's
-    (`jaxdp.core.progress`), and KeyboardInterrupt goes on up."""
+    (`jaxdp.core.progress`), and KeyboardInterrupt goes on up. A rank silent for `heartbeat_s`: RankStopped."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = free_port()
+    store, port = _store(pg_timeout_s)
+    beats = heartbeat.Watch(nprocs, heartbeat_s)
     with progress.channel() as report:
-        procs = [ctx.Process(target=_entry, args=(r, nprocs, port, platform, pg_timeout_s, results, report, fn, args),
+        procs = [ctx.Process(target=_entry, args=(r, nprocs, port, platform, pg_timeout_s, results, report,
+                                                  (os.getpid(), beats.path(r), heartbeat_s), fn, args),
                              daemon=True, name=f"torch_ref-rank{r}") for r in range(nprocs)]
         ok = False
         try:
             with progress.sigint_ignored():  # inherited by the ranks
                 for p in procs:
                     p.start()
-            values = _collect(procs, results, nprocs, timeout_s)
+            values = _collect(procs, results, nprocs, timeout_s, beats)
             ok = True
             return values
         except KeyboardInterrupt:
@@ -170,10 +190,13 @@ def launch(fn, nprocs: int, *args, platform: str = "auto", timeout_s: float = 36
         finally:
             with progress.sigint_ignored():
                 _stop(procs, wait_s=5.0 if ok else 0.0)
+            beats.close()
+            del store
 
 
-def _collect(procs, results, nprocs: int, timeout_s: float) -> list:
-    """Every rank's value, in rank order; RankError for the first failure in time, TimeoutError."""
+def _collect(procs, results, nprocs: int, timeout_s: float, beats: heartbeat.Watch) -> list:
+    """Every rank's value, in rank order; RankError for the first failure in time, RankStopped for a rank
+    that stopped beating, TimeoutError."""
     values, errors = {}, []
     deadline = time.monotonic() + timeout_s
     first_error_at = dead_since = None
@@ -184,6 +207,8 @@ def _collect(procs, results, nprocs: int, timeout_s: float) -> list:
         if now > deadline:
             raise TimeoutError(f"torch_ref: the {nprocs} ranks did not finish within {timeout_s:.0f}s "
                                f"(finished: {sorted(values)})")
+        if not errors:
+            _raise_stopped(procs, values, beats)
         try:
             kind, rank, payload, t = results.get(timeout=0.1)
         except queue_mod.Empty:
@@ -191,6 +216,7 @@ def _collect(procs, results, nprocs: int, timeout_s: float) -> list:
             if silent and not errors:  # died without a word (killed, segfault): allow the pipe to drain
                 dead_since = dead_since or now
                 if now - dead_since > GRACE_S:
+                    _raise_stopped(procs, values, beats, heartbeat.STALE_S)  # the first cause, if one stopped
                     r, code = procs.index(silent[0]), silent[0].exitcode
                     if code < 0:
                         raise RankError(r, f"killed by signal {-code} ({_signal_name(-code)})", signal=-code) from None
@@ -202,6 +228,7 @@ def _collect(procs, results, nprocs: int, timeout_s: float) -> list:
             errors.append((t, rank, payload))
             first_error_at = first_error_at or time.monotonic()
     if errors:
+        _raise_stopped(procs, values, beats, heartbeat.STALE_S)  # a stopped rank: its peers' timeouts follow
         _, rank, (message, tb, cause) = min(errors, key=lambda e: e[0])
         killed = _killed(procs)  # a rank killed by a signal raises nothing; its peers' errors follow from it
         if killed is not None and killed[0] != rank:
@@ -210,6 +237,14 @@ def _collect(procs, results, nprocs: int, timeout_s: float) -> list:
                             tb, cause, signal=number)
         raise RankError(rank, message, tb, cause)
     return [values[r] for r in range(nprocs)]
+
+
+def _raise_stopped(procs, values, beats: heartbeat.Watch, after_s: float | None = None) -> None:
+    """RankStopped for a running rank quiet for `after_s` (default: the heartbeat interval), killed first."""
+    quiet = beats.silent([r for r, p in enumerate(procs) if p.exitcode is None and r not in values], after_s)
+    if quiet is not None:
+        procs[quiet[0]].kill()  # a stopped process takes no other signal
+        raise RankStopped(*quiet)
 
 
 def _stop(procs, wait_s: float = 5.0) -> None:

@@ -153,7 +153,8 @@ def train_rank(rank: int, world: int, cfg: RunConfig, init: dict[str, np.ndarray
 
 
 def run(cfg: RunConfig, trace_path=None, record: bool | None = None, timeout_s: float = 3600.0,
-        pg_timeout_s: float = 300.0, *, init: dict[str, np.ndarray] | None = None) -> RunResult | None:
+        pg_timeout_s: float = 300.0, *, init: dict[str, np.ndarray] | None = None,
+        heartbeat_s: float = 60.0) -> RunResult | None:
     """Train `cfg` from the initial parameters `init` (Flax-named arrays: the JAX side's, so that both
     frameworks start from the same bits) and write the trace to `trace_path` (on rank 0). Returns rank
     0's result (None on other ranks under torchrun). `jaxdp.harness.torch_run.run` computes `init`."""
@@ -172,7 +173,7 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, timeout_s: 
     if cfg.resume:  # a clear error before any rank starts (each rank checks again as it loads)
         checkpoint.find(cfg.checkpoint_dir, cfg)
     try:
-        result = _train_ranks(cfg, env, init, record, timeout_s, pg_timeout_s)
+        result = _train_ranks(cfg, env, init, record, (timeout_s, pg_timeout_s, heartbeat_s))
     except KeyboardInterrupt:  # Ctrl-C: the ranks are stopped; the complete checkpoints stay, a save cut short goes
         discard_torn(cfg.checkpoint_dir if cfg.checkpoint_every > 0 else None)
         raise
@@ -184,9 +185,10 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, timeout_s: 
     return result
 
 
-def _train_ranks(cfg: RunConfig, env, init, record: bool, timeout_s: float, pg_timeout_s: float) -> RunResult | None:
+def _train_ranks(cfg: RunConfig, env, init, record: bool, limits: tuple) -> RunResult | None:
     """`train_rank` as this rank of a torchrun world (`env`), in this process (--devices 1), or on
-    `cfg.devices` spawned ranks: rank 0's result."""
+    `cfg.devices` spawned ranks: rank 0's result. `limits`: (run timeout, collective timeout, heartbeat) s."""
+    timeout_s, pg_timeout_s, heartbeat_s = limits
     if env is not None:  # one rank of a torchrun world: every rank computed the same init
         rank, world, local_rank = env
         device = launch.rank_device(cfg.platform, local_rank)
@@ -206,7 +208,7 @@ def _train_ranks(cfg: RunConfig, env, init, record: bool, timeout_s: float, pg_t
                 dist.destroy_process_group()
     else:
         result = launch.launch(train_rank, cfg.devices, cfg, init, record, platform=cfg.platform,
-                               timeout_s=timeout_s, pg_timeout_s=pg_timeout_s)[0]
+                               timeout_s=timeout_s, pg_timeout_s=pg_timeout_s, heartbeat_s=heartbeat_s)[0]
     return result
 
 

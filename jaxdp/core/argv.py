@@ -3,7 +3,7 @@
 `Parser` answers every bad input in one line (the flag, the value, the fix) and exit status 2,
 never argparse's usage block, and answers a typo'd flag from the subcommand it was given to.
 `add_run_arguments` adds one flag per `RunConfig` field (less those a command does not read),
-`add_strategies`, `add_trace` and `add_timeout` the flags both frameworks share, each recording
+`add_strategies`, `add_trace`, `add_timeout` and `add_heartbeat` the flags both frameworks share, each recording
 which flags the user typed; `configs` turns the namespace into one validated RunConfig per
 strategy and refuses a typed flag that the chosen model or strategies would not read.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import math
 import sys
 
 from . import config, readers, values
@@ -138,6 +139,21 @@ def add_trace(parser, who: str = "") -> None:
 def add_timeout(parser, what: str) -> None:
     parser.add_argument("--timeout", type=float, default=3600.0, action=Store, metavar="SECONDS",
                         help=f"{what}: stop every process after this many seconds (default: %(default)s)")
+
+
+def add_heartbeat(parser) -> None:
+    """--heartbeat: the same flag for `jaxdp train --processes P` and `torch_ref train --devices N`."""
+    parser.add_argument("--heartbeat", type=float, default=60.0, action=Store, metavar="SECONDS",
+                        help="a worker process (of --processes P, or a rank of torch_ref's --devices N) silent this "
+                             "long (stopped, frozen) is named and the run stopped, status 3 (default: %(default)s)")
+
+
+def check_seconds(args, names) -> None:
+    """Each of the flags `names` (dests) a finite number of seconds > 0, or one line naming it."""
+    for name in names:
+        value, flag = getattr(args, name), _flag(name)
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"{flag} {value}: must be a finite number of seconds > 0; e.g. {flag} 60")
 
 
 def subcommand(sub, name: str, **kwargs) -> Parser:

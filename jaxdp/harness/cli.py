@@ -38,6 +38,7 @@ def _add_train(sub) -> None:
     multi.add_argument("--process-id", type=int, default=None, action=argv.Store,
                        help="this process's index, 0 to --num-processes - 1 (cluster runs)")
     argv.add_timeout(multi, "--processes")
+    argv.add_heartbeat(multi)
     train.add_argument("--progress", default=None, action=argv.Switch,
                        help="progress bar (default: when stderr is a terminal)")
 

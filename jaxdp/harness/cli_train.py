@@ -2,12 +2,11 @@
 in this process, in --processes local processes, or as one process of a cluster."""
 from __future__ import annotations
 
-import math
 import os
 import sys
 
-from ..core import argv, config, hsdp_hosts, paths
-from ..core.errors import ConfigError
+from ..core import argv, config, hsdp_hosts, paths, ports
+from ..core.errors import EXIT_FAILED, EXIT_USAGE, ConfigError
 
 
 def outputs(pattern: str | None, names, flag: str = "--trace", example: str = "runs/{strategy}.npz") -> dict:
@@ -44,10 +43,11 @@ def check_processes(args) -> None:
     typed = argv.given(args)
     if args.processes < 1:
         raise ConfigError(f"--processes {args.processes}: must be >= 1; e.g. --processes 2")
-    if "timeout" in typed and args.processes == 1:
-        raise ConfigError("--timeout is read only with --processes P > 1 (a local multi-process run): drop --timeout")
-    if not (math.isfinite(args.timeout) and args.timeout > 0):
-        raise ConfigError(f"--timeout {args.timeout}: must be a finite number of seconds > 0; e.g. --timeout 600")
+    for name in ("timeout", "heartbeat"):
+        if name in typed and args.processes == 1:
+            raise ConfigError(f"--{name} is read only with --processes P > 1 (a local multi-process run): "
+                              f"drop --{name}")
+    argv.check_seconds(args, ("timeout", "heartbeat"))
     if args.devices % args.processes:
         fits = ", ".join(str(p) for p in range(1, args.devices + 1) if args.devices % p == 0)
         raise ConfigError(
@@ -75,6 +75,8 @@ def _check_cluster(args) -> None:
                           f"(--num-processes {args.num_processes})")
     if args.devices % args.num_processes:
         raise ConfigError(f"--devices {args.devices} does not divide over --num-processes {args.num_processes}")
+    if args.process_id == 0:  # process 0 hosts the coordinator: its port must be free, before any work
+        ports.check_free(args.coordinator)
 
 
 def train(args) -> int:
@@ -90,7 +92,7 @@ def train(args) -> int:
     if args.processes > 1:
         from .. import launch
 
-        return launch.launch(_argv_without_processes(), args.processes, args.timeout)
+        return launch.launch(_argv_without_processes(), args.processes, args.timeout, args.heartbeat)
     distributed = devices.Distributed.from_env()
     if args.coordinator:
         distributed = devices.Distributed(args.coordinator, args.num_processes, args.process_id)
@@ -116,8 +118,11 @@ def _run(cfgs, trace_paths, progress, distributed) -> int:
         print(f"jaxdp: error: process {distributed.process_id}: {type(e).__name__}: {e}", file=sys.stderr)
         traceback.print_exc()
         sys.stderr.flush()
-        os._exit(2 if isinstance(e, config.ConfigError) else 1)
+        os._exit(EXIT_USAGE if isinstance(e, config.ConfigError) else EXIT_FAILED)
     return 0
+
+
+LAUNCHER_FLAGS = ("--processes", "--timeout", "--heartbeat")  # the launcher's, not its children's
 
 
 def _argv_without_processes() -> list[str]:
@@ -126,10 +131,10 @@ def _argv_without_processes() -> list[str]:
         if skip:
             skip = False
             continue
-        if a in ("--processes", "--timeout"):
+        if a in LAUNCHER_FLAGS:
             skip = True
             continue
-        if a.startswith(("--processes=", "--timeout=")):
+        if a.startswith(tuple(f + "=" for f in LAUNCHER_FLAGS)):
             continue
         out.append(a)
     return out

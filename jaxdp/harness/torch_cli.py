@@ -4,12 +4,11 @@ same trace format, from the JAX side's initial parameters (`torch_run.py`). Runs
 unchanged (it reads RANK, WORLD_SIZE, MASTER_ADDR, ...)."""
 from __future__ import annotations
 
-import math
 import os
 import sys
 
 from ..core import argv, config, hsdp_hosts
-from ..core.errors import ConfigError
+from ..core.errors import EXIT_FAILED, ConfigError
 from .interrupt import guarded
 
 DIFFERS = ("Differs from `jaxdp train`: several processes come from torchrun (or --devices N spawns N ranks on "
@@ -26,6 +25,7 @@ def build_parser() -> argv.Parser:
                         "the data-parallel strategy (fsdp is an alias of zero3)")
     argv.add_trace(train, " (rank 0)")
     argv.add_timeout(train, "the launcher")
+    argv.add_heartbeat(train)
     train.add_argument("--pg-timeout", type=float, default=300.0, metavar="SECONDS", action=argv.Store,
                        help="process group: a collective that waits longer fails (default: %(default)s)")
     return parser
@@ -40,11 +40,7 @@ def check(args) -> list:
     cfgs = argv.configs(args, framework="torch")
     args.trace_paths = outputs(args.trace, [c.strategy for c in cfgs])
     check_checkpoints(cfgs)
-    for name in ("timeout", "pg_timeout"):
-        value = getattr(args, name)
-        if not (math.isfinite(value) and value > 0):
-            flag = "--" + name.replace("_", "-")
-            raise ConfigError(f"{flag} {value}: must be a finite number of seconds > 0; e.g. {flag} 600")
+    argv.check_seconds(args, ("timeout", "pg_timeout", "heartbeat"))
     check_platform(cfgs[0].platform, cfgs[0].devices)
     for cfg in cfgs:
         if cfg.strategy == "hsdp":  # torchrun's hosts (WORLD_SIZE / LOCAL_WORLD_SIZE): before any rank works
@@ -72,7 +68,8 @@ def main(argv_=None) -> int:
     try:
         for cfg in check(args):
             path = args.trace_paths[cfg.strategy]
-            result = run(cfg, trace_path=path, timeout_s=args.timeout, pg_timeout_s=args.pg_timeout)
+            result = run(cfg, trace_path=path, timeout_s=args.timeout, pg_timeout_s=args.pg_timeout,
+                         heartbeat_s=args.heartbeat)
             if result is not None:  # rank 0
                 print(summary(result) + (f"; trace: {path}" if path else ""))
     except (ConfigError, TraceError, NonFiniteLoss, CheckpointError) as e:
@@ -82,10 +79,11 @@ def main(argv_=None) -> int:
         if isinstance(e.cause, (ConfigError, NonFiniteLoss, CheckpointError)):
             print(f"torch_ref: error: rank {e.rank}: {e.cause}", file=sys.stderr)
             return 2
-        print(e.traceback, file=sys.stderr)
+        if e.traceback:
+            print(e.traceback, file=sys.stderr)
         print(f"torch_ref: error: {e}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED  # a crashed or hung rank
     except TimeoutError as e:
         print(f"torch_ref: error: {e}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     return 0

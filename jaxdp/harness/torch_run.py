@@ -15,8 +15,9 @@ def initial_arrays(cfg: RunConfig) -> dict:
 
 
 def run(cfg: RunConfig, trace_path=None, record: bool | None = None, timeout_s: float = 3600.0,
-        pg_timeout_s: float = 300.0):
+        pg_timeout_s: float = 300.0, heartbeat_s: float = 60.0):
     """`torch_ref.train.run` from JAX's initial parameters: rank 0's `RunResult` (None on other ranks)."""
     from torch_ref import train
 
-    return train.run(cfg, trace_path, record, timeout_s, pg_timeout_s, init=initial_arrays(cfg))
+    return train.run(cfg, trace_path, record, timeout_s, pg_timeout_s, init=initial_arrays(cfg),
+                     heartbeat_s=heartbeat_s)

@@ -6,8 +6,8 @@ import math
 import os
 import sys
 
-from ..core import argv, config, hsdp_hosts, paths
-from ..core.errors import ConfigError
+from ..core import argv, ckpt_folder, config, hsdp_hosts, paths
+from ..core.errors import ConfigError, RunFailed
 
 
 def outputs(pattern: str | None, names, flag: str = "--trace", example: str = "runs/{strategy}.npz") -> dict:
@@ -25,8 +25,10 @@ def outputs(pattern: str | None, names, flag: str = "--trace", example: str = "r
     return out
 
 
-def check_checkpoints(cfgs) -> None:
-    """--checkpoint-dir: a folder (or one to create); --resume: one that exists; one strategy per folder."""
+def check_checkpoints(cfgs, framework: str = "jax") -> None:
+    """--checkpoint-dir: a folder (or one to create) this run may use (ckpt_folder.py: no other run in it,
+    nothing foreign, an earlier run's checkpoints only with --resume or --overwrite-checkpoints); --resume:
+    one that exists; one strategy per folder."""
     cfg = cfgs[0]
     if not cfg.checkpoint_dir:
         return
@@ -37,6 +39,9 @@ def check_checkpoints(cfgs) -> None:
     if cfg.resume and not os.path.isdir(cfg.checkpoint_dir):
         raise ConfigError(f"--resume: no checkpoint directory {cfg.checkpoint_dir}; run once with --checkpoint-dir "
                           f"{cfg.checkpoint_dir} --checkpoint-every K first")
+    ckpt_folder.check(cfg.checkpoint_dir, framework, resume=cfg.resume, overwrite=cfg.overwrite_checkpoints)
+    if os.path.isdir(cfg.checkpoint_dir):
+        ckpt_folder.Lock(cfg.checkpoint_dir).release()  # a run holding it: refused now, before a process starts
 
 
 def check_processes(args) -> None:
@@ -116,7 +121,7 @@ def _run(cfgs, trace_paths, progress, distributed) -> int:
         print(f"jaxdp: error: process {distributed.process_id}: {type(e).__name__}: {e}", file=sys.stderr)
         traceback.print_exc()
         sys.stderr.flush()
-        os._exit(2 if isinstance(e, config.ConfigError) else 1)
+        os._exit(2 if isinstance(e, config.ConfigError) else 3 if isinstance(e, RunFailed) else 1)
     return 0
 
 

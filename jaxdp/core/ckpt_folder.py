@@ -6,10 +6,10 @@ wrote there, a lock keeps a second run out, and nothing else in the folder is ev
     DIR/.jaxdp-lock              flock'ed by the run (process or rank 0 only) for its whole life
     DIR/<step>/                  a checkpoint: ours when the marker lists it (and intact: its manifest)
 
-- `check(...)`: before any work (the CLIs call it before a process starts). Refused with exit 2 naming
-  the entry and the fix: an entry the marker does not list (a user's `7/`, notes), another framework's
-  checkpoints, and a fresh run on a folder holding checkpoints unless `--resume` or
-  `--overwrite-checkpoints` says what to do with them.
+- `check(...)`: before any work (the CLIs call `precheck`, which adds the lock, before a process
+  starts). Refused with exit 2 naming the entry and the fix: an entry the marker does not list (a user's
+  `7/`, notes), another framework's checkpoints, and a fresh run on a folder holding checkpoints unless
+  `--resume` or `--overwrite-checkpoints` says what to do with them.
 - `claim(...)`: `check`, the lock (a second run: refused), then `--overwrite-checkpoints` deletes only
   the marker's steps; returns the `Lock` to release when the run ends.
 - `begin_step`, `prune`, `discard_torn`: touch only what the marker lists.
@@ -89,6 +89,13 @@ def check(directory, framework: str, *, resume: bool, overwrite: bool) -> None:
                           f"{OVERWRITE} to delete them and start over")
 
 
+def precheck(directory, framework: str, *, resume: bool, overwrite: bool) -> None:
+    """`check`, and a run holding the folder refused, without taking it (the CLIs, before a process starts)."""
+    if os.path.isfile(os.path.join(directory, MARKER)):
+        Lock(directory).release()
+    check(directory, framework, resume=resume, overwrite=overwrite)
+
+
 class Lock:
     """An exclusive flock on DIR/.jaxdp-lock, held until `release` (or this process ends)."""
 
@@ -117,9 +124,10 @@ def claim(directory, framework: str, *, resume: bool, overwrite: bool) -> Lock |
     the marker's checkpoints. Raises ConfigError (exit 2) when the run may not use it."""
     if resume and not os.path.isdir(directory):
         return None  # nothing to hold: the restore says there is no such folder
-    check(directory, framework, resume=resume, overwrite=overwrite)
+    if not os.path.isfile(os.path.join(directory, MARKER)):
+        check(directory, framework, resume=resume, overwrite=overwrite)  # nothing written into a foreign folder
     os.makedirs(directory, exist_ok=True)
-    lock = Lock(directory)
+    lock = Lock(directory)  # a run holding it: "in use", before what it holds is judged
     try:
         check(directory, framework, resume=resume, overwrite=overwrite)  # again, now that no one else writes
         marker = read_marker(directory) or {"steps": []}

@@ -39,9 +39,7 @@ def check_checkpoints(cfgs, framework: str = "jax") -> None:
     if cfg.resume and not os.path.isdir(cfg.checkpoint_dir):
         raise ConfigError(f"--resume: no checkpoint directory {cfg.checkpoint_dir}; run once with --checkpoint-dir "
                           f"{cfg.checkpoint_dir} --checkpoint-every K first")
-    ckpt_folder.check(cfg.checkpoint_dir, framework, resume=cfg.resume, overwrite=cfg.overwrite_checkpoints)
-    if os.path.isdir(cfg.checkpoint_dir):
-        ckpt_folder.Lock(cfg.checkpoint_dir).release()  # a run holding it: refused now, before a process starts
+    ckpt_folder.precheck(cfg.checkpoint_dir, framework, resume=cfg.resume, overwrite=cfg.overwrite_checkpoints)
 
 
 def check_processes(args) -> None:

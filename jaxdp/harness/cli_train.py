@@ -117,7 +117,8 @@ def _run(cfgs, trace_paths, progress, distributed) -> int:
         import traceback
 
         print(f"jaxdp: error: process {distributed.process_id}: {type(e).__name__}: {e}", file=sys.stderr)
-        traceback.print_exc()
+        if not isinstance(e, (config.ConfigError, RunFailed)):  # those are their one line
+            traceback.print_exc()
         sys.stderr.flush()
         os._exit(2 if isinstance(e, config.ConfigError) else 3 if isinstance(e, RunFailed) else 1)
     return 0

@@ -20,7 +20,9 @@ import os
 import jax
 import numpy as np
 
-from .core.record import RECORD_FIELDS, CheckpointError, check_resumable, corrupt  # noqa: F401 (re-exported)
+from .core import ckpt_folder, manifest
+from .core import record as rules
+from .core.record import RECORD_FIELDS, CheckpointError, DamagedCheckpoint  # noqa: F401 (re-exported)
 from .strategies import host_full
 
 
@@ -48,8 +50,8 @@ def _manager(directory, every: int = 1, read_only: bool = False):
 class Checkpointer:
     """Saves the train state every `every` steps into `directory`."""
 
-    def __init__(self, directory, every: int):
-        self.every = every
+    def __init__(self, directory, every: int, lock: ckpt_folder.Lock | None = None):
+        self.directory, self.every, self.lock = directory, every, lock
         self.manager = _manager(directory, every)
 
     def maybe_save(self, step: int, state, cfg) -> bool:
@@ -64,14 +66,25 @@ class Checkpointer:
             "devices": cfg.devices,
             "data_position": "batches are a pure function of (seed, step); the next step is step + 1",
         }
+        primary = jax.process_index() == 0
+        if primary:  # listed before its first file: a save cut short is this run's too (ckpt_folder.py)
+            ckpt_folder.begin_step(self.directory, "jax", step)
         self.manager.save(
             step, args=ocp.args.Composite(state=ocp.args.StandardSave(flatten(state)), record=ocp.args.JsonSave(record))
         )
         self.manager.wait_until_finished()
+        if primary:  # orbax has renamed the step into place; the manifest comes last
+            manifest.write(os.path.join(self.directory, str(step)), "jax", step)
         return True
 
     def close(self):
         self.manager.close()
+        self.release()
+
+    def release(self) -> None:
+        """End this run's hold on the folder (the lock taken by process 0)."""
+        if self.lock is not None:
+            self.lock.release()
 
     def stop(self) -> int | None:
         """Ctrl-C: let orbax finish what it started (its threads write on after `save` returns, and fail
@@ -81,6 +94,7 @@ class Checkpointer:
         step = self.manager.latest_step()
         with contextlib.suppress(Exception):
             self.manager.close()
+        self.release()
         return step
 
 
@@ -93,15 +107,17 @@ def restore(directory, cfg, strategy, problem, optimizer):
             f"--resume: no checkpoint directory {directory!r}; run once with --checkpoint-dir "
             f"{directory} --checkpoint-every K first"
         )
-    manager = _manager(directory, read_only=True)
-    step = manager.latest_step()
-    if step is None:
+    steps = ckpt_folder.steps(directory)
+    if not steps:
         raise CheckpointError(f"--resume: no complete checkpoint in {directory!r}")
+    step = steps[-1]
+    manifest.verify(directory, steps, step)  # before orbax reads any byte of it
+    manager = _manager(directory, read_only=True)
     try:
         record = manager.restore(step, args=ocp.args.Composite(record=ocp.args.JsonRestore()))["record"]
     except Exception as e:  # noqa: BLE001 - orbax raises many kinds; all mean "unreadable"
-        raise corrupt(step, directory, e) from None
-    check_resumable(record["config"], step, cfg, directory)
+        raise rules.corrupt(step, directory, e) from None
+    rules.check_resumable(record["config"], step, cfg, directory)
 
     fresh = strategy.init(problem.params)  # the layout (shapes, shardings) this run wants
     target = flatten(fresh)
@@ -110,7 +126,7 @@ def restore(directory, cfg, strategy, problem, optimizer):
     try:
         metadata = manager.item_metadata(step)["state"]
     except Exception as e:  # noqa: BLE001
-        raise corrupt(step, directory, e) from None
+        raise rules.corrupt(step, directory, e) from None
     if metadata is None or set(metadata) != set(target):
         raise CheckpointError(
             f"checkpoint in {directory!r} holds different arrays than strategy {cfg.strategy!r} "
@@ -126,8 +142,9 @@ def restore(directory, cfg, strategy, problem, optimizer):
     try:
         arrays = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
     except Exception as e:  # noqa: BLE001
-        raise corrupt(step, directory, e) from None
+        raise rules.corrupt(step, directory, e) from None
     manager.close()
+    rules.refuse_nonfinite(step, directory, local_arrays(arrays))
     if same_layout:
         return jax.tree.unflatten(treedef, [arrays[k] for k in target]), step
 
@@ -139,6 +156,13 @@ def restore(directory, cfg, strategy, problem, optimizer):
         jax.tree.structure((problem.params, fresh.opt_state)), [full[k] for k in target if k in full]
     )
     return _with_stats(strategy.init(params, opt_state), fresh, target, arrays), step
+
+
+def local_arrays(arrays: dict):
+    """(name, values) of each array's shards that this process holds (every process checks its own)."""
+    for k, a in arrays.items():
+        for shard in getattr(a, "addressable_shards", None) or [None]:
+            yield k, np.asarray(a if shard is None else shard.data)
 
 
 def _with_stats(state, fresh, target, arrays):

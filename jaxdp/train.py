@@ -89,6 +89,9 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
         if saver is not None:
             _stop_saver(saver, cfg.checkpoint_dir)
         raise
+    finally:
+        if saver is not None:
+            saver.release()  # the folder's lock, whatever ended the run
     if recorder is not None:
         recorder.close()  # process 0 writes the trace (atomically)
         result.arrays = recorder.arrays
@@ -165,12 +168,26 @@ def _start(cfg: RunConfig, strategy, problem, optimizer):
     state, start = strategy.init(), 0
     if not (cfg.resume or cfg.checkpoint_every > 0):
         return state, start, None
-    from . import checkpoint  # orbax: loaded only when checkpointing
+    import jax
 
-    if cfg.resume:
-        state, start = checkpoint.restore(cfg.checkpoint_dir, cfg, strategy, problem, optimizer)
-    saver = checkpoint.Checkpointer(cfg.checkpoint_dir, cfg.checkpoint_every) if cfg.checkpoint_every > 0 else None
-    return state, start, saver
+    from . import checkpoint  # orbax: loaded only when checkpointing
+    from .core import ckpt_folder
+
+    lock = None
+    if jax.process_index() == 0:  # the folder is this run's (ckpt_folder.py): before anything is read or written
+        lock = ckpt_folder.claim(cfg.checkpoint_dir, "jax", resume=cfg.resume, overwrite=cfg.overwrite_checkpoints)
+    try:
+        if cfg.resume:
+            state, start = checkpoint.restore(cfg.checkpoint_dir, cfg, strategy, problem, optimizer)
+        if cfg.checkpoint_every > 0:
+            return state, start, checkpoint.Checkpointer(cfg.checkpoint_dir, cfg.checkpoint_every, lock)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    if lock is not None:
+        lock.release()
+    return state, start, None
 
 def summary(result: RunResult) -> str:
     cfg = result.cfg

@@ -17,6 +17,7 @@ import time
 import numpy as np
 import pytest
 
+from jaxdp.core import ckpt_folder
 from jaxdp.harness import torch_run
 from torch_ref import checkpoint, train
 from torch_ref.launch import launch
@@ -131,7 +132,7 @@ def test_the_record_holds_step_config_world_and_rng(four):
     assert len(record["rng_state"]) > 100
     # Sharded state is written sharded: one file per rank, and no .partial left behind.
     assert sorted(f for f in os.listdir(path) if f.endswith(".distcp")) == [f"__{r}_0.distcp" for r in range(4)]
-    assert os.listdir(four["zero3"][2]) == ["3"]
+    assert sorted(os.listdir(four["zero3"][2])) == ["3", ckpt_folder.MARKER]
 
 
 def test_zero3_resumes_on_fewer_ranks(four, two):
@@ -159,6 +160,7 @@ def test_a_torn_checkpoint_is_never_loaded(tmp_path):
     cfg = CFG.replace(strategy="ddp", devices=1)
     folder = str(tmp_path / "ck")
     torch_run.run(cfg.replace(steps=3, checkpoint_dir=folder, checkpoint_every=3))
+    ckpt_folder.begin_step(folder, "torch", 5)  # as a save does before its first file
     torn = os.path.join(folder, "5" + checkpoint.PARTIAL)
     shutil.copytree(os.path.join(folder, "3"), torn)
     for name in os.listdir(torn):
@@ -189,6 +191,7 @@ def test_checkpoint_of_another_config_names_the_mismatch(four):
 def test_missing_and_corrupt_checkpoints(four, tmp_path):
     with pytest.raises(checkpoint.CheckpointError, match="no checkpoint directory"):
         torch_run.run(CFG.replace(checkpoint_dir=str(tmp_path / "nothing"), resume=True))
+    ckpt_folder.begin_step(str(tmp_path / "empty"), "torch", 3)
     os.makedirs(tmp_path / "empty" / ("3" + checkpoint.PARTIAL))  # only a torn save
     with pytest.raises(checkpoint.CheckpointError, match="no complete checkpoint"):
         torch_run.run(CFG.replace(checkpoint_dir=str(tmp_path / "empty"), resume=True))
@@ -200,7 +203,7 @@ def test_missing_and_corrupt_checkpoints(four, tmp_path):
             if name.endswith(victim):
                 with open(os.path.join(folder, "3", name), "wb") as f:
                     f.write(b"garbage")
-        with pytest.raises(checkpoint.CheckpointError, match="checkpoint step 3 in .* is corrupt"):
+        with pytest.raises(checkpoint.CheckpointError, match="checkpoint step 3 in .* is damaged: .*" + victim):
             torch_run.run(cfg.replace(checkpoint_dir=folder, resume=True))
 
 

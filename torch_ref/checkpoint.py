@@ -40,7 +40,12 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from jaxdp.core.record import RECORD_FIELDS, CheckpointError, check_resumable, corrupt  # noqa: F401 (one contract for both sides; RECORD_FIELDS re-exported)
+from jaxdp.core import ckpt_folder, manifest
+from jaxdp.core import record as rules
+from jaxdp.core.errors import ConfigError
+from jaxdp.core.record import RECORD_FIELDS, CheckpointError, DamagedCheckpoint  # noqa: F401 (one contract)
+
+from .safe_dcp import SafePlanner, SafeReader
 
 RECORD = "record.json"
 PARTIAL = ".partial"
@@ -109,8 +114,9 @@ def _barrier() -> None:
 
 
 def step_dirs(directory) -> list[int]:
-    """The complete checkpoints in `directory`, by step (a `.partial` directory is not one)."""
-    return sorted(int(d) for d in os.listdir(directory) if d.isdigit() and os.path.isdir(os.path.join(directory, d)))
+    """The checkpoints in `directory` by step: the folders its marker lists (a `.partial` one is not one,
+    nor a folder this program did not write)."""
+    return ckpt_folder.steps(directory)
 
 
 # ---- save ---------------------------------------------------------------------------------------
@@ -120,7 +126,10 @@ def save(directory, step: int, state, cfg) -> str:
     final = os.path.join(directory, str(step))
     partial = final + PARTIAL
     if rank == 0:
-        os.makedirs(directory, exist_ok=True)
+        if os.path.exists(final) and step not in step_dirs(directory):
+            raise ConfigError(f"--checkpoint-dir {directory}: {final} was not written by this program; "
+                              f"it is never overwritten: move it, or give another --checkpoint-dir")
+        ckpt_folder.begin_step(directory, "torch", step)  # listed before its first file: a torn save is ours
         shutil.rmtree(partial, ignore_errors=True)  # a save torn by an earlier crash
     _barrier()
     dcp.save({"train": state}, checkpoint_id=partial, no_dist=not _distributed())
@@ -130,12 +139,12 @@ def save(directory, step: int, state, cfg) -> str:
                   "rng_state": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
                   "data_position": "batches are a pure function of (seed, step); the next step is step + 1"}
         _write_json(os.path.join(partial, RECORD), record)
-        if os.path.isdir(final):  # a checkpoint of an earlier run at this step: replace it
+        manifest.write(partial, "torch", step)  # last, and inside: the rename makes it whole with the rest
+        if os.path.isdir(final):  # a checkpoint of ours at this step (listed by the marker): replace it
             shutil.rmtree(final)
         os.rename(partial, final)
         _fsync_dir(directory)
-        for old in step_dirs(directory)[:-KEEP]:
-            shutil.rmtree(os.path.join(directory, str(old)), ignore_errors=True)
+        ckpt_folder.prune(directory, KEEP)
     _barrier()  # nobody goes on before the step's directory exists
     return final
 
@@ -160,6 +169,17 @@ def _fsync_dir(path) -> None:
         os.close(fd)
 
 
+def local_arrays(sd, prefix: str = ""):
+    """(name, this rank's values as a NumPy array) for every floating tensor of a nested state dict."""
+    for k, v in sd.items():
+        if isinstance(v, dict):
+            yield from local_arrays(v, f"{prefix}{k}.")
+        elif isinstance(v, torch.Tensor) and v.is_floating_point():
+            local = v.to_local() if hasattr(v, "to_local") else v
+            local = local.detach().cpu()
+            yield f"{prefix}{k}", (local.float() if local.dtype == torch.bfloat16 else local).numpy()
+
+
 # ---- resume -------------------------------------------------------------------------------------
 def find(directory, cfg) -> tuple[int, str, dict]:
     """(step, path, record) of the latest complete checkpoint in `directory`, checked against `cfg`."""
@@ -171,14 +191,15 @@ def find(directory, cfg) -> tuple[int, str, dict]:
         raise CheckpointError(f"--resume: no complete checkpoint in {directory!r}")
     step = steps[-1]
     path = os.path.join(directory, str(step))
+    manifest.verify(directory, steps, step)  # before any byte of it is read
     try:
         with open(os.path.join(path, RECORD)) as f:
             record = json.load(f)
         saved = record["config"]
         assert record["step"] == step, f"record says step {record['step']}"
     except Exception as e:  # noqa: BLE001 - missing, truncated, not JSON, wrong fields: all "corrupt"
-        raise corrupt(step, directory, e) from None
-    check_resumable(saved, step, cfg, directory)
+        raise rules.corrupt(step, directory, e) from None
+    rules.check_resumable(saved, step, cfg, directory)
     return step, path, record
 
 
@@ -187,9 +208,11 @@ def restore(directory, state, cfg) -> int:
     every rank calls it. Restores the RNG state; returns the checkpoint's step."""
     step, path, record = find(directory, cfg)
     try:
-        saved = set(dcp.FileSystemReader(path).read_metadata().state_dict_metadata)
+        saved = set(SafeReader(path).read_metadata().state_dict_metadata)
+    except DamagedCheckpoint:
+        raise
     except Exception as e:  # noqa: BLE001
-        raise corrupt(step, directory, e) from None
+        raise rules.corrupt(step, directory, e) from None
     missing = [k for k in flat_keys({"train": state.state_dict()}) if k not in saved]
     if missing:
         raise CheckpointError(
@@ -197,10 +220,13 @@ def restore(directory, state, cfg) -> int:
             f"strategy {cfg.strategy!r} with optimizer {cfg.optimizer!r} expects; missing: {', '.join(missing[:3])}"
             + (f" and {len(missing) - 3} more" if len(missing) > 3 else ""))
     try:
-        dcp.load({"train": state}, checkpoint_id=path, no_dist=not _distributed())
+        dcp.load({"train": state}, storage_reader=SafeReader(path), planner=SafePlanner(), no_dist=not _distributed())
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP's is a BaseException, one error per rank
         cause = next(iter(e.failures.values()), e) if isinstance(e, CheckpointException) else e
-        raise corrupt(step, directory, cause) from None
+        if isinstance(cause, DamagedCheckpoint):
+            raise cause from None
+        raise rules.corrupt(step, directory, cause) from None
+    rules.refuse_nonfinite(step, directory, local_arrays(state.state_dict()))
     rng = base64.b64decode(record["rng_state"])
     torch.set_rng_state(torch.frombuffer(bytearray(rng), dtype=torch.uint8))
     return step

@@ -16,10 +16,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from jaxdp.core import data
+from jaxdp.core import ckpt_folder, data
 from jaxdp.core import progress as run_progress  # where the run is, for the line Ctrl-C prints
 from jaxdp.core.config import ConfigError, RunConfig
-from jaxdp.core.record import discard_torn
 from jaxdp.core.results import NonFiniteLoss, RunResult  # one error type and one result for both frameworks
 
 from . import api, checkpoint, cnn, launch, models, optim, strategies
@@ -170,13 +169,19 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, timeout_s: 
                               f"drop --devices or pass --devices {world}")
         cfg = cfg.replace(devices=world).validate("torch")
     cfg.validate("torch")
-    if cfg.resume:  # a clear error before any rank starts (each rank checks again as it loads)
-        checkpoint.find(cfg.checkpoint_dir, cfg)
+    lock = None
+    if cfg.checkpoint_dir and (env is None or env[0] == 0):  # the folder is this run's (ckpt_folder.py)
+        lock = ckpt_folder.claim(cfg.checkpoint_dir, "torch", resume=cfg.resume, overwrite=cfg.overwrite_checkpoints)
     try:
+        if cfg.resume:  # a clear error before any rank starts (each rank checks again as it loads)
+            checkpoint.find(cfg.checkpoint_dir, cfg)
         result = _train_ranks(cfg, env, init, record, (timeout_s, pg_timeout_s, heartbeat_s))
     except KeyboardInterrupt:  # Ctrl-C: the ranks are stopped; the complete checkpoints stay, a save cut short goes
-        discard_torn(cfg.checkpoint_dir if cfg.checkpoint_every > 0 else None)
+        ckpt_folder.discard_torn(cfg.checkpoint_dir if cfg.checkpoint_every > 0 else None)
         raise
+    finally:
+        if lock is not None:
+            lock.release()
     if trace_path is not None and result is not None:
         from jaxdp.core import trace
 

@@ -120,6 +120,8 @@ class RunConfig:
                                 "torch_ref)")
     checkpoint_every: int = _flag(0, "save a checkpoint every K steps (0: never)")
     resume: bool = _flag(False, "resume from the latest complete checkpoint in --checkpoint-dir")
+    overwrite_checkpoints: bool = _flag(False, "start over in a --checkpoint-dir holding an earlier run's "
+                                        "checkpoints: delete them (only what a jaxdp or torch_ref run wrote)")
 
     def __post_init__(self):
         if self.strategy in ALIASES:
@@ -174,6 +176,9 @@ class RunConfig:
                               f"e.g. --channels 8,16")
         if (self.resume or self.checkpoint_every > 0) and not self.checkpoint_dir:
             raise ConfigError("--resume and --checkpoint-every need --checkpoint-dir DIR")
+        if self.overwrite_checkpoints and (self.resume or self.checkpoint_every <= 0):
+            raise ConfigError("--overwrite-checkpoints starts a saving run over: give --checkpoint-every K, and "
+                              "drop --resume (which continues from the checkpoints instead)")
         self._validate_replicas(framework)
         if self.axis_type != "auto" and self.strategy not in JIT_STRATEGIES:
             raise ConfigError(f"--axis-type is for {', '.join(JIT_STRATEGIES)}, not {self.strategy}: drop it")

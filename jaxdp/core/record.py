@@ -1,13 +1,14 @@
 """A checkpoint's record, the part both frameworks share: which configuration fields must match to
 resume (`RECORD_FIELDS`), the one error (`CheckpointError`) and the check (`check_resumable`). The arrays
-are each framework's own (orbax in jaxdp/checkpoint.py, torch.distributed.checkpoint in torch_ref). A save
-cut short by Ctrl-C is removed (`discard_torn`); the complete checkpoints stay."""
+are each framework's own (orbax in jaxdp/checkpoint.py, torch.distributed.checkpoint in torch_ref). A damaged
+checkpoint (`DamagedCheckpoint`: corrupt, hostile or non-finite) is a failed file, exit 3; the folder's
+rules (marker, lock, torn saves) are in ckpt_folder.py, the file checksums in manifest.py."""
 from __future__ import annotations
 
-import os
-import shutil
+import numpy as np
 
 from .config import COMPARABLE_FIELDS, RunConfig
+from .errors import RunFailed
 
 TORN = (".partial", ".orbax-checkpoint-tmp")  # a save in progress: torch_ref's suffix, orbax's (in the name)
 RECORD_FIELDS = tuple(f for f in COMPARABLE_FIELDS if f != "steps")
@@ -17,13 +18,17 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used; the message says why and what to do."""
 
 
-def corrupt(step: int, directory, cause: BaseException) -> CheckpointError:
+class DamagedCheckpoint(CheckpointError, RunFailed):
+    """A checkpoint file that failed: damaged, unreadable, hostile, or holding non-finite values (exit 3)."""
+
+
+def corrupt(step: int, directory, cause: BaseException) -> DamagedCheckpoint:
     """The one line for an unreadable checkpoint: the cause's first line (at most 160 characters; the
     libraries' messages run to a thousand) and the fix."""
     text = str(cause).strip()
     first = text.splitlines()[0] if text else ""
     first = first if len(first) <= 160 else first[:157] + "..."
-    return CheckpointError(f"checkpoint step {step} in {directory!r} is corrupt ({type(cause).__name__}: {first}); "
+    return DamagedCheckpoint(f"checkpoint step {step} in {directory!r} is corrupt ({type(cause).__name__}: {first}); "
                            f"delete its folder to resume from the step before, or start without --resume")
 
 
@@ -42,11 +47,14 @@ def check_resumable(saved_config: dict, step: int, cfg, directory) -> None:
         )
 
 
-def discard_torn(directory) -> None:
-    """Remove the saves in `directory` that a stopped run left unfinished (both frameworks' temporary
-    folders: never a checkpoint, and each framework's restore ignores them)."""
-    if not directory or not os.path.isdir(directory):
-        return
-    for name in os.listdir(directory):
-        if any(mark in name for mark in TORN):
-            shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+def refuse_nonfinite(step: int, directory, arrays) -> None:
+    """Raise DamagedCheckpoint naming the first array of `arrays` ((name, array) pairs, the arrays as
+    this process holds them) with a NaN or an Inf: a poisoned state is never resumed."""
+    for name, a in arrays:
+        a = np.asarray(a)
+        if a.dtype.kind not in "fc" and "float" in a.dtype.name:  # bfloat16 (ml_dtypes)
+            a = a.astype(np.float32)
+        if a.dtype.kind in "fc" and not np.isfinite(a).all():
+            bad = int(a.size - np.isfinite(a).sum())
+            raise DamagedCheckpoint(f"checkpoint step {step} in {directory!r} holds non-finite values: {name} "
+                                    f"({bad} of {a.size} NaN or Inf); resume from an earlier step or start over")

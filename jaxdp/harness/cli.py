@@ -15,9 +15,9 @@ JAX = config.FRAMEWORK_STRATEGIES["jax"]
 BOTH = tuple(s for s in JAX if s in config.FRAMEWORK_STRATEGIES["torch"])
 EITHER = config.ALL_STRATEGIES
 # RunConfig flags a command does not read: it does not take them (a typed one is refused in one line).
-NO_RUN = ("steps", "seed", "nan_check", "checkpoint_dir", "checkpoint_every", "resume")  # memory, inspect: no run
+NO_CHECKPOINT = ("checkpoint_dir", "checkpoint_every", "resume", "overwrite_checkpoints")  # compare, parity: in memory
+NO_RUN = ("steps", "seed", "nan_check", *NO_CHECKPOINT)  # memory, inspect: no run
 PARITY_DEFAULT = "single,dp,ddp,ddp-bucket,ddp-ring,zero1,zero2,zero3,ddp-pmap,ddp-naive"
-NO_CHECKPOINT = ("checkpoint_dir", "checkpoint_every", "resume")  # compare, parity: runs kept in memory
 
 
 def _add_train(sub) -> None:
@@ -95,6 +95,7 @@ def build_parser() -> argv.Parser:
 def main(argv_=None) -> int:
     args = build_parser().parse_args(argv_)
     from ..checkpoint import CheckpointError
+    from ..core.errors import EXIT_FAILED, RunFailed
     from ..core.trace import TraceError
     from ..devices import DeviceError
     from ..train import NonFiniteLoss
@@ -108,6 +109,9 @@ def main(argv_=None) -> int:
                "parity": cli_runs.parity, "compare": cli_runs.compare, "bench": cli_runs.bench,
                "diff": cli_diff.main}[args.command]
         return run(args)
+    except RunFailed as e:  # a file or run that failed, as a damaged checkpoint (errors.py: exit 3)
+        print(f"jaxdp: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
     except (config.ConfigError, DeviceError, TraceError, NonFiniteLoss, CheckpointError) as e:
         print(f"jaxdp: error: {e}", file=sys.stderr)
         return 2

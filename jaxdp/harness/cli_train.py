@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import sys
 
-from ..core import argv, config, hsdp_hosts, paths, ports
-from ..core.errors import EXIT_FAILED, EXIT_USAGE, ConfigError
+from ..core import argv, ckpt_folder, config, hsdp_hosts, paths, ports
+from ..core.errors import EXIT_FAILED, EXIT_USAGE, ConfigError, RunFailed
 
 
 def outputs(pattern: str | None, names, flag: str = "--trace", example: str = "runs/{strategy}.npz") -> dict:
@@ -24,8 +24,10 @@ def outputs(pattern: str | None, names, flag: str = "--trace", example: str = "r
     return out
 
 
-def check_checkpoints(cfgs) -> None:
-    """--checkpoint-dir: a folder (or one to create); --resume: one that exists; one strategy per folder."""
+def check_checkpoints(cfgs, framework: str = "jax") -> None:
+    """--checkpoint-dir: a folder (or one to create) this run may use (ckpt_folder.py: no other run in it,
+    nothing foreign, an earlier run's checkpoints only with --resume or --overwrite-checkpoints); --resume:
+    one that exists; one strategy per folder."""
     cfg = cfgs[0]
     if not cfg.checkpoint_dir:
         return
@@ -36,6 +38,7 @@ def check_checkpoints(cfgs) -> None:
     if cfg.resume and not os.path.isdir(cfg.checkpoint_dir):
         raise ConfigError(f"--resume: no checkpoint directory {cfg.checkpoint_dir}; run once with --checkpoint-dir "
                           f"{cfg.checkpoint_dir} --checkpoint-every K first")
+    ckpt_folder.precheck(cfg.checkpoint_dir, framework, resume=cfg.resume, overwrite=cfg.overwrite_checkpoints)
 
 
 def check_processes(args) -> None:
@@ -116,7 +119,8 @@ def _run(cfgs, trace_paths, progress, distributed) -> int:
         import traceback
 
         print(f"jaxdp: error: process {distributed.process_id}: {type(e).__name__}: {e}", file=sys.stderr)
-        traceback.print_exc()
+        if not isinstance(e, (config.ConfigError, RunFailed)):  # those are their one line
+            traceback.print_exc()
         sys.stderr.flush()
         os._exit(EXIT_USAGE if isinstance(e, config.ConfigError) else EXIT_FAILED)
     return 0

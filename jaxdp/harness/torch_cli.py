@@ -39,7 +39,7 @@ def check(args) -> list:
 
     cfgs = argv.configs(args, framework="torch")
     args.trace_paths = outputs(args.trace, [c.strategy for c in cfgs])
-    check_checkpoints(cfgs)
+    check_checkpoints(cfgs, "torch")
     argv.check_seconds(args, ("timeout", "pg_timeout", "heartbeat"))
     check_platform(cfgs[0].platform, cfgs[0].devices)
     for cfg in cfgs:
@@ -62,6 +62,7 @@ def main(argv_=None) -> int:
     from torch_ref.launch import RankError
     from torch_ref.train import NonFiniteLoss, summary
 
+    from ..core.errors import RunFailed
     from ..core.trace import TraceError
     from .torch_run import run
 
@@ -72,10 +73,16 @@ def main(argv_=None) -> int:
                          heartbeat_s=args.heartbeat)
             if result is not None:  # rank 0
                 print(summary(result) + (f"; trace: {path}" if path else ""))
+    except RunFailed as e:  # a file or run that failed, as a damaged checkpoint (errors.py: exit 3)
+        print(f"torch_ref: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
     except (ConfigError, TraceError, NonFiniteLoss, CheckpointError) as e:
         print(f"torch_ref: error: {e}", file=sys.stderr)
         return 2
     except RankError as e:
+        if isinstance(e.cause, RunFailed):
+            print(f"torch_ref: error: rank {e.rank}: {e.cause}", file=sys.stderr)
+            return EXIT_FAILED
         if isinstance(e.cause, (ConfigError, NonFiniteLoss, CheckpointError)):
             print(f"torch_ref: error: rank {e.rank}: {e.cause}", file=sys.stderr)
             return 2

@@ -1,0 +1,174 @@
+"""The run owns its `--checkpoint-dir`, in both frameworks: a marker says which entries jaxdp or torch_ref
+wrote there, a lock keeps a second run out, and nothing else in the folder is ever deleted or overwritten.
+
+    DIR/jaxdp-checkpoints.json   the marker: {"written_by": "jaxdp", "framework", "run_id", "steps"}; a
+                                 step is added before its save starts, so a save cut short is ours too
+    DIR/.jaxdp-lock              flock'ed by the run (process or rank 0 only) for its whole life
+    DIR/<step>/                  a checkpoint: ours when the marker lists it (and intact: its manifest)
+
+- `check(...)`: before any work (the CLIs call `precheck`, which adds the lock, before a process
+  starts). Refused with exit 2 naming the entry and the fix: an entry the marker does not list (a user's
+  `7/`, notes), another framework's checkpoints, and a fresh run on a folder holding checkpoints unless
+  `--resume` or `--overwrite-checkpoints` says what to do with them.
+- `claim(...)`: `check`, the lock (a second run: refused), then `--overwrite-checkpoints` deletes only
+  the marker's steps; returns the `Lock` to release when the run ends.
+- `begin_step`, `prune`, `discard_torn`: touch only what the marker lists.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import uuid
+
+from .atomic import write_json
+from .errors import ConfigError
+from .record import TORN, DamagedCheckpoint
+
+MARKER = "jaxdp-checkpoints.json"
+LOCK = ".jaxdp-lock"
+OVERWRITE = "--overwrite-checkpoints"
+PROGRAM = {"jax": "jaxdp", "torch": "torch_ref"}
+
+
+def read_marker(directory) -> dict | None:
+    path = os.path.join(directory, MARKER)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            marker = json.load(f)
+        marker["steps"] = sorted({int(s) for s in marker["steps"]})
+        assert marker.get("written_by") == "jaxdp" and marker.get("framework") in PROGRAM
+    except (OSError, ValueError, KeyError, TypeError, AssertionError) as e:
+        raise DamagedCheckpoint(f"--checkpoint-dir {directory}: its {MARKER} is damaged ({type(e).__name__}); "
+                                f"move the folder aside and start with an empty --checkpoint-dir") from None
+    return marker
+
+
+def _ours(name: str, steps) -> bool:
+    """Is `name` one of the marker's steps, a save of one cut short, the marker, its temporary or the lock?"""
+    if name in (MARKER, LOCK) or name.startswith(f".{MARKER}."):
+        return True
+    head, dot, _ = name.partition(".")
+    return head.isdigit() and int(head) in steps and (not dot or any(m in name for m in TORN))
+
+
+def steps(directory) -> list[int]:
+    """The checkpoints (complete folders) the marker of `directory` lists."""
+    marker = read_marker(directory) if os.path.isdir(directory) else None
+    return [s for s in (marker or {}).get("steps", []) if os.path.isdir(os.path.join(directory, str(s)))]
+
+
+def _foreign(directory, marker) -> list[str]:
+    owned = set(marker["steps"]) if marker else set()
+    return sorted(n for n in os.listdir(directory) if not _ours(n, owned))
+
+
+def check(directory, framework: str, *, resume: bool, overwrite: bool) -> None:
+    """Refuse (ConfigError, exit 2) a `--checkpoint-dir` this run may not use; read-only."""
+    if not os.path.isdir(directory):
+        return
+    marker = read_marker(directory)
+    foreign = _foreign(directory, marker)
+    if foreign:
+        names = ", ".join(repr(n) for n in foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise ConfigError(f"--checkpoint-dir {directory} holds {names}, which no jaxdp or torch_ref run wrote there "
+                          f"(not listed in its {MARKER}); a run never deletes or overwrites what it did not write: "
+                          f"move them, or give an empty or new --checkpoint-dir")
+    have = steps(directory)
+    if marker and marker["framework"] != framework and (resume or (have and not overwrite)):
+        raise ConfigError(f"--checkpoint-dir {directory} holds {PROGRAM[marker['framework']]} checkpoints, which "
+                          f"{PROGRAM[framework]} cannot resume: give another --checkpoint-dir, or {OVERWRITE} to "
+                          f"delete them and start over")
+    if have and not resume and not overwrite:
+        raise ConfigError(f"--checkpoint-dir {directory} holds checkpoints of an earlier run (steps "
+                          f"{', '.join(map(str, have))}): pass --resume to continue from step {have[-1]}, or "
+                          f"{OVERWRITE} to delete them and start over")
+
+
+def precheck(directory, framework: str, *, resume: bool, overwrite: bool) -> None:
+    """`check`, and a run holding the folder refused, without taking it (the CLIs, before a process starts)."""
+    if os.path.isfile(os.path.join(directory, MARKER)):
+        Lock(directory).release()
+    check(directory, framework, resume=resume, overwrite=overwrite)
+
+
+class Lock:
+    """An exclusive flock on DIR/.jaxdp-lock, held until `release` (or this process ends)."""
+
+    def __init__(self, directory):
+        self.path = os.path.join(directory, LOCK)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(self.fd)
+            raise ConfigError(f"--checkpoint-dir {directory} is in use by another run (process {holder} holds "
+                              f"{self.path}); wait for it to end, or give another --checkpoint-dir") from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)  # closing the descriptor ends the flock
+            self.fd = None
+
+
+def claim(directory, framework: str, *, resume: bool, overwrite: bool) -> Lock | None:
+    """Take `directory` for this run (process or rank 0): checked, locked, and with `overwrite` emptied of
+    the marker's checkpoints. Raises ConfigError (exit 2) when the run may not use it."""
+    if resume and not os.path.isdir(directory):
+        return None  # nothing to hold: the restore says there is no such folder
+    if not os.path.isfile(os.path.join(directory, MARKER)):
+        check(directory, framework, resume=resume, overwrite=overwrite)  # nothing written into a foreign folder
+    os.makedirs(directory, exist_ok=True)
+    lock = Lock(directory)  # a run holding it: "in use", before what it holds is judged
+    try:
+        check(directory, framework, resume=resume, overwrite=overwrite)  # again, now that no one else writes
+        marker = read_marker(directory) or {"steps": []}
+        if overwrite and not resume:
+            for name in os.listdir(directory):
+                if name not in (MARKER, LOCK) and _ours(name, set(marker["steps"])):
+                    shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+            marker["steps"] = []
+        _write_marker(directory, framework, marker["steps"], uuid.uuid4().hex)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def _write_marker(directory, framework: str, step_list, run_id: str) -> None:
+    write_json(os.path.join(directory, MARKER), {"written_by": "jaxdp", "framework": framework, "run_id": run_id,
+                                                 "steps": sorted(set(step_list))})
+
+
+def begin_step(directory, framework: str, step: int) -> None:
+    """List `step` in the marker before its save starts (the marker is created when absent)."""
+    os.makedirs(directory, exist_ok=True)
+    marker = read_marker(directory) or {"steps": [], "run_id": uuid.uuid4().hex}
+    names = os.listdir(directory)
+    kept = [s for s in marker["steps"] if any(n == str(s) or n.startswith(f"{s}.") for n in names)]
+    _write_marker(directory, framework, [*kept, step], marker.get("run_id", ""))
+
+
+def prune(directory, keep: int) -> None:
+    """Delete the marker's oldest checkpoints beyond the newest `keep`; nothing else."""
+    for old in steps(directory)[:-keep]:
+        shutil.rmtree(os.path.join(directory, str(old)), ignore_errors=True)
+
+
+def discard_torn(directory) -> None:
+    """Remove the saves of the marker's steps that a stopped run left unfinished (never a checkpoint, and
+    each framework's restore ignores them); a folder without a marker is left as it is."""
+    if not directory or not os.path.isdir(directory):
+        return
+    owned = set((read_marker(directory) or {"steps": []})["steps"])
+    for name in os.listdir(directory):
+        if any(mark in name for mark in TORN) and _ours(name, owned):
+            shutil.rmtree(os.path.join(directory, name), ignore_errors=True)

@@ -6,8 +6,8 @@ import math
 import os
 import sys
 
-from ..core import argv, config, hsdp_hosts, paths
-from ..core.errors import ConfigError
+from ..core import argv, hsdp_hosts, paths
+from ..core.errors import EXIT_FAILED, ConfigError, RunFailed, exit_status
 
 
 def outputs(pattern: str | None, names, flag: str = "--trace", example: str = "runs/{strategy}.npz") -> dict:
@@ -116,8 +116,25 @@ def _run(cfgs, trace_paths, progress, distributed) -> int:
         print(f"jaxdp: error: process {distributed.process_id}: {type(e).__name__}: {e}", file=sys.stderr)
         traceback.print_exc()
         sys.stderr.flush()
-        os._exit(2 if isinstance(e, config.ConfigError) else 1)
+        os._exit(_status(e))
     return 0
+
+
+def answered():
+    """The errors a `jaxdp` command answers in one line (errors.exit_status: 2 bad input, 3 a failed run or
+    file); any other is a crash."""
+    from ..checkpoint import CheckpointError
+    from ..core.trace import TraceError
+    from ..devices import DeviceError
+
+    return ConfigError, DeviceError, TraceError, CheckpointError, RunFailed, OSError
+
+
+def _status(e: BaseException) -> int:
+    """A process's exit status for `e`: an answered error's, 130 for Ctrl-C, 3 for a crash."""
+    if isinstance(e, KeyboardInterrupt):
+        return 130
+    return exit_status(e) if isinstance(e, answered()) else EXIT_FAILED
 
 
 def _argv_without_processes() -> list[str]:

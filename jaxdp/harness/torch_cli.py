@@ -9,7 +9,7 @@ import os
 import sys
 
 from ..core import argv, config, hsdp_hosts
-from ..core.errors import ConfigError
+from ..core.errors import EPILOG, EXIT_FAILED, ConfigError, RunFailed, exit_status, one_line
 from .interrupt import guarded
 
 DIFFERS = ("Differs from `jaxdp train`: several processes come from torchrun (or --devices N spawns N ranks on "
@@ -17,7 +17,7 @@ DIFFERS = ("Differs from `jaxdp train`: several processes come from torchrun (or
 
 
 def build_parser() -> argv.Parser:
-    parser = argv.Parser(prog="torch_ref", description="The PyTorch reference of jaxdp's strategies.")
+    parser = argv.Parser(prog="torch_ref", description="The PyTorch reference of jaxdp's strategies.", epilog=EPILOG)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=argv.Parser)
     train = argv.subcommand(sub, "train", help="train one strategy and optionally write its trace",
                             description="Train with one data-parallel strategy in torch.distributed. " + DIFFERS)
@@ -64,28 +64,29 @@ def main(argv_=None) -> int:
         return 2
     from torch_ref.checkpoint import CheckpointError
     from torch_ref.launch import RankError
-    from torch_ref.train import NonFiniteLoss, summary
+    from torch_ref.train import summary
 
     from ..core.trace import TraceError
     from .torch_run import run
 
+    answered = (ConfigError, TraceError, CheckpointError, RunFailed, OSError)  # errors.exit_status: 2 or 3
     try:
         for cfg in check(args):
             path = args.trace_paths[cfg.strategy]
             result = run(cfg, trace_path=path, timeout_s=args.timeout, pg_timeout_s=args.pg_timeout)
             if result is not None:  # rank 0
                 print(summary(result) + (f"; trace: {path}" if path else ""))
-    except (ConfigError, TraceError, NonFiniteLoss, CheckpointError) as e:
-        print(f"torch_ref: error: {e}", file=sys.stderr)
-        return 2
+    except answered as e:
+        print(f"torch_ref: error: {one_line(e)}", file=sys.stderr)
+        return exit_status(e)
     except RankError as e:
-        if isinstance(e.cause, (ConfigError, NonFiniteLoss, CheckpointError)):
-            print(f"torch_ref: error: rank {e.rank}: {e.cause}", file=sys.stderr)
-            return 2
+        if isinstance(e.cause, answered):
+            print(f"torch_ref: error: rank {e.rank}: {one_line(e.cause)}", file=sys.stderr)
+            return exit_status(e.cause)
         print(e.traceback, file=sys.stderr)
         print(f"torch_ref: error: {e}", file=sys.stderr)
-        return 1
-    except TimeoutError as e:
+        return EXIT_FAILED  # a crashed rank
+    except TimeoutError as e:  # a hung rank
         print(f"torch_ref: error: {e}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     return 0

@@ -24,6 +24,7 @@ from jax.sharding import PartitionSpec as P
 
 from ...core.config import ConfigError
 from ...devices import AXIS
+from .. import finite
 from ..common import Strategy, TrainState, apply_update, to_numpy
 from . import layout as layout_mod
 
@@ -155,10 +156,11 @@ def build(row: layout_mod.Layout, problem, optimizer, mesh, opts, return_grads: 
     def step(state, xs, ys):
         params, opt_state, loss, grads = body(state.params, state.opt_state, xs, ys)
         metrics = {"loss": loss, "grads": grads} if return_grads else {"loss": loss}
-        return TrainState(params, opt_state), metrics
+        return TrainState(params, opt_state), finite.with_flags(metrics, grads, params, opts.nan_check)
 
     out = None if explicit else (state_shardings, {"loss": NamedSharding(mesh, P())} | (
-        {"grads": layout_mod.shardings(mesh, specs["params"])} if return_grads else {}))
+        {"grads": layout_mod.shardings(mesh, specs["params"])} if return_grads else {}) | (
+        {"finite": NamedSharding(mesh, P())} if opts.nan_check else {}))
     jitted = jax.jit(step, in_shardings=(state_shardings, *[NamedSharding(mesh, P(None, AXIS))] * 2),
                      out_shardings=out, donate_argnums=0)
     return Strategy(row.name, init, put_batch(mesh, opts.accum), MeshStep(jitted, mesh), lambda s: s.params)

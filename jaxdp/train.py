@@ -147,7 +147,11 @@ def check_finite(cfg: RunConfig, k: int, loss: float, finite, params) -> None:
     fix = f"({cfg.strategy}, lr {cfg.lr}); lower --lr, set --clip-norm, or pass --no-nan-check to continue anyway"
     if not math.isfinite(loss):
         raise NonFiniteLoss(f"loss is {loss} at step {k} {fix}")
-    if finite is not None and not np.all(finite := np.asarray(finite)):
+    if finite is None:
+        return
+    from .strategies.common import to_host  # replicated: this host's copy (multi-process runs too)
+
+    if not np.all(finite := to_host(finite)):
         from .strategies.finite import nonfinite_names
 
         names = nonfinite_names(finite, params)

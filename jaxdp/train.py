@@ -149,9 +149,12 @@ def check_finite(cfg: RunConfig, k: int, loss: float, finite, params) -> None:
         raise NonFiniteLoss(f"loss is {loss} at step {k} {fix}")
     if finite is None:
         return
-    from .strategies.common import to_host  # replicated: this host's copy (multi-process runs too)
+    import jax
 
-    if not np.all(finite := to_host(finite)):
+    from .strategies.common import to_host  # this host's copy, sharded or not (multi-process runs too)
+
+    finite = jax.tree.map(to_host, finite)
+    if not all(np.all(a) for a in jax.tree.leaves(finite)):
         from .strategies.finite import nonfinite_names
 
         names = nonfinite_names(finite, params)

@@ -43,7 +43,7 @@ def test_every_strategy_flags_a_nonfinite_gradient_with_a_finite_loss(name):
     par = jaxdp.parallelize(loss_fn, PARAMS, optax.sgd(0.1), strategy=strategy, devices=1 if name == "single" else 2,
                             **({"axis_type": "explicit"} if explicit else {}))
     _, honest = par.step(par.init(), batch(False), Y)
-    assert np.asarray(honest["finite"]).all() and np.asarray(honest["finite"]).shape == (2, 2)
+    assert nonfinite_names(honest["finite"], PARAMS) == []
     _, metrics = par.step(par.init(), batch(True), Y)
     assert np.isfinite(float(metrics["loss"]))
     assert nonfinite_names(metrics["finite"], PARAMS) == ["gradient b", "parameter b"]

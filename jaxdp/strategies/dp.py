@@ -11,7 +11,6 @@ device 0's copy is ever updated or read; the others keep their initial values.
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
@@ -54,8 +53,8 @@ def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
         params = tree_map(lambda p: broadcast_from_root(p, AXIS), params)
         # The gradients are read from device 0, where they are the true averages.
         metrics = {"loss": loss, "grads": grads} if return_grads else {"loss": loss}
-        if opts.nan_check:  # the gradient is true on device 0 only: its flags for everyone
-            metrics["finite"] = broadcast_from_root(finite.flags(clipped, params).astype(jnp.int32), AXIS) > 0
+        if opts.nan_check:  # true on device 0 only, as the optimizer state: out_specs P() returns device 0's
+            metrics["finite"] = finite.flags(clipped, params)
         return TrainState(params, opt_state), metrics
 
     # check_vma=False: ppermute results are "varying", and only device 0's optimizer state is true.

@@ -82,6 +82,8 @@ def train_step(layout, optimizer, mesh, comm, shapes, sharded_grads, return_grad
         param_flat, opt_state = flat.apply_global_update(optimizer, grad_flat, state.opt_state, param_flat)
         params = gather(param_flat) if layout.gathers_after_update else param_flat
         metrics = {"loss": loss, "grads": grads_out} if return_grads else {"loss": loss}
-        return TrainState(params, opt_state), finite.with_flags(metrics, grad_flat, param_flat, check)
+        if check:  # each device's part of the flat shards, reduced where it lies (no collective)
+            metrics["finite"] = finite.shard_flags(grad_flat, param_flat, mesh.shape[AXIS])
+        return TrainState(params, opt_state), metrics
 
     return step

@@ -40,8 +40,8 @@ def _jax_call(cfg):
     def call():
         box["state"], metrics = c.program(box["state"], *c.batch)
         float(metrics["loss"])
-        if "finite" in metrics:
-            np.asarray(metrics["finite"]).all()
+        if "finite" in metrics:  # as the train loop reads them (one array, or one per tensor)
+            all(np.all(np.asarray(a)) for a in jax.tree.leaves(metrics["finite"]))
     return call
 
 

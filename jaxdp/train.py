@@ -46,6 +46,7 @@ def prepare(cfg: RunConfig, return_grads: bool = False, distributed: devices_mod
         model = models.build(cfg, dataset)
     optimizer = optim.for_config(cfg)
     options = {k: getattr(cfg, k) for k in strategies.OPTIONS[strategies.resolve(cfg.strategy)]}
+    options["nan_check"] = cfg.nan_check  # the step's fused non-finite check (strategies/finite.py)
     if cfg.reduction == "canonical":  # the clip is the strategy's (the canonical norm), not the chain's
         optimizer = optim.make(cfg.optimizer, cfg.lr, cfg.weight_decay)
         options |= {"reduction": "canonical", "shards": cfg.shards, "clip_norm": cfg.clip_norm}
@@ -117,9 +118,8 @@ def _train(cfg, dataset, par, state, start, saver, recorder, result, progress):
             x, y = host_batch(cfg, dataset, k)  # the global batch; a process steps on its rows of it
             state, metrics = par.step(state, *(_process_rows(a, cfg.accum) for a in (x, y)))
             loss = float(metrics["loss"])
-            if cfg.nan_check and not math.isfinite(loss):
-                raise NonFiniteLoss(f"loss is {loss} at step {k} ({cfg.strategy}, lr {cfg.lr}); lower --lr, "
-                                    f"set --clip-norm, or pass --no-nan-check to continue anyway")
+            if cfg.nan_check:  # before the step is recorded or checkpointed
+                check_finite(cfg, k, loss, metrics.get("finite"), par.problem.params)
             result.losses.append(loss)
             result.step_times.append(time.perf_counter() - t_step)  # float(loss) waited for the step
             if recorder is not None:
@@ -142,6 +142,28 @@ def _train(cfg, dataset, par, state, start, saver, recorder, result, progress):
         saver.close()
     if cfg.steps - start > 1:
         result.steps_per_s = (cfg.steps - start - 1) / max(time.perf_counter() - t1, 1e-9)
+
+
+def check_finite(cfg: RunConfig, k: int, loss: float, finite, params) -> None:
+    """Raise NonFiniteLoss (exit 3) naming step `k` and the tensor, when the loss or the step's `finite` flags
+    (strategies/finite.py: the gradient the update used and the updated parameters) show NaN or Inf."""
+    fix = f"({cfg.strategy}, lr {cfg.lr}); lower --lr, set --clip-norm, or pass --no-nan-check to continue anyway"
+    if not math.isfinite(loss):
+        raise NonFiniteLoss(f"loss is {loss} at step {k} {fix}")
+    if finite is None:
+        return
+    import jax
+
+    from .strategies.common import to_host  # this host's copy, sharded or not (multi-process runs too)
+
+    finite = jax.tree.map(to_host, finite)
+    if not all(np.all(a) for a in jax.tree.leaves(finite)):
+        from .strategies.finite import nonfinite_names
+
+        names = nonfinite_names(finite, params)
+        more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+        raise NonFiniteLoss(f"{names[0]} holds NaN or Inf at step {k}{more}, the loss {loss:.6g} finite; "
+                            f"nothing of step {k} recorded or checkpointed {fix}")
 
 
 def _stop_saver(saver, directory) -> None:

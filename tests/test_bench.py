@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 ITEMS = ("step_time", "dp_overhead", "ring_vs_xla", "communication", "memory", "compile", "gpu_throughput",
-         "collectives", "reduction", "jit_vs_hand")
+         "collectives", "reduction", "jit_vs_hand", "nan_check")
 
 
 def test_bench_quick_writes_valid_json_and_markdown(tmp_path):
@@ -66,6 +66,9 @@ def test_bench_quick_writes_valid_json_and_markdown(tmp_path):
     assert [(r["strategy"], r["devices"]) for r in red["rows"]] == [("ddp", 2), ("zero1", 2), ("ddp", 2)]  # mlp, cnn
     assert all(r["canonical_bytes"] >= r["native_bytes"] > 0 and r["ratio"] > 0 for r in red["rows"][:2])
     assert red["rows"][2]["model"] == "cnn" and red["rows"][2]["canonical_bytes"] > 0 and red["rows"][2]["ratio"] > 0
+    checked = results["nan_check"]["rows"]  # item 11: the non-finite check, with / without, both frameworks
+    assert {r["framework"] for r in checked} == {"jax", "torch"} and all(r["ratio"] > 0 for r in checked)
+    assert "## 11. The non-finite check's cost" in table
     jit = results["jit_vs_hand"]["rows"]  # item 10: ddp, ddp-jit auto, ddp-jit explicit at accum 2, one run
     assert [(r["strategy"], r["axis_type"], r["accum"]) for r in jit] == [
         ("ddp", None, 2), ("ddp-jit", "auto", 2), ("ddp-jit", "explicit", 2)]

@@ -15,13 +15,16 @@ from jaxdp.harness import cli
 from .conftest import BASE, run
 
 
-def error_of(argv, capsys) -> str:
+def error_of(argv, capsys, status: int = 2) -> str:
+    """The one line `jaxdp argv` answers with exit `status` (2 bad input, 3 a failed run or file)."""
     try:
         code = cli.main(argv)
     except SystemExit as e:  # argparse
         code = e.code
-    assert code == 2
-    return capsys.readouterr().err
+    assert code == status
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
 
 
 @pytest.mark.parametrize("flag,value,valid", [
@@ -66,14 +69,14 @@ def test_gpu_platform_without_a_gpu_suggests_cpu(capsys, monkeypatch):
 def test_nan_loss_stops_with_the_step(capsys):
     # lr 1e38 makes float32 parameters overflow after one step: the loss of step 2 is inf.
     err = error_of(["train", "--optimizer", "sgd", "--lr", "1e38", "--dtype", "float32", "--steps", "5",
-                    "--strategy", "single"], capsys)
+                    "--strategy", "single"], capsys, status=3)
     assert "loss is inf at step 2" in err and "--clip-norm" in err
 
 
 def test_corrupt_and_missing_traces(tmp_path, capsys):
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"PK\x03\x04 not really a zip")
-    assert "corrupt or truncated" in error_of(["diff", str(bad), str(bad)], capsys)
+    assert "corrupt or truncated" in error_of(["diff", str(bad), str(bad)], capsys, status=3)
     assert "no such file" in error_of(["diff", str(tmp_path / "none.npz"), str(bad)], capsys)
 
 

@@ -90,7 +90,7 @@ def test_a_failing_rank_fails_the_run_fast_with_its_error(monkeypatch):
 
 def test_cli_reports_a_failing_rank_and_exits_non_zero(monkeypatch, capsys):
     monkeypatch.setenv(FAIL_ENV, "0:1")
-    assert cli.main(["train", "--strategy", "ddp-ring", "--devices", "2", *FLAGS]) == 3  # a failed run
+    assert cli.main(["train", "--strategy", "ddp-ring", "--devices", "2", *FLAGS]) == 3  # a crashed rank: a failed run
     err = capsys.readouterr().err
     assert "rank 0 failed: InjectedFailure: injected failure on rank 0 at step 1" in err
 

@@ -22,9 +22,11 @@ from jaxdp.core.config import ConfigError, RunConfig
 from jaxdp.core.results import NonFiniteLoss, RunResult  # one error type and one result for both frameworks
 
 from . import api, checkpoint, cnn, launch, models, optim, strategies
+from .strategies import finite
 from .trace import Recorder
 
 FAIL_ENV = "TORCH_REF_FAIL_AT"  # "RANK:STEP": that rank raises at that step (tests the failure path)
+INF_ENV = "TORCH_REF_INF_AT"  # "RANK:STEP": that rank's gradient gets an Inf, its loss stays finite (tests the check)
 
 
 class InjectedFailure(RuntimeError):
@@ -100,6 +102,8 @@ def train_rank(rank: int, world: int, cfg: RunConfig, init: dict[str, np.ndarray
     dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
     module = cnn.for_device(models.load_flax(models.build(cfg, dataset).to(device), init), device)
     model, optimizer = configured(module, cfg)
+    if cfg.nan_check:  # gradients before optimizer.step(), parameters after it (strategies/finite.py)
+        finite.guard(optimizer, module, strategies.resolve(cfg.strategy))
     start = checkpoint.restore(cfg.checkpoint_dir, api.state_of(model).checkpoint, cfg) if cfg.resume else 0
     result = RunResult(cfg)  # a resumed run's init/ is what it resumed from
     result.meta = {"framework": "torch", **cfg.to_dict(), "platform": "gpu" if device.type == "cuda" else "cpu",
@@ -125,7 +129,12 @@ def train_rank(rank: int, world: int, cfg: RunConfig, init: dict[str, np.ndarray
             raise InjectedFailure(f"injected failure on rank {rank} at step {k} ({FAIL_ENV})")
         rows = (data.part_rows(a, rank, world, cfg.accum) for a in (x, y))  # micro-batch j: the same rows as single's
         xs, ys = (torch.from_numpy(a.astype(np.int64) if a.dtype.kind in "iu" else a).to(device) for a in rows)
-        loss = api.train_step(model, optimizer, xs, ys, cross_entropy, clip_norm=cfg.clip_norm)
+        try:
+            loss = api.train_step(model, optimizer, xs, ys, _loss_fn(rank, k), clip_norm=cfg.clip_norm)
+        except NonFiniteLoss as e:  # a gradient or parameter: before the step is recorded or checkpointed
+            raise NonFiniteLoss(f"{e} at step {k}; nothing of step {k} recorded or checkpointed "
+                                f"({cfg.strategy}, lr {cfg.lr}); lower --lr, set --clip-norm, or pass --no-nan-check "
+                                f"to continue anyway") from None
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         result.step_times.append(time.perf_counter() - t_step)
@@ -225,8 +234,16 @@ def summary(result: RunResult) -> str:
             f"{result.losses[-1]:.4f}, first step {result.first_step_s:.2f}s, {result.steps_per_s:.1f} steps/s after")
 
 
-def _fail_at() -> tuple[int, int] | None:
-    spec = os.environ.get(FAIL_ENV)
+def _loss_fn(rank: int, k: int):
+    """cross_entropy; on the INF_ENV hook's rank and step, plus a term whose value is 0 and whose gradient is
+    Inf (sqrt at 0): a finite loss with a non-finite gradient."""
+    if _fail_at(INF_ENV) != (rank, k):
+        return cross_entropy
+    return lambda out, y: cross_entropy(out, y) + torch.sqrt(out[0, 0] - out[0, 0].detach())
+
+
+def _fail_at(env: str = FAIL_ENV) -> tuple[int, int] | None:
+    spec = os.environ.get(env)
     if not spec:
         return None
     rank, step = spec.split(":")

@@ -15,7 +15,7 @@ import difflib
 import math
 import sys
 
-from . import config, readers, values
+from . import config, errors, readers, values
 from .errors import ConfigError
 
 GIVEN = "given_flags"  # the namespace attribute holding the dests the user typed
@@ -158,6 +158,7 @@ def check_seconds(args, names) -> None:
 
 def subcommand(sub, name: str, **kwargs) -> Parser:
     """A subcommand parser that remembers itself, so that a typo is answered from it."""
+    kwargs.setdefault("epilog", errors.EPILOG)  # every command's -h ends with the exit-status table
     parser = sub.add_parser(name, **kwargs)
     parser.set_defaults(_parser=parser)
     return parser

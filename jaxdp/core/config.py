@@ -115,7 +115,7 @@ class RunConfig:
     shards: int = _flag(
         0, "canonical: shards per micro-batch, a power of two that --devices divides (0: the largest power of two "
         "dividing batch/accum that keeps >= 4 rows per shard, at most 64)")
-    nan_check: bool = _flag(True, "stop with the step number on a NaN or Inf loss")
+    nan_check: bool = _flag(True, "stop with the step and tensor on a NaN or Inf loss, gradient or parameter")
     checkpoint_dir: str = _flag("", "directory for checkpoints (orbax in jaxdp, torch.distributed.checkpoint in "
                                 "torch_ref)")
     checkpoint_every: int = _flag(0, "save a checkpoint every K steps (0: never)")

@@ -18,3 +18,23 @@ class ConfigError(ValueError):
 class RunFailed(RuntimeError):
     """A run or a file that failed: damaged, unreadable or hostile data, a full disk, a rank that crashed
     or hung, non-finite state (exit 3). The message names the file, step, tensor or rank."""
+
+
+# The exit-status table, as the CLIs' `-h` epilog shows it.
+EPILOG = ("exit status: 0 success or the runs agree; 1 a MISMATCH verdict; 2 bad input (a flag, configuration "
+          "or folder the run may not use); 3 a run or file that failed (damaged or hostile file, full disk, crashed "
+          "or hung rank, non-finite state)")
+
+
+def exit_status(error: BaseException) -> int:
+    """The status a CLI answers `error` with (its one line goes to stderr): a failed run or file, or an
+    operating-system error (a full disk, an unreadable file), 3; any other error a CLI answers is bad input, 2."""
+    return EXIT_FAILED if isinstance(error, (RunFailed, OSError)) else EXIT_USAGE
+
+
+def one_line(error: BaseException) -> str:
+    """`error` as the CLI's one line: an OSError as 'FILE: reason' (its repr runs to an errno tuple)."""
+    if isinstance(error, OSError) and error.strerror:
+        where = f"{error.filename}: " if error.filename is not None else ""
+        return f"{where}{error.strerror}"
+    return str(error) or type(error).__name__

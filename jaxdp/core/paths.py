@@ -40,6 +40,8 @@ def output_file(path, flag: str) -> None:
     if os.path.isdir(path):
         raise ConfigError(f"{flag} {path}: is a folder; give a file path, e.g. {flag} {os.path.join(path, 'run.npz')}")
     if os.path.exists(path):
+        if not os.path.isfile(path):  # a device or pipe (/dev/full): the atomic rename would replace it
+            raise ConfigError(f"{flag} {path}: not a regular file (a device or pipe); give a file path")
         if not os.access(path, os.W_OK):
             raise ConfigError(f"{flag} {path}: the file is not writable; choose another path")
         return

@@ -1,4 +1,4 @@
-"""What a run returns (`RunResult`) and how it stops on a NaN loss (`NonFiniteLoss`): one class each for
+"""What a run returns (`RunResult`) and how it stops on non-finite state (`NonFiniteLoss`): one class each for
 both frameworks (torch_ref.train returns and raises these too)."""
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .config import RunConfig
+from .errors import RunFailed
 
 
-class NonFiniteLoss(FloatingPointError):
-    """The loss became NaN or Inf; the message names the step."""
+class NonFiniteLoss(RunFailed, FloatingPointError):
+    """The loss, a gradient or a parameter became NaN or Inf (exit 3); the message names the step and the
+    tensor."""
 
 
 @dataclass

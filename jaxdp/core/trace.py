@@ -10,10 +10,10 @@ import numpy as np
 from . import spread
 from .config import COMPARABLE_FIELDS
 from .recorder import Recorder
-from .tracefile import FIELDS, Trace, TraceError, check_writable, load, save
+from .tracefile import FIELDS, Trace, TraceDamaged, TraceError, check_writable, load, save
 from .ulp import ulp_distance
 
-__all__ = ["FIELDS", "Recorder", "Trace", "TraceError", "check_writable", "diff", "load", "save"]
+__all__ = ["FIELDS", "Recorder", "Trace", "TraceDamaged", "TraceError", "check_writable", "diff", "load", "save"]
 
 
 def shared_config_fields(a: Trace, b: Trace) -> list[str]:

@@ -23,13 +23,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import atomic
+from . import atomic, trace_limits
+from .errors import RunFailed
 
 FIELDS = ("loss", "grad", "param", "update", "init", "x", "y", "state")
 
 
 class TraceError(ValueError):
-    """A trace that cannot be read or compared; the message says why."""
+    """A trace that cannot be read or compared; the message says why (exit 2: the paths or traces given)."""
+
+
+class TraceDamaged(TraceError, RunFailed):
+    """A trace file that is corrupt, truncated, malformed or hostile (exit 3); the message names the file."""
 
 
 @dataclass
@@ -80,24 +85,33 @@ def save(path, meta: dict, arrays: dict[str, np.ndarray]) -> None:
 
 
 def load(path) -> Trace:
+    """The trace at `path`, checked: what it would cost and its meta read from its headers first
+    (`trace_limits`: a trace over the memory budget, a zip bomb or a malformed file is refused before any
+    array is read), then its arrays. A damaged or hostile file raises TraceDamaged (exit 3)."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise TraceError(f"trace {path!r} does not exist")
+    limit = trace_limits.budget()
     try:
+        trace_limits.check(path, limit)
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
+    except trace_limits.Refused as e:
+        hint = f"; raise the budget with {trace_limits.BUDGET_ENV}, e.g. =16G" if "budget" in str(e) else ""
+        raise TraceDamaged(f"trace {path!r} refused: {e}{hint}") from None
     except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
-        raise TraceError(
+        raise TraceDamaged(
             f"trace {path!r} is corrupt or truncated ({type(e).__name__}: {e}); re-run to write it again"
         ) from None
     if "meta" not in arrays:
-        raise TraceError(f"trace {path!r} has no 'meta' entry: not a jaxdp trace")
+        raise TraceDamaged(f"trace {path!r} has no 'meta' entry: not a jaxdp trace")
     try:
         meta = json.loads(str(arrays.pop("meta")))
     except json.JSONDecodeError as e:
-        raise TraceError(f"trace {path!r}: 'meta' is not valid JSON ({e})") from None
+        raise TraceDamaged(f"trace {path!r}: 'meta' is not valid JSON ({e})") from None
     trace = Trace(meta, arrays)
-    missing = [f"step/{k}/loss" for k in range(trace.first_step, trace.steps + 1) if f"step/{k}/loss" not in arrays]
-    if missing:
-        raise TraceError(f"trace {path!r} is incomplete: missing {missing[0]} (and {len(missing) - 1} more)")
+    missing = (f"step/{k}/loss" for k in range(trace.first_step, trace.steps + 1) if f"step/{k}/loss" not in arrays)
+    first = next(missing, None)
+    if first is not None:
+        raise TraceDamaged(f"trace {path!r} is incomplete: missing {first} (and {sum(1 for _ in missing)} more)")
     return trace

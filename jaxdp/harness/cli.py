@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..core import argv, config
+from ..core import argv, config, errors
 from . import cli_diff, cli_runs, cli_train
 from .interrupt import guarded
 
@@ -82,7 +82,8 @@ def _add_pairs(sub) -> None:
 
 
 def build_parser() -> argv.Parser:
-    parser = argv.Parser(prog="jaxdp", description="Data parallelism in JAX, checked against PyTorch.")
+    parser = argv.Parser(prog="jaxdp", description="Data parallelism in JAX, checked against PyTorch.",
+                         epilog=errors.EPILOG)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=argv.Parser)
     _add_train(sub)
     _add_analyses(sub)
@@ -94,12 +95,6 @@ def build_parser() -> argv.Parser:
 @guarded("jaxdp")  # Ctrl-C: one line and status 130 (interrupt.py)
 def main(argv_=None) -> int:
     args = build_parser().parse_args(argv_)
-    from ..checkpoint import CheckpointError
-    from ..core.errors import EXIT_FAILED, RunFailed
-    from ..core.trace import TraceError
-    from ..devices import DeviceError
-    from ..train import NonFiniteLoss
-
     try:
         if args.command in TORCH_COMMANDS:
             config.require_torch(f"jaxdp {args.command}")
@@ -109,12 +104,9 @@ def main(argv_=None) -> int:
                "parity": cli_runs.parity, "compare": cli_runs.compare, "bench": cli_runs.bench,
                "diff": cli_diff.main}[args.command]
         return run(args)
-    except RunFailed as e:  # a file or run that failed, as a damaged checkpoint (errors.py: exit 3)
-        print(f"jaxdp: error: {e}", file=sys.stderr)
-        return EXIT_FAILED
-    except (config.ConfigError, DeviceError, TraceError, NonFiniteLoss, CheckpointError) as e:
-        print(f"jaxdp: error: {e}", file=sys.stderr)
-        return 2
+    except cli_train.answered() as e:
+        print(f"jaxdp: error: {errors.one_line(e)}", file=sys.stderr)
+        return errors.exit_status(e)  # 2 bad input; 3 a failed run or file (RunFailed, OSError): errors.py
 
 
 if __name__ == "__main__":

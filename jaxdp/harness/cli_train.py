@@ -6,7 +6,7 @@ import os
 import sys
 
 from ..core import argv, ckpt_folder, config, hsdp_hosts, paths, ports
-from ..core.errors import EXIT_FAILED, EXIT_USAGE, ConfigError, RunFailed
+from ..core.errors import EXIT_FAILED, ConfigError, RunFailed, exit_status
 
 
 def outputs(pattern: str | None, names, flag: str = "--trace", example: str = "runs/{strategy}.npz") -> dict:
@@ -122,8 +122,25 @@ def _run(cfgs, trace_paths, progress, distributed) -> int:
         if not isinstance(e, (config.ConfigError, RunFailed)):  # those are their one line
             traceback.print_exc()
         sys.stderr.flush()
-        os._exit(EXIT_USAGE if isinstance(e, config.ConfigError) else EXIT_FAILED)
+        os._exit(_status(e))
     return 0
+
+
+def answered():
+    """The errors a `jaxdp` command answers in one line (errors.exit_status: 2 bad input, 3 a failed run or
+    file); any other is a crash."""
+    from ..checkpoint import CheckpointError
+    from ..core.trace import TraceError
+    from ..devices import DeviceError
+
+    return ConfigError, DeviceError, TraceError, CheckpointError, RunFailed, OSError
+
+
+def _status(e: BaseException) -> int:
+    """A process's exit status for `e`: an answered error's, 130 for Ctrl-C, 3 for a crash."""
+    if isinstance(e, KeyboardInterrupt):
+        return 130
+    return exit_status(e) if isinstance(e, answered()) else EXIT_FAILED
 
 
 LAUNCHER_FLAGS = ("--processes", "--timeout", "--heartbeat")  # the launcher's, not its children's

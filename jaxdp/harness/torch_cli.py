@@ -8,7 +8,7 @@ import os
 import sys
 
 from ..core import argv, config, hsdp_hosts
-from ..core.errors import EXIT_FAILED, ConfigError
+from ..core.errors import EPILOG, EXIT_FAILED, ConfigError, RunFailed, exit_status, one_line
 from .interrupt import guarded
 
 DIFFERS = ("Differs from `jaxdp train`: several processes come from torchrun (or --devices N spawns N ranks on "
@@ -16,7 +16,7 @@ DIFFERS = ("Differs from `jaxdp train`: several processes come from torchrun (or
 
 
 def build_parser() -> argv.Parser:
-    parser = argv.Parser(prog="torch_ref", description="The PyTorch reference of jaxdp's strategies.")
+    parser = argv.Parser(prog="torch_ref", description="The PyTorch reference of jaxdp's strategies.", epilog=EPILOG)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=argv.Parser)
     train = argv.subcommand(sub, "train", help="train one strategy and optionally write its trace",
                             description="Train with one data-parallel strategy in torch.distributed. " + DIFFERS)
@@ -60,12 +60,12 @@ def main(argv_=None) -> int:
         return 2
     from torch_ref.checkpoint import CheckpointError
     from torch_ref.launch import RankError
-    from torch_ref.train import NonFiniteLoss, summary
+    from torch_ref.train import summary
 
-    from ..core.errors import RunFailed
     from ..core.trace import TraceError
     from .torch_run import run
 
+    answered = (ConfigError, TraceError, CheckpointError, RunFailed, OSError)  # errors.exit_status: 2 or 3
     try:
         for cfg in check(args):
             path = args.trace_paths[cfg.strategy]
@@ -73,24 +73,18 @@ def main(argv_=None) -> int:
                          heartbeat_s=args.heartbeat)
             if result is not None:  # rank 0
                 print(summary(result) + (f"; trace: {path}" if path else ""))
-    except RunFailed as e:  # a file or run that failed, as a damaged checkpoint (errors.py: exit 3)
-        print(f"torch_ref: error: {e}", file=sys.stderr)
-        return EXIT_FAILED
-    except (ConfigError, TraceError, NonFiniteLoss, CheckpointError) as e:
-        print(f"torch_ref: error: {e}", file=sys.stderr)
-        return 2
+    except answered as e:
+        print(f"torch_ref: error: {one_line(e)}", file=sys.stderr)
+        return exit_status(e)
     except RankError as e:
-        if isinstance(e.cause, RunFailed):
-            print(f"torch_ref: error: rank {e.rank}: {e.cause}", file=sys.stderr)
-            return EXIT_FAILED
-        if isinstance(e.cause, (ConfigError, NonFiniteLoss, CheckpointError)):
-            print(f"torch_ref: error: rank {e.rank}: {e.cause}", file=sys.stderr)
-            return 2
+        if isinstance(e.cause, answered):
+            print(f"torch_ref: error: rank {e.rank}: {one_line(e.cause)}", file=sys.stderr)
+            return exit_status(e.cause)
         if e.traceback:
             print(e.traceback, file=sys.stderr)
         print(f"torch_ref: error: {e}", file=sys.stderr)
-        return EXIT_FAILED  # a crashed or hung rank
-    except TimeoutError as e:
+        return EXIT_FAILED  # a crashed or stopped rank
+    except TimeoutError as e:  # a hung rank
         print(f"torch_ref: error: {e}", file=sys.stderr)
         return EXIT_FAILED
     return 0

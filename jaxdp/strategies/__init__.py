@@ -25,6 +25,7 @@ class StrategyOptions(NamedTuple):
     replicas: int = 1                   # hsdp: R groups of N / R devices (zero3 within a group, replicated across)
     hsdp_hosts: str = "shard"           # hsdp: the grid's order, row-major ("shard") or column-major ("replica")
     axis_type: str = "auto"             # -jit: the mesh's jax.sharding.AxisType, "auto" or "explicit" (jit/step.py)
+    nan_check: bool = True              # every strategy: the step's fused non-finite check (finite.py)
 
 
 FACTORIES = {
@@ -88,7 +89,7 @@ def resolve(name: str) -> str:
 def options(name: str, accum: int = 1, **given) -> StrategyOptions:
     """The options of strategy `name`: `given` checked against the ones it reads."""
     name = resolve(name)
-    unknown = sorted(set(given) - set(OPTIONS[name]) - set(REDUCTION_OPTIONS))
+    unknown = sorted(set(given) - set(OPTIONS[name]) - set(REDUCTION_OPTIONS) - {"nan_check"})
     if unknown:
         valid = ", ".join(OPTIONS[name]) or "none"
         raise ConfigError(f"strategy {name!r} takes no option {', '.join(unknown)}; its options: {valid}")

@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 
 from .. import canonical
 from ..devices import AXIS, batch_sharded, replicated
-from . import fsdp
+from . import finite, fsdp
 from .grads import local_grads  # noqa: F401 (re-exported: every strategy's first half)
 
 
@@ -178,7 +178,7 @@ def replicated_data_parallel(name, problem, optimizer, mesh, opts, sync, *, chec
         loss, clipped, grads = grads_of(params, x, y)
         params, opt_state = apply_update(optimizer, clipped, opt_state, params)
         metrics = {"loss": loss, "grads": grads} if return_grads else {"loss": loss}
-        return TrainState(params, opt_state), metrics
+        return TrainState(params, opt_state), finite.with_flags(metrics, clipped, params, opts.nan_check)
 
     sharded_step = jax.shard_map(device_step, mesh=mesh, in_specs=(P(), P(), P(AXIS), P(AXIS)),
                                  out_specs=P(), check_vma=check_vma)

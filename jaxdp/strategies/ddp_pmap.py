@@ -11,6 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 from .. import canonical
 from ..devices import AXIS, replicated
+from . import finite
 from .common import (
     Strategy,
     TrainState,
@@ -82,7 +83,7 @@ def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
         loss, clipped, grads = grads_of(state.params, x, y)
         params, opt_state = apply_update(optimizer, clipped, state.opt_state, state.params)
         metrics = {"loss": loss, "grads": grads} if return_grads else {"loss": loss}
-        return TrainState(params, opt_state), metrics
+        return TrainState(params, opt_state), finite.with_flags(metrics, clipped, params, opts.nan_check)
 
     pmapped = jax.pmap(device_step, axis_name=AXIS, devices=pmap_devices, donate_argnums=0)
     run = with_options(pmapped, compile_options(opts))

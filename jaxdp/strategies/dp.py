@@ -17,6 +17,7 @@ from jax.sharding import PartitionSpec as P
 from .. import canonical
 from ..collectives import broadcast_from_root, reduce_to_root
 from ..devices import AXIS
+from . import finite
 from .common import (
     Strategy,
     TrainState,
@@ -52,6 +53,8 @@ def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
         params = tree_map(lambda p: broadcast_from_root(p, AXIS), params)
         # The gradients are read from device 0, where they are the true averages.
         metrics = {"loss": loss, "grads": grads} if return_grads else {"loss": loss}
+        if opts.nan_check:  # true on device 0 only, as the optimizer state: out_specs P() returns device 0's
+            metrics["finite"] = finite.flags(clipped, params)
         return TrainState(params, opt_state), metrics
 
     # check_vma=False: ppermute results are "varying", and only device 0's optimizer state is true.

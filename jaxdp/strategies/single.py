@@ -4,6 +4,7 @@ from __future__ import annotations
 import jax
 
 from .. import canonical
+from . import finite
 from .common import Strategy, TrainState, apply_update, compile_options, local_grads, shard_values_of, to_numpy
 
 
@@ -28,7 +29,7 @@ def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
         clipped = canonical.clip(grads, opts.clip_norm) if is_canonical else grads
         params, opt_state = apply_update(optimizer, clipped, state.opt_state, state.params)
         metrics = {"loss": loss, "grads": grads} if return_grads else {"loss": loss}
-        return TrainState(params, opt_state), metrics
+        return TrainState(params, opt_state), finite.with_flags(metrics, clipped, params, opts.nan_check)
 
     def put_batch(x, y):
         return jax.device_put((x, y), device)

@@ -25,6 +25,8 @@ Nine measurements (the keys of the result dictionary, written to bench.json by t
    auto and explicit, in one run at the largest timed N, accum 1 and 4 (2 in --quick: ddp only): bytes
    against theory, the bytes inside the micro-batch loop, peak bytes, step time (`jit.py`). The -jit
    strategies also appear in items 1 (against their torch twins), 4 and 5 (auto) of the full run.
+11. `nan_check`: the step with the fused non-finite check over without it, per strategy, and torch's optimizer
+   hooks on one rank (`nan_check.py`).
 
 Items 1-6, 8 and 9 run on simulated CPU devices (`--platform cpu`) on every machine: the "devices" share
 the machine's cores, and torch's ranks are processes (gloo) on the same cores, so times say how
@@ -53,6 +55,7 @@ from .gpu import gpu_throughput
 from .jit import jit_vs_hand
 from .markdown import markdown
 from .measure import inspect_all, time_strategies
+from .nan_check import nan_check_benchmark
 from .plan import Plan, plan
 from .reduction import reduction_benchmark
 
@@ -86,6 +89,7 @@ def run(quick: bool = False, out: str | None = None, progress=None) -> dict:
         "collectives": {"rows": coll},
         "reduction": reduction_benchmark(p, say),
         "jit_vs_hand": jit_vs_hand(p, say),
+        "nan_check": nan_check_benchmark(p, say),
     }
     results["goals"] = goals(results)
     results["wall_s"] = time.perf_counter() - t0

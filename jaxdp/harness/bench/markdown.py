@@ -1,7 +1,7 @@
 """bench.md: the results as markdown tables, one section per item."""
 from __future__ import annotations
 
-from . import jit
+from . import jit, nan_check
 
 
 def _f(x, spec=".2f", none="-"):
@@ -29,7 +29,8 @@ def markdown(results: dict) -> str:
     ns = sorted({r["devices"] for r in results["communication"]["rows"]})
     lines = (_header(results) + _step_time(results) + _overhead(results) + _ring(results)
              + _communication(results, ns) + _memory(results, ns) + _compile(results, ns) + _gpu(results)
-             + _collectives(results) + reduction_section(results) + jit.section(results))
+             + _collectives(results) + reduction_section(results) + jit.section(results)
+             + nan_check.section(results))
     return "\n".join(lines) + "\n"
 
 

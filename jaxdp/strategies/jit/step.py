@@ -24,6 +24,7 @@ from jax.sharding import PartitionSpec as P
 
 from ...core.config import ConfigError
 from ...devices import AXIS
+from .. import finite
 from ..common import Strategy, TrainState, apply_update, to_numpy
 from . import layout as layout_mod
 
@@ -155,10 +156,14 @@ def build(row: layout_mod.Layout, problem, optimizer, mesh, opts, return_grads: 
     def step(state, xs, ys):
         params, opt_state, loss, grads = body(state.params, state.opt_state, xs, ys)
         metrics = {"loss": loss, "grads": grads} if return_grads else {"loss": loss}
+        if opts.nan_check:  # each array reduced where it lies: no collective added (finite.py)
+            metrics["finite"] = finite.spec_flags(grads, params, *checked)
         return TrainState(params, opt_state), metrics
 
+    checked = (specs["split" if row.shards_opt_state else "params"], specs["params"])  # the grads', the params'
     out = None if explicit else (state_shardings, {"loss": NamedSharding(mesh, P())} | (
-        {"grads": layout_mod.shardings(mesh, specs["params"])} if return_grads else {}))
+        {"grads": layout_mod.shardings(mesh, specs["params"])} if return_grads else {}) | (
+        {"finite": layout_mod.shardings(mesh, finite.flag_specs(*checked))} if opts.nan_check else {}))
     jitted = jax.jit(step, in_shardings=(state_shardings, *[NamedSharding(mesh, P(None, AXIS))] * 2),
                      out_shardings=out, donate_argnums=0)
     return Strategy(row.name, init, put_batch(mesh, opts.accum), MeshStep(jitted, mesh), lambda s: s.params)

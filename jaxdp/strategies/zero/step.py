@@ -22,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 from ... import canonical
 from ...devices import AXIS, REPLICA, batch_spec
+from .. import finite
 from ..common import Strategy, TrainState, compile_options, put_sharded
 from . import flat
 from .flat import COLLECTIVES, host_unshard, my_shard, unpad
@@ -52,8 +53,8 @@ def make_strategy(layout, native_grads, canonical_grads, name: str | None = None
         rows = batch_spec(mesh)
         sharded_grads = jax.shard_map(device_grads, mesh=mesh, in_specs=(layout.param_spec, rows, rows),
                                       out_specs=(P(), P(AXIS), layout.grad_spec, P(AXIS)), check_vma=False)
-        jit_step = jax.jit(train_step(layout, optimizer, mesh, comm, shapes, sharded_grads, return_grads),
-                           donate_argnums=0, compiler_options=compile_options(opts))
+        program = train_step(layout, optimizer, mesh, comm, shapes, sharded_grads, return_grads, opts.nan_check)
+        jit_step = jax.jit(program, donate_argnums=0, compiler_options=compile_options(opts))
 
         def step(state, x, y):
             state, metrics = jit_step(state, x, y)
@@ -70,7 +71,7 @@ def make_strategy(layout, native_grads, canonical_grads, name: str | None = None
     return make
 
 
-def train_step(layout, optimizer, mesh, comm, shapes, sharded_grads, return_grads):
+def train_step(layout, optimizer, mesh, comm, shapes, sharded_grads, return_grads, check: bool = True):
     """`(state, x, y) -> (state, metrics)`: the sync, the update on the flat arrays, and (when the layout
     gathers after the update) the full parameters rebuilt from everyone's updated shard."""
     gather = jax.shard_map(lambda f: jax.tree.map(lambda s, shape: unpad(comm.all_gather(s), shape), f, shapes),
@@ -81,6 +82,8 @@ def train_step(layout, optimizer, mesh, comm, shapes, sharded_grads, return_grad
         param_flat, opt_state = flat.apply_global_update(optimizer, grad_flat, state.opt_state, param_flat)
         params = gather(param_flat) if layout.gathers_after_update else param_flat
         metrics = {"loss": loss, "grads": grads_out} if return_grads else {"loss": loss}
+        if check:  # each device's part of the flat shards, reduced where it lies (no collective)
+            metrics["finite"] = finite.shard_flags(grad_flat, param_flat, mesh.shape[AXIS])
         return TrainState(params, opt_state), metrics
 
     return step

@@ -73,6 +73,13 @@ def test_a_torn_checkpoint_is_never_loaded(tmp_path):
     steps_equal(resumed, run(cfg))
 
 
+def _intact(folder) -> list[int]:
+    """The steps of `folder` whose files match their manifest."""
+    if not os.path.isdir(folder):
+        return []
+    return [s for s in ckpt_folder.steps(folder) if manifest.problem(os.path.join(folder, str(s))) is None]
+
+
 def test_sigkill_mid_training_resumes_from_the_last_complete_checkpoint(tmp_path):
     folder = str(tmp_path / "ck")
     cfg = CFG.replace(strategy="zero2")
@@ -86,7 +93,7 @@ def test_sigkill_mid_training_resumes_from_the_last_complete_checkpoint(tmp_path
         deadline = time.monotonic() + 120
         while (
             time.monotonic() < deadline
-            and len([d for d in os.listdir(folder) if d.isdigit()] if os.path.isdir(folder) else []) < 2
+            and len(_intact(folder)) < 2  # a step's manifest is written right after orbax's rename
         ):
             time.sleep(0.05)
         proc.send_signal(signal.SIGKILL)  # saves dominate each step here: usually lands mid-save
@@ -94,8 +101,7 @@ def test_sigkill_mid_training_resumes_from_the_last_complete_checkpoint(tmp_path
     finally:
         if proc.poll() is None:
             proc.kill()
-    listed = ckpt_folder.steps(folder)
-    complete = [s for s in listed if manifest.problem(os.path.join(folder, str(s))) is None]
+    listed, complete = ckpt_folder.steps(folder), _intact(folder)
     assert len(complete) >= 2
     last = complete[-1]
     for torn in listed[listed.index(last) + 1:]:  # killed between orbax's rename and the manifest: refused

@@ -40,6 +40,22 @@ def _group(pgid: int) -> list[int]:
     return alive
 
 
+def _as_from_a_terminal() -> None:
+    """The command starts as a shell starts it in a terminal: SIGINT at its default and not blocked, whatever
+    this test process inherited or was left with by an earlier test."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+
+
+def _signals(pid: int) -> str:
+    """The ignored and blocked signal masks of process `pid` (from /proc), for a failure's message."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return " ".join(line.strip() for line in f if line.startswith(("SigIgn", "SigBlk", "SigCgt", "State")))
+    except OSError:
+        return "(gone)"
+
+
 def interrupt(tmp_path, argv: list[str], at_step: int = 1) -> tuple[int, list[str], str]:
     """Start `python -m <argv>` in its own process group with its files under tmp_path/run, Ctrl-C it after
     step `at_step`; returns (status, stderr's lines, what is left in run/)."""
@@ -50,7 +66,7 @@ def interrupt(tmp_path, argv: list[str], at_step: int = 1) -> tuple[int, list[st
     env = {**os.environ, progress.ENV: str(report), "PYTHONPATH": path}
     with open(err_path, "w") as err:
         p = subprocess.Popen([sys.executable, "-m", *argv], cwd=run, env=env, stdout=subprocess.DEVNULL, stderr=err,
-                             start_new_session=True)
+                             start_new_session=True, preexec_fn=_as_from_a_terminal)
     try:
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while progress.read(report)[0] < at_step:
@@ -58,7 +74,12 @@ def interrupt(tmp_path, argv: list[str], at_step: int = 1) -> tuple[int, list[st
             assert time.monotonic() < deadline, f"no step {at_step} within {RUN_TIMEOUT_S}s"
             time.sleep(0.05)
         os.killpg(p.pid, signal.SIGINT)
-        status = p.wait(timeout=60)
+        try:
+            status = p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            here = f"SIGINT {signal.getsignal(signal.SIGINT)}, blocked {signal.pthread_sigmask(signal.SIG_BLOCK, [])}"
+            raise AssertionError(f"no answer to SIGINT within 60 s; {_signals(p.pid)}; this process: {here}; "
+                                 f"stderr: {err_path.read_text()[-2000:]}") from None
         for _ in range(50):  # the launcher reaped its children before exiting; their own helpers need a moment
             if not _group(p.pid):
                 break

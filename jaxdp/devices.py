@@ -6,6 +6,7 @@ up, the count is fixed, and asking for more is an error that says how to fix it.
 """
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass
 
@@ -89,6 +90,31 @@ def _initialize_distributed(n: int, platform: str, dist: Distributed) -> None:
     jax.distributed.initialize(dist.coordinator, dist.num_processes, dist.process_id,
                                initialization_timeout=120, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S,
                                coordinator_bind_address=ports.bind_address(dist.coordinator))  # loopback stays so
+    host = dist.coordinator.rpartition(":")[0]
+    if platform in ("auto", "cpu") and ports.is_loopback(host):
+        gloo_on(host.strip("[]"))
+
+
+def gloo_on(host: str) -> None:
+    """CPU collectives (gloo) listening on `host` (a local run's loopback coordinator address) instead of the
+    address this machine's hostname resolves to, which jax.distributed gives gloo by default (on many cloud
+    machines the private network's address). JAX exposes no option for it: the CPU backend's factory is
+    registered again, with the gloo collectives made for `host` (jaxlib's make_gloo_tcp_collectives takes it).
+    Nothing is changed where the backend already started or this jaxlib lacks the call."""
+    from jax._src import distributed, xla_bridge
+    from jax._src.lib import _jax
+
+    make, client = getattr(_jax, "make_gloo_tcp_collectives", None), getattr(xla_bridge, "make_cpu_client", None)
+    if make is None or client is None or "collectives" not in inspect.signature(client).parameters:
+        return  # another jaxlib: gloo keeps JAX's default address
+    if xla_bridge.backends_are_initialized() or distributed.global_state.client is None:
+        return
+
+    def cpu_backend():
+        collectives = make(distributed_client=distributed.global_state.client, hostname=host)
+        return client(collectives=collectives)
+
+    xla_bridge.register_backend_factory("cpu", cpu_backend, priority=0, fail_quietly=False)
 
 
 def setup(n: int, platform: str = "auto", distributed: Distributed | None = None, reduction: str = "native") -> list:

@@ -213,3 +213,29 @@ def test_local_coordinators_bind_loopback():
     assert ports.bind_address("127.0.0.1:1234") == "127.0.0.1:1234"
     assert ports.bind_address("localhost:1234") == "localhost:1234"
     assert ports.bind_address("10.0.0.1:1234") is None  # a cluster's: every interface (JAX's default)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_local_cluster_run_listens_only_on_its_coordinators_address(tmp_path):
+    """Two processes started by hand with a loopback --coordinator (127.0.0.2, which this machine's hostname
+    does not resolve to): the coordination service and gloo's listeners in both are on that address
+    (jaxdp.devices.gloo_on), none on the hostname's address (gloo's default)."""
+    port = ports.free_port()
+    argv = [sys.executable, "-m", "jaxdp", "train", *RUN, "--coordinator", f"127.0.0.2:{port}", "--num-processes", "2"]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    procs = [subprocess.Popen([*argv, "--process-id", str(i)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True, env=env) for i in range(2)]
+    try:
+        deadline, seen = time.monotonic() + 180, {}
+        while time.monotonic() < deadline and not all(len(seen.get(p.pid, [])) >= 1 + (i == 0)
+                                                       for i, p in enumerate(procs)):
+            for p in procs:
+                assert p.poll() is None, p.stderr.read()[-3000:]
+                seen[p.pid] = _listening(p.pid)
+            time.sleep(0.5)
+        addresses = {a.removeprefix("::ffff:") for found in seen.values() for a, _ in found}  # v4 as v6
+        assert seen and addresses == {"127.0.0.2"}, seen  # before gloo_on: gloo on 127.0.0.1, the hostname's
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(timeout=30)

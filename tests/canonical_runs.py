@@ -21,13 +21,13 @@ import numpy as np
 
 
 def _mutate(kind: str | None):
-    from jaxdp import canonical, canonical_bn
+    from jaxdp.canonical import batchnorm, reduce
 
-    saved = (dict(canonical.COMPILER_OPTIONS), canonical.tree, canonical_bn.through_statistics)
+    saved = (dict(reduce.COMPILER_OPTIONS), reduce.tree, batchnorm.through_statistics)
     if kind == "bn-direct":  # BatchNorm's statistics held constant in backward: their share left out
-        canonical_bn.through_statistics = lambda run, stats, grads, cotangent: grads
+        batchnorm.through_statistics = lambda run, stats, grads, cotangent: grads
     elif kind == "algsimp":
-        canonical.COMPILER_OPTIONS.clear()
+        reduce.COMPILER_OPTIONS.clear()
     elif kind == "fold":
         def fold(stacked):
             def reduce(a):
@@ -37,17 +37,17 @@ def _mutate(kind: str | None):
                 return total
             import jax
             return jax.tree.map(reduce, stacked)
-        canonical.tree = fold
+        reduce.tree = fold
     return saved
 
 
 def _restore(saved):
-    from jaxdp import canonical, canonical_bn
+    from jaxdp.canonical import batchnorm, reduce
 
-    canonical.COMPILER_OPTIONS.clear()
-    canonical.COMPILER_OPTIONS.update(saved[0])
-    canonical.tree = saved[1]
-    canonical_bn.through_statistics = saved[2]
+    reduce.COMPILER_OPTIONS.clear()
+    reduce.COMPILER_OPTIONS.update(saved[0])
+    reduce.tree = saved[1]
+    batchnorm.through_statistics = saved[2]
 
 
 def main(argv) -> None:

@@ -193,16 +193,17 @@ def test_canonical_batchnorm_is_batchnorms_gradient(traces):
 def test_layout_refuses_a_batchnorm_it_cannot_give_statistics_to():
     from flax import nnx
 
-    from jaxdp import canonical_bn, models
+    from jaxdp import models
+    from jaxdp.canonical import batchnorm
     from jaxdp.core import data
 
     model = nnx.Sequential(nnx.Linear(3, 4, rngs=nnx.Rngs(0)), nnx.BatchNorm(4, rngs=nnx.Rngs(0)))
     problem = models.from_module(model, models.cross_entropy)
     x, y = np.zeros((8, 3), np.float32), np.zeros(8, np.int32)
     with pytest.raises(ConfigError, match="needs jaxdp's BatchNorm"):
-        canonical_bn.layout(problem.loss_fn, problem.params, x, y, shards=4)
+        batchnorm.layout(problem.loss_fn, problem.params, x, y, shards=4)
     cnn = models.init(CNN, data.load(CNN.data, CNN.seed))
-    counts = canonical_bn.layout(cnn.loss_fn, cnn.params, np.zeros((6, 64), np.float32), y[:6], shards=4)
+    counts = batchnorm.layout(cnn.loss_fn, cnn.params, np.zeros((6, 64), np.float32), y[:6], shards=4)
     assert counts == [6 * 64 * 4, 6 * 64 * 4]  # rows x H x W x S, per layer
 
 

@@ -17,8 +17,8 @@ import pytest
 
 from jaxdp import api, models
 from jaxdp.analysis import accounting, hlo
+from jaxdp.models import unit_vjp
 from jaxdp.models import units as unit_lib
-from jaxdp.strategies import fsdp
 
 from .conftest import BASE
 
@@ -194,15 +194,15 @@ def test_peak_memory_ddp_zero1_zero2_zero3_on_a_parameter_dominated_model():
 
 
 def test_the_checks_fail_without_the_value_ties(monkeypatch):
-    """The mutation: `fsdp.tie` as the identity, or as an optimization barrier (which XLA:CPU's
-    cse_barrier_expander removes). XLA then merges the backward re-gather into the forward one
-    (CSE) and schedules every gather first: the order, bytes and peak checks above all fail."""
+    """The mutation: `unit_vjp.tie` (zero3's value ties) as the identity, or as an optimization barrier
+    (which XLA:CPU's cse_barrier_expander removes). XLA then merges the backward re-gather into the
+    forward one (CSE) and schedules every gather first: the order, bytes and peak checks above all fail."""
     def fresh(cfg):  # not the cache: these programs are broken on purpose
         return accounting.compile_step(cfg)
 
     zero2 = peaks(WIDE)["zero2", True]
     for broken in (lambda tree, dep: tree, lambda tree, dep: jax.lax.optimization_barrier((tree, dep))[0]):
-        monkeypatch.setattr(fsdp, "tie", broken)
+        monkeypatch.setattr(unit_vjp, "tie", broken)
         with pytest.raises(AssertionError, match="expected all-gather|before"):
             check_fsdp_order(MLP, compile=fresh)
         with pytest.raises(AssertionError):
@@ -238,9 +238,9 @@ def test_a_plain_loss_under_accumulation_gathers_twice_per_micro_batch(monkeypat
     """The whole loss as one unit: its cotangent is the constant 1/A in every micro-batch, so a
     re-gather tied to it alone is the same value in every micro-batch, and XLA hoists it out of the
     accumulation loop (merged with the first micro-batch's). Tied to the micro-batch too
-    (`fsdp.regather_after`), every micro-batch gathers twice: 2 A all-gathers per leaf, one
+    (`unit_vjp.regather_after`), every micro-batch gathers twice: 2 A all-gathers per leaf, one
     reduce-scatter. The mutation: tied to the cotangent alone, the check fails (A + 1 per leaf)."""
     check_gathers_twice_per_micro_batch(accum=3)
-    monkeypatch.setattr(fsdp, "regather_after", lambda dy, mark: dy)
+    monkeypatch.setattr(unit_vjp, "regather_after", lambda dy, mark: dy)
     with pytest.raises(AssertionError, match="8 all-gathers per step, not 2 x 3 x 2"):
         check_gathers_twice_per_micro_batch(accum=3)

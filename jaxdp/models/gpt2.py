@@ -9,7 +9,7 @@ residual projections (`c_proj`) normal(0.02 / sqrt(2 n_layer)), zero biases, uni
 
 FSDP units (`unit_specs`): the embeddings, each block, and `ln_f` with the head. `wte` is listed by
 both the first unit and the last: a parameter listed by several units is *shared*, owned by the root
-and gathered once for all its uses (`jaxdp/strategies/fsdp.py`), as torch FSDP2 does with a tied
+and gathered once for all its uses (`jaxdp/models/unit_vjp.py`), as torch FSDP2 does with a tied
 weight left to the root module.
 """
 from __future__ import annotations

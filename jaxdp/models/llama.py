@@ -28,7 +28,7 @@ bf16: softmax and RMSNorm's statistics in fp32, as gpt2.
 
 FSDP units (`unit_specs`): the embedding, each decoder layer, and `norm` with `lm_head` (tied: `norm`
 with `embed_tokens`, which two units then list: shared, owned by the root, so the first unit owns
-no parameter of its own; jaxdp/strategies/fsdp.py).
+no parameter of its own; jaxdp/models/unit_vjp.py).
 """
 from __future__ import annotations
 

@@ -69,7 +69,7 @@ def pure_units(model) -> tuple[Unit, ...]:
 def shared_paths(units) -> tuple[tuple, ...]:
     """Parameter subtrees listed by more than one unit (a tied weight: GPT-2's `wte`, the token
     embedding and the output head), in first-use order. zero3 gives them to the root: gathered once
-    for all their uses, their summed gradient reduce-scattered once (`strategies/fsdp.py`)."""
+    for all their uses, their summed gradient reduce-scattered once (`unit_vjp.py`)."""
     listed = [p for unit in units for p in unit.paths]
     return tuple(p for p in dict.fromkeys(listed) if listed.count(p) > 1)
 

@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 
 from .. import canonical
 from ..devices import AXIS, batch_sharded, replicated
-from . import finite, fsdp
+from . import finite
 from .grads import local_grads  # noqa: F401 (re-exported: every strategy's first half)
 
 
@@ -110,39 +110,6 @@ def compile_options(opts, extra: dict | None = None) -> dict | None:
     return merged
 
 
-def unit_value_and_grad(problem, gather_leaf=None, reshard_after_forward: bool = True):
-    """canonical's per-shard program: `(params, x, y) -> (loss, gradient)` with the model run unit by
-    unit as zero3 runs it (fsdp.py: one custom_vjp per unit, its non-matmul values recomputed in
-    backward), for every strategy: `gather_leaf(param, shape)` gives a full parameter (default: the
-    parameter itself, for strategies that hold full ones). Measured: XLA:CPU compiles the plain
-    `jax.value_and_grad` of GPT into a program whose bias gradients differ in the last bit from the
-    unit-by-unit one, so one program for all is the only way zero3 gives `single`'s bits."""
-    shapes = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), problem.params)
-    return fsdp.unit_value_and_grad(problem, shapes, gather_leaf or (lambda p, shape: p), reshard_after_forward)
-
-
-def shard_values_of(problem, gather_leaf=None, reshard_after_forward: bool = True):
-    """`(params, xs, ys) -> stacked (losses, gradients)`: `unit_value_and_grad`, shard by shard; a model
-    with running statistics (BatchNorm couples the shards): `canonical_bn.shard_values` on the full
-    parameters (zero3: gathered once per micro-batch, whole)."""
-    if problem.state is not None:
-        return bn_shard_values(problem, gather_leaf)
-    value_and_grad = unit_value_and_grad(problem, gather_leaf, reshard_after_forward)
-    return lambda params, xs, ys: canonical.shard_values(value_and_grad, params, xs, ys)
-
-
-def bn_shard_values(problem, gather_leaf=None):
-    """`shard_values_of` for a model with BatchNorm: the whole model gathered (zero3), then the shards."""
-    from .. import canonical_bn
-
-    shapes = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), problem.params)
-
-    def values(params, xs, ys):
-        full = jax.tree.map(gather_leaf, params, shapes) if gather_leaf else params
-        return canonical_bn.shard_values(problem.loss_fn, full, xs, ys)
-    return values
-
-
 def replicated_data_parallel(name, problem, optimizer, mesh, opts, sync, *, check_vma: bool,
                              return_grads: bool, compiler_options: dict | None = None,
                              canonical_sync=None) -> Strategy:
@@ -169,7 +136,7 @@ def replicated_data_parallel(name, problem, optimizer, mesh, opts, sync, *, chec
         return lax.pmean(loss, AXIS), grads, grads  # the loss: one scalar all-reduce, for the log
 
     def canonical_grads(params, x, y):
-        loss, grads = canonical.step_values(shard_values_of(problem), params, x, y, opts, n, canonical_sync)
+        loss, grads = canonical.step_values(canonical.shard_values_of(problem), params, x, y, opts, n, canonical_sync)
         return loss, canonical.clip(grads, opts.clip_norm), grads
 
     grads_of = canonical_grads if is_canonical else native_grads  # (loss, the update's gradient, the trace's)

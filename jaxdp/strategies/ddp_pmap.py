@@ -19,7 +19,6 @@ from .common import (
     compile_options,
     local_grads,
     put_sharded,
-    shard_values_of,
     to_numpy,
 )
 from .ddp import all_reduce_mean
@@ -73,7 +72,7 @@ def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
         return jax.lax.pmean(loss, AXIS), grads, grads
 
     def canonical_grads(params, x, y):
-        loss, grads = canonical.step_values(shard_values_of(problem), params, x, y, opts, n,
+        loss, grads = canonical.step_values(canonical.shard_values_of(problem), params, x, y, opts, n,
                                             lambda values: canonical.all_reduce_tree(values, AXIS))
         return loss, canonical.clip(grads, opts.clip_norm), grads
 

@@ -26,7 +26,6 @@ from .common import (
     init_replicated,
     local_grads,
     put_sharded,
-    shard_values_of,
 )
 
 
@@ -38,7 +37,7 @@ def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
 
     def device_step(params, opt_state, x, y):
         if is_canonical:  # the binomial tree to the root is the canonical tree (N a power of two)
-            loss, grads = canonical.step_values(shard_values_of(problem), params, x, y, opts, n,
+            loss, grads = canonical.step_values(canonical.shard_values_of(problem), params, x, y, opts, n,
                                                 lambda values: tree_map(lambda a: reduce_to_root(a, AXIS), values))
             loss = broadcast_from_root(loss, AXIS)
         else:

@@ -5,7 +5,7 @@ import jax
 
 from .. import canonical
 from . import finite
-from .common import Strategy, TrainState, apply_update, compile_options, local_grads, shard_values_of, to_numpy
+from .common import Strategy, TrainState, apply_update, compile_options, local_grads, to_numpy
 
 
 def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
@@ -23,7 +23,7 @@ def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
     @jax.jit
     def step(state, x, y):
         if is_canonical:  # all S shards here: the whole tree on this device
-            loss, grads = canonical.step_values(shard_values_of(problem), state.params, x, y, opts, 1, None)
+            loss, grads = canonical.step_values(canonical.shard_values_of(problem), state.params, x, y, opts, 1, None)
         else:
             loss, grads = local_grads(problem.loss_fn, state.params, x, y, opts.accum)
         clipped = canonical.clip(grads, opts.clip_norm) if is_canonical else grads

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from .. import canonical, canonical_bn
+from .. import canonical
 from ..core.reduction import resolve_shards
 from ..devices import AXIS, replicated
 from .common import to_numpy
@@ -45,7 +45,7 @@ def make(name: str, problem, mesh, accum: int, opts=None):
     """`(params as the train state holds them, state, x placed as put_sharded places it) -> state`,
     jitted; None for a problem without state. ddp-pmap's stacked parameters are passed unstacked
     (`strategy.full_params`). `opts.reduction == "canonical"`: the canonical statistics of each
-    micro-batch (`canonical_bn.running_statistics`), the same on every device."""
+    micro-batch (`canonical.batchnorm.running_statistics`), the same on every device."""
     if problem.update_state is None:
         return None
     is_canonical = opts is not None and opts.reduction == "canonical"
@@ -74,7 +74,7 @@ def canonical_advance(opts, n: int):
     """`advance` under reduction="canonical": S shards per micro-batch, their statistics by the tree."""
     def advance(problem, params, state, x, accum):
         shards = resolve_shards(opts.shards, x.shape[0] * n // accum, n)
-        return canonical_bn.running_statistics(problem, params, state, x, accum, shards // n)
+        return canonical.batchnorm.running_statistics(problem, params, state, x, accum, shards // n)
     return advance
 
 

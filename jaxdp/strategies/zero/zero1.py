@@ -10,7 +10,7 @@ import jax
 from ... import canonical
 from ... import collectives as ring
 from ...devices import AXIS
-from ..common import local_grads, shard_values_of
+from ..common import local_grads
 from .flat import my_shard
 from .layout import ZERO1
 from .step import make_strategy
@@ -29,7 +29,7 @@ def grads(problem, comm, shapes, n, opts):
 def canonical_grads(problem, comm, shapes, n, opts):
     """`grads` under reduction="canonical": per-shard values, the canonical all-reduce tree (every device
     the whole gradient), the canonical clip, then my shard of the flat padded to a multiple of BLOCKS."""
-    shard_values = shard_values_of(problem)
+    shard_values = canonical.shard_values_of(problem)
     exchange, gather = ((lambda chunks: canonical.ppermute_exchange(chunks, AXIS)),
                         (lambda chunk: ring.ring_all_gather(chunk, AXIS))) if comm.kind == "ring" else (None, None)
 

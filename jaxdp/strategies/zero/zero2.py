@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from ... import canonical
 from ...devices import AXIS
-from ..common import local_grads, shard_values_of
+from ..common import local_grads
 from .layout import ZERO2
 from .step import make_strategy
 
@@ -59,7 +59,7 @@ def sharded_grads_of(shard_values, comm, n, opts):
 
 def canonical_grads(problem, comm, shapes, n, opts):
     """`grads` under reduction="canonical" (`sharded_grads_of` on the full parameters' shard values)."""
-    return sharded_grads_of(shard_values_of(problem), comm, n, opts)
+    return sharded_grads_of(canonical.shard_values_of(problem), comm, n, opts)
 
 
 make = make_strategy(ZERO2, grads, canonical_grads)

@@ -1,4 +1,4 @@
-"""`zero3` (alias `fsdp`): ZeRO stage 3, parameters sharded too; FSDP by units (`..fsdp`): each unit of
+"""`zero3` (alias `fsdp`): ZeRO stage 3, parameters sharded too; FSDP by units (`fsdp.py`): each unit of
 the model (an MLP layer, a transformer block, the embeddings, the head) is all-gathered just before its
 forward and freed after it, gathered again just before its backward (not with
 reshard_after_forward=False), and its gradient reduce-scattered as backward produces it; no device ever
@@ -9,8 +9,8 @@ loop. The update is `zero2`'s, on shards that stay shards (`step.py`; the layout
 """
 from __future__ import annotations
 
-from .. import fsdp
-from ..common import shard_values_of
+from ... import canonical
+from . import fsdp
 from .flat import unpad
 from .layout import ZERO3
 from .step import make_strategy
@@ -37,7 +37,7 @@ def grads(problem, comm, shapes, n, opts):
 def canonical_grads(problem, comm, shapes, n, opts):
     """`grads` under reduction="canonical": `zero2`'s canonical reduce-scatter and clip, on shard values
     computed unit by unit, each unit gathered forward and backward, nothing reduced inside."""
-    shard_values = shard_values_of(problem, gather_leaf(comm), opts.reshard_after_forward)
+    shard_values = canonical.shard_values_of(problem, gather_leaf(comm), opts.reshard_after_forward)
     return sharded_grads_of(shard_values, comm, n, opts)
 
 

@@ -4,7 +4,8 @@ that a run on N devices gives the same bits as `single` (docs/CANONICAL.md).
 The global batch of a micro-batch is cut into S shards of equal rows (S a power of two, N | S);
 device d holds shards [d S/N, (d+1) S/N) of every micro-batch (its `data.part_rows` block). Each
 shard's mean loss and gradient come from one program (`shard_values`: the same HLO on every device
-and N, fenced by optimization barriers); each shard index folds its micro-batches in order; the S
+and N, fenced by optimization barriers); each shard index folds its micro-batches in order (the
+step: `step.py`); the S
 folded shards are added by one binary tree over shard index (`tree`), its lower levels on the device
 and its upper levels across devices (`combine` / `combine_scatter`: an all-to-all of each device's
 partial sums, the same tree on the chunk a device owns, an all-gather: an all-reduce's bytes). Then
@@ -22,7 +23,7 @@ a broadcast becomes a multiplication by a reciprocal in the 1-device program onl
 softmax), so canonical steps compile with it disabled (`COMPILER_OPTIONS`); LLVM's fused
 multiply-adds depend on fusion (Adam's moments), so the process runs without them
 (`jaxdp.devices.request_no_fma`); and the per-shard program is the model unit by unit for every
-strategy (`strategies.common.unit_value_and_grad`), as zero3 must run it.
+strategy (`step.unit_value_and_grad`), as zero3 must run it.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .core.reduction import BLOCKS, MIN_SHARD_ROWS, REDUCTIONS, default_shards, resolve_shards  # noqa: F401
+from ..core.reduction import BLOCKS
 
 COMPILER_OPTIONS = {"xla_disable_hlo_passes": "algsimp"}
 
@@ -67,22 +68,6 @@ def shard_values(value_and_grad, params, xs, ys):
         p, xb, yb = lax.optimization_barrier((params, *batch))
         return lax.optimization_barrier(value_and_grad(p, xb, yb))
     return lax.map(one, (xs, ys))
-
-
-def local_partials(value_and_grad_fn, params, x, y, accum: int, local_shards: int):
-    """This device's partial sums (loss, gradient) over its `local_shards` shards of every micro-batch:
-    each shard folds its micro-batches in order, then the device's subtree. Rows of x: its shares of
-    micro-batches 0..A-1 in order, each `local_shards` shards of equal rows. Not divided: see module."""
-    def split(a):
-        return a.reshape(accum, local_shards, a.shape[0] // (accum * local_shards), *a.shape[1:])
-
-    xs, ys = split(x), split(y)
-    acc = value_and_grad_fn(params, xs[0], ys[0])
-    if accum > 1:
-        def micro(carry, batch):
-            return jax.tree.map(jnp.add, carry, value_and_grad_fn(params, *batch)), None
-        acc, _ = lax.scan(micro, acc, (xs[1:], ys[1:]))
-    return tree(acc)
 
 
 def finish(total, shards: int, accum: int):
@@ -138,7 +123,7 @@ def clip(grads, max_norm: float, axis: str | None = None, sharded: bool = False)
     """torch.nn.utils.clip_grad_norm_'s rule on the canonical norm: coef = min(1, max / (norm + 1e-6))."""
     if not max_norm:
         return grads
-    from .optim import TORCH_CLIP_EPS
+    from ..optim import TORCH_CLIP_EPS
 
     coef = jnp.minimum(max_norm / (global_norm(grads, axis, sharded) + TORCH_CLIP_EPS), 1.0)
     return jax.tree.map(lambda g: g * coef.astype(g.dtype), grads)
@@ -146,7 +131,7 @@ def clip(grads, max_norm: float, axis: str | None = None, sharded: bool = False)
 
 def all_reduce_tree(values, axis: str, gather=None, exchange=None):
     """`all_reduce` of a pytree: its leaves packed into one vector per dtype (one exchange each)."""
-    from .collectives import pack, unpack
+    from ..collectives import pack, unpack
 
     leaves, treedef = jax.tree.flatten(values)
     out = list(leaves)
@@ -157,17 +142,6 @@ def all_reduce_tree(values, axis: str, gather=None, exchange=None):
         for i, a in zip(index, reduced, strict=True):
             out[i] = a
     return jax.tree.unflatten(treedef, out)
-
-
-def step_values(value_and_grad_fn, params, x, y, opts, n: int, sync):
-    """(loss, grads): the canonical global means of this step on a device holding x, y (its rows).
-    `value_and_grad_fn(params, xs, ys)` gives k shards' stacked (losses, grads); `sync` adds the
-    devices' partial sums by the tree (None: all shards are here)."""
-    micro_rows = x.shape[0] * n // opts.accum
-    shards = resolve_shards(opts.shards, micro_rows, n)
-    partial = local_partials(value_and_grad_fn, params, x, y, opts.accum, shards // n)
-    total = sync(partial) if sync else partial
-    return finish(total, shards, opts.accum)
 
 
 def ppermute_exchange(chunks, axis: str):

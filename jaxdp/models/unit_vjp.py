@@ -1,4 +1,7 @@
-"""zero3's units, FSDP-style, written so that the *compiled* program keeps the schedule.
+"""A model run unit by unit, FSDP-style, each unit one `jax.custom_vjp` whose parameters come from a
+function (`gather`) and whose gradient goes to one (`reduce_scatter`), written so that the *compiled*
+program keeps the schedule: zero3's units (`strategies/zero/fsdp.py`), and canonical's per-shard
+program for every strategy (`canonical/step.py`: nothing gathered, nothing reduced).
 
 Each unit of the model (`models.units`: an MLP layer; a transformer block; the embeddings; the head)
 runs as one `jax.custom_vjp`:
@@ -31,8 +34,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ..models import units as unit_lib
-from .grads import local_grads
+from . import units as unit_lib
 
 SAVE = jax.checkpoint_policies.dots_saveable  # residuals: matmul outputs (+ inputs); the rest recomputed
 
@@ -161,7 +163,7 @@ def without_shared(unit, shared) -> tuple[unit_lib.Unit, bool]:
 
 def unit_loss(problem, shapes, gather_leaf, scatter_leaf, reshard_after_forward: bool, sync: bool):
     """`(loss(parts, sinks, x, y), groups, group_shapes)`: the model's loss run unit by unit on the
-    param shards split by group (`parts`); see `unit_grads`."""
+    param shards split by group (`parts`); see `strategies/zero/fsdp.unit_grads`."""
     if not problem.units:
         raise ValueError("zero3 runs a model unit by unit: give the model `unit_specs()` (jaxdp/models/units.py)")
     shared = unit_lib.shared_paths(problem.units)
@@ -189,32 +191,6 @@ def unit_loss(problem, shapes, gather_leaf, scatter_leaf, reshard_after_forward:
         return h if problem.head is None else problem.head(h, y)
 
     return loss, groups, group_shapes
-
-
-def unit_grads(problem, shapes, gather_leaf, scatter_leaf, accum: int, reshard_after_forward: bool):
-    """zero3's `(param shards, x, y) -> (mean loss, gradient shards)`, unit by unit: the units in
-    order, then `problem.head(output, y)`; with no head, the units take `(x, y)` and give the loss
-    (a plain loss function is one unit, `units.whole`: the whole model gathered at once). Parameters
-    listed by several units (tied) belong to the root: `root_gather`, before the units.
-
-    `gather_leaf(shard, shape)` -> the full parameter; `scatter_leaf(grad)` -> this device's shard of
-    the summed gradient / N. accum == 1: each unit's gradient is reduce-scattered inside its
-    backward. accum > 1 (FSDP's no_sync): every micro-batch gathers forward and backward, but the
-    gradients stay full and local, summed over the micro-batches, and are reduce-scattered once.
-    """
-    loss, groups, group_shapes = unit_loss(problem, shapes, gather_leaf, scatter_leaf, reshard_after_forward,
-                                           sync=accum == 1)
-
-    def grads(param_shards, x, y):
-        parts = unit_lib.split(param_shards, groups)
-        if accum == 1:
-            value, part_grads = jax.value_and_grad(loss)(parts, [None] * len(groups), x, y)
-            return value, unit_lib.join(part_grads, groups)
-        sinks = [jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shape) for shape in group_shapes]
-        value, full = local_grads(lambda sinks, xb, yb: loss(parts, sinks, xb, yb), sinks, x, y, accum)
-        return value, unit_lib.join(jax.tree.map(scatter_leaf, full), groups)
-
-    return grads
 
 
 def unit_value_and_grad(problem, shapes, gather_leaf, reshard_after_forward: bool):

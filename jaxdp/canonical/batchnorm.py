@@ -8,7 +8,7 @@ each shard's gradient is its own backward with the statistics held, plus the sta
 propagated back through them layer by layer in reverse (2L vector-Jacobian products per shard), the
 cotangents of the statistics summed over all shards by the same tree. Every per-shard computation is
 one program on the shard's rows and replicated values (`per_shard`: lax.map fenced by optimization
-barriers, as `canonical.shard_values`), every cross-shard sum is the tree: nothing depends on N.
+barriers, as `reduce.shard_values`), every cross-shard sum is the tree: nothing depends on N.
 """
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import canonical
-from .core.config import ConfigError
-from .devices import AXIS
-from .models import given as given_mod
+from ..core.config import ConfigError
+from ..devices import AXIS
+from ..models import given as given_mod
+from . import reduce
 
 
 def bound_axis() -> str | None:
@@ -36,13 +36,13 @@ def bound_axis() -> str | None:
 
 def total(stacked, axis: str | None):
     """The tree over all S shards of per-shard values stacked [k, ...] on each device: every device."""
-    local = canonical.tree(stacked)
-    return local if axis is None else canonical.combine(local, axis)
+    local = reduce.tree(stacked)
+    return local if axis is None else reduce.combine(local, axis)
 
 
 def per_shard(fn, xs, ys):
-    """`fn(x, y)` for each shard, one at a time by the same program, fenced (`canonical.shard_values`)."""
-    return canonical.shard_values(lambda _, x, y: fn(x, y), (), xs, ys)
+    """`fn(x, y)` for each shard, one at a time by the same program, fenced (`reduce.shard_values`)."""
+    return reduce.shard_values(lambda _, x, y: fn(x, y), (), xs, ys)
 
 
 def shard_program(loss_fn, shards: int):
@@ -96,7 +96,7 @@ def statistics(run: Micro):
 
 
 def shard_values(loss_fn, params, xs, ys):
-    """`canonical.shard_values` for a model with BatchNorm: (losses [k], gradients [k, ...]) of the k
+    """`reduce.shard_values` for a model with BatchNorm: (losses [k], gradients [k, ...]) of the k
     shards here, each gradient with the statistics' share, of one micro-batch (module docstring)."""
     run = micro(loss_fn, params, xs, ys)
     stats = statistics(run)

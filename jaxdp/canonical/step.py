@@ -1,0 +1,78 @@
+"""The canonical step that every strategy shares (the definition: `reduce.py`): each shard's loss and
+gradient by one program, each shard folded over the micro-batches, this device's subtree, then the
+strategy's `sync` of the partial sums by the tree, then / S and / A (`step_values`).
+
+The per-shard program is the model run unit by unit as zero3 runs it (`unit_value_and_grad`:
+`models.unit_vjp`, one custom_vjp per unit, its non-matmul values recomputed in backward), for every
+strategy. A strategy hands its part and nothing here asks which strategy runs: `gather_leaf` (zero3,
+hsdp: each unit's parameters gathered from the shards; the others hold full ones) and `sync` (how its
+devices' partial sums meet: an all-reduce, zero2's reduce-scatter, dp's gather to the server...). A
+model with running statistics (BatchNorm couples the shards): `batchnorm.shard_values`.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ..core.reduction import resolve_shards
+from ..models import unit_vjp
+from . import batchnorm, reduce
+
+
+def unit_value_and_grad(problem, gather_leaf=None, reshard_after_forward: bool = True):
+    """canonical's per-shard program: `(params, x, y) -> (loss, gradient)` with the model run unit by
+    unit as zero3 runs it (one custom_vjp per unit, its non-matmul values recomputed in backward), for
+    every strategy: `gather_leaf(param, shape)` gives a full parameter (default: the parameter itself,
+    for strategies that hold full ones). Measured: XLA:CPU compiles the plain `jax.value_and_grad` of
+    GPT into a program whose bias gradients differ in the last bit from the unit-by-unit one, so one
+    program for all is the only way zero3 gives `single`'s bits."""
+    shapes = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), problem.params)
+    return unit_vjp.unit_value_and_grad(problem, shapes, gather_leaf or (lambda p, shape: p), reshard_after_forward)
+
+
+def shard_values_of(problem, gather_leaf=None, reshard_after_forward: bool = True):
+    """`(params, xs, ys) -> stacked (losses, gradients)`: `unit_value_and_grad`, shard by shard; a model
+    with running statistics (BatchNorm couples the shards): `batchnorm.shard_values` on the full
+    parameters (zero3: gathered once per micro-batch, whole)."""
+    if problem.state is not None:
+        return bn_shard_values(problem, gather_leaf)
+    value_and_grad = unit_value_and_grad(problem, gather_leaf, reshard_after_forward)
+    return lambda params, xs, ys: reduce.shard_values(value_and_grad, params, xs, ys)
+
+
+def bn_shard_values(problem, gather_leaf=None):
+    """`shard_values_of` for a model with BatchNorm: the whole model gathered (zero3), then the shards."""
+    shapes = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), problem.params)
+
+    def values(params, xs, ys):
+        full = jax.tree.map(gather_leaf, params, shapes) if gather_leaf else params
+        return batchnorm.shard_values(problem.loss_fn, full, xs, ys)
+    return values
+
+
+def local_partials(value_and_grad_fn, params, x, y, accum: int, local_shards: int):
+    """This device's partial sums (loss, gradient) over its `local_shards` shards of every micro-batch:
+    each shard folds its micro-batches in order, then the device's subtree. Rows of x: its shares of
+    micro-batches 0..A-1 in order, each `local_shards` shards of equal rows. Not divided: see module."""
+    def split(a):
+        return a.reshape(accum, local_shards, a.shape[0] // (accum * local_shards), *a.shape[1:])
+
+    xs, ys = split(x), split(y)
+    acc = value_and_grad_fn(params, xs[0], ys[0])
+    if accum > 1:
+        def micro(carry, batch):
+            return jax.tree.map(jnp.add, carry, value_and_grad_fn(params, *batch)), None
+        acc, _ = lax.scan(micro, acc, (xs[1:], ys[1:]))
+    return reduce.tree(acc)
+
+
+def step_values(value_and_grad_fn, params, x, y, opts, n: int, sync):
+    """(loss, grads): the canonical global means of this step on a device holding x, y (its rows).
+    `value_and_grad_fn(params, xs, ys)` gives k shards' stacked (losses, grads) (`shard_values_of`);
+    `sync` adds the devices' partial sums by the tree (None: all shards are here)."""
+    micro_rows = x.shape[0] * n // opts.accum
+    shards = resolve_shards(opts.shards, micro_rows, n)
+    partial = local_partials(value_and_grad_fn, params, x, y, opts.accum, shards // n)
+    total = sync(partial) if sync else partial
+    return reduce.finish(total, shards, opts.accum)

@@ -5,12 +5,11 @@ optimizer, strategy=...)`, `jaxdp.trace.Recorder(path, meta, optimizer=...)`,
 `jaxdp.diff(a, b)` (the `Verdict` of trace a against reference b).
 
 Importing jaxdp does not initialise JAX's backends (nor import JAX): the API is loaded on first
-use, so `jaxdp.setup_devices(n)` can still ask for n simulated CPU devices afterwards.
+use, so `jaxdp.setup_devices(n)` can still ask for n simulated CPU devices afterwards. Besides the
+packages, three plain modules keep the paths the docs give users: `jaxdp.trace` (the trace and its
+Recorder), `jaxdp.parity` (`judge`) and `jaxdp.divergence` (`compare`).
 """
-from . import _moved
-
 __version__ = "0.1.0"
-_moved.install()  # the paths modules had before jaxdp.core / .analysis / .harness still import
 
 _LAZY = {"setup_devices": "api", "parallelize": "api", "Parallel": "api", "diff": "harness.verdict",
          "Verdict": "harness.verdict"}
@@ -22,6 +21,6 @@ def __getattr__(name):
 
     if name in _LAZY:
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    if name in ("trace", "optim", "divergence"):  # `jaxdp.trace.Recorder` after a bare `import jaxdp`
+    if name in ("trace", "optim", "divergence", "parity"):  # `jaxdp.trace.Recorder` after a bare `import jaxdp`
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'jaxdp' has no attribute {name!r}")

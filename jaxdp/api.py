@@ -35,7 +35,7 @@ class Parallel(NamedTuple):
     - `init(params=None, opt_state=None)` -> the train state on the devices (the given or the
       parallelized parameters; a fresh optimizer state, or the given full one to resume);
     - `step(state, x, y)` -> (state, metrics): x and y the global batch as NumPy (in a multi-process
-      run, this process's rows: `jaxdp.data.part_rows(x, process, processes, accum)`);
+      run, this process's rows: `jaxdp.core.data.part_rows(x, process, processes, accum)`);
       `metrics["loss"]` the global mean loss, `metrics["grads"]` (with return_grads) the full
       averaged gradient before the optimizer, a NumPy pytree like params; `metrics["state"]` (a
       model with `nnx.BatchStat` variables) the running statistics after the step, in the Flax layout;

@@ -1,7 +1,7 @@
 """`--model cnn`: BatchNorm under data parallelism, in both frameworks, float64, to 1e-12.
 
 - `sync` statistics: every strategy equals its own framework's `single` (micro-batch j holds the
-  same rows on every strategy and N: `jaxdp.data.micro_major`), and jaxdp equals torch_ref;
+  same rows on every strategy and N: `jaxdp.core.data.micro_major`), and jaxdp equals torch_ref;
 - `local` statistics: not `single` (shown), but every strategy of one N and accum equals every other,
   and jaxdp equals torch_ref (running statistics rank 0's, as torch DDP's broadcast_buffers=True);
 - the running statistics are in the trace (`state/...`, `step/<k>/state/...`) and move.

@@ -1,4 +1,4 @@
-"""Reading the compiled program (`jaxdp.hlo`, `accounting.communication`): a collective inside a loop
+"""Reading the compiled program (`jaxdp.analysis.hlo`, `accounting.communication`): a collective inside a loop
 runs once per iteration, nested loops multiply, program order is kept."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Communication accounting of `--model cnn` (issue 15): the bytes each device sends per step, read
-from the compiled programs, equal the theory exactly (`jaxdp.theory`), sync BatchNorm's statistics
+from the compiled programs, equal the theory exactly (`jaxdp.analysis.theory`), sync BatchNorm's statistics
 all-reduces included, for every strategy, N in {1, 2, 3, 4}, --batchnorm sync and local, accum 1 and 3
 (a covering set: below); zero3 runs cnn unit by unit, re-gathering in every micro-batch. The running
 statistics' own forward-only program (jaxdp/strategies/stats.py) is accounted apart

@@ -1,8 +1,8 @@
-"""Mutation tests (issue 13): deliberate bugs injected into real runs (`jaxdp.mutations`), each of
+"""Mutation tests (issue 13): deliberate bugs injected into real runs (`jaxdp.harness.mutations`), each of
 which the checks must catch; the program-level checks of the fp32 reduction (compiled HLO, the
 tensors torch's process group receives); and replica consistency.
 
-A representative subset of the catalogue runs here; `python -m jaxdp.mutations --out
+A representative subset of the catalogue runs here; `python -m jaxdp.harness.mutations --out
 docs/MUTATIONS.md` runs all of it (every bug, both frameworks, every dtype) and writes the table.
 """
 from __future__ import annotations
@@ -74,7 +74,7 @@ def test_jax_reduces_bf16_runs_gradients_in_fp32_in_the_compiled_program(strateg
 
 
 JIT_BF16_BUG = pytest.mark.xfail(strict=True, reason=(
-    "known bug, found by the honest matrix (python -m jaxdp.mutations.honest): under jit the partitioner "
+    "known bug, found by the honest matrix (python -m jaxdp.harness.mutations.honest): under jit the partitioner "
     "places the reduction of a bf16 matmul's weight gradient on the bf16 product, before the cast to the fp32 "
     "master; parity.bf16_reduced flags the traces (docs/STRATEGIES.md)"))
 

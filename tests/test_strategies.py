@@ -112,7 +112,7 @@ def test_bfloat16_gradients_track_single_and_float32(strategy):
     """bf16 (fp32 master parameters and reduction): gradients per tensor within 0.25 and every step's
     update within 0.25, against bf16 `single` and against the same strategy in float32; a factor 2
     in a gradient is an error of 0.5 or more. The judge also checks that the reduction ran in fp32
-    (not every gradient element a bfloat16 value: `jaxdp.parity.bf16_reduced`)."""
+    (not every gradient element a bfloat16 value: `jaxdp.harness.parity.bf16_reduced`)."""
     cfg = BASE.replace(strategy=strategy, devices=2, dtype="bfloat16", optimizer="adam", lr=1e-3, steps=4)
     bf16, fp32 = run(cfg), run(cfg.replace(dtype="float32"))
     assert bf16.arrays["step/4/param/layers/0/kernel"].dtype == np.float32  # master parameters

@@ -169,7 +169,7 @@ def test_float32_matches_single_within_the_float32_bounds():
 def test_bfloat16_gradients_track_single_and_float32(strategy):
     """bf16 (fp32 master parameters and reduction): gradients per tensor and every step's update
     within 0.25 of bf16 `single` and of the float32 run, which a factor 2 breaks; the reduction ran in
-    fp32 (`jaxdp.parity.bf16_reduced`; the tensors the process group receives: test_mutations.py)."""
+    fp32 (`jaxdp.harness.parity.bf16_reduced`; the tensors the process group receives: test_mutations.py)."""
     cfg = next(c for c in BF16 if c.strategy == strategy and c.dtype == "bfloat16")
     bf16, fp32 = result(cfg), result(cfg.replace(dtype="float32"))
     assert bf16.arrays["step/4/param/layers/0/kernel"].dtype == np.float32  # master parameters

@@ -72,7 +72,7 @@ def fresh_cnn(batchnorm: str = "sync", dtype=torch.float32) -> CNN:
 
 
 def my_rows(a: np.ndarray, rank: int, n: int, accum: int) -> np.ndarray:
-    """This rank's rows: its block of every micro-batch (jaxdp.data.part_rows' layout)."""
+    """This rank's rows: its block of every micro-batch (jaxdp.core.data.part_rows' layout)."""
     return np.concatenate([m[rank * len(m) // n:(rank + 1) * len(m) // n] for m in np.split(a, accum)])
 
 

@@ -9,7 +9,7 @@ not the one asked for: gloo has no reduce-scatter and runs `c10d::_reduce_scatte
 the all-reduce it is. The profiler records shapes, not dtypes: every tensor communicated here is in
 the run's master dtype (float64, or float32 for float32 and bfloat16 runs), whose itemsize is used.
 
-Bytes each device sends, by the ring (or pipelined) algorithm, as jaxdp.accounting:
+Bytes each device sends, by the ring (or pipelined) algorithm, as jaxdp.analysis.accounting:
     all-reduce of B bytes                2 (n-1)/n B
     reduce-scatter to an output of B     (n-1) B
     all-gather to an output of B         (n-1)/n B      (gloo records the input shard s: B = n s)
@@ -163,7 +163,7 @@ def measure_rank(rank: int, n: int, cfg, init: dict, steps: int = 2, warmup: int
     for k in range(1, warmup + steps + 1):
         x, y = dataset.batch(k, cfg.batch_size)
         x = x.astype(input_dtype) if np.issubdtype(x.dtype, np.floating) else x.astype(np.int64)
-        x, y = (data.part_rows(a, rank, n, cfg.accum) for a in (x, y))  # the one layout (jaxdp.data.micro_major)
+        x, y = (data.part_rows(a, rank, n, cfg.accum) for a in (x, y))  # the one layout (jaxdp.core.data.micro_major)
         xs, ys = torch.from_numpy(x).to(device), torch.from_numpy(y.astype(np.int64)).to(device)
         if k <= warmup:
             strategy.step(xs, ys)

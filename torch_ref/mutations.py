@@ -1,4 +1,4 @@
-"""The catalogue's bugs (`jaxdp.mutations`) in torch_ref: each a function returning the (object,
+"""The catalogue's bugs (`jaxdp.harness.mutations`) in torch_ref: each a function returning the (object,
 attribute, value) patches that put the bug into the strategy code, applied in the rank that runs
 it; and `collective_dtypes`, what the process group's collectives receive (the fp32-reduction
 check on the torch side)."""

@@ -140,7 +140,7 @@ def inter_group_theory(param_sizes, n: int, replicas: int, itemsize: int) -> flo
     """The bytes of hsdp's `theory` total that cross its R groups: each rank's padded shard (F / S,
     F = fsdp_padded(all, S)) all-reduced across them, 2 (R-1)/R F/S b, and the loss's all-reduce over the
     world (it crosses them too); the rest, `bytes_intra_group`, stays in a group of S = n / R ranks.
-    One group (R = 1, every other strategy): nothing crosses. jaxdp.theory.inter_group_theory's twin."""
+    One group (R = 1, every other strategy): nothing crosses. jaxdp.analysis.theory.inter_group_theory's twin."""
     if replicas == 1 or n == 1:
         return 0.0
     s = n // replicas

@@ -8,7 +8,7 @@
             rec.step(k, loss, x_global, y_global)
 
 Every rank calls `init` and `step` (under FSDP2 and ZeRO they gather); rank 0 keeps the arrays and
-writes the file on a clean exit, atomically (`jaxdp.trace.save`). While a Recorder is attached,
+writes the file on a clean exit, atomically (`jaxdp.core.trace.save`). While a Recorder is attached,
 `train_step` keeps each step's synchronised averaged gradient (as the update used it, before
 clipping); at no other time does it pay for that copy (or, sharded, for that gather).
 

@@ -1,6 +1,6 @@
 """Comparing traces (`diff`, `format_diff`, the error measures) over the trace file (`tracefile.py`:
 the format, docs/TRACE.md); `save`, `load`, `Trace` and `Recorder` are re-exported, so
-`jaxdp.trace` is the one path users import."""
+that `jaxdp.trace` (jaxdp/trace.py, importing them from here) is the one path users import."""
 from __future__ import annotations
 
 import math
@@ -40,7 +40,7 @@ def errors(a, b, floor: float = 0.0, allow=None, norm_floor: float = 0.0) -> tup
                    those below the absolute `floor` judged against the floor)
     each the absolute error where its scale is 0, and all inf when either array holds NaN or Inf
     (non-finite is never agreement). `allow`: |a - b| beyond these; `norm_floor`: the least ||b||
-    (both from jaxdp.error_model)."""
+    (both from jaxdp.harness.error_model)."""
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     if a.shape != b.shape:
@@ -115,7 +115,7 @@ def diff(a: Trace, b: Trace, check_config: bool = True, floor: float | None = No
       raw, updates:       the error model's keys' (norm, elementwise) without it; both traces' updates;
       spread:             each trace's rank-spread findings, side `sides[0]` or `sides[1]` (`jaxdp.core.spread`:
                           its `step/<k>/spread/` keys, a property of one run, never compared across the two).
-    `allowance` (jaxdp.error_model): param/update errors beyond its allowances, gradients above its floors."""
+    `allowance` (jaxdp.harness.error_model): param/update errors beyond its allowances, gradients above its floors."""
     if check_config:
         check_comparable(a, b)
     found, a, b = spread.split(a, b, sides)

@@ -1,4 +1,4 @@
-"""`jaxdp diff A B`: trace A against reference B, the first divergence first (`jaxdp.divergence`), then
+"""`jaxdp diff A B`: trace A against reference B, the first divergence first (`jaxdp.harness.divergence`), then
 the errors per field and the verdict (`jaxdp.diff`'s `Verdict`: its `text()`, `to_json()`); `--json`
 and `--html` write the same result as a document and as a page. Exit status 0 when A agrees with B,
 1 when it does not, 2 on bad input."""
@@ -50,5 +50,5 @@ def main(args) -> int:
 
 
 def text(report: divergence.Report) -> str:
-    """What `jaxdp diff` prints for a `jaxdp.divergence.Report` (`Verdict.text()`)."""
+    """What `jaxdp diff` prints for a `jaxdp.harness.divergence.Report` (`Verdict.text()`)."""
     return verdict.render(report)

@@ -1,6 +1,6 @@
 """Training runs for the trace comparisons: a jaxdp run in this process, and torch_ref runs (one
 spawned world per device count running all of its configurations; world size 1 in this process).
-Each run may carry a mutation (a deliberate bug, `jaxdp.mutations`), injected where it runs."""
+Each run may carry a mutation (a deliberate bug, `jaxdp.harness.mutations`), injected where it runs."""
 from __future__ import annotations
 
 import contextlib

@@ -1,6 +1,6 @@
 """Cross-framework parity: the same configuration trained by jaxdp and by torch_ref gives the same
 losses, gradients and parameters, strategy by strategy; and the one judge (`judge`) that every
-trace comparison of the project uses: `jaxdp parity`, `jaxdp diff` (through `jaxdp.divergence`, which
+trace comparison of the project uses: `jaxdp parity`, `jaxdp diff` (through `jaxdp.harness.divergence`, which
 localises its verdict), `compare`'s report, the strategy tests (a strategy against `single`) and the
 mutation tests.
 
@@ -8,7 +8,7 @@ mutation tests.
 count, running all its configurations), judges the two traces step by step, and returns one row per
 pair; `format_table` prints them.
 
-What is measured (`jaxdp.trace.diff`), per step k and per tensor (array) t:
+What is measured (`jaxdp.core.trace.diff`), per step k and per tensor (array) t:
   loss         |a - b| / |b|
   grad, param  ||a - b|| / ||b||                              (2-norm over the tensor)
   update       ||du_a - du_b|| / ||du_b||,  du = param_k - param_(k-1)  (one step's update, not an
@@ -118,7 +118,7 @@ class Row:
     failures: list = field(default_factory=list)
     diff: dict = field(default_factory=dict, repr=False)  # trace.diff's result
     allowance: error_model.Allowance | None = field(default=None, repr=False)  # the per-element error model
-    relaxed: list = field(default_factory=list)  # jaxdp.relaxed: kept within bounds by the error model
+    relaxed: list = field(default_factory=list)  # jaxdp.harness.relaxed: kept within bounds by the error model
     model_note: str = ""  # why the error model replayed no optimizer ("" when it did)
     resolution: resolution.Resolution | None = field(default=None, repr=False)  # the derived bounds
 
@@ -205,7 +205,7 @@ def _sides(which: str, sides) -> str:
 
 def step_update_errors(a, b, allow=None, ups=None) -> list[float]:
     """Per step: ||du_a - du_b|| / ||du_b|| over all tensors at once (inf where non-finite), the
-    difference measured beyond `allow`'s per-element allowances (jaxdp.error_model); `ups`: both updates."""
+    difference measured beyond `allow`'s per-element allowances (jaxdp.harness.error_model); `ups`: both updates."""
     ua, ub = ups or (trace_mod.updates(a), trace_mod.updates(b))
     out = []
     for s in range(b.first_step, b.steps + 1):
@@ -246,7 +246,7 @@ def compare(jax_trace, torch_trace, cfg: RunConfig, label: str = "") -> Row:
 
 
 def check(cfg: RunConfig, pairs, jax_runner=None, torch_runner=None) -> list[Row]:
-    """Train each (label, jax strategy, torch strategy) pair on `cfg` (`jaxdp.pair_runs`) and judge."""
+    """Train each (label, jax strategy, torch strategy) pair on `cfg` (`jaxdp.harness.pair_runs`) and judge."""
     from . import pair_runs
 
     jax_runner, torch_runner = jax_runner or pair_runs.run_jax, torch_runner or pair_runs.run_torch

@@ -66,7 +66,7 @@ def section(results: dict) -> list:
     return lines
 
 
-if __name__ == "__main__":  # item 10 alone: python -m jaxdp.bench.jit [--quick] [--out DIR]
+if __name__ == "__main__":  # item 10 alone: python -m jaxdp.harness.bench.jit [--quick] [--out DIR]
     import argparse
     import json
     import os

@@ -106,7 +106,8 @@ def inspect_all(p: Plan, say) -> dict:
     so these compiles run in a child process and the timed runs keep only the devices they use."""
     say(f"bench: compiling {len(p.comm_strategies)} strategies on {', '.join(map(str, p.comm_ns))} devices "
         f"(HLO bytes, memory) in a child process")
-    code = f"import json, sys; from jaxdp.bench import measure; json.dump(measure.child({p.quick!r}), sys.stdout)"
+    code = (f"import json, sys; from jaxdp.harness.bench import measure; "
+            f"json.dump(measure.child({p.quick!r}), sys.stdout)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800,
                           process_group=0)  # Ctrl-C reaches the bench alone, which kills and reaps the child
     if proc.returncode:

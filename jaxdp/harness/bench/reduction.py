@@ -12,7 +12,7 @@ alone (same configurations): the flag's own cost, `native_step_s` / `native_fma_
 processes, not interleaved). The cnn with sync BatchNorm gets rows of its own (`"model": "cnn"`):
 its timed call is the running statistics' program then the train step, and its bytes are both
 programs' (also apart: `*_train_bytes`, `*_stats_bytes`). Also runnable alone:
-`python -m jaxdp.bench.reduction [--quick] --out DIR` (writes reduction.json and reduction.md).
+`python -m jaxdp.harness.bench.reduction [--quick] --out DIR` (writes reduction.json and reduction.md).
 """
 from __future__ import annotations
 
@@ -135,7 +135,7 @@ def _child_env(fma: bool) -> dict:
 def run_child(quick: bool, fma: bool, modes: tuple, timeout_s: float = CHILD_TIMEOUT_S) -> list[dict]:
     """`child` in a fresh process started with (fma=False) or without the no-FMA flag; its progress
     goes to this process's stderr."""
-    code = (f"import json, sys; from jaxdp.bench import reduction; "
+    code = (f"import json, sys; from jaxdp.harness.bench import reduction; "
             f"json.dump(reduction.child({quick!r}, {modes!r}), sys.stdout)")
     proc = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, timeout=timeout_s,
                           process_group=0,  # Ctrl-C reaches the bench alone, which kills and reaps the child

@@ -4,10 +4,10 @@ Each mutation is a bug a data-parallel implementation can really have, written a
 one function of the strategy code (`inject(framework, name)`, a context manager: the run is
 trained inside it and the code is restored after). Nothing edits a trace: the bug runs, and its
 trace, compiled program or replicas are then judged by the same checks as honest runs
-(`jaxdp.parity.judge` against `single` and against the other framework, the reduction dtype in
+(`jaxdp.harness.parity.judge` against `single` and against the other framework, the reduction dtype in
 the compiled program or in what the torch process group receives, replica consistency).
 
-`python -m jaxdp.mutations --out docs/MUTATIONS.md` runs the whole catalogue in float64, float32 and
+`python -m jaxdp.harness.mutations --out docs/MUTATIONS.md` runs the whole catalogue in float64, float32 and
 bfloat16, in both frameworks, and writes the table (bug x dtype x caught-by), a mutation score.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The transformers side of the honest matrix (`jaxdp.mutations.honest`): models built from tiny configs
+"""The transformers side of the honest matrix (`jaxdp.harness.mutations.honest`): models built from tiny configs
 (nothing downloaded), trained through `torch_ref.parallelize` and recorded with `torch_ref.trace.Recorder`,
 as a user porting a model would. Five families, each with a trap of models as libraries write them:
 

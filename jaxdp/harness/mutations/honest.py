@@ -1,7 +1,7 @@
-"""The honest matrix (issue 35, "Must hold" 2): zero false alarms of `jaxdp.parity.judge` over honest
+"""The honest matrix (issue 35, "Must hold" 2): zero false alarms of `jaxdp.harness.parity.judge` over honest
 comparisons, and the worst honest ratio (measure / bound) of every bound, constant and derived.
 
-    python -m jaxdp.mutations.honest [--quick] [--jsonl FILE]
+    python -m jaxdp.harness.mutations.honest [--quick] [--jsonl FILE]
 
 Two covering sets (every pair of values of any two dimensions meets in at least one case):
 
@@ -217,7 +217,8 @@ def summary(records: list[Record], wall_s: float) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jaxdp.mutations.honest", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m jaxdp.harness.mutations.honest",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the first 3 cases of each set (a smoke test)")
     parser.add_argument("--parts", default="project,hf", help="project, hf or both (comma separated)")
     parser.add_argument("--models", default="", help="only these models (comma separated; default: all)")

@@ -1,5 +1,5 @@
 """The catalogue's bugs in jaxdp: each a function returning the (object, attribute, value) patches
-that put the bug into the strategy code (`jaxdp.mutations.inject` applies and undoes them)."""
+that put the bug into the strategy code (`jaxdp.harness.mutations.inject` applies and undoes them)."""
 from __future__ import annotations
 
 import functools

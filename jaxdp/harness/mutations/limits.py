@@ -1,13 +1,13 @@
 """The judge's detection limits, measured: on an honest pair of real traces (gpt2 + AdamW; jaxdp ddp on
 2 devices against torch_ref ddp, 4 steps), tensor by tensor, the smallest relative error that
-`jaxdp.parity.judge` fails, for three bugs, next to the pair's largest honest errors:
+`jaxdp.harness.parity.judge` fails, for three bugs, next to the pair's largest honest errors:
 
   lr       the tensor's learning rate 1 + d times the nominal one, at every step (`with_lr`);
   element  one element's update 1 + d times its own at step 2 (the tensor's median element by
            |du| / ulp(p), its typical resolution: `scaled_element`);
   grad     the tensor's recorded gradient 1 + d times itself at step 2 (`scaled_grad`).
 
-    python -m jaxdp.mutations.limits [--dtypes float64,float32,bfloat16]
+    python -m jaxdp.harness.mutations.limits [--dtypes float64,float32,bfloat16]
 
 The smallest d caught is found by bisection over quarter-decades from 1e-16 to 1 (the judge fails
 larger errors wherever it fails a smaller one). docs/PARITY.md's detection-limit table is this
@@ -124,7 +124,8 @@ def row(dtype: str, result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jaxdp.mutations.limits", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m jaxdp.harness.mutations.limits",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtypes", default="float64,float32,bfloat16")
     args = parser.parse_args(argv)
     import jax

@@ -1,4 +1,4 @@
-"""The runs the bugs are injected into (`jaxdp.mutations.CATALOGUE` names one per bug), and the dtypes
+"""The runs the bugs are injected into (`jaxdp.harness.mutations.CATALOGUE` names one per bug), and the dtypes
 each family of bugs is judged in."""
 from __future__ import annotations
 

@@ -1,0 +1,8 @@
+"""`jaxdp.trace`, the path the docs give users (docs/TRACE.md, docs/LIBRARY.md): the trace file
+(`save`, `load`, `Trace`), its `Recorder` for any training loop, and `diff`, re-exported from
+`jaxdp.core.trace`, where they live (NumPy only, shared with torch_ref)."""
+from __future__ import annotations
+
+from .core.trace import FIELDS, Recorder, Trace, TraceDamaged, TraceError, check_writable, diff, load, save
+
+__all__ = ["FIELDS", "Recorder", "Trace", "TraceDamaged", "TraceError", "check_writable", "diff", "load", "save"]

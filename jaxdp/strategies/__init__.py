@@ -19,7 +19,7 @@ class StrategyOptions(NamedTuple):
     bucket_mb: float = 25.0             # ddp-bucket: bucket capacity in MB (2**20 bytes)
     collectives: str = "xla"            # zero1/2/3: "xla" (built-ins) or "ring" (jaxdp.collectives)
     reshard_after_forward: bool = True  # zero3: free each unit's gathered parameters after its forward
-    reduction: str = "native"           # "canonical": the same bits on any N dividing `shards` (canonical.py)
+    reduction: str = "native"           # "canonical": the same bits on any N dividing `shards` (canonical/)
     shards: int = 0                     # canonical: shards per micro-batch (0: canonical.default_shards)
     clip_norm: float = 0.0              # canonical: clip the canonical global norm (native: in the optax chain)
     replicas: int = 1                   # hsdp: R groups of N / R devices (zero3 within a group, replicated across)

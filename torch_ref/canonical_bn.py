@@ -1,6 +1,6 @@
 """Canonical sync BatchNorm (`reduction="canonical"` on a model with BatchNorm, issue 16's last gap).
 
-The definition (docs/CANONICAL.md, "BatchNorm statistics (sync)"; jaxdp/canonical_bn.py is the JAX twin):
+The definition (docs/CANONICAL.md, "BatchNorm statistics (sync)"; jaxdp/canonical/batchnorm.py is the JAX twin):
 per micro-batch, with T = the canonical tree over all S shards (this rank's subtree, then across ranks),
 1. F_k(theta, sigma): shard k's forward in which BatchNorm layer l normalises with given statistics
    sigma_l = (mu_l, v_l) and reports (sum z, sum (z - mu_l)^2) over the shard's rows (`batchnorm.given`);

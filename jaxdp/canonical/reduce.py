@@ -1,5 +1,5 @@
-"""`reduction="canonical"`: a step's gradient defined independently of the number of devices, so
-that a run on N devices gives the same bits as `single` (docs/CANONICAL.md).
+"""The definition of `reduction="canonical"`: a step's gradient defined independently of the number
+of devices, so that a run on N devices gives the same bits as `single` (docs/CANONICAL.md).
 
 The global batch of a micro-batch is cut into S shards of equal rows (S a power of two, N | S);
 device d holds shards [d S/N, (d+1) S/N) of every micro-batch (its `data.part_rows` block). Each

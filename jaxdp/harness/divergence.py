@@ -28,9 +28,7 @@ import numpy as np
 from ..core import spread as spread_mod
 from ..core import trace as trace_mod
 from . import error_model, parity, relaxed, resolution, resumed
-from .judgement import Bounds, Cell, Divergence, Report, ratio
-
-__all__ = ["BATCH", "ORDER", "Bounds", "Cell", "Divergence", "Report", "compare", "default_bounds", "position"]
+from .judgement import Bounds, Cell, Divergence, Report, ratio  # the result types, also read as divergence.<name>
 
 ORDER = ("init", "x", "y", "loss", "grad", "param", "state")
 BATCH = ("x", "y")

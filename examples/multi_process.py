@@ -57,7 +57,7 @@ def main():
         result = trace.diff(trace.load(two), trace.load(one))
     print("2 processes x 2 devices against 1 process x 4 devices, per field of the trace:")
     print(trace.format_diff(result, tolerance=BOUND))
-    same = all(err <= BOUND for err in result["worst"].values())
+    same = all(err <= BOUND for err in result.worst.values())
     print(f"verdict: {'the same run, to float64 rounding' if same else 'the runs DIFFER'} (bound {BOUND:g} relative)")
     return 0 if same else 1
 

@@ -53,7 +53,7 @@ def test_identical_gradients_leave_no_allowance():
 
 def resumed_from(t: trace.Trace, first: int) -> trace.Trace:
     """`t` as a run resumed after step first - 1 records it: its values then as `init/`, steps from `first`."""
-    arrays = {k: v for k, v in t.arrays.items() if not k.startswith("step/") or int(k.split("/")[1]) >= first}
+    arrays = {k: v for k, v in t.arrays.items() if (step := trace.parse_key(k).step) is None or step >= first}
     arrays |= {f"init/{n}": t.arrays[f"step/{first - 1}/param/{n}"] for n in t.names()}
     return trace.Trace({**t.meta, "first_step": first}, arrays)
 

@@ -161,8 +161,8 @@ def test_unknown_dtype_takes_the_bounds_of_the_arrays_dtype_and_tolerance_overri
     f32 = user_trace(np.float32)
     near = planted(f32, "step/2/grad/dense/kernel", (0, 0), 1 + 1e-6)  # float32 noise, far above float64's
     report = divergence.compare(near, f32)
-    assert report.ok and report.bounds["dtype"] == "float32" and report.bounds["grad"] == 1e-5
-    assert "dtype float32 from the parameters' arrays" in report.bounds["source"]
+    assert report.ok and report.bounds.dtype == "float32" and report.bounds.measures["grad"] == 1e-5
+    assert "dtype float32 from the parameters' arrays" in report.bounds.source
     assert not divergence.compare(near, f32, tolerance=1e-9).ok
     assert divergence.compare(trace.Trace({"dtype": "float64"}, near.arrays), f32).first.field == "grad"
 

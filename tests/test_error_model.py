@@ -137,7 +137,8 @@ def test_identical_runs_get_only_the_storage_rounding():
     allow = error_model.allowance(a, a)
     assert allow.param and all(float(v.max()) == 0.0 for v in allow.param.values())
     for key, v in allow.update.items():
-        p = a.arrays["step/" + key.split("/")[1] + "/param/" + key.split("/", 2)[2]]
+        update = trace.parse_key(key)
+        p = a.arrays[trace.TraceKey("param", update.step, update.name).key()]
         np.testing.assert_array_equal(v, np.abs(np.spacing(p)))
 
 

@@ -63,7 +63,7 @@ def test_a_parameter_spread_fails_naming_tensor_spread_and_step():
 def test_a_buffer_spread_fails_unless_ddp_broadcasts_rank_0s_buffers(broadcast):
     a = with_spread(REF, {(1, "bn/mean"): 0.02}, **({"broadcast_buffers": True} if broadcast else {}))
     report = divergence.compare(a, REF)
-    (f,) = report.extra["spread"]
+    (f,) = report.spread
     assert (f.kind, f.step, f.fails) == ("buffer", 1, not broadcast)
     assert report.ok == broadcast and parity.judge(a, REF).ok == broadcast
     text = cli_diff.text(report)

@@ -129,7 +129,7 @@ def test_a_converted_net_equals_single_with_no_spread(case):
     assert len(spreads) == R.STEPS * (params + 4) and set(spreads.values()) == {0.0}
     report = divergence.compare(t, _single_run(case[1]), check_config=False)
     assert report.ok, cli_diff.text(report)
-    assert max(report.extra["row"].worst[f] for f in ("loss", "grad", "param")) < 1e-12
+    assert max(report.row.worst[f] for f in ("loss", "grad", "param")) < 1e-12
 
 
 @pytest.mark.parametrize("strategy, broadcast", [("ddp", True), ("zero3", False)])

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .trace_keys import parse_key
 from .tracefile import Trace
 
 FIELD = "spread"
@@ -33,8 +34,8 @@ FIX = "torch_ref.batchnorm.convert_sync_batchnorm(model) makes BatchNorm's stati
 
 def is_spread(key: str) -> bool:
     """True for `step/<k>/spread/<name>`."""
-    parts = key.split("/", 3)
-    return len(parts) == 4 and parts[0] == "step" and parts[2] == FIELD
+    parsed = parse_key(key)
+    return parsed is not None and parsed.kind == FIELD
 
 
 def without(t: Trace) -> Trace:
@@ -84,8 +85,8 @@ def findings(t: Trace, side: str) -> list[Finding]:
     per_name: dict[str, list[tuple[int, float]]] = {}
     for key, value in t.arrays.items():
         if is_spread(key):
-            _, k, _, name = key.split("/", 3)
-            per_name.setdefault(name, []).append((int(k), float(np.max(np.asarray(value, np.float64)))))
+            parsed = parse_key(key)
+            per_name.setdefault(parsed.name, []).append((parsed.step, float(np.max(np.asarray(value, np.float64)))))
     params = set(t.names())
     broadcast = t.meta.get("broadcast_buffers") is True
     out = []

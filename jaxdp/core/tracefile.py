@@ -25,6 +25,7 @@ import numpy as np
 
 from . import atomic, trace_limits
 from .errors import RunFailed
+from .trace_keys import parse_key
 
 FIELDS = ("loss", "grad", "param", "update", "init", "x", "y", "state")
 
@@ -56,11 +57,11 @@ class Trace:
         return min(self._loss_steps(), default=1)
 
     def _loss_steps(self) -> list[int]:
-        parts = [k.split("/") for k in self.arrays if k.startswith("step/") and k.endswith("/loss")]
-        return [int(p[1]) for p in parts if len(p) == 3 and p[1].isdigit()]
+        keys = (parse_key(k) for k in self.arrays)
+        return [key.step for key in keys if key is not None and key.kind == "loss"]
 
     def names(self) -> list[str]:
-        return sorted(k[len("init/"):] for k in self.arrays if k.startswith("init/"))
+        return sorted(key.name for k in self.arrays if (key := parse_key(k)) is not None and key.kind == "init")
 
     def losses(self) -> np.ndarray:
         return np.array([float(self.arrays[f"step/{k}/loss"]) for k in range(self.first_step, self.steps + 1)])

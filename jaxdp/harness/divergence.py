@@ -6,7 +6,7 @@ Order: the values before the first step (`init`: the parameters `init/<name>` an
 `state/<name>`), then step by step `x`, `y`, `loss`, `grad`, `param`, `state`. Within one step and
 field the tensor beyond its bound by the largest factor is named.
 
-The bounds are the judge's (`jaxdp.harness.parity.judge`, whose numbers, from `trace.diff`, are reused
+The bounds are the judge's (`jaxdp.parity.judge`, whose numbers, from `trace.diff`, are reused
 here), applied per step and tensor:
   init, x, y   identical (bit for bit, as the judge requires of the initial parameters)
   loss         |a - b| / |b|                 <= bound.loss
@@ -22,79 +22,28 @@ recorders take optionally. A trace's rank spread (jaxdp/core/spread.py) is judge
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..core import spread as spread_mod
 from ..core import trace as trace_mod
 from . import error_model, parity, relaxed, resolution, resumed
+from .judgement import Bounds, Cell, Divergence, Report, ratio  # the result types, also read as divergence.<name>
 
 ORDER = ("init", "x", "y", "loss", "grad", "param", "state")
 BATCH = ("x", "y")
 
 
-@dataclass
-class Divergence:
-    """One tensor beyond its bound at one step (`missing`: the side that lacks the key)."""
-    step: int
-    field: str
-    name: str
-    key: str
-    measure: str
-    error: float
-    bound: float | None
-    index: tuple | None = None
-    a: float | None = None
-    b: float | None = None
-    missing: str | None = None
-    detail: str = ""
-    allowance: str = ""  # the error model's allowance at the element, when it has one (jaxdp.harness.error_model)
-
-    @property
-    def ratio(self) -> float:
-        return _ratio(self.error, self.bound)
-
-    def describe(self) -> str:
-        where = f"step {self.step}, {self.field}, {self.name}"
-        if self.missing:
-            return f"{where}: {self.key} is missing in {self.missing.upper()}"
-        if self.detail:
-            return f"{where}: {self.detail}"
-        at = f" at {list(self.index)}: A {self.a!r}, B {self.b!r}" if self.index is not None else ""
-        bound = "identical" if self.bound == 0 else f"bound {self.bound:g}"
-        allowance = f"; beyond its roundoff allowance: {self.allowance}" if self.allowance else ""
-        return f"{where}{at} ({self.measure} error {self.error:.2e}, {bound}{allowance})"
-
-
-@dataclass
-class Report:
-    """The comparison of A against B: `ok`, the first divergence, every (step, field, tensor) cell."""
-    ok: bool
-    first: Divergence | None
-    divergences: list[Divergence]
-    cells: list[dict]  # {step, field, name, measure, error, bound, ratio}
-    failures: list[str]
-    notes: list[str]
-    bounds: dict
-    text: str = ""
-    first_step: int = 1
-    steps: int = 0
-    extra: dict = field(default_factory=dict)
-    relaxed: list = field(default_factory=list)  # one line per tensor the error model kept within its bound
-
-
-def position(key: str, first_step: int = 1):
-    """(step, field, name) of a trace key; init/ and state/ are the step before the first
-    (`name` state/<name> for the state); None for a key outside the format."""
-    parts = key.split("/")
-    if parts[0] in ("init", "state") and len(parts) > 1:
-        return first_step - 1, "init", key[len("init/"):] if parts[0] == "init" else key
-    if parts[0] != "step" or len(parts) < 3 or not parts[1].isdigit() or parts[2] not in ORDER[1:]:
+def position(key: str, first_step: int = 1) -> tuple[int, str, str] | None:
+    """(step, field, name) of a trace key (`trace.parse_key`); init/ and state/ are the step before the
+    first (`name` state/<name> for the state); loss, x and y are named by their field; None for a key
+    outside the format or one judged elsewhere (a rank spread)."""
+    parsed = trace_mod.parse_key(key)
+    if parsed is None or parsed.field not in ORDER:
         return None
-    if parts[2] in ("loss",) + BATCH:
-        return (int(parts[1]), parts[2], parts[2]) if len(parts) == 3 else None
-    return (int(parts[1]), parts[2], "/".join(parts[3:])) if len(parts) > 3 else None
+    if parsed.step is None:
+        return first_step - 1, "init", parsed.name if parsed.kind == "init" else key
+    return parsed.step, parsed.kind, parsed.name or parsed.kind
 
 
 def default_bounds(a: trace_mod.Trace, b: trace_mod.Trace) -> tuple[parity.Tolerance, str, str]:
@@ -148,27 +97,27 @@ def compare(a: trace_mod.Trace, b: trace_mod.Trace, tolerance: float | None = No
         d, failures = row.diff, spread_mod.failures(found) + row.failures  # a rank spread first: it explains the rest
         measures = _bounded(d, tol, pos, same_shape, row.resolution)
         step_update = dict(zip(range(first_step, steps + 1), row.per_step["step update"], strict=False))
-        bounds = {f: tol.bound(f) for f in parity.FIELDS + ("elementwise",)} | {"dtype": dtype, "source": source}
+        bounds = Bounds({f: tol.bound(f) for f in parity.FIELDS + ("elementwise",)}, source, dtype)
     else:
         row, failures, step_update = None, spread_mod.failures(found), {}
         d = trace_mod.diff(ra, rb, check_config=False, with_ulp=False)
-        measures = {k: [("relative", d["per_array"][k], tolerance)] for k in same_shape}
-        bounds = {"relative": tolerance, "source": "--tolerance"}
+        measures = {k: [("relative", d.per_array[k], tolerance)] for k in same_shape}
+        bounds = Bounds({"relative": tolerance}, "--tolerance")
     cells, beyond = _cells(d, measures, pos)
-    divergences += beyond + _step_updates(step_update, tol, d["norm"])
+    divergences += beyond + _step_updates(step_update, tol, d.norm)
     divergences.sort(key=lambda v: (v.step, ORDER.index(v.field), -v.ratio, v.name))
     first = divergences[0] if divergences else None
     allow = row.allowance if row is not None else None
     if first is not None and first.measure in resolution.MEASURES:
         _located(first, a, b, row.resolution)
     elif first is not None and first.key in a.arrays and first.key in b.arrays and not first.detail:
-        _locate(first, a, b, first_step, d["floor"], allow)
+        _locate(first, a, b, first_step, d.floor, allow)
     note, kept = relaxed.lines(row) if row is not None else ("", [])
     settings = error_model.why_none(ra, rb) if row is not None and dtype in error_model.DTYPES else None
     notes += list(dict.fromkeys(n for n in (note, settings) if n)) + spread_mod.notes(found)  # said once
     ok = not divergences and not failures
     return Report(ok, first, divergences, cells, failures, notes, bounds, first_step=first_step, steps=steps,
-                  extra={"diff": d, "row": row, "tolerance": tolerance, "spread": found}, relaxed=kept)
+                  relaxed=kept, diff=d, row=row, tolerance=tolerance, spread=found)
 
 
 def _missing(a, b, pos, notes) -> list[Divergence]:
@@ -189,12 +138,12 @@ def _missing(a, b, pos, notes) -> list[Divergence]:
 def _restricted(t, keys, first_step, steps, dtype) -> trace_mod.Trace:
     """`t` holding only `keys` up to `steps`, its meta's step range the shared one, its dtype the
     bounds' (which sets the elementwise floor)."""
-    kept = {k: t.arrays[k] for k in keys if not k.startswith("step/") or int(k.split("/")[1]) <= steps}
+    kept = {k: t.arrays[k] for k in keys if (step := trace_mod.parse_key(k).step) is None or step <= steps}
     return trace_mod.Trace({**({"dtype": dtype} if dtype else {}), **t.meta, "steps": steps, "first_step": first_step},
                            kept)
 
 
-def _bounded(d, tol, pos, keys, derived=None) -> dict:
+def _bounded(d: trace_mod.TraceDiff, tol, pos, keys, derived=None) -> dict:
     """key -> [(measure, error, bound)] under the parity bounds (module docstring), a parameter's
     update also under its bounds derived from the traces (`derived`, jaxdp/harness/resolution.py)."""
     out = {}
@@ -204,40 +153,31 @@ def _bounded(d, tol, pos, keys, derived=None) -> dict:
     for k in keys:
         step, fld, name = pos[k]
         if fld in ("init",) + BATCH:
-            out[k] = [("identical", d["per_array"][k], 0.0)]
+            out[k] = [("identical", d.per_array[k], 0.0)]
         elif fld == "loss":
-            out[k] = [("norm", d["norm"][k], tol.loss)]
+            out[k] = [("norm", d.norm[k], tol.loss)]
         elif fld == "state":
-            out[k] = [("norm", d["norm"][k], tol.grad)]
+            out[k] = [("norm", d.norm[k], tol.grad)]
         else:
-            out[k] = [("norm", d["norm"][k], tol.bound(fld)), ("elementwise", d["elementwise"][k], tol.elementwise)]
-            if fld == "param" and f"update/{step}/{name}" in d["norm"]:
-                out[k].append(("update", d["norm"][f"update/{step}/{name}"], tol.update))
+            out[k] = [("norm", d.norm[k], tol.bound(fld)), ("elementwise", d.elementwise[k], tol.elementwise)]
+            if fld == "param" and f"update/{step}/{name}" in d.norm:
+                out[k].append(("update", d.norm[f"update/{step}/{name}"], tol.update))
             out[k] += extra.get(k, [])
     return out
 
 
-def _ratio(error: float, bound: float | None) -> float:
-    if bound is None or math.isnan(error):
-        return math.inf
-    if bound == 0 or math.isinf(bound):
-        return math.inf if error > bound else 0.0
-    return error / bound
-
-
-def _cells(d, measures, pos) -> tuple[list[dict], list[Divergence]]:
+def _cells(d: trace_mod.TraceDiff, measures, pos) -> tuple[list[Cell], list[Divergence]]:
     """One cell per key (its measure beyond its bound by the largest factor) and the divergences."""
     cells, beyond = [], []
     for k in sorted(measures, key=lambda k: (pos[k][0], ORDER.index(pos[k][1]), pos[k][2])):
         step, fld, name = pos[k]
-        if k in d["non_finite"]:
+        if k in d.non_finite:
             worst = ("non-finite", math.inf, measures[k][0][2])
         else:
-            worst = max(measures[k], key=lambda m: _ratio(m[1], m[2]))
-        cell = {"step": step, "field": fld, "name": name, "measure": worst[0], "error": worst[1],
-                "bound": worst[2], "ratio": math.inf if worst[0] == "non-finite" else _ratio(worst[1], worst[2])}
+            worst = max(measures[k], key=lambda m: ratio(m[1], m[2]))
+        cell = Cell(step, fld, name, *worst, math.inf if worst[0] == "non-finite" else ratio(worst[1], worst[2]))
         cells.append(cell)
-        if cell["ratio"] > 1:
+        if cell.ratio > 1:
             beyond.append(Divergence(step, fld, name, k, worst[0], worst[1], worst[2]))
     return cells, beyond
 
@@ -248,7 +188,8 @@ def _step_updates(step_update: dict, tol, norm: dict) -> list[Divergence]:
     out = []
     for step, err in step_update.items():
         if err > tol.step_update:
-            updates = {k[len(f"update/{step}/"):]: e for k, e in norm.items() if k.startswith(f"update/{step}/")}
+            keys = {k: p for k in norm if (p := trace_mod.parse_key(k)) and p.kind == "update" and p.step == step}
+            updates = {p.name: norm[k] for k, p in keys.items()}
             name = max(updates, key=lambda n: (updates[n], n)) if updates else "(all)"
             out.append(Divergence(step, "param", name, f"step/{step}/param/{name}", "step update", err,
                                   tol.step_update))

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -84,6 +85,14 @@ def optimizer_of(meta: dict) -> Optimizer | None:
                      float(meta.get("adam_eps", 1e-8)), float(meta.get("momentum", 0.9)))
 
 
+class GradFloor(NamedTuple):
+    """A gradient's floors, the least ||b|| and |b_i| of its measures; ||g_step||; rho_k (`grad_floors`)."""
+    norm: float
+    elementwise: float
+    step_norm: float
+    rho: float  # the parameters' disagreement entering the step where it set the norm floor, else 0
+
+
 @dataclass
 class Allowance:
     """Per-element allowances (key -> array, float64), the gradients' floors, and what they came from."""
@@ -91,15 +100,14 @@ class Allowance:
     update: dict = field(default_factory=dict)  # update/<k>/<name>
     param: dict = field(default_factory=dict)  # step/<k>/param/<name>
     grads: dict = field(default_factory=dict)  # (side, k, name) -> the recorded gradient, for explanations
-    grad_floor: dict = field(default_factory=dict)  # step/<k>/grad/<name> -> (norm floor, elementwise floor,
-    #                                                   the step's gradient norm)
+    grad_floor: dict[str, GradFloor] = field(default_factory=dict)  # step/<k>/grad/<name>
 
     def of(self, key: str):
         return self.update.get(key, self.param.get(key))
 
     def errors(self, key: str, a, b, floor: float) -> tuple[float, float, float]:
         """trace.errors of one array under the model: beyond its allowance, above its floors."""
-        norm_floor, elem_floor = self.grad_floor.get(key, (0.0, 0.0))[:2]
+        norm_floor, elem_floor = self.grad_floor.get(key, GradFloor(0.0, 0.0, 0.0, 0.0))[:2]
         return errors(a, b, max(floor, elem_floor), self.param.get(key), norm_floor)
 
 
@@ -163,14 +171,12 @@ def storage(t, key: str):
     return 0.0 if p is None else np.abs(np.spacing(np.asarray(p))).astype(np.float64)
 
 
-def grad_floors(b, u: float, grad_bound: float, elementwise_bound: float, a=None) -> dict:
-    """{step/<k>/grad/<name>: (norm floor, elementwise floor, ||g_step||, rho_k where the parameters'
-    disagreement sets the norm floor, else 0)}: a gradient whose terms cancel (a bias
-    before a normalisation) is roundoff only, ~u times the size of the terms, which the trace does not
-    hold; the step's gradient stands for it (`C_GRAD`): a tensor's norm error is
-    judged against max(||g_t||, C u ||g_step|| / bound), an element's against max(|g_i|, floor,
-    C u max|g_step| / elementwise bound). With trace `a`, also what the parameters' accepted disagreement
-    entering step k does to its gradients (`propagated`)."""
+def grad_floors(b, u: float, grad_bound: float, elementwise_bound: float, a=None) -> dict[str, GradFloor]:
+    """{step/<k>/grad/<name>: GradFloor}: a gradient whose terms cancel (a bias before a normalisation) is
+    roundoff only, ~u times the size of the terms, which the trace does not hold; the step's gradient stands
+    for it (`C_GRAD`): a tensor's norm error is judged against max(||g_t||, C u ||g_step|| / bound), an
+    element's against max(|g_i|, floor, C u max|g_step| / elementwise bound). With trace `a`, also what the
+    parameters' accepted disagreement entering step k does to its gradients (`propagated`)."""
     out = {}
     for k in range(b.first_step, b.steps + 1):
         keys = [key for n in b.names() if (key := f"step/{k}/grad/{n}") in b.arrays]
@@ -183,8 +189,8 @@ def grad_floors(b, u: float, grad_bound: float, elementwise_bound: float, a=None
         for key, g in zip(keys, grads, strict=True):
             moved = propagated(b, k, key, g, rho)
             by_params = rho if moved[0] > C_GRAD * u * norm else 0.0
-            out[key] = (max(C_GRAD * u * norm, moved[0]) / grad_bound,
-                        max(C_GRAD * u * top, moved[1]) / elementwise_bound, norm, by_params)
+            out[key] = GradFloor(max(C_GRAD * u * norm, moved[0]) / grad_bound,
+                                 max(C_GRAD * u * top, moved[1]) / elementwise_bound, norm, by_params)
     return out
 
 

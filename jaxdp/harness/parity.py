@@ -116,7 +116,7 @@ class Row:
     init_identical: bool
     tol: Tolerance
     failures: list = field(default_factory=list)
-    diff: dict = field(default_factory=dict, repr=False)  # trace.diff's result
+    diff: trace_mod.TraceDiff | None = field(default=None, repr=False)  # trace.diff's result
     allowance: error_model.Allowance | None = field(default=None, repr=False)  # the per-element error model
     relaxed: list = field(default_factory=list)  # jaxdp.harness.relaxed: kept within bounds by the error model
     model_note: str = ""  # why the error model replayed no optimizer ("" when it did)
@@ -155,7 +155,7 @@ def _judged(a, b, tol, label, cfg, sides, with_ulp, allow, derived=None) -> Row:
     d = trace_mod.diff(a, b, check_config=False, with_ulp=with_ulp, allowance=allow, sides=sides)
     steps = range(b.first_step, b.steps + 1)
     worst_at = {}  # (field, step) -> (error, key)
-    for key, err in d["norm"].items():
+    for key, err in d.norm.items():
         where = _field_and_step(key)
         if where and err >= worst_at.get(where, (-1.0, ""))[0]:
             worst_at[where] = (err, key)
@@ -163,7 +163,7 @@ def _judged(a, b, tol, label, cfg, sides, with_ulp, allow, derived=None) -> Row:
     for f in ("loss", "grad", "param", "update"):
         per_step[f] = [worst_at.get((f, s), (0.0, ""))[0] for s in steps]
         worst_key[f] = max((worst_at[(f, s)] for s in steps if (f, s) in worst_at), default=(0.0, ""))[1]
-    per_step["step update"] = step_update_errors(a, b, allow, d["updates"])
+    per_step["step update"] = step_update_errors(a, b, allow, d.updates)
     worst = {f: max(v, default=0.0) for f, v in per_step.items()}
     worst_key["step update"] = f"step {b.first_step + int(np.argmax(per_step['step update']))}" if steps else ""
     init_identical = all(np.array_equal(a.arrays[k], b.arrays[k]) for k in b.arrays if k.startswith("init/"))
@@ -171,16 +171,17 @@ def _judged(a, b, tol, label, cfg, sides, with_ulp, allow, derived=None) -> Row:
               model_note=error_model.why_none(a, b) or "", resolution=derived)
     if allow is not None:
         flagged = derived.flagged() if derived else set()
-        row.relaxed = [r for r in relaxed.relaxations(a, b, allow, d, tol, d["floor"])
+        row.relaxed = [r for r in relaxed.relaxations(a, b, allow, d, tol, d.floor)
                        if (r.step, r.name) not in flagged]  # "explained by roundoff" only where it is
-    row.failures += [f"non-finite: {k} holds NaN or Inf in {_sides(w, sides)}" for k, w in d["non_finite"].items()]
-    row.failures += [f"spread: {f.describe()}" for f in d["spread"] if f.fails]  # rank spread (jaxdp/core/spread.py)
+    row.failures += [f"non-finite: {k} holds NaN or Inf in {_sides(w, sides)}" for k, w in d.non_finite.items()]
+    row.failures += [f"spread: {f.describe()}" for f in d.spread if f.fails]  # rank spread (jaxdp/core/spread.py)
     if not init_identical:
         row.failures.append("initial parameters differ")
     for f in FIELDS:
         if worst[f] > tol.bound(f):
             row.failures.append(f"{f} {worst[f]:.2e} > {tol.bound(f):g} at {worst_key.get(f)}")
-    elementwise = {k: e for k, e in d["elementwise"].items() if "/grad/" in k or "/param/" in k}
+    elementwise = {k: e for k, e in d.elementwise.items()
+                   if (where := _field_and_step(k)) and where[0] in ("grad", "param")}
     if elementwise and max(elementwise.values()) > tol.elementwise:
         key = max(elementwise, key=elementwise.get)
         row.failures.append(f"elementwise {elementwise[key]:.2e} > {tol.elementwise:g} at {key}")
@@ -191,12 +192,10 @@ def _judged(a, b, tol, label, cfg, sides, with_ulp, allow, derived=None) -> Row:
 
 def _field_and_step(key: str):
     """('grad', 3) for step/3/grad/<name>, ('update', 3) for update/3/<name>, ('loss', 3); else None."""
-    parts = key.split("/")
-    if parts[0] == "update":
-        return "update", int(parts[1])
-    if parts[0] == "step" and parts[2] in ("loss", "grad", "param"):
-        return parts[2], int(parts[1])
-    return None
+    parsed = trace_mod.parse_key(key)
+    if parsed is None or parsed.kind not in ("update", "loss", "grad", "param"):
+        return None
+    return parsed.kind, parsed.step
 
 
 def _sides(which: str, sides) -> str:

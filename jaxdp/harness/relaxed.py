@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.trace import TraceDiff, parse_key
 from .error_model import Allowance, Optimizer
 
 
@@ -78,19 +79,19 @@ class GradRelaxed:
                        f"normalisation), judged against the floor {self.floor:.1e}")
 
 
-def relaxations(a, b, allow: Allowance, diff: dict, tol, floor: float) -> list[Relaxed]:
+def relaxations(a, b, allow: Allowance, diff: TraceDiff, tol, floor: float) -> list[Relaxed]:
     """The parameters and updates whose raw error is beyond `tol` but whose error beyond the allowances
     (in `diff`, trace.diff's result: its `raw` errors and the judged ones) is not: each with its most
     relaxed element."""
     out = []
-    ua, ub = diff["updates"]
+    ua, ub = diff.updates
     for key, A in list(allow.param.items()) + list(allow.update.items()):
-        field_name = "update" if key.startswith("update/") else "param"
-        step, name = int(key.split("/")[1]), key.split("/", 3)[-1] if field_name == "param" else key.split("/", 2)[2]
-        raw_norm, raw_elem = diff["raw"].get(key, (0.0, None))
-        checks = [("norm", raw_norm, diff["norm"].get(key, 0.0), tol.bound(field_name))]
+        parsed = parse_key(key)  # step/<k>/param/<name> or update/<k>/<name>
+        step, name, field_name = parsed.step, parsed.name, "update" if parsed.kind == "update" else "param"
+        raw_norm, raw_elem = diff.raw.get(key, (0.0, None))
+        checks = [("norm", raw_norm, diff.norm.get(key, 0.0), tol.bound(field_name))]
         if field_name == "param":
-            checks.append(("elementwise", raw_elem, diff["elementwise"].get(key, 0.0), tol.elementwise))
+            checks.append(("elementwise", raw_elem, diff.elementwise.get(key, 0.0), tol.elementwise))
         for measure, raw, judged, bound in checks:
             if raw > bound >= judged:
                 xa, xb = (ua.get(key), ub.get(key)) if field_name == "update" else (a.arrays[key], b.arrays[key])
@@ -98,9 +99,6 @@ def relaxations(a, b, allow: Allowance, diff: dict, tol, floor: float) -> list[R
                 break
     out += _grads(a, b, allow, diff, tol, floor)
     return sorted(out, key=lambda r: (r.step, r.field, r.name))
-
-
-
 
 
 def _relaxed(key, step, field_name, name, measure, raw, judged, bound, xa, xb, A, allow) -> Relaxed:
@@ -114,15 +112,16 @@ def _relaxed(key, step, field_name, name, measure, raw, judged, bound, xa, xb, A
                    float(A[index]), float(d[index]))
 
 
-def _grads(a, b, allow: Allowance, diff: dict, tol, floor: float) -> list[GradRelaxed]:
+def _grads(a, b, allow: Allowance, diff: TraceDiff, tol, floor: float) -> list[GradRelaxed]:
     out = []
     for key, (norm_floor, elem_floor, step_norm, rho) in allow.grad_floor.items():
-        raw_norm, raw_elem = diff["raw"].get(key, (0.0, 0.0))
-        checks = [("norm", raw_norm, diff["norm"].get(key, 0.0), tol.grad, norm_floor),
-                  ("elementwise", raw_elem, diff["elementwise"].get(key, 0.0), tol.elementwise, elem_floor)]
+        raw_norm, raw_elem = diff.raw.get(key, (0.0, 0.0))
+        checks = [("norm", raw_norm, diff.norm.get(key, 0.0), tol.grad, norm_floor),
+                  ("elementwise", raw_elem, diff.elementwise.get(key, 0.0), tol.elementwise, elem_floor)]
         for measure, raw, judged, bound, at in checks:
             if raw > bound >= judged:
-                out.append(GradRelaxed(int(key.split("/")[1]), key.split("/", 3)[-1], measure, raw, judged, bound,
+                parsed = parse_key(key)  # step/<k>/grad/<name>
+                out.append(GradRelaxed(parsed.step, parsed.name, measure, raw, judged, bound,
                                        float(np.linalg.norm(np.asarray(b.arrays[key], np.float64))), step_norm, at,
                                        rho))
                 break

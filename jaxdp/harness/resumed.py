@@ -5,7 +5,7 @@ so the judge's `init` check asks that the resumed run started from the same bits
 is judged as usual (`jaxdp diff`'s note says which steps)."""
 from __future__ import annotations
 
-from ..core.trace import Trace, TraceError
+from ..core.trace import Trace, TraceError, parse_key
 
 
 def align(a: Trace, b: Trace, sides=("A", "B")) -> tuple[Trace, Trace, str]:
@@ -31,12 +31,11 @@ def _cut(t: Trace, late: int) -> Trace:
     before = late - 1
     arrays = {}
     for k, v in t.arrays.items():
-        parts = k.split("/")
-        if parts[0] == "step" and len(parts) > 1 and parts[1].isdigit() and int(parts[1]) < late:
+        parsed = parse_key(k)
+        if parsed is not None and parsed.step is not None and parsed.step < late:
             continue
-        if parts[0] in ("init", "state") and len(parts) > 1:
-            rest = k.split("/", 1)[1]
-            field = "param" if parts[0] == "init" else "state"
-            v = t.arrays.get(f"step/{before}/{field}/{rest}", v)
+        if parsed is not None and parsed.step is None:  # init/<name>, state/<name>
+            field = "param" if parsed.kind == "init" else "state"
+            v = t.arrays.get(f"step/{before}/{field}/{parsed.name}", v)
         arrays[k] = v
     return Trace({**t.meta, "first_step": late, "steps": t.steps}, arrays)

@@ -32,7 +32,7 @@ class Verdict:
     relaxed   what the error model kept within its bounds (`relaxed.Relaxed` / `GradRelaxed`, each
               with `describe()`): raw error beyond the bound, explained by the gradients' roundoff.
     notes     how it was judged: the configuration fields compared, the steps, the error model.
-    bounds    the bounds per measure, the dtype and where they came from.
+    bounds    the bounds per measure, the dtype and where they came from (`judgement.Bounds`).
     steps     (first, last): the steps judged (those both traces hold; a resumed trace starts later).
     """
     ok: bool
@@ -41,7 +41,7 @@ class Verdict:
     failures: list
     relaxed: list
     notes: list
-    bounds: dict
+    bounds: divergence.Bounds
     steps: tuple
     a: str = ""
     b: str = ""
@@ -49,9 +49,9 @@ class Verdict:
 
     @classmethod
     def of(cls, report: divergence.Report, a: str = "", b: str = "") -> Verdict:
-        row = report.extra.get("row")
+        row = report.row
         return cls(report.ok, report.first, list(report.divergences), list(report.failures),
-                   list(row.relaxed) if row is not None else [], list(report.notes), dict(report.bounds),
+                   list(row.relaxed) if row is not None else [], list(report.notes), report.bounds,
                    (report.first_step, report.steps), os.fspath(a), os.fspath(b), report)
 
     def text(self) -> str:
@@ -107,14 +107,14 @@ def relaxed_lines(report: divergence.Report, most: int = MOST_RELAXED) -> list[s
 
 def render(report: divergence.Report) -> str:
     """`Verdict.text()` of a `divergence.Report`."""
-    notes = report.notes + [f"bounds: {report.bounds['source']}"]
+    notes = report.notes + [f"bounds: {report.bounds.source}"]
     lines = [first_line(report)] + [f"note: {n}" for n in notes]
     lines += relaxed_lines(report)
-    d, row = report.extra["diff"], report.extra["row"]
+    d, row = report.diff, report.row
     if row is None:
-        lines.append(trace_mod.format_diff(d, report.extra["tolerance"]))
+        lines.append(trace_mod.format_diff(d, report.tolerance))
     else:
-        lines += [trace_mod.format_diff(d), parity.format_tolerance(row.tol, report.bounds["dtype"]),
+        lines += [trace_mod.format_diff(d), parity.format_tolerance(row.tol, report.bounds.dtype),
                   f"step update (all tensors) worst {max(row.per_step['step update'], default=0.0):.2e}"]
     judged = set(report.failures)
     extra = [v.describe() for v in report.divergences if v.measure in ("missing", "shape", "identical")
@@ -137,12 +137,12 @@ def as_json(report: divergence.Report, a_path: str = "", b_path: str = "") -> di
         first = asdict(report.first)
         first["index"] = list(first["index"]) if first["index"] is not None else None
     doc = {"ok": report.ok, "first_divergence": first, "a": os.fspath(a_path), "b": os.fspath(b_path),
-           "bounds": report.bounds, "failures": report.failures, "notes": report.notes,
+           "bounds": report.bounds.to_json(), "failures": report.failures, "notes": report.notes,
            "steps": [report.first_step, report.steps], "relaxed": report.relaxed, "relaxed_count": len(report.relaxed),
-           "spread": [asdict(f) for f in report.extra.get("spread", [])],
+           "spread": [asdict(f) for f in report.spread],
            "divergences": [{k: getattr(v, k) for k in ("step", "field", "name", "measure", "error", "bound")}
                            for v in report.divergences],
-           "table": report.cells}
+           "table": [asdict(c) for c in report.cells]}
     return _finite(doc)
 
 

@@ -37,15 +37,14 @@ def _mix(c0, c1, t: float) -> str:
 def _grid(report: divergence.Report) -> tuple[list[tuple[str, str]], list[int], dict]:
     """Rows (field, name), columns (steps; the first is init) and {(row, step): cell}. Initial
     parameters go to their param row, the initial state to its state row."""
-    cells = list(report.cells) + [
-        {"step": v.step, "field": v.field, "name": v.name, "measure": v.measure, "error": v.error,
-         "bound": v.bound, "ratio": math.inf} for v in report.divergences if v.measure in ("missing", "shape")]
+    cells = list(report.cells) + [divergence.Cell(v.step, v.field, v.name, v.measure, v.error, v.bound, math.inf)
+                                  for v in report.divergences if v.measure in ("missing", "shape")]
     grid = {}
     for c in cells:
-        row = (c["field"], c["name"])
-        if c["field"] == "init":
-            row = ("state", c["name"][len("state/"):]) if c["name"].startswith("state/") else ("param", c["name"])
-        grid[(row, c["step"])] = c
+        row = (c.field, c.name)
+        if c.field == "init":
+            row = ("state", c.name[len("state/"):]) if c.name.startswith("state/") else ("param", c.name)
+        grid[(row, c.step)] = c
     order = {f: i for i, f in enumerate(divergence.ORDER)}
     rows = sorted({r for r, _ in grid}, key=lambda r: (order[r[0]], r[1]))
     return rows, list(range(report.first_step - 1, report.steps + 1)), grid
@@ -69,10 +68,10 @@ def heatmap(report: divergence.Report) -> str:
             c = grid.get((row, s))
             if c is None:
                 continue
-            judged = c["bound"] is None or c["measure"] == "non-finite" or math.isfinite(c["bound"])
-            tip = f"step {s} {c['field']} {c['name']}: {c['measure']} {c['error']:.2e}, bound {c['bound']}"
+            judged = c.bound is None or c.measure == "non-finite" or math.isfinite(c.bound)
+            tip = f"step {s} {c.field} {c.name}: {c.measure} {c.error:.2e}, bound {c.bound}"
             out.append(f'<rect x="{LABEL + j * CELL}" y="{y}" width="{CELL - 1}" height="{CELL - 1}" '
-                       f'fill="{colour(c["ratio"], judged)}"><title>{html.escape(tip)}</title></rect>')
+                       f'fill="{colour(c.ratio, judged)}"><title>{html.escape(tip)}</title></rect>')
     if first is not None and first.name != "(all)":
         row = ("param", first.name) if first.field == "init" and not first.name.startswith("state/") else \
             ("state", first.name[len("state/"):]) if first.field == "init" else (first.field, first.name)
@@ -100,15 +99,15 @@ def step_table(report: divergence.Report) -> tuple[int | None, str]:
     if not grid:
         return None, "<p>no arrays to compare</p>"
     cells = list(grid.values())
-    step = report.first.step if report.first else max(cells, key=lambda c: c["ratio"])["step"]
+    step = report.first.step if report.first else max(cells, key=lambda c: c.ratio).step
     head = "<tr><th>field</th><th>tensor</th><th>measure</th><th>error</th><th>bound</th><th>error / bound</th></tr>"
     rows = []
-    for c in sorted((c for c in cells if c["step"] == step), key=lambda c: divergence.ORDER.index(c["field"])):
-        first = report.first and (c["field"], c["name"]) == (report.first.field, report.first.name)
-        cls = "first" if first else ("beyond" if c["ratio"] > 1 else "")
-        rows.append(f'<tr class="{cls}"><td>{c["field"]}</td><td class="name">{html.escape(c["name"])}</td>'
-                    f'<td>{c["measure"]}</td><td>{_num(c["error"])}</td><td>{_num(c["bound"])}</td>'
-                    f'<td class="ratio">{_num(c["ratio"])}</td></tr>')
+    for c in sorted((c for c in cells if c.step == step), key=lambda c: divergence.ORDER.index(c.field)):
+        first = report.first and (c.field, c.name) == (report.first.field, report.first.name)
+        cls = "first" if first else ("beyond" if c.ratio > 1 else "")
+        rows.append(f'<tr class="{cls}"><td>{c.field}</td><td class="name">{html.escape(c.name)}</td>'
+                    f'<td>{c.measure}</td><td>{_num(c.error)}</td><td>{_num(c.bound)}</td>'
+                    f'<td class="ratio">{_num(c.ratio)}</td></tr>')
     return step, f'<table id="step-table">{head}{"".join(rows)}</table>'
 
 
@@ -130,7 +129,7 @@ def page(report: divergence.Report, a_path: str = "A", b_path: str = "B") -> str
 <html><head><meta charset="utf-8"><title>jaxdp diff</title><style>{STYLE}</style></head><body>
 <h1>jaxdp diff: {verdict}</h1>
 <p>A <code>{html.escape(str(a_path))}</code> against reference B <code>{html.escape(str(b_path))}</code>;
-bounds: {html.escape(str(report.bounds.get("source")))}</p>
+bounds: {html.escape(str(report.bounds.source))}</p>
 <h2>First divergence</h2><p id="first-divergence">{first}</p>
 <ul>{notes}</ul>
 {relaxed}

@@ -3,6 +3,21 @@
 `jaxdp.core.trace`, where they live (NumPy only, shared with torch_ref)."""
 from __future__ import annotations
 
-from .core.trace import FIELDS, Recorder, Trace, TraceDamaged, TraceError, check_writable, diff, load, save
+from .core.trace import (
+                         FIELDS,
+                         FieldErrors,
+                         Recorder,
+                         Trace,
+                         TraceDamaged,
+                         TraceDiff,
+                         TraceError,
+                         TraceKey,
+                         check_writable,
+                         diff,
+                         load,
+                         parse_key,
+                         save,
+)
 
-__all__ = ["FIELDS", "Recorder", "Trace", "TraceDamaged", "TraceError", "check_writable", "diff", "load", "save"]
+__all__ = ["FIELDS", "FieldErrors", "Recorder", "Trace", "TraceDamaged", "TraceDiff", "TraceError", "TraceKey",
+           "check_writable", "diff", "load", "parse_key", "save"]

@@ -45,7 +45,7 @@ def errors(a, b, floor: float = 0.0, allow=None, norm_floor: float = 0.0) -> tup
                    those below the absolute `floor` judged against the floor)
     each the absolute error where its scale is 0, and all inf when either array holds NaN or Inf
     (non-finite is never agreement). `allow`: |a - b| beyond these; `norm_floor`: the least ||b||
-    (both from jaxdp.error_model)."""
+    (both from jaxdp.harness.error_model)."""
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     if a.shape != b.shape:
@@ -152,7 +152,7 @@ def diff(a: Trace, b: Trace, check_config: bool = True, floor: float | None = No
          allowance=None, sides=("a", "b")) -> TraceDiff:
     """Errors of `a` against reference `b`, per array and per field (`TraceDiff`). Arrays present in
     only one trace are an error. `sides` name the traces in the spread findings. `allowance`
-    (jaxdp.error_model): param/update errors beyond its allowances, gradients above its floors."""
+    (jaxdp.harness.error_model): param/update errors beyond its allowances, gradients above its floors."""
     if check_config:
         check_comparable(a, b)
     found, a, b = spread.split(a, b, sides)

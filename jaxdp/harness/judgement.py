@@ -36,7 +36,7 @@ class Divergence:
     b: float | None = None
     missing: str | None = None
     detail: str = ""
-    allowance: str = ""  # the error model's allowance at the element, when it has one (jaxdp.error_model)
+    allowance: str = ""  # the error model's allowance at the element, when it has one (jaxdp.harness.error_model)
 
     @property
     def ratio(self) -> float:

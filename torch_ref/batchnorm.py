@@ -14,7 +14,7 @@ with the biased one; eps 1e-5; affine and track_running_stats as given), whose s
   jaxdp/models/cnn.py compute it. Each all-reduce's backward is an all-reduce of the cotangents, so every
   rank's gradient includes the other ranks' rows' dependence on the shared statistics (what
   SyncBatchNorm's backward all-reduces). Every rank ends the forward with the same running statistics.
-- (`torch_ref.cnn.for_device` still gives the project's `cnn` nn.SyncBatchNorm's kernels on a GPU.)
+- (`torch_ref.models.cnn.for_device` still gives the project's `cnn` nn.SyncBatchNorm's kernels on a GPU.)
 With `sync=False` (or one rank) it is the plain torch layer: each rank its own rows (DDP's default), and
 after each training forward every rank takes rank 0's running statistics (a broadcast: DDP's
 `broadcast_buffers=True`, done here under every strategy, the hand-written ones included, and after the
@@ -23,7 +23,7 @@ forward rather than before the next, so that the ranks agree between steps as ja
 micro-batch), with the same number of rows.
 
 `given(stats)`: a context in which every such layer normalises with *given* statistics instead
-(`reduction="canonical"`, torch_ref/canonical_bn.py): layer l of the forward (call order) takes stats[l],
+(`reduction="canonical"`, torch_ref/canonical/batchnorm.py): layer l of the forward (call order) takes stats[l],
 appends its per-channel partial sums over this call's rows to the context, and touches no running
 statistic; a layer past the given ones (or given a mean only) reports what it can and stops the forward.
 """

@@ -21,7 +21,8 @@ from jaxdp.core import progress as run_progress  # where the run is, for the lin
 from jaxdp.core.config import ConfigError, RunConfig
 from jaxdp.core.results import NonFiniteLoss, RunResult  # one error type and one result for both frameworks
 
-from . import api, checkpoint, cnn, launch, models, optim, strategies
+from . import api, checkpoint, launch, models, optim, strategies
+from .models import cnn
 from .strategies import finite
 from .trace import Recorder
 
@@ -67,7 +68,7 @@ def configured(module: torch.nn.Module, cfg: RunConfig):
 
 
 class Parallel(NamedTuple):
-    """The CLI's configuration as one handle (what `torch_ref.accounting` and the tests drive), the twin
+    """The CLI's configuration as one handle (what `torch_ref.analysis.accounting` and the tests drive), the twin
     of `jaxdp.api.Parallel`: `step(x, y)` -> {'loss': float, 'grads': {torch name: tensor} when
     return_grads}, and the strategy's (`strategies.common.Strategy`) `full_params`, `wrapped` and
     `checkpoint`."""

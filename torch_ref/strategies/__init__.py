@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from jaxdp.core.config import ALIASES, FRAMEWORK_STRATEGIES, ConfigError
 
-from . import bucket, ddp, dp, hsdp, naive, ring, single, zero1, zero2, zero3
-from .canonical_step import Canonical
+from ..canonical.step import Canonical
+from . import bucket, ddp, dp, hsdp, naive, ring, single
 from .common import Options, Strategy
+from .zero import zero1, zero2, zero3
 
 FACTORIES = {
     "single": single.make,

@@ -4,7 +4,7 @@ gradients with accumulation, the one `no_sync`, and small helpers. A strategy wr
 builds its optimizer (as torchtitan's `apply_ddp` / `apply_fsdp` do) and returns a `Strategy`, the
 torch twin of `jaxdp.strategies.common.Strategy`; the strategies differ only in their hooks
 (`no_sync`, `sync`, `reduce_loss`, `full_grads`, `update`, `full_params`) and, under
-`reduction="canonical"`, in the `canonical_parts` they declare (strategies/canonical_step.py).
+`reduction="canonical"`, in the `canonical_parts` they declare (torch_ref/canonical/step.py).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class Options(NamedTuple):
     units: list | None = None  # zero3: the submodules (or lists of them) sharded one by one
     replicas: int = 1  # hsdp: R groups of N / R ranks (zero3 within a group, replicated across)
     hsdp_hosts: str = "shard"  # hsdp: a host holds whole shard groups ("shard") or whole replica groups
-    reduction: str = "native"  # "canonical": the same bits on any N (strategies/canonical_step.py)
+    reduction: str = "native"  # "canonical": the same bits on any N (torch_ref/canonical/step.py)
     shards: int | None = None  # canonical: shards per micro-batch (None: the default)
 
 

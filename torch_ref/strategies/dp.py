@@ -15,10 +15,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .. import canonical as C
 from .. import optim
+from ..canonical import reduce as C
+from ..canonical.step import Parts, clip_, plain_backward
 from ..checkpoint import ModelOptimizer
-from .canonical_step import Parts, clip_, plain_backward
 from .common import Strategy, grads_of, make_strategy
 
 SERVER = 0

@@ -23,8 +23,8 @@ from jaxdp.core import hsdp_hosts
 from jaxdp.core.config import ConfigError
 
 from .. import launch
-from . import zero3
 from .common import Strategy
+from .zero import zero3
 
 
 def make(model, optimizer, opts) -> Strategy:

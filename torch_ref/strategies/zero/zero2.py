@@ -32,11 +32,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .. import canonical as C
-from ..checkpoint import materialise
-from ..collectives import all_gather, reduce_scatter
-from .canonical_step import Parts, plain_backward
-from .common import Strategy, flatten, params_of, unflatten_into
+from ...canonical import reduce as C
+from ...canonical.step import Parts, plain_backward
+from ...checkpoint import materialise
+from ...collectives import all_gather, reduce_scatter
+from ..common import Strategy, flatten, params_of, unflatten_into
 
 
 def padded_flat(tensors, n: int) -> torch.Tensor:

@@ -40,11 +40,14 @@ from torch.distributed.tensor import DTensor
 from jaxdp.core.config import ConfigError
 from jaxdp.core.hsdp_hosts import grid_order
 
-from .. import canonical as C
-from .. import canonical_bn, cnn, gpt2, llama, models
-from . import canonical_step, common
-from . import units as shared_units
-from .common import Strategy, make_strategy
+from ... import models
+from ...canonical import batchnorm as canonical_bn
+from ...canonical import reduce as C
+from ...canonical import step as canonical_step
+from ...models import cnn, gpt2, llama
+from ...models import units as shared_units
+from .. import common
+from ..common import Strategy, make_strategy
 
 
 def units_of(model) -> list[list]:

@@ -10,7 +10,7 @@ from jaxdp.core.config import ALIASES, FRAMEWORK_STRATEGIES, ConfigError
 
 from ..canonical.step import Canonical
 from . import bucket, ddp, dp, hsdp, naive, ring, single
-from .common import Options, Strategy
+from .common import Strategy, StrategyOptions
 from .zero import zero1, zero2, zero3
 
 FACTORIES = {
@@ -65,7 +65,7 @@ def build(name: str, model, optimizer, accum: int = 1, reduction: str = "native"
     if unknown:
         takes = ", ".join(OPTIONS[name]) or "none"
         raise ConfigError(f"strategy {name!r} takes no option {', '.join(map(repr, unknown))}; its options: {takes}")
-    par = FACTORIES[name](model, optimizer, Options(accum=accum, reduction=reduction, shards=shards, **options))
+    par = FACTORIES[name](model, optimizer, StrategyOptions(accum=accum, reduction=reduction, shards=shards, **options))
     if reduction == "canonical":
         par.canonical = Canonical(par, shards)
     return par
@@ -78,4 +78,5 @@ def options_of(cfg) -> dict:
     return {k: values[k] for k in OPTIONS[resolve(cfg.strategy)] if k in values}
 
 
-__all__ = ["FACTORIES", "OPTIONS", "Options", "Strategy", "TWINS", "build", "options_of", "resolve", "twin_note"]
+__all__ = ["FACTORIES", "OPTIONS", "TWINS", "Strategy", "StrategyOptions", "build", "options_of", "resolve",
+           "twin_note"]

@@ -22,7 +22,7 @@ from .. import optim
 from ..checkpoint import ModelOptimizer
 
 
-class Options(NamedTuple):
+class StrategyOptions(NamedTuple):
     """What a strategy is built with besides the model and the optimizer factory."""
     accum: int = 1
     bucket_mb: float = 25.0  # ddp, zero1 (DDP's bucket_cap_mb), ddp-bucket

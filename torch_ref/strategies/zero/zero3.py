@@ -25,7 +25,7 @@ after the step's last shard backward (`install_units`, `canonical.UnitReduce`); 
 canonical norm of the gathered gradient. With BatchNorm, FSDP2 cannot run canonical_bn's many passes
 over one graph: they run on a plain twin of the model (a deepcopy taken before FSDP2 shards it)
 holding the gathered parameters (one all-gather per parameter per step), and the canonical
-reduce-scatter runs on FSDP2's layout into the DTensor gradients (`sync_canonical`).
+reduce-scatter runs on FSDP2's layout into the DTensor gradients (`canonical_grads`).
 """
 from __future__ import annotations
 
@@ -163,7 +163,7 @@ def backward(c, x, y, loss_fn) -> torch.Tensor:
 
 def backward_bn(c, x, y, loss_fn) -> torch.Tensor:
     """Canonical with BatchNorm: the gathered parameters into the twin (a collective: every parameter
-    gathered once per step), then `canonical_bn`'s passes on it and `sync_canonical`."""
+    gathered once per step), then `canonical_bn`'s passes on it and `canonical_grads`."""
     full = c.par.full_params()
     with torch.no_grad():
         for name, p in c.parts.twin.named_parameters():
@@ -171,7 +171,7 @@ def backward_bn(c, x, y, loss_fn) -> torch.Tensor:
     return canonical_step.bn_backward(c, x, y, loss_fn, c.parts.twin)
 
 
-def sync_canonical(c, grads: torch.Tensor) -> None:
+def canonical_grads(c, grads: torch.Tensor) -> None:
     """Canonical with BatchNorm: the canonical reduce-scatter of FSDP2's layout (each parameter's dim-0
     chunks of ceil(rows / N), rank-major, as its reduce-scatter takes them): this rank's chunks as the
     DTensor grads."""
@@ -186,7 +186,7 @@ def sync_canonical(c, grads: torch.Tensor) -> None:
                                     shape=p.shape, stride=p.stride(), run_check=False)
 
 
-def update_canonical(c, clip_norm: float) -> None:
+def canonical_update(c, clip_norm: float) -> None:
     """Clip the DTensor gradients by the canonical norm of their full values; then FSDP2's own update."""
     if clip_norm > 0:
         grads = [p.grad for p in c.par.model.parameters()]
@@ -196,5 +196,5 @@ def update_canonical(c, clip_norm: float) -> None:
     c.par.update(0.0)
 
 
-CANONICAL = canonical_step.Parts(backward, sync_canonical, update_canonical, backward_bn=backward_bn,
+CANONICAL = canonical_step.Parts(backward, canonical_grads, canonical_update, backward_bn=backward_bn,
                                  first_step=install_units)

@@ -14,8 +14,8 @@ from torch import nn
 
 import torch_ref
 from jaxdp.core import data
-from torch_ref import canonical as C
 from torch_ref import launch
+from torch_ref.canonical import reduce as C
 from torch_ref.models.cnn import CNN
 from torch_ref.trace import Recorder
 

@@ -10,9 +10,9 @@ declared table of layouts (the twin of `jaxdp/strategies/zero/`; torch has no `f
 """
 from __future__ import annotations
 
-from . import layout, zero1, zero2, zero3
+from . import flat, layout, step, zero1, zero2, zero3
 from .layout import LAYOUTS, Layout
 
 STAGES = {1: zero1.make, 2: zero2.make, 3: zero3.make}
 
-__all__ = ["LAYOUTS", "STAGES", "Layout", "layout", "zero1", "zero2", "zero3"]
+__all__ = ["LAYOUTS", "STAGES", "Layout", "flat", "layout", "step", "zero1", "zero2", "zero3"]

@@ -42,12 +42,14 @@ def clip_(shard: FlatShard, max_norm: float) -> None:
         torch.nn.utils.clip_grads_with_norm_([shard.main_param], max_norm, sum_sq.sqrt())
 
 
-def update(shard: FlatShard, optimizer: torch.optim.Optimizer, clip_norm: float) -> None:
-    """The clip, the optimizer's step on this rank's shard, then the gather of the updated shards."""
+def update(layout, shard: FlatShard, optimizer: torch.optim.Optimizer, clip_norm: float) -> None:
+    """The clip, the optimizer's step on this rank's shard, then (where the stage's `layout` row gathers
+    after the update) the gather of the updated shards."""
     clip_(shard, clip_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    gather(shard)
+    if layout.gathers_after_update:
+        gather(shard)
 
 
 def gather(shard: FlatShard) -> None:

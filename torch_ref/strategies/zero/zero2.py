@@ -7,12 +7,12 @@ All parameters are viewed as one flat vector, zero-padded to a multiple of N and
 shards; rank i owns shard i. Each rank keeps a master copy of its shard (`main_param`) and a torch
 optimizer over that shard alone, so its optimizer state is 1/N of the whole. A step:
 1. local gradients, accumulated without communication;
-2. `reduce_scatter` of the flat gradient, divided by N first (pre-divide): each rank keeps only its
-   shard of the mean gradient (`main_param.grad`) and frees the full one;
-3. clipping by the norm of the *whole* gradient (the all-reduced sum of the shards' squares), applied
-   with torch.nn.utils.clip_grads_with_norm_, the sharded form of clip_grad_norm_;
-4. the optimizer step on the shard;
-5. `all_gather` of the updated shards into every rank's full parameters.
+2. `grads`: `reduce_scatter` of the flat gradient (`flat.padded_flat`), divided by N first (pre-divide):
+   each rank keeps only its shard of the mean gradient (`main_param.grad`) and frees the full one;
+3. `step.update` (the twin of JAX's `zero/step.py`): clipping by the norm of the *whole* gradient (the
+   all-reduced sum of the shards' squares), applied with torch.nn.utils.clip_grads_with_norm_, the
+   sharded form of clip_grad_norm_; the optimizer step on the shard; then, as the row `layout.ZERO2`
+   says, `step.gather`: `all_gather` of the updated shards into every rank's full parameters.
 On gloo a reduce-scatter is an all-reduce plus a local chunk (twice the bytes of a true one).
 
 Checkpoints (`ShardState`): the replicated parameters by name, and the optimizer state as it lives,
@@ -39,6 +39,7 @@ from ...collectives import all_gather, reduce_scatter
 from ..common import Strategy, params_of
 from . import step
 from .flat import my_shard, padded_flat
+from .layout import ZERO2
 from .step import FlatShard
 
 
@@ -74,8 +75,9 @@ def make(model, optimizer, opts) -> Strategy:
     built = optimizer([main_param])
     canonical = Parts(plain_backward, functools.partial(canonical_grads, shard),
                       functools.partial(canonical_update, shard))
-    return Strategy("zero2", model, model, built, opts.accum, update=functools.partial(step.update, shard, built),
-                    sync=functools.partial(grads, shard, n), full_grads=functools.partial(step.full_grads, shard),
+    return Strategy("zero2", model, model, built, opts.accum, sync=functools.partial(grads, shard, n),
+                    update=functools.partial(step.update, ZERO2, shard, built),
+                    full_grads=functools.partial(step.full_grads, shard),
                     full_params=lambda: params_of(model), wrapped=built,
                     checkpoint=ShardState(model, main_param, built, shard.numel), canonical_parts=canonical)
 

@@ -59,7 +59,7 @@ def twin_note(name: str) -> str | None:
 def build(name: str, model, optimizer, accum: int = 1, reduction: str = "native", shards: int | None = None,
           **options) -> Strategy:
     """Wrap `model` for strategy `name` with the optimizer factory `optimizer`; every rank calls it.
-    `reduction="canonical"`: the strategy's step is the canonical one (`canonical_step.Canonical`)."""
+    `reduction="canonical"`: the strategy's step is the canonical one (`canonical.step.Canonical`)."""
     name = resolve(name)
     unknown = sorted(set(options) - set(OPTIONS[name]))
     if unknown:

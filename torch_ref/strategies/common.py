@@ -63,7 +63,7 @@ class Strategy:
     - `update(clip_norm)`: clip (torch's clip_grad_norm_ semantics), step, clear the gradients;
     - `full_params()`: {torch name: full tensor}, a collective under sharding: every rank calls it.
     `checkpoint` is the DCP Stateful `torch_ref.checkpoint` saves: the model and this rank's optimizer.
-    `canonical_parts` is what the strategy declares for `reduction="canonical"` (a `canonical_step.Parts`).
+    `canonical_parts` is what the strategy declares for `reduction="canonical"` (a `canonical.step.Parts`).
     """
     name: str
     model: torch.nn.Module
@@ -81,8 +81,8 @@ class Strategy:
     return_grads: bool = False  # a Recorder is attached: keep each step's averaged gradient (jaxdp's name)
     grads: dict | None = None  # the last step's, when kept
     rows_checked: bool = False  # the first step checked that every rank got the same rows
-    canonical_parts: object = None  # the strategy's part of the canonical step (canonical_step.Parts)
-    canonical: object = None  # reduction='canonical': its step (canonical_step.Canonical) replaces train's
+    canonical_parts: object = None  # the strategy's part of the canonical step (canonical.step.Parts)
+    canonical: object = None  # reduction='canonical': its step (canonical.step.Canonical) replaces train's
 
     def __post_init__(self):
         if self.reduce_loss is None:

@@ -9,7 +9,7 @@ each block, and the final LayerNorm with the head as one group; for the CNN each
 BatchNorm, then the head (the root owns no parameter of its own); for any other model each block of
 its outermost `nn.ModuleList`s (HF GPT-2's `transformer.h`, Llama's `model.layers`), else each direct
 child that owns parameters, then the root; a parameter shared by two units (a tied head) is left to
-the root, and `units=` that split one are an error (`units.py`). Every parameter
+the root, and `units=` that split one are an error (`torch_ref/models/units.py`). Every parameter
 becomes a DTensor sharded along dim 0 over a 1-D device mesh (a CPU mesh with gloo, a CUDA mesh with
 NCCL); parameters, gradients and optimizer state are all 1/N per rank. Each unit's parameters are
 all-gathered just before its forward and freed after it, and with `reshard_after_forward=True`
@@ -54,7 +54,7 @@ def units_of(model) -> list[list]:
     """The groups FSDP shards one by one by default, in forward order: for jaxdp's models its units
     (the MLP's Linear layers; the GPT's embeddings, blocks, and final LayerNorm with the head); for
     any other model each block of its `nn.ModuleList`s (a model library's decoder layers), else each
-    direct child that owns parameters, with every shared parameter left to the root (`units.py`)."""
+    direct child that owns parameters, with every shared parameter left to the root (`models/units.py`)."""
     if isinstance(model, models.GPT):
         return [[model.tok_embed, model.pos_embed], *([b] for b in model.blocks), [model.ln_f, model.head]]
     if isinstance(model, gpt2.GPT2):  # the tied wte in no unit: the root's (gathered once per step)

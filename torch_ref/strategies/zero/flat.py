@@ -18,10 +18,6 @@ def padded_flat(tensors, multiple: int) -> torch.Tensor:
     return torch.nn.functional.pad(flat, (0, -flat.numel() % multiple))
 
 
-def shard_size(numel: int, n: int) -> int:
-    return -(-numel // n)
-
-
 def my_shard(flat: torch.Tensor, n: int, rank: int) -> torch.Tensor:
     """Rank `rank`'s shard of a flat vector padded to a multiple of n: elements [rank S, (rank+1) S)."""
     s = flat.numel() // n

@@ -145,7 +145,7 @@ def test_names_are_transformers_less_its_model_prefix():
 def twin_logits_and_grads(p, x, y):
     torch = pytest.importorskip("torch")
     from torch_ref import convert
-    from torch_ref import llama as torch_llama
+    from torch_ref.models import llama as torch_llama
 
     model = torch_llama.Llama(**DIMS).double()
     convert.load_flax(model, {k: np.asarray(v) for k, v in models.flat_names(p.params).items()})
@@ -174,7 +174,7 @@ def test_jaxdp_equals_its_torch_twin_in_float64():
 def test_the_twin_check_sees_a_twin_with_float32_rotary(monkeypatch):
     """Negative control: the torch twin's rotary tables in float32 (transformers' choice) are caught."""
     torch = pytest.importorskip("torch")
-    from torch_ref import llama as torch_llama
+    from torch_ref.models import llama as torch_llama
 
     rotary = torch_llama.rotary
     monkeypatch.setattr(torch_llama, "rotary", lambda t, hd, dtype, device=None, theta=torch_llama.ROPE_THETA:
@@ -189,8 +189,8 @@ def test_units_are_the_embedding_each_layer_and_the_head_in_both_frameworks():
         ("embed", (("embed_tokens",),)), ("layers/0", (("layers", 0),)), ("layers/1", (("layers", 1),)),
         ("head", (("norm",), ("lm_head",)))]
     pytest.importorskip("torch")
-    from torch_ref import llama as torch_llama
-    from torch_ref.strategies import zero3
+    from torch_ref.models import llama as torch_llama
+    from torch_ref.strategies.zero import zero3
 
     model = torch_llama.Llama(**DIMS)
     named = {id(m): n for n, m in model.named_modules()}

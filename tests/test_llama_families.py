@@ -3,7 +3,7 @@ against transformers' own Qwen2, Mistral and Llama-with-`pad_token_id` built fro
 the unit that owns only a tied weight under the sharded strategies.
 
 - Across frameworks: the transformers model trained by `torch_ref.parallelize` ('single'), jaxdp's Llama
-  built from `torch_ref.llama.config_kwargs(config)` and started from the transformers weights
+  built from `torch_ref.models.llama.config_kwargs(config)` and started from the transformers weights
   (`convert.to_flax(..., target=)`), 3 steps of AdamW (torch's default weight decay 0.01), judged by
   `jaxdp.parity.judge` with the default bounds: float32 as they are; float64 with transformers' float32
   sites (RMSNorm, rotary angles, softmax: docs/LLAMA.md) switched to float64. Adam turns Qwen2's
@@ -37,7 +37,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from torch_ref import convert  # noqa: E402
-from torch_ref import llama as torch_llama  # noqa: E402
+from torch_ref.models import llama as torch_llama  # noqa: E402
 
 SHAPE = dict(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=16, attn_implementation="eager")

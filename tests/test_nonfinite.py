@@ -78,14 +78,11 @@ def test_jaxdp_train_stops_before_recording_or_checkpointing(tmp_path, monkeypat
 def test_torch_ref_train_stops_before_the_step_in_a_sharded_strategy(tmp_path):
     """zero2 on 2 ranks: rank 1's rows alone make the Inf, which then lives in one rank's shard only; the
     all-reduced flag stops both ranks before optimizer.step() of step 2: the checkpoint of step 1 stays alone."""
-    from torch_ref.train import INF_ENV
-
-    folder = tmp_path / "ck"
-    out = subprocess.run([sys.executable, "-m", "torch_ref", "train", "--strategy", "zero2", "--devices", "2",
-                          "--steps", "3", "--hidden", "8,8", "--batch-size", "8", "--dtype", "float32",
-                          "--checkpoint-dir", str(folder), "--checkpoint-every", "1"],
-                         capture_output=True, text=True, timeout=180, cwd=REPO,
-                         env=dict(os.environ, PYTHONPATH=REPO, **{INF_ENV: "1:2"}))
+    folder = tmp_path / "ck"  # `python -m torch_ref train ...` with the fault put in by tests/torch_faults.py
+    out = subprocess.run([sys.executable, "-m", "tests.torch_faults", "inf", "1:2", "train", "--strategy", "zero2",
+                          "--devices", "2", "--steps", "3", "--hidden", "8,8", "--batch-size", "8", "--dtype",
+                          "float32", "--checkpoint-dir", str(folder), "--checkpoint-every", "1"],
+                         capture_output=True, text=True, timeout=180, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO))
     assert out.returncode == 3, out.stderr[-2000:]
     assert "gradient (flat shard 0 of the optimizer) holds NaN or Inf at step 2; nothing of step 2" in out.stderr
     assert sorted(p.name for p in folder.iterdir() if p.name.isdigit()) == ["1"]

@@ -12,7 +12,8 @@ import functools
 import pytest
 
 from jaxdp.core import data
-from torch_ref import accounting, models
+from torch_ref import models
+from torch_ref.analysis import accounting
 from torch_ref.launch import launch
 
 from .torch_helpers import BASE, init_for, init_key

@@ -23,7 +23,7 @@ from torch import nn
 import torch_ref
 from jaxdp.core import trace
 from jaxdp.core.spread import is_spread
-from torch_ref.strategies import zero3
+from torch_ref.strategies.zero import zero3
 from torch_ref.trace import Recorder
 
 from .torch_api_ranks import (

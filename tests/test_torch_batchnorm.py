@@ -90,7 +90,7 @@ def test_convert_refuses_in_one_line(call, message):
 
 
 def test_canonical_reduction_takes_a_converted_model():
-    """`reduction='canonical'` (torch_ref/canonical_bn.py) on the converted net, BatchNorm1d included: a
+    """`reduction='canonical'` (torch_ref/canonical/batchnorm.py) on the converted net, BatchNorm1d included: a
     single run equals the native one to roundoff."""
     runs = [_single_run(accum=2, reduction=r) for r in ("native", "canonical")]
     row = parity.judge(*runs, check_config=False)

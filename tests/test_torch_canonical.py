@@ -6,7 +6,7 @@ other values alternate so that every pair of values meets): every array of the t
 parameters, each step) is `np.array_equal` to `single`'s canonical trace. The check can fail: with
 `native`, ddp at N = 4 is *not* bitwise single (only close), and canonical with the tree across ranks
 replaced by a left fold (a wrong association) is not either. A zero2 run checkpointed at N = 2 and
-resumed at N = 4 continues with single's bits. The cnn (sync BatchNorm, torch_ref/canonical_bn.py): the
+resumed at N = 4 continues with single's bits. The cnn (sync BatchNorm, torch_ref/canonical/batchnorm.py): the
 same, running statistics included; in float64 it is native single's BatchNorm gradient (1e-12), and a
 mutant without the passes through the statistics is not. One process group per size runs all its cases
 (tests/torch_canonical_ranks.py): N = 2, then N = 4, in one spawn of 4 processes; N = 1 in this process.
@@ -26,7 +26,8 @@ import torch_ref
 from jaxdp.core.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES, RunConfig
 from jaxdp.core.spread import is_spread
 from torch_ref import canonical as C
-from torch_ref import canonical_bn, launch
+from torch_ref import launch
+from torch_ref.canonical import batchnorm as canonical_bn
 
 from . import torch_canonical_ranks as R
 

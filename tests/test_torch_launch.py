@@ -13,8 +13,8 @@ from jaxdp.core import trace
 from jaxdp.harness import torch_cli as cli
 from jaxdp.harness.torch_run import run
 from torch_ref.launch import RankError
-from torch_ref.train import FAIL_ENV, InjectedFailure
 
+from .torch_faults import InjectedFailure, with_fault
 from .torch_helpers import BASE, as_trace, single
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,7 +25,7 @@ CFG = BASE.replace(steps=2, batch_size=24, optimizer="momentum", clip_norm=0.5)
 
 def _env(**extra):
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra)
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", FAIL_ENV):  # a clean launch, not a torchrun rank
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):  # a clean launch, not a torchrun rank
         env.pop(name, None)
     return env
 
@@ -79,7 +79,10 @@ def test_torchrun_on_two_hosts_gives_each_host_one_shard_group(tmp_path):
 
 
 def test_a_failing_rank_fails_the_run_fast_with_its_error(monkeypatch):
-    monkeypatch.setenv(FAIL_ENV, "1:2")  # rank 1 raises at step 2; rank 0 is then stuck in a collective
+    from torch_ref import train
+
+    monkeypatch.setattr(train, "train_rank", train.train_rank)  # put back after the test
+    with_fault("fail", "1:2")  # rank 1 raises at step 2; rank 0 is then stuck in a collective
     t0 = time.monotonic()
     with pytest.raises(RankError) as info:
         run(BASE.replace(strategy="ddp", devices=2), timeout_s=120, pg_timeout_s=60)
@@ -89,7 +92,10 @@ def test_a_failing_rank_fails_the_run_fast_with_its_error(monkeypatch):
 
 
 def test_cli_reports_a_failing_rank_and_exits_non_zero(monkeypatch, capsys):
-    monkeypatch.setenv(FAIL_ENV, "0:1")
+    from torch_ref import train
+
+    monkeypatch.setattr(train, "train_rank", train.train_rank)  # put back after the test
+    with_fault("fail", "0:1")
     assert cli.main(["train", "--strategy", "ddp-ring", "--devices", "2", *FLAGS]) == 3  # a crashed rank: a failed run
     err = capsys.readouterr().err
     assert "rank 0 failed: InjectedFailure: injected failure on rank 0 at step 1" in err

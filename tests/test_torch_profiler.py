@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 from jaxdp.core import data
-from torch_ref import accounting, models, profiler, train
+from torch_ref import models, train
+from torch_ref.analysis import accounting, profiler
 
 from .torch_helpers import BASE
 

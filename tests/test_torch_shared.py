@@ -1,4 +1,4 @@
-"""zero3's default units with shared parameters (torch_ref/strategies/units.py): Hugging Face's GPT-2
+"""zero3's default units with shared parameters (torch_ref/models/units.py): Hugging Face's GPT-2
 (its head tied to `wte`) and two blocks sharing one weight train under zero3 on 2 ranks as under
 single (every step's loss, gradient and parameters, float64, 1e-10 as tests/test_torch_api.py argues);
 the default units are the decoder layers; units= that split a shared parameter are one line before
@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
-from torch_ref import gpt2 as torch_gpt2
-from torch_ref.strategies import units, zero3
+from torch_ref.models import gpt2 as torch_gpt2
+from torch_ref.models import units
+from torch_ref.strategies.zero import zero3
 
 from .test_torch_api import TOL, worst_error
 from .torch_helpers import world

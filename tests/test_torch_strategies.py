@@ -87,7 +87,8 @@ def test_hsdp_reduce_scatters_in_the_group_then_all_reduces_each_units_shard_acr
 def hsdp_byte_errors(got: dict, cfg, inter_group_theory) -> list[str]:
     """Where torch's counted bytes (what gloo ran, each collective on its process group) differ from the
     theory: by kind, and within / across the groups (`inter_group_theory` gives the bytes across)."""
-    from torch_ref import accounting, models
+    from torch_ref import models
+    from torch_ref.analysis import accounting
 
     shapes = [tuple(p.shape) for p in models.build(cfg, data.load(cfg.data, cfg.seed, cfg.seq_len)).parameters()]
     expected = accounting.theory("hsdp", shapes, cfg.devices, 8, replicas=cfg.replicas, clip=cfg.clip_norm > 0,
@@ -104,7 +105,7 @@ def test_hsdp_bytes_within_and_across_groups_equal_the_theory():
     each collective counted over its own process group (the group of S, the R replicas, the world; the
     clip's norms over the group), equal the theory, within the group and across; a theory with the term
     across over Psi, not Psi / S, fails."""
-    from torch_ref import accounting
+    from torch_ref.analysis import accounting
 
     views = world(4)["hsdp_bytes"]
     got = accounting.summarise(HSDP_BYTES, views)

@@ -14,9 +14,9 @@ from torch import nn
 
 import torch_ref
 from jaxdp.core import data
-from torch_ref import canonical as C
 from torch_ref import launch
-from torch_ref.cnn import CNN
+from torch_ref.canonical import reduce as C
+from torch_ref.models.cnn import CNN
 from torch_ref.trace import Recorder
 
 FEATURES, HIDDEN, CLASSES, ROWS, STEPS, SHARDS = 8, 32, 4, 16, 2, 4  # ROWS per micro-batch: 4 shards of 4

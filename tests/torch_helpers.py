@@ -160,7 +160,7 @@ def run_jobs(rank: int, n: int, jobs: list) -> list:
         elif job[0] == "hsdp_comm":
             out.append([collectives_per_step(rank, n, cfg, job[2]) for cfg in job[1]])
         elif job[0] == "hsdp_bytes":
-            from torch_ref import accounting
+            from torch_ref.analysis import accounting
 
             out.append(accounting.measure_rank(rank, n, job[1], job[2], steps=1, warmup=1))
         elif job[0] in ("keep_gathered", "gpt2_comm"):
@@ -173,7 +173,7 @@ def run_jobs(rank: int, n: int, jobs: list) -> list:
 def ring_errors(rank: int, n: int, sizes) -> dict:
     """Worst |ring - built-in| relative to the built-in's scale, per collective and size."""
     from torch_ref import collectives
-    from torch_ref.strategies.zero2 import all_gather, reduce_scatter  # the built-ins, as zero2 calls them
+    from torch_ref.strategies.zero.zero2 import all_gather, reduce_scatter  # the built-ins, as zero2 calls them
 
     def rel(a, b):
         return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
@@ -205,7 +205,7 @@ def collectives_per_step(rank, n, cfg, init) -> dict:
     """The c10d collectives one optimizer step issues, by profiler event name (second step)."""
     from torch.profiler import ProfilerActivity
 
-    from torch_ref.profiler import profile
+    from torch_ref.analysis.profiler import profile
 
     strategy, x, y = _strategy_and_batch(rank, n, cfg, init)
     strategy.step(x, y)
@@ -221,7 +221,7 @@ def bucket_launches(rank, n, cfg, init) -> dict:
     two worker threads, so two buckets in flight at once may start in either order)."""
     from torch.profiler import ProfilerActivity
 
-    from torch_ref.profiler import profile
+    from torch_ref.analysis.profiler import profile
 
     strategy, x, y = _strategy_and_batch(rank, n, cfg, init)
     strategy.step(x, y)

@@ -45,7 +45,7 @@ def parallelize(model: torch.nn.Module, *, strategy: str, optimizer: Callable, a
     sharded as one group), `replicas` (hsdp: FSDP2 on a (replicate, shard) mesh of R x world / R ranks),
     `hsdp_hosts` (hsdp: "shard", each torchrun host holds whole shard groups, or "replica": whole replica groups).
     `reduction="canonical"` makes the step's bits independent of the number of
-    ranks (torch_ref/canonical.py): `shards` per micro-batch (a power of two the ranks divide; None: the
+    ranks (torch_ref/canonical/reduce.py): `shards` per micro-batch (a power of two the ranks divide; None: the
     default of the global rows per micro-batch). Every rank calls it, inside an initialised process group (none is
     needed for 'single'). Returns (model, optimizer): pass both to `train_step`.
     """

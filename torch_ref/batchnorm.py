@@ -14,7 +14,7 @@ with the biased one; eps 1e-5; affine and track_running_stats as given), whose s
   jaxdp/models/cnn.py compute it. Each all-reduce's backward is an all-reduce of the cotangents, so every
   rank's gradient includes the other ranks' rows' dependence on the shared statistics (what
   SyncBatchNorm's backward all-reduces). Every rank ends the forward with the same running statistics.
-- (`torch_ref.cnn.for_device` still gives the project's `cnn` nn.SyncBatchNorm's kernels on a GPU.)
+- (`torch_ref.models.cnn.for_device` still gives the project's `cnn` nn.SyncBatchNorm's kernels on a GPU.)
 With `sync=False` (or one rank) it is the plain torch layer: each rank its own rows (DDP's default), and
 after each training forward every rank takes rank 0's running statistics (a broadcast: DDP's
 `broadcast_buffers=True`, done here under every strategy, the hand-written ones included, and after the
@@ -23,20 +23,28 @@ forward rather than before the next, so that the ranks agree between steps as ja
 micro-batch), with the same number of rows.
 
 `given(stats)`: a context in which every such layer normalises with *given* statistics instead
-(`reduction="canonical"`, torch_ref/canonical_bn.py): layer l of the forward (call order) takes stats[l],
+(`reduction="canonical"`, torch_ref/canonical/batchnorm.py): layer l of the forward (call order) takes stats[l],
 appends its per-channel partial sums over this call's rows to the context, and touches no running
 statistic; a layer past the given ones (or given a mean only) reports what it can and stops the forward.
 """
 from __future__ import annotations
-
-import contextlib
-import dataclasses
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from jaxdp.core.config import ConfigError
+
+from .models import given as given_mod
+from .models.given import (  # noqa: F401 (re-exported: `torch_ref.batchnorm.given` is documented)
+    Given,
+    Stop,
+    given,
+    given_batch_norm,
+    normalise,
+    per_channel,
+    reduced_dims,
+)
 
 EPS = 1e-5
 MOMENTUM = 0.1
@@ -66,16 +74,6 @@ def distributed() -> bool:
     return dist.is_initialized() and dist.get_world_size() > 1
 
 
-def reduced_dims(x: torch.Tensor) -> tuple:
-    """Every dimension but the channels' (dim 1): (0,) for (N, C), (0, 2, 3) for NCHW."""
-    return (0, *range(2, x.dim()))
-
-
-def per_channel(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """A per-channel vector [C] shaped to broadcast against `x` (N, C, *)."""
-    return v.reshape(-1, *[1] * (x.dim() - 2))
-
-
 class Synced:
     """The forward shared by torch_ref's BatchNorm layers (module docstring); mixed into each torch class."""
 
@@ -86,8 +84,8 @@ class Synced:
         self.sync = sync
 
     def forward(self, x):
-        if _GIVEN:
-            return given_batch_norm(self, _GIVEN[-1], x)
+        if given_mod.current() is not None:
+            return given_batch_norm(self, given_mod.current(), x)
         if not (self.training and distributed()):
             return super().forward(x)
         if self.sync:
@@ -177,13 +175,6 @@ def sync_batch_norm(bn: nn.modules.batchnorm._BatchNorm, x: torch.Tensor) -> tor
     return normalise(bn, centred, var)
 
 
-def normalise(bn: nn.modules.batchnorm._BatchNorm, centred: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
-    out = centred * per_channel(torch.rsqrt(var + bn.eps), centred)
-    if bn.weight is None:
-        return out
-    return out * per_channel(bn.weight, centred) + per_channel(bn.bias, centred)
-
-
 def update_running(bn: nn.modules.batchnorm._BatchNorm, mean: torch.Tensor, var: torch.Tensor, count: int) -> None:
     """new = (1 - m) old + m batch (m = momentum, or 1 / batches seen when None); the variance's batch value
     unbiased from the biased `var` of `count` values. Nothing without running statistics."""
@@ -194,50 +185,3 @@ def update_running(bn: nn.modules.batchnorm._BatchNorm, mean: torch.Tensor, var:
         m = bn.momentum if bn.momentum is not None else 1.0 / float(bn.num_batches_tracked)
         bn.running_mean.mul_(1 - m).add_(m * mean)
         bn.running_var.mul_(1 - m).add_(m * var * (count / (count - 1)))  # unbiased
-
-
-class Stop(Exception):
-    """A `given` forward has reached the layer whose statistic is being computed: nothing after it matters."""
-
-
-@dataclasses.dataclass
-class Given:
-    """`stats`: (mean, var) per layer in call order, the last possibly (mean, None); filled by the forward:
-    `sums` per layer called, (sum z,) or (sum z, sum (z - mean)^2) over this call's rows (N and every
-    dimension after C), z the layer's input in float32 or wider; `counts` (values per channel) and `layers`
-    (the modules, in call order)."""
-    stats: list
-    sums: list = dataclasses.field(default_factory=list)
-    counts: list = dataclasses.field(default_factory=list)
-    layers: list = dataclasses.field(default_factory=list)
-
-
-_GIVEN: list[Given] = []
-
-
-@contextlib.contextmanager
-def given(stats: list):
-    """Every torch_ref BatchNorm forward inside normalises with `stats` (`Given`); yields the `Given` it fills."""
-    ctx = Given(list(stats))
-    _GIVEN.append(ctx)
-    try:
-        yield ctx
-    finally:
-        _GIVEN.remove(ctx)
-
-
-def given_batch_norm(bn: Synced, ctx: Given, x: torch.Tensor) -> torch.Tensor:
-    """`bn` on `x` (N, C, *) with the context's next given statistics (`Given`); raises `Stop` past them."""
-    z = x.to(torch.promote_types(x.dtype, torch.float32))
-    dims = reduced_dims(z)
-    mean, var = ctx.stats[len(ctx.sums)] if len(ctx.sums) < len(ctx.stats) else (None, None)
-    ctx.counts.append(z.numel() // z.shape[1])
-    ctx.layers.append(bn)
-    if mean is None:
-        ctx.sums.append((z.sum(dim=dims),))
-        raise Stop
-    centred = z - per_channel(mean, z)
-    ctx.sums.append((z.sum(dim=dims), centred.square().sum(dim=dims)))
-    if var is None:
-        raise Stop
-    return normalise(bn, centred, var).to(x.dtype)

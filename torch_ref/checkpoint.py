@@ -10,7 +10,7 @@ Layout of `--checkpoint-dir DIR`:
   replicated tensors are written once (DCP de-duplicates them), FSDP2's DTensors shard by shard,
   and ZeroRedundancyOptimizer's state by the rank that owns each parameter. `zero2` keeps its
   optimizer state as shards of one flat vector and saves them as 1-D DTensors of the unpadded length
-  (see `strategies/zero2.py`). DCP reshards on load, so a checkpoint resumes at another world size.
+  (see `strategies/zero/zero2.py`). DCP reshards on load, so a checkpoint resumes at another world size.
 - Atomic: every rank writes into `<step>.partial`; after DCP's save returns (its last phase is a
   collective, so every rank's files are written), rank 0 adds `record.json` and renames the
   directory to `<step>`, then a barrier. A directory named by a step is therefore always complete;

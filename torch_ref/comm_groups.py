@@ -1,4 +1,4 @@
-"""Which process group each collective ran on, for `torch_ref.accounting` (hsdp: a group of S ranks or
+"""Which process group each collective ran on, for `torch_ref.analysis.accounting` (hsdp: a group of S ranks or
 the R replicas of a shard, not the world).
 
 torch.profiler's backend events (`gloo:all_gather`, run on the process group's worker threads) carry

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import time
 from typing import NamedTuple
 
@@ -21,16 +20,10 @@ from jaxdp.core import progress as run_progress  # where the run is, for the lin
 from jaxdp.core.config import ConfigError, RunConfig
 from jaxdp.core.results import NonFiniteLoss, RunResult  # one error type and one result for both frameworks
 
-from . import api, checkpoint, cnn, launch, models, optim, strategies
+from . import api, checkpoint, launch, models, optim, strategies
+from .models import cnn
 from .strategies import finite
 from .trace import Recorder
-
-FAIL_ENV = "TORCH_REF_FAIL_AT"  # "RANK:STEP": that rank raises at that step (tests the failure path)
-INF_ENV = "TORCH_REF_INF_AT"  # "RANK:STEP": that rank's gradient gets an Inf, its loss stays finite (tests the check)
-
-
-class InjectedFailure(RuntimeError):
-    """Raised on purpose by the TORCH_REF_FAIL_AT hook."""
 
 
 def versions() -> dict:
@@ -67,7 +60,7 @@ def configured(module: torch.nn.Module, cfg: RunConfig):
 
 
 class Parallel(NamedTuple):
-    """The CLI's configuration as one handle (what `torch_ref.accounting` and the tests drive), the twin
+    """The CLI's configuration as one handle (what `torch_ref.analysis.accounting` and the tests drive), the twin
     of `jaxdp.api.Parallel`: `step(x, y)` -> {'loss': float, 'grads': {torch name: tensor} when
     return_grads}, and the strategy's (`strategies.common.Strategy`) `full_params`, `wrapped` and
     `checkpoint`."""
@@ -91,56 +84,83 @@ def strategy(module: torch.nn.Module, cfg: RunConfig, return_grads: bool = False
     return Parallel(par.name, step, par.full_params, par.wrapped, par.checkpoint)
 
 
+class Place(NamedTuple):
+    """Where this rank runs: its rank, the world's size, its device."""
+    rank: int
+    world: int
+    device: torch.device
+
+
+def prepare(place: Place, cfg: RunConfig, init: dict[str, np.ndarray]):
+    """(dataset, module, model, optimizer): the data, the model from the JAX side's initial bits on this
+    rank's device, parallelized as `cfg` says, with the non-finite check on its optimizer. The twin of
+    `jaxdp.train.prepare`."""
+    if cfg.dtype != "bfloat16":
+        launch.pin_float32(place.device)
+    dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
+    module = cnn.for_device(models.load_flax(models.build(cfg, dataset).to(place.device), init), place.device)
+    model, optimizer = configured(module, cfg)
+    if cfg.nan_check:  # gradients before optimizer.step(), parameters after it (strategies/finite.py)
+        finite.guard(optimizer, module, strategies.resolve(cfg.strategy))
+    return dataset, module, model, optimizer
+
+
 def train_rank(rank: int, world: int, cfg: RunConfig, init: dict[str, np.ndarray], record: bool,
                device: torch.device | None = None) -> RunResult | None:
     """Train `cfg` as rank `rank` of `world` (the process group is up unless world is 1 and the
     strategy is `single`) through `parallelize` + `train_step` (+ a `Recorder` with `record`, whose
-    arrays go into the result as jaxdp.train.run's `record`). Returns the result on rank 0, None elsewhere."""
-    device = device or launch.rank_device(cfg.platform, rank)
-    if cfg.dtype != "bfloat16":
-        launch.pin_float32(device)
-    dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
-    module = cnn.for_device(models.load_flax(models.build(cfg, dataset).to(device), init), device)
-    model, optimizer = configured(module, cfg)
-    if cfg.nan_check:  # gradients before optimizer.step(), parameters after it (strategies/finite.py)
-        finite.guard(optimizer, module, strategies.resolve(cfg.strategy))
-    start = checkpoint.restore(cfg.checkpoint_dir, api.state_of(model).checkpoint, cfg) if cfg.resume else 0
-    result = RunResult(cfg)  # a resumed run's init/ is what it resumed from
-    result.meta = {"framework": "torch", **cfg.to_dict(), "platform": "gpu" if device.type == "cuda" else "cpu",
-                   "backend": dist.get_backend() if dist.is_initialized() else None, "versions": versions(),
-                   "first_step": start + 1}
-    if cfg.strategy in strategies.TWINS:  # a -jit name: what ran is its twin
-        result.meta["torch_twin"] = strategies.resolve(cfg.strategy)
-    if cfg.strategy == "hsdp":  # which ranks (and hosts) form each shard group: --hsdp-hosts
-        result.meta["hsdp_grid"] = launch.hsdp_grid(module, world)
+    arrays go into the result as jaxdp.train.run's `record`). Returns the result on rank 0, None elsewhere.
+    The twin of `jaxdp.train.run`: prepare -> start -> meta and recorder -> the loop (`_train`)."""
+    place = Place(rank, world, device or launch.rank_device(cfg.platform, rank))
+    dataset, module, model, optimizer = prepare(place, cfg, init)
+    start = _start(cfg, model)
+    result = RunResult(cfg, meta=_meta(cfg, place, module, start))  # a resumed run's init/ is what it resumed from
     recorder = Recorder(None, result.meta, model) if record else None
     if recorder:
         result.meta = recorder.meta  # with what the Recorder declares (`broadcast_buffers`)
         recorder.init()  # every rank: a collective for sharded strategies
-    input_dtype = models.numpy_master_dtype(cfg.dtype)
-    fail_at = _fail_at()
+    _train(cfg, place, dataset, model, optimizer, start, recorder, result)
+    if recorder:
+        result.arrays = recorder.arrays
+        recorder.close(write=False)
+    return result if rank == 0 else None
+
+
+def _start(cfg: RunConfig, model) -> int:
+    """Steps already done: 0, or those of the checkpoint restored with --resume (`run` claimed the folder)."""
+    return checkpoint.restore(cfg.checkpoint_dir, api.state_of(model).checkpoint, cfg) if cfg.resume else 0
+
+
+def _meta(cfg: RunConfig, place: Place, module, start: int) -> dict:
+    """The run's meta: the configuration, platform, backend, versions, first step, and what ran (a -jit
+    name's twin, hsdp's grid)."""
+    meta = {"framework": "torch", **cfg.to_dict(), "platform": "gpu" if place.device.type == "cuda" else "cpu",
+            "backend": dist.get_backend() if dist.is_initialized() else None, "versions": versions(),
+            "first_step": start + 1}
+    if cfg.strategy in strategies.TWINS:  # a -jit name: what ran is its twin
+        meta["torch_twin"] = strategies.resolve(cfg.strategy)
+    if cfg.strategy == "hsdp":  # which ranks (and hosts) form each shard group: --hsdp-hosts
+        meta["hsdp_grid"] = launch.hsdp_grid(module, place.world)
+    return meta
+
+
+def host_batch(cfg: RunConfig, dataset, step: int):
+    """Step `step`'s global batch as the step takes it: float inputs in the master dtype."""
+    x, y = dataset.batch(step, cfg.batch_size)
+    return (x.astype(models.numpy_master_dtype(cfg.dtype)) if np.issubdtype(x.dtype, np.floating) else x), y
+
+
+def _train(cfg: RunConfig, place: Place, dataset, model, optimizer, start: int, recorder, result: RunResult) -> None:
+    """Steps start+1..cfg.steps: batch -> step -> log -> trace -> checkpoint."""
     t0 = t1 = time.perf_counter()
     run_progress.step_done(start)
     for k in range(start + 1, cfg.steps + 1):
         t_step = time.perf_counter()
-        x, y = dataset.batch(k, cfg.batch_size)
-        x = x.astype(input_dtype) if np.issubdtype(x.dtype, np.floating) else x
-        if fail_at == (rank, k):
-            raise InjectedFailure(f"injected failure on rank {rank} at step {k} ({FAIL_ENV})")
-        rows = (data.part_rows(a, rank, world, cfg.accum) for a in (x, y))  # micro-batch j: the same rows as single's
-        xs, ys = (torch.from_numpy(a.astype(np.int64) if a.dtype.kind in "iu" else a).to(device) for a in rows)
-        try:
-            loss = api.train_step(model, optimizer, xs, ys, _loss_fn(rank, k), clip_norm=cfg.clip_norm)
-        except NonFiniteLoss as e:  # a gradient or parameter: before the step is recorded or checkpointed
-            raise NonFiniteLoss(f"{e} at step {k}; nothing of step {k} recorded or checkpointed "
-                                f"({cfg.strategy}, lr {cfg.lr}); lower --lr, set --clip-norm, or pass --no-nan-check "
-                                f"to continue anyway") from None
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        x, y = host_batch(cfg, dataset, k)  # the global batch; this rank steps on its rows of it
+        loss = _step(cfg, place, model, optimizer, (x, y), k)
         result.step_times.append(time.perf_counter() - t_step)
-        if rank == 0 and cfg.nan_check and not math.isfinite(loss):
-            raise NonFiniteLoss(f"loss is {loss} at step {k} ({cfg.strategy}, lr {cfg.lr}); lower --lr, "
-                                f"set --clip-norm, or pass --no-nan-check to continue anyway")
+        if place.rank == 0 and cfg.nan_check:
+            check_finite(cfg, k, loss)
         result.losses.append(loss)
         if recorder:
             recorder.step(k, loss, x, y)  # every rank: a collective for sharded strategies
@@ -154,10 +174,29 @@ def train_rank(rank: int, world: int, cfg: RunConfig, init: dict[str, np.ndarray
             result.first_step_s = t1 - t0
     if cfg.steps - start > 1:
         result.steps_per_s = (cfg.steps - start - 1) / max(time.perf_counter() - t1, 1e-9)
-    if recorder:
-        result.arrays = recorder.arrays
-        recorder.close(write=False)
-    return result if rank == 0 else None
+
+
+def _step(cfg: RunConfig, place: Place, model, optimizer, batch: tuple, k: int) -> float:
+    """One step on this rank's rows of the global `batch` (micro-batch j: the same rows as single's)."""
+    rows = (data.part_rows(a, place.rank, place.world, cfg.accum) for a in batch)
+    xs, ys = (torch.from_numpy(a.astype(np.int64) if a.dtype.kind in "iu" else a).to(place.device) for a in rows)
+    try:
+        loss = api.train_step(model, optimizer, xs, ys, cross_entropy, clip_norm=cfg.clip_norm)
+    except NonFiniteLoss as e:  # a gradient or parameter: before the step is recorded or checkpointed
+        raise NonFiniteLoss(f"{e} at step {k}; nothing of step {k} recorded or checkpointed "
+                            f"({cfg.strategy}, lr {cfg.lr}); lower --lr, set --clip-norm, or pass --no-nan-check "
+                            f"to continue anyway") from None
+    if place.device.type == "cuda":
+        torch.cuda.synchronize(place.device)
+    return loss
+
+
+def check_finite(cfg: RunConfig, k: int, loss: float) -> None:
+    """Raise NonFiniteLoss (exit 3) naming step `k` when the loss is NaN or Inf (the gradients and the
+    parameters are checked on the optimizer: strategies/finite.py)."""
+    if not math.isfinite(loss):
+        raise NonFiniteLoss(f"loss is {loss} at step {k} ({cfg.strategy}, lr {cfg.lr}); lower --lr, "
+                            f"set --clip-norm, or pass --no-nan-check to continue anyway")
 
 
 def run(cfg: RunConfig, trace_path=None, record: bool | None = None, timeout_s: float = 3600.0,
@@ -233,18 +272,3 @@ def summary(result: RunResult) -> str:
             f"{cfg.model}/{cfg.data}, {cfg.dtype}: {cfg.steps} steps, loss {result.losses[0]:.4f} -> "
             f"{result.losses[-1]:.4f}, first step {result.first_step_s:.2f}s, {result.steps_per_s:.1f} steps/s after")
 
-
-def _loss_fn(rank: int, k: int):
-    """cross_entropy; on the INF_ENV hook's rank and step, plus a term whose value is 0 and whose gradient is
-    Inf (sqrt at 0): a finite loss with a non-finite gradient."""
-    if _fail_at(INF_ENV) != (rank, k):
-        return cross_entropy
-    return lambda out, y: cross_entropy(out, y) + torch.sqrt(out[0, 0] - out[0, 0].detach())
-
-
-def _fail_at(env: str = FAIL_ENV) -> tuple[int, int] | None:
-    spec = os.environ.get(env)
-    if not spec:
-        return None
-    rank, step = spec.split(":")
-    return int(rank), int(step)

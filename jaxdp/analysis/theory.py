@@ -1,6 +1,6 @@
 """Communication theory for jaxdp's compiled steps: the bytes each device sends per step by the textbook
 algorithms (ring collectives), by kind, set against what `jaxdp.analysis.accounting` reads from the compiled
-HLO. The twin of torch_ref/theory.py; conventions in `jaxdp.analysis.accounting.collectives`. Re-exported by
+HLO. The twin of torch_ref/analysis/theory.py; conventions in `jaxdp.analysis.accounting.collectives`. Re-exported by
 `jaxdp.analysis.accounting` (its callers name it there)."""
 from __future__ import annotations
 

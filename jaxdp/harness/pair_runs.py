@@ -29,7 +29,7 @@ def _torch_job(rank: int, n: int, cfg, init, mutation, kind: str, device=None):
 
     with _injected("torch", mutation):
         if kind == "dtypes":
-            from torch_ref.mutations import collective_dtypes
+            from .mutations.torch_bugs import collective_dtypes
 
             return collective_dtypes(rank, n, cfg, init)
         return train_rank(rank, n, cfg, init, True, device=device)
@@ -42,7 +42,7 @@ def _torch_jobs(rank: int, n: int, jobs: list) -> list:
 def run_torch(cfgs: list, timeout_s: float = 900.0) -> dict:
     """{item: result} for a list of items, each a RunConfig, or (RunConfig, mutation name or None)
     or (RunConfig, mutation, kind): kind 'train' (the default) gives the torch_ref RunResult of
-    rank 0, 'dtypes' every rank's `torch_ref.mutations.collective_dtypes` (N > 1 only)."""
+    rank 0, 'dtypes' every rank's `mutations.torch_bugs.collective_dtypes` (N > 1 only)."""
     import torch.distributed as dist
 
     from torch_ref import launch

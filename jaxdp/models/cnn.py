@@ -1,5 +1,5 @@
 """`cnn`: conv 3x3 -> BatchNorm -> ReLU -> conv 3x3 -> BatchNorm -> ReLU -> global average pool ->
-dense, on 8x8 single-channel images (the `digits` rows, reshaped NHWC; torch_ref/cnn.py is NCHW).
+dense, on 8x8 single-channel images (the `digits` rows, reshaped NHWC; torch_ref/models/cnn.py is NCHW).
 The convolutions have no bias by default, as is usual before BatchNorm: its mean subtraction cancels
 a bias exactly, so a bias's gradient is rounding noise only, which Adam's normalisation turns into
 updates that differ by O(1) relative between strategies (seen: 2.4 against `single`; absolute ~1e-16).
@@ -89,7 +89,7 @@ class BatchNorm(nnx.Module):
 
 
 class CNN(nnx.Module):
-    """conv1 -> bn1 -> relu -> conv2 -> bn2 -> relu -> mean over H, W -> head (torch_ref/cnn.py's names)."""
+    """conv1 -> bn1 -> relu -> conv2 -> bn2 -> relu -> mean over H, W -> head (torch_ref/models/cnn.py's names)."""
 
     def __init__(self, channels, n_classes: int, *, batchnorm: str = "sync", conv_bias: bool = False,
                  param_dtype, dtype, rngs: nnx.Rngs):

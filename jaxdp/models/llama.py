@@ -8,7 +8,7 @@ a final `norm` and an untied `lm_head`. No biases, no dropout. Initialisation as
 `LlamaConfig` (initializer_range 0.02): normal(0.02) for every Linear and the embedding, RMSNorm
 scales ones.
 
-Options for the family's variants (same names in torch_ref/llama.py; `torch_ref.llama.config_kwargs`
+Options for the family's variants (same names in torch_ref/models/llama.py; `torch_ref.models.llama.config_kwargs`
 reads them from a transformers config): `qkv_bias=True` gives q/k/v_proj a bias (Qwen2; zeros at
 init); `tie_embeddings=True` drops `lm_head`, the head being `embed_tokens` transposed (one
 parameter, two uses); `rope_theta`, `rms_eps` (defaults 1e4, 1e-6); `padding_idx=p` as torch's
@@ -22,7 +22,7 @@ the two halves of each head (transformers' `rotate_half`, not interleaved pairs)
 
 Precision: the rotary angles, their cos and sin are computed in the run's precision (float64 in
 float64 runs, float32 otherwise: bf16 runs take fp32 angles, then cast cos and sin to bf16), the
-same way in torch_ref/llama.py, so the two frameworks agree to roundoff in float64. transformers
+same way in torch_ref/models/llama.py, so the two frameworks agree to roundoff in float64. transformers
 computes them in float32 whatever the model's dtype (and its RMSNorm and softmax too): docs/LLAMA.md.
 bf16: softmax and RMSNorm's statistics in fp32, as gpt2.
 

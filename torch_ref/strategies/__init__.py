@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from jaxdp.core.config import ALIASES, FRAMEWORK_STRATEGIES, ConfigError
 
-from . import bucket, ddp, dp, hsdp, naive, ring, single, zero1, zero2, zero3
-from .canonical_step import Canonical
-from .common import Options, Strategy
+from ..canonical.step import Canonical
+from . import bucket, ddp, dp, hsdp, naive, ring, single
+from .common import Strategy, StrategyOptions
+from .zero import zero1, zero2, zero3
 
 FACTORIES = {
     "single": single.make,
@@ -58,13 +59,13 @@ def twin_note(name: str) -> str | None:
 def build(name: str, model, optimizer, accum: int = 1, reduction: str = "native", shards: int | None = None,
           **options) -> Strategy:
     """Wrap `model` for strategy `name` with the optimizer factory `optimizer`; every rank calls it.
-    `reduction="canonical"`: the strategy's step is the canonical one (`canonical_step.Canonical`)."""
+    `reduction="canonical"`: the strategy's step is the canonical one (`canonical.step.Canonical`)."""
     name = resolve(name)
     unknown = sorted(set(options) - set(OPTIONS[name]))
     if unknown:
         takes = ", ".join(OPTIONS[name]) or "none"
         raise ConfigError(f"strategy {name!r} takes no option {', '.join(map(repr, unknown))}; its options: {takes}")
-    par = FACTORIES[name](model, optimizer, Options(accum=accum, reduction=reduction, shards=shards, **options))
+    par = FACTORIES[name](model, optimizer, StrategyOptions(accum=accum, reduction=reduction, shards=shards, **options))
     if reduction == "canonical":
         par.canonical = Canonical(par, shards)
     return par
@@ -77,4 +78,5 @@ def options_of(cfg) -> dict:
     return {k: values[k] for k in OPTIONS[resolve(cfg.strategy)] if k in values}
 
 
-__all__ = ["FACTORIES", "OPTIONS", "Options", "Strategy", "TWINS", "build", "options_of", "resolve", "twin_note"]
+__all__ = ["FACTORIES", "OPTIONS", "TWINS", "Strategy", "StrategyOptions", "build", "options_of", "resolve",
+           "twin_note"]

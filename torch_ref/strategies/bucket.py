@@ -23,8 +23,8 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import optim
+from ..canonical.step import REPLICATED
 from . import common
-from .canonical_step import REPLICATED
 from .common import Strategy, make_strategy
 
 MB = 2 ** 20

@@ -4,7 +4,7 @@ gradients with accumulation, the one `no_sync`, and small helpers. A strategy wr
 builds its optimizer (as torchtitan's `apply_ddp` / `apply_fsdp` do) and returns a `Strategy`, the
 torch twin of `jaxdp.strategies.common.Strategy`; the strategies differ only in their hooks
 (`no_sync`, `sync`, `reduce_loss`, `full_grads`, `update`, `full_params`) and, under
-`reduction="canonical"`, in the `canonical_parts` they declare (strategies/canonical_step.py).
+`reduction="canonical"`, in the `canonical_parts` they declare (torch_ref/canonical/step.py).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from .. import optim
 from ..checkpoint import ModelOptimizer
 
 
-class Options(NamedTuple):
+class StrategyOptions(NamedTuple):
     """What a strategy is built with besides the model and the optimizer factory."""
     accum: int = 1
     bucket_mb: float = 25.0  # ddp, zero1 (DDP's bucket_cap_mb), ddp-bucket
@@ -30,7 +30,7 @@ class Options(NamedTuple):
     units: list | None = None  # zero3: the submodules (or lists of them) sharded one by one
     replicas: int = 1  # hsdp: R groups of N / R ranks (zero3 within a group, replicated across)
     hsdp_hosts: str = "shard"  # hsdp: a host holds whole shard groups ("shard") or whole replica groups
-    reduction: str = "native"  # "canonical": the same bits on any N (strategies/canonical_step.py)
+    reduction: str = "native"  # "canonical": the same bits on any N (torch_ref/canonical/step.py)
     shards: int | None = None  # canonical: shards per micro-batch (None: the default)
 
 
@@ -63,7 +63,7 @@ class Strategy:
     - `update(clip_norm)`: clip (torch's clip_grad_norm_ semantics), step, clear the gradients;
     - `full_params()`: {torch name: full tensor}, a collective under sharding: every rank calls it.
     `checkpoint` is the DCP Stateful `torch_ref.checkpoint` saves: the model and this rank's optimizer.
-    `canonical_parts` is what the strategy declares for `reduction="canonical"` (a `canonical_step.Parts`).
+    `canonical_parts` is what the strategy declares for `reduction="canonical"` (a `canonical.step.Parts`).
     """
     name: str
     model: torch.nn.Module
@@ -81,8 +81,8 @@ class Strategy:
     return_grads: bool = False  # a Recorder is attached: keep each step's averaged gradient (jaxdp's name)
     grads: dict | None = None  # the last step's, when kept
     rows_checked: bool = False  # the first step checked that every rank got the same rows
-    canonical_parts: object = None  # the strategy's part of the canonical step (canonical_step.Parts)
-    canonical: object = None  # reduction='canonical': its step (canonical_step.Canonical) replaces train's
+    canonical_parts: object = None  # the strategy's part of the canonical step (canonical.step.Parts)
+    canonical: object = None  # reduction='canonical': its step (canonical.step.Canonical) replaces train's
 
     def __post_init__(self):
         if self.reduce_loss is None:

@@ -25,8 +25,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from .. import batchnorm
-from .. import canonical as C
-from .canonical_step import Parts, update_replicated
+from ..canonical import reduce as C
+from ..canonical.step import Parts, update_replicated
 from .common import Strategy, make_strategy
 
 

@@ -8,23 +8,23 @@ removed. The traced gradient is true on rank 0; the global loss is broadcast wit
 (one more scalar).
 
 Canonical: every rank's partial sums are *gathered* to the server, which runs the tree across ranks,
-clips and steps (`sync_canonical`, `update_canonical`); the new parameters are broadcast from it.
+clips and steps (`canonical_sync`, `canonical_update`); the new parameters are broadcast from it.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from .. import canonical as C
 from .. import optim
+from ..canonical import reduce as C
+from ..canonical.step import Parts, clip_, plain_backward
 from ..checkpoint import ModelOptimizer
-from .canonical_step import Parts, clip_, plain_backward
 from .common import Strategy, grads_of, make_strategy
 
 SERVER = 0
 
 
-def sync_canonical(c, grads: torch.Tensor) -> None:
+def canonical_sync(c, grads: torch.Tensor) -> None:
     """The partial sums are gathered to the server, which runs the tree across ranks."""
     if c.world > 1:
         gathered = [torch.empty_like(grads) for _ in range(c.world)] if c.rank == SERVER else None
@@ -34,7 +34,7 @@ def sync_canonical(c, grads: torch.Tensor) -> None:
         C.set_grads(c.params, C.finish(grads, c.s, c.par.accum))
 
 
-def update_canonical(c, clip_norm: float) -> None:
+def canonical_update(c, clip_norm: float) -> None:
     """The server clips and steps; the new parameters are broadcast from it."""
     if c.rank == SERVER:
         clip_(c, clip_norm)
@@ -45,7 +45,7 @@ def update_canonical(c, clip_norm: float) -> None:
             dist.broadcast(p, src=SERVER)
 
 
-CANONICAL = Parts(plain_backward, sync_canonical, update_canonical)
+CANONICAL = Parts(plain_backward, canonical_sync, canonical_update)
 
 
 def make(model, optimizer, opts) -> Strategy:

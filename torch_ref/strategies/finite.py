@@ -3,7 +3,8 @@ jaxdp/strategies/finite.py: hooks on the optimizer (`guard`) check, in one reduc
 tensor's largest magnitude, in which NaN and Inf propagate and no finite value overflows), the gradients the
 optimizer is about to use, before `optimizer.step()` (a NaN or Inf one: the step does not run), and the
 parameters it wrote, after it (a NaN or Inf one: the run stops before the step is recorded or checkpointed).
-Where ranks hold different shards (zero2's flat shard, zero3's and hsdp's DTensors), the per-tensor flags are
+Where ranks hold different shards (a layout row's `shards_grads`: zero2's flat shard, zero3's and hsdp's
+DTensors), the per-tensor flags are
 all-reduced (one small MAX) so that every rank stops together; elsewhere every rank that steps holds the same
 values. The tensor is named only when a flag is set. The train loop adds the step (torch_ref/train.py).
 """
@@ -14,7 +15,7 @@ import torch.distributed as dist
 
 from jaxdp.core.results import NonFiniteLoss
 
-SHARDED = ("zero2", "zero3", "fsdp", "hsdp")  # ranks hold different shards of what the optimizer steps
+from .zero import layout as zero_layout
 
 
 def flags(tensors, sharded: bool) -> torch.Tensor:
@@ -47,7 +48,7 @@ def nonfinite_names(bad: torch.Tensor, tensors, module, what: str) -> list[str]:
 
 def guard(optimizer: torch.optim.Optimizer, module: torch.nn.Module, strategy: str) -> None:
     """Register the checks on `optimizer` (which steps `module`'s parameters, or a strategy's shard of them)."""
-    sharded = strategy in SHARDED
+    sharded = zero_layout.of(strategy).shards_grads  # ranks hold different shards of what the optimizer steps
 
     def check(tensors, what: str) -> None:
         bad = flags(tensors, sharded) if tensors else None

@@ -1,6 +1,6 @@
 """`hsdp`: hybrid sharding, FSDP2 as a user writes it: `fully_shard(..., mesh=init_device_mesh(device,
 (R, S), mesh_dim_names=("replicate", "shard")))` on each unit and the root, the units and the shared
-parameters as zero3's (`zero3.py`, `units.py`), N = R x S ranks.
+parameters as zero3's (`zero/zero3.py`, `torch_ref/models/units.py`), N = R x S ranks.
 
 FSDP2 shards each parameter along dim 0 over the "shard" dimension (a group of S consecutive ranks:
 rank r S + s is row r, column s) and replicates the shards over "replicate". Each unit's all-gathers run
@@ -23,8 +23,8 @@ from jaxdp.core import hsdp_hosts
 from jaxdp.core.config import ConfigError
 
 from .. import launch
-from . import zero3
 from .common import Strategy
+from .zero import zero3
 
 
 def make(model, optimizer, opts) -> Strategy:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch import nn
 
+from ..canonical.step import REPLICATED
 from . import common
-from .canonical_step import REPLICATED
 from .common import Strategy, make_strategy
 
 

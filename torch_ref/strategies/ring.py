@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..canonical.step import REPLICATED
 from ..collectives import ring_all_reduce
-from .canonical_step import REPLICATED
 from .common import Strategy, flatten, make_strategy, unflatten_into
 
 CANONICAL = REPLICATED._replace(ring=True)

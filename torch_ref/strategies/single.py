@@ -1,7 +1,7 @@
 """`single`: one process, the whole global batch, plain torch. The oracle every strategy must equal."""
 from __future__ import annotations
 
-from .canonical_step import REPLICATED
+from ..canonical.step import REPLICATED
 from .common import Strategy, make_strategy
 
 

@@ -67,9 +67,9 @@ def inject(framework: str, name: str):
         from . import jax_bugs
 
         return _patched(jax_bugs.PATCHES[name]())
-    from torch_ref import mutations
+    from . import torch_bugs
 
-    return _patched(mutations.PATCHES[name]())
+    return _patched(torch_bugs.PATCHES[name]())
 
 
 @contextlib.contextmanager

@@ -4,7 +4,7 @@ its bug, the honest references it is judged against, and reports which checks ca
   strategy  `parity.judge` against `single` of the same framework and dtype (the strategy tests' check)
   parity    `parity.judge` against the other framework's honest run of the same strategy
   program   the reduction's dtype: jaxdp's compiled HLO collectives, torch's process-group tensors
-            (`torch_ref.mutations.collective_dtypes`): a float type narrower than the master dtype
+            (`torch_bugs.collective_dtypes`): a float type narrower than the master dtype
   replicas  jaxdp's replica consistency after each step (`checks.replica_mismatches`)
 
 and, as controls, whether the honest run passes each check it ran (a check that fails honest runs

@@ -184,7 +184,7 @@ def _table_md(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _notes(summary) -> list[str]:
-    """NOTES, then the torch side's own notes (`torch_ref.accounting`), each once."""
+    """NOTES, then the torch side's own notes (`torch_ref.analysis.accounting`), each once."""
     torch_notes = sorted({n for s in summary["strategies"] for n in s["frameworks"]["torch"].get("notes", [])})
     return NOTES + [f"torch: {n}" for n in torch_notes]
 

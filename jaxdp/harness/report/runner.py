@@ -71,16 +71,17 @@ def jax_accounting(cfg: RunConfig) -> dict:
 
 def _torch_side(rank: int, n: int, jobs: list) -> list:
     """In each spawned rank: train every configuration (for its trace and step times), then measure
-    its communication and memory (torch_ref.accounting), all in one world."""
-    from torch_ref import accounting
+    its communication and memory (torch_ref.analysis.accounting), all in one world."""
+    from torch_ref.analysis import accounting
     from torch_ref.train import train_rank
 
     return [(train_rank(rank, n, cfg, init, True), accounting.measure_rank(rank, n, cfg, init)) for cfg, init in jobs]
 
 
 def run_torch_side(cfgs: list[RunConfig], timeout_s: float = 900.0) -> dict:
-    """{cfg: (torch_ref RunResult, torch_ref.accounting summary)}: one spawned world of N ranks."""
-    from torch_ref import accounting, launch
+    """{cfg: (torch_ref RunResult, torch_ref.analysis.accounting summary)}: one spawned world of N ranks."""
+    from torch_ref import launch
+    from torch_ref.analysis import accounting
 
     from ... import models
     from ...core import data

@@ -10,7 +10,7 @@ the parameters where the loss uses them and reduces the gradient into the parame
   reduced once per step into the shards (`step.sum_devices`: a reduce-scatter's bytes); the update runs
   on the shards and nothing is gathered after it. The gather does not depend on the micro-batch, so XLA
   may hoist it out of the loop (measured on XLA:CPU: it does; docs/STRATEGIES.md).
-The twin: torch FSDP2, `fully_shard` (`torch_ref/strategies/zero3.py`), dim-0 shards per unit.
+The twin: torch FSDP2, `fully_shard` (`torch_ref/strategies/zero/zero3.py`), dim-0 shards per unit.
 """
 from __future__ import annotations
 

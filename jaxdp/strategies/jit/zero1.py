@@ -9,7 +9,7 @@ program does inside is the partitioner's (`auto`) or the body's (`explicit`).
   straight into the optimizer state's layout (`step.sum_devices`: a reduce-scatter's bytes), the update
   run on the shards (the parameters sliced where they are replicated: no communication), the updated
   shards all-gathered into the replicated parameters (`reshard`).
-The twin: torch ZeroRedundancyOptimizer over DDP (`torch_ref/strategies/zero1.py`), which partitions whole
+The twin: torch ZeroRedundancyOptimizer over DDP (`torch_ref/strategies/zero/zero1.py`), which partitions whole
 parameters over ranks instead of splitting each (docs/STRATEGIES.md).
 """
 from __future__ import annotations

@@ -9,7 +9,7 @@ each block, and the final LayerNorm with the head as one group; for the CNN each
 BatchNorm, then the head (the root owns no parameter of its own); for any other model each block of
 its outermost `nn.ModuleList`s (HF GPT-2's `transformer.h`, Llama's `model.layers`), else each direct
 child that owns parameters, then the root; a parameter shared by two units (a tied head) is left to
-the root, and `units=` that split one are an error (`units.py`). Every parameter
+the root, and `units=` that split one are an error (`torch_ref/models/units.py`). Every parameter
 becomes a DTensor sharded along dim 0 over a 1-D device mesh (a CPU mesh with gloo, a CUDA mesh with
 NCCL); parameters, gradients and optimizer state are all 1/N per rank. Each unit's parameters are
 all-gathered just before its forward and freed after it, and with `reshard_after_forward=True`
@@ -25,7 +25,7 @@ after the step's last shard backward (`install_units`, `canonical.UnitReduce`); 
 canonical norm of the gathered gradient. With BatchNorm, FSDP2 cannot run canonical_bn's many passes
 over one graph: they run on a plain twin of the model (a deepcopy taken before FSDP2 shards it)
 holding the gathered parameters (one all-gather per parameter per step), and the canonical
-reduce-scatter runs on FSDP2's layout into the DTensor gradients (`sync_canonical`).
+reduce-scatter runs on FSDP2's layout into the DTensor gradients (`canonical_grads`).
 """
 from __future__ import annotations
 
@@ -40,18 +40,21 @@ from torch.distributed.tensor import DTensor
 from jaxdp.core.config import ConfigError
 from jaxdp.core.hsdp_hosts import grid_order
 
-from .. import canonical as C
-from .. import canonical_bn, cnn, gpt2, llama, models
-from . import canonical_step, common
-from . import units as shared_units
-from .common import Strategy, make_strategy
+from ... import models
+from ...canonical import batchnorm as canonical_bn
+from ...canonical import reduce as C
+from ...canonical import step as canonical_step
+from ...models import cnn, gpt2, llama
+from ...models import units as shared_units
+from .. import common
+from ..common import Strategy, make_strategy
 
 
 def units_of(model) -> list[list]:
     """The groups FSDP shards one by one by default, in forward order: for jaxdp's models its units
     (the MLP's Linear layers; the GPT's embeddings, blocks, and final LayerNorm with the head); for
     any other model each block of its `nn.ModuleList`s (a model library's decoder layers), else each
-    direct child that owns parameters, with every shared parameter left to the root (`units.py`)."""
+    direct child that owns parameters, with every shared parameter left to the root (`models/units.py`)."""
     if isinstance(model, models.GPT):
         return [[model.tok_embed, model.pos_embed], *([b] for b in model.blocks), [model.ln_f, model.head]]
     if isinstance(model, gpt2.GPT2):  # the tied wte in no unit: the root's (gathered once per step)
@@ -160,7 +163,7 @@ def backward(c, x, y, loss_fn) -> torch.Tensor:
 
 def backward_bn(c, x, y, loss_fn) -> torch.Tensor:
     """Canonical with BatchNorm: the gathered parameters into the twin (a collective: every parameter
-    gathered once per step), then `canonical_bn`'s passes on it and `sync_canonical`."""
+    gathered once per step), then `canonical_bn`'s passes on it and `canonical_grads`."""
     full = c.par.full_params()
     with torch.no_grad():
         for name, p in c.parts.twin.named_parameters():
@@ -168,7 +171,7 @@ def backward_bn(c, x, y, loss_fn) -> torch.Tensor:
     return canonical_step.bn_backward(c, x, y, loss_fn, c.parts.twin)
 
 
-def sync_canonical(c, grads: torch.Tensor) -> None:
+def canonical_grads(c, grads: torch.Tensor) -> None:
     """Canonical with BatchNorm: the canonical reduce-scatter of FSDP2's layout (each parameter's dim-0
     chunks of ceil(rows / N), rank-major, as its reduce-scatter takes them): this rank's chunks as the
     DTensor grads."""
@@ -183,7 +186,7 @@ def sync_canonical(c, grads: torch.Tensor) -> None:
                                     shape=p.shape, stride=p.stride(), run_check=False)
 
 
-def update_canonical(c, clip_norm: float) -> None:
+def canonical_update(c, clip_norm: float) -> None:
     """Clip the DTensor gradients by the canonical norm of their full values; then FSDP2's own update."""
     if clip_norm > 0:
         grads = [p.grad for p in c.par.model.parameters()]
@@ -193,5 +196,5 @@ def update_canonical(c, clip_norm: float) -> None:
     c.par.update(0.0)
 
 
-CANONICAL = canonical_step.Parts(backward, sync_canonical, update_canonical, backward_bn=backward_bn,
+CANONICAL = canonical_step.Parts(backward, canonical_grads, canonical_update, backward_bn=backward_bn,
                                  first_step=install_units)

@@ -7,12 +7,12 @@ All parameters are viewed as one flat vector, zero-padded to a multiple of N and
 shards; rank i owns shard i. Each rank keeps a master copy of its shard (`main_param`) and a torch
 optimizer over that shard alone, so its optimizer state is 1/N of the whole. A step:
 1. local gradients, accumulated without communication;
-2. `reduce_scatter` of the flat gradient, divided by N first (pre-divide): each rank keeps only its
-   shard of the mean gradient (`main_param.grad`) and frees the full one;
-3. clipping by the norm of the *whole* gradient (the all-reduced sum of the shards' squares), applied
-   with torch.nn.utils.clip_grads_with_norm_, the sharded form of clip_grad_norm_;
-4. the optimizer step on the shard;
-5. `all_gather` of the updated shards into every rank's full parameters.
+2. `grads`: `reduce_scatter` of the flat gradient (`flat.padded_flat`), divided by N first (pre-divide):
+   each rank keeps only its shard of the mean gradient (`main_param.grad`) and frees the full one;
+3. `step.update` (the twin of JAX's `zero/step.py`): clipping by the norm of the *whole* gradient (the
+   all-reduced sum of the shards' squares), applied with torch.nn.utils.clip_grads_with_norm_, the
+   sharded form of clip_grad_norm_; the optimizer step on the shard; then, as the row `layout.ZERO2`
+   says, `step.gather`: `all_gather` of the updated shards into every rank's full parameters.
 On gloo a reduce-scatter is an all-reduce plus a local chunk (twice the bytes of a true one).
 
 Checkpoints (`ShardState`): the replicated parameters by name, and the optimizer state as it lives,
@@ -32,69 +32,54 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .. import canonical as C
-from ..checkpoint import materialise
-from ..collectives import all_gather, reduce_scatter
-from .canonical_step import Parts, plain_backward
-from .common import Strategy, flatten, params_of, unflatten_into
+from ...canonical import reduce as C
+from ...canonical.step import Parts, plain_backward
+from ...checkpoint import materialise
+from ...collectives import all_gather, reduce_scatter
+from ..common import Strategy, params_of
+from . import step
+from .flat import my_shard, padded_flat
+from .layout import ZERO2
+from .step import FlatShard
 
 
-def padded_flat(tensors, n: int) -> torch.Tensor:
-    flat = flatten(tensors)
-    return torch.nn.functional.pad(flat, (0, -flat.numel() % n))
+def grads(shard: FlatShard, n: int) -> None:
+    """After the last backward: the flat gradient / N reduce-scattered, this rank's shard of the mean as
+    `main_param.grad`; the full gradients freed (only the shard stays)."""
+    shard.main_param.grad = reduce_scatter(padded_flat([p.grad for p in shard.params], n) / n)
+    for p in shard.params:
+        p.grad = None
 
 
-def sync_canonical(main_param: nn.Parameter, c, grads: torch.Tensor) -> None:
-    """The canonical reduce-scatter of the padded flat layout: this rank's shard as `main_param.grad`."""
+def canonical_grads(shard: FlatShard, c, grads: torch.Tensor) -> None:
+    """`grads` under reduction="canonical": the canonical reduce-scatter of the padded flat layout."""
     padded = torch.nn.functional.pad(grads, (0, -grads.numel() % c.world))
-    main_param.grad = C.finish(C.tree_scatter(padded), c.s, c.par.accum)
+    shard.main_param.grad = C.finish(C.tree_scatter(padded), c.s, c.par.accum)
 
 
-def update_canonical(main_param: nn.Parameter, c, clip_norm: float) -> None:
+def canonical_update(shard: FlatShard, c, clip_norm: float) -> None:
     """Clip the shard by the canonical norm of the whole (gathered) gradient; then zero2's own update."""
-    shard = main_param.grad
+    g = shard.main_param.grad
     if clip_norm > 0:
-        full = all_gather(shard)[:sum(p.numel() for p in c.params)]
-        shard.mul_(C.clip_coef(full.split([p.numel() for p in c.params]), clip_norm))
+        full = all_gather(g)[:shard.numel]
+        g.mul_(C.clip_coef(full.split([p.numel() for p in shard.params]), clip_norm))
     c.par.update(0.0)
 
 
 def make(model, optimizer, opts) -> Strategy:
     n, rank = dist.get_world_size(), dist.get_rank()
     names, params = zip(*model.named_parameters(), strict=True)
-    numel = sum(p.numel() for p in params)
     with torch.no_grad():
-        flat = padded_flat(params, n)
-    shard_size = flat.numel() // n
-    main_param = nn.Parameter(flat[rank * shard_size:(rank + 1) * shard_size].clone())  # this rank's master shard
+        main_param = nn.Parameter(my_shard(padded_flat(params, n), n, rank).clone())  # this rank's master shard
+    shard = FlatShard(main_param, names, params, sum(p.numel() for p in params))
     built = optimizer([main_param])
-
-    def sync():
-        main_param.grad = reduce_scatter(padded_flat([p.grad for p in params], n) / n)
-        model.zero_grad(set_to_none=True)  # only the shard of the gradient stays
-
-    def full_grads():  # the trace wants the full gradient: gather it (extra traffic, only when tracing)
-        full = all_gather(main_param.grad)[:numel]
-        return {name: g for name, g in zip(names, _split(full, params), strict=True)}
-
-    def clip_shard_(max_norm: float) -> None:
-        if max_norm > 0:
-            sum_sq = main_param.grad.square().sum()
-            dist.all_reduce(sum_sq)  # the whole gradient's norm, never the shard's
-            torch.nn.utils.clip_grads_with_norm_([main_param], max_norm, sum_sq.sqrt())
-
-    def update(clip_norm):
-        clip_shard_(clip_norm)
-        built.step()
-        built.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            unflatten_into(all_gather(main_param.detach())[:numel], params)
-
-    canonical = Parts(plain_backward, functools.partial(sync_canonical, main_param),
-                      functools.partial(update_canonical, main_param))
-    return Strategy("zero2", model, model, built, opts.accum, update=update, sync=sync, full_grads=full_grads,
+    canonical = Parts(plain_backward, functools.partial(canonical_grads, shard),
+                      functools.partial(canonical_update, shard))
+    return Strategy("zero2", model, model, built, opts.accum, sync=functools.partial(grads, shard, n),
+                    update=functools.partial(step.update, ZERO2, shard, built),
+                    full_grads=functools.partial(step.full_grads, shard),
                     full_params=lambda: params_of(model), wrapped=built,
-                    checkpoint=ShardState(model, main_param, built, numel), canonical_parts=canonical)
+                    checkpoint=ShardState(model, main_param, built, shard.numel), canonical_parts=canonical)
 
 
 class ShardState:
@@ -126,8 +111,8 @@ class ShardState:
         params = list(self.model.parameters())
         for p, (name, _) in zip(params, self.model.named_parameters(), strict=False):
             p.copy_(sd["model"][name])
-        n, rank, size = dist.get_world_size(), dist.get_rank(), self.main_param.numel()
-        self.main_param.copy_(padded_flat(params, n)[rank * size:(rank + 1) * size])  # the master shard = the params'
+        n, rank = dist.get_world_size(), dist.get_rank()
+        self.main_param.copy_(my_shard(padded_flat(params, n), n, rank))  # the master shard = the params'
         state = self.optimizer.state[self.main_param]
         for key, value in sd["optim"].items():
             key = key.removeprefix("flat.")
@@ -138,10 +123,3 @@ class ShardState:
             else:
                 state[key].copy_(value) if torch.is_tensor(state[key]) else state.__setitem__(key, value)
 
-
-def _split(flat, like):
-    out, offset = [], 0
-    for p in like:
-        out.append(flat[offset:offset + p.numel()].view_as(p).clone())
-        offset += p.numel()
-    return out

@@ -34,7 +34,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import comm_groups, strategies
+from .. import comm_groups, strategies
+from ..strategies.zero import layout as zero_layout
 from .profiler import profile
 from .theory import (  # noqa: F401 (re-exported)
     KINDS,
@@ -142,7 +143,7 @@ def measure_rank(rank: int, n: int, cfg, init: dict, steps: int = 2, warmup: int
     (int64 indices, in its first forward here), FSDP2's lazy initialisation."""
     from jaxdp.core import data
 
-    from . import launch, models, train
+    from .. import launch, models, train
 
     device = launch.rank_device(cfg.platform, rank)
     dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
@@ -193,32 +194,9 @@ def measure_rank(rank: int, n: int, cfg, init: dict, steps: int = 2, warmup: int
     }
 
 
-STRATEGY_NOTES = {  # what the report must explain about each sharded strategy
-    "zero1": [
-        "zero1: ZeroRedundancyOptimizer partitions whole parameters greedily (largest first, to "
-        "the least-loaded rank), so each rank's optimizer state is its parameters' state, "
-        "uneven across ranks (see memory_per_rank); jaxdp shards flat, padded buffers evenly"
-    ],
-    "zero2": [
-        "zero2: `master_params` is the shard of the parameters each rank updates (a copy of its "
-        "part of the flat padded vector), held next to the full parameters"
-    ],
-    "zero3": [
-        "zero3: FSDP2 shards each parameter along dim 0 (rows padded to a multiple of n), not a "
-        "flat buffer; the last ranks hold fewer rows. Each layer is all-gathered before forward "
-        "and again before backward"
-    ],
-    "hsdp": [
-        "hsdp: each collective counted over its own process group (comm_groups: the S ranks of a shard group, "
-        "the R replicas of a shard, or the world for the loss); comm_groups splits the bytes within a group "
-        "(bytes_intra_group) from those across the groups (bytes_inter_group)"
-    ],
-}
-
-
 def summarise(cfg, views: list[dict]) -> dict:
     """The report's dict from every rank's `measure_rank` view (rank 0's numbers, per-rank lists)."""
-    from . import models
+    from .. import models
 
     itemsize = np.dtype(models.numpy_master_dtype(cfg.dtype)).itemsize
     notes = [
@@ -249,7 +227,7 @@ def summarise(cfg, views: list[dict]) -> dict:
             f"the bytes of a true reduce-scatter; counted as the all-reduces they are"
         )
     notes += [strategies.twin_note(cfg.strategy)] if cfg.strategy in strategies.TWINS else []
-    notes += STRATEGY_NOTES.get(strategies.resolve(cfg.strategy), [])
+    notes += [zero_layout.of(strategies.resolve(cfg.strategy)).note] if cfg.strategy in zero_layout.LAYOUTS else []
     out = {
         "strategy": cfg.strategy,
         "devices": cfg.devices,
@@ -272,7 +250,7 @@ def summarise(cfg, views: list[dict]) -> dict:
 
 
 def dist_backend(cfg) -> str:
-    from . import launch
+    from .. import launch
 
     return launch.backend_for(launch.rank_device(cfg.platform, 0))
 
@@ -286,7 +264,7 @@ def measure(cfg, init: dict, steps: int = 2, warmup: int = 1, timeout_s: float =
      memory_per_rank: [...], step_times: [s per step, the slowest rank's, profiler on: `step_times_note`],
      notes: [...],
      comm_per_rank: [...] only where ranks differ}."""
-    from . import launch
+    from .. import launch
 
     cfg = cfg.validate("torch")
     views = launch.launch(

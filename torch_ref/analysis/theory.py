@@ -1,29 +1,27 @@
 """What torch_ref's strategies should communicate and hold, by formula: the theory that
-`torch_ref.accounting` (the measurement) is set against. The torch twin of the theory half of
+`torch_ref.analysis.accounting` (the measurement) is set against. The torch twin of the theory half of
 `jaxdp/analysis/accounting.py`; conventions (bytes each device sends by the ring algorithm) in that module's
-docstring and in `torch_ref/accounting.py`'s.
+docstring and in `torch_ref/analysis/accounting.py`'s.
 
 `theory(strategy, ...)`: bytes per step and device, Psi = total elements, b = the item size. Every
 strategy but dp adds the loss's mean for the log: one scalar all-reduce (2 (n-1)/n b).
   ddp, ddp-naive, ddp-bucket  all-reduce 2 (n-1)/n Psi b (DDP's buckets, one per parameter, ours)
   ddp-ring                    point-to-point 2 (n-1) ceil(Psi/n) b (N-1 rounds of reduce-scatter
                               and N-1 of all-gather, one padded chunk each)
-  zero1                       DDP's all-reduce + ZeroRedundancyOptimizer's broadcast of every
-                              parameter from its owner: broadcast (n-1)/n Psi b
-  zero2                       reduce-scatter of the flat gradient padded to P = n ceil(Psi/n):
-                              on gloo an all-reduce of P (2 (n-1)/n P b), on nccl (n-1)/n P b;
-                              all-gather of the parameters (n-1)/n P b; clipping: one scalar all-reduce
-  zero3 (FSDP2)               per unit and micro-batch (`accum`), all-gather before forward and again
-                              before backward
-                              (not with reshard_after_forward=False: F once; the root's own
-                              `root_params` only once): (n-1)/n (2 F - R) b with
-                              F = fsdp_padded(all), R = fsdp_padded(root_params); gradient
-                              reduce-scatter of F: on gloo all-reduce 2 (n-1)/n F b, on nccl
-                              (n-1)/n F b; clipping: one all-reduce of the parameter tensors'
-                              norms, stacked (clip_grad_norm_ on DTensors: one element each)
-  hsdp (R groups of S = n/R)   zero3's, with S for n (F = fsdp_padded(all, S)), + the all-reduce of each
-                              rank's shard across the R groups: 2 (R-1)/R F/S b (`inter_group_theory`);
-                              clipping: the norms' all-reduce within the group (S for n)
+  zero1, zero2, zero3, hsdp   read from the stage's row of `strategies/zero/layout.py` (`zero_theory`),
+                              with P = `Layout.padded` (Psi; n ceil(Psi/n) for one flat vector; FSDP2's
+                              dim-0 padding F = fsdp_padded(all)) in a group of S = n / R ranks (R = 1
+                              but for hsdp): the gradient all-reduced 2 (S-1)/S P b where every rank
+                              keeps it whole, else reduce-scattered (on gloo an all-reduce of P,
+                              2 (S-1)/S P b; on nccl (S-1)/S P b) and its shard all-reduced across the
+                              R groups, 2 (R-1)/R P/S b (`inter_group_theory`); the parameters back by
+                              the row's `gather` after the update, (S-1)/S P b (zero1: broadcast from
+                              each owner; zero2: all-gather), or, sharded (zero3), per unit and
+                              micro-batch (`accum`) all-gathered before forward and again before
+                              backward, (S-1)/S (2 F - R) b, R = fsdp_padded(root_params), the root's
+                              own only once (reshard_after_forward=False: F once); clipping: an
+                              all-reduce of `Layout.norms` values (none, one sum of squares, or one
+                              norm per parameter tensor: clip_grad_norm_ on DTensors)
   dp                          reduce (n-1)/n (Psi + 1) b (the gradients and the loss), broadcast
                               (n-1)/n (Psi + 1) b (the parameters and the global loss)
 """
@@ -31,6 +29,9 @@ from __future__ import annotations
 
 import math
 from typing import NamedTuple
+
+from ..strategies.zero import layout as zero_layout
+from ..strategies.zero.layout import zero1_partition  # noqa: F401 (re-exported)
 
 KINDS = ("all-reduce", "reduce-scatter", "all-gather", "point-to-point", "broadcast", "reduce")
 STATE_TENSORS_PER_PARAM = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
@@ -42,8 +43,9 @@ def _shape(p) -> tuple[int, ...]:
 
 
 def fsdp_padded(shapes, n: int) -> int:
-    """Elements FSDP2 all-gathers for these parameters: each is padded along dim 0 to a multiple of n."""
-    return sum(math.ceil(s[0] / n) * n * math.prod(s[1:]) for s in map(_shape, shapes))
+    """Elements FSDP2 all-gathers for these parameters (shapes or sizes): each padded along dim 0 to a multiple
+    of n (`layout.fsdp_padded`)."""
+    return zero_layout.fsdp_padded([_shape(s) for s in shapes], n)
 
 
 def theory(
@@ -53,45 +55,62 @@ def theory(
     """Bytes each device sends per step in what torch_ref runs, by kind (conventions: module docstring).
 
     `param_sizes`: the torch parameters' shapes (torch layout, Linear weight [out, in]) or sizes; zero3
-    needs shapes (FSDP2 pads dim 0). Each strategy's formula: the module docstring's table, plus, for a
-    model with BatchNorm (`batchnorm`: `batchnorm_theory`), its statistics' collectives.
+    needs shapes (FSDP2 pads dim 0). A ZeRO stage's formula is read from its row of
+    `strategies/zero/layout.py` (`zero_theory`), the others' from `REPLICATED_THEORY`; plus, for a model
+    with BatchNorm (`batchnorm`: `batchnorm_theory`), its statistics' collectives.
     """
     shapes = [_shape(p) for p in param_sizes]
-    psi = sum(math.prod(s) for s in shapes)
-    ring, part = 2 * (n - 1) / n, (n - 1) / n
-    out = {k: 0.0 for k in KINDS}
-    loss = ring * itemsize
-    if strategy in ("ddp", "ddp-naive", "ddp-bucket"):
-        out["all-reduce"] = ring * psi * itemsize + loss
-    elif strategy == "ddp-ring":
-        out["point-to-point"] = 2 * (n - 1) * math.ceil(psi / n) * itemsize
-        out["all-reduce"] = loss
-    elif strategy == "zero1":
-        out["all-reduce"] = ring * psi * itemsize + loss
-        out["broadcast"] = part * psi * itemsize
-    elif strategy == "zero2":
-        padded = n * math.ceil(psi / n)
-        out["all-reduce"] = loss + (ring * itemsize if clip else 0.0)
-        _reduce_scatter(out, padded * itemsize, n, backend)
-        out["all-gather"] = part * padded * itemsize
-    elif strategy in ("zero3", "hsdp"):
-        s = n // replicas  # hsdp: zero3 within a group of S ranks, then the shard all-reduced across R groups
-        full, root = fsdp_padded(shapes, s), fsdp_padded(root_params, s)
-        out["all-gather"] = (s - 1) / s * ((2 * full - root) if reshard_after_forward else full) * accum * itemsize
-        out["all-reduce"] = loss + (2 * (s - 1) / s * len(shapes) * itemsize if clip else 0.0)  # norms: in the group
-        _reduce_scatter(out, full * itemsize, s, backend)
-        out["all-reduce"] += 2 * (replicas - 1) / replicas * (full // s) * itemsize
-    elif strategy == "dp":
-        out["reduce"] = part * (psi + 1) * itemsize
-        out["broadcast"] = part * (psi + 1) * itemsize
-    elif strategy != "single":
+    loss = 2 * (n - 1) / n * itemsize  # the loss's mean for the log (not dp's: it reduces the loss with the rest)
+    if strategy in zero_layout.LAYOUTS:
+        out = zero_theory(zero_layout.of(strategy), shapes, n // replicas, itemsize, clip, backend, root_params,
+                          accum, reshard_after_forward, replicas)
+        out["all-reduce"] += loss
+    elif strategy in REPLICATED_THEORY:
+        out = REPLICATED_THEORY[strategy](sum(math.prod(s) for s in shapes), n, itemsize)
+        out["all-reduce"] += loss if strategy != "dp" else 0.0
+    elif strategy == "single":
+        out = dict.fromkeys(KINDS, 0.0)
+    else:
         raise ValueError(f"no communication theory for {strategy!r}")
     if batchnorm is not None:
         for kind, nbytes in batchnorm_theory(strategy, batchnorm, n, itemsize, accum).items():
             out[kind] += nbytes
     if n == 1 or strategy == "single":
-        out = {k: 0.0 for k in KINDS}
+        out = dict.fromkeys(KINDS, 0.0)
     out["total"] = sum(out.values())
+    return out
+
+
+REPLICATED_THEORY = {  # psi, n, b -> bytes by kind (every rank holds the whole gradient)
+    "ddp": lambda psi, n, b: {**dict.fromkeys(KINDS, 0.0), "all-reduce": 2 * (n - 1) / n * psi * b},
+    "ddp-ring": lambda psi, n, b: {**dict.fromkeys(KINDS, 0.0), "point-to-point": 2 * (n - 1) * math.ceil(psi / n) * b},
+    "dp": lambda psi, n, b: {**dict.fromkeys(KINDS, 0.0), "reduce": (n - 1) / n * (psi + 1) * b,
+                             "broadcast": (n - 1) / n * (psi + 1) * b},
+}
+REPLICATED_THEORY["ddp-naive"] = REPLICATED_THEORY["ddp-bucket"] = REPLICATED_THEORY["ddp"]
+
+
+def zero_theory(layout, shapes: list[tuple], s: int, itemsize: int, clip: bool, backend: str, root_params,
+                accum: int = 1, reshard_after_forward: bool = True, replicas: int = 1) -> dict:
+    """A ZeRO stage's bytes by kind, from its row: the gradient's sync (all-reduce when every rank keeps it
+    whole, else a reduce-scatter of the layout's padded elements in the group of `s` ranks, its shard then
+    all-reduced across the `replicas` groups), the parameters back (after the update, by the row's
+    `gather`; sharded parameters: per micro-batch, each unit's all-gather before forward and, with
+    `reshard_after_forward`, again before backward, the root's own parameters only once), and the clip's
+    norms."""
+    out = dict.fromkeys(KINDS, 0.0)
+    padded, part = layout.padded(shapes, s), (s - 1) / s
+    if layout.shards_grads:
+        _reduce_scatter(out, padded * itemsize, s, backend)
+        out["all-reduce"] += 2 * (replicas - 1) / replicas * (padded // s) * itemsize
+    else:
+        out["all-reduce"] += 2 * part * padded * itemsize
+    if layout.shards_params:
+        root = zero_layout.fsdp_padded([_shape(p) for p in root_params], s)
+        out["all-gather"] += part * ((2 * padded - root) if reshard_after_forward else padded) * accum * itemsize
+    elif layout.gathers_after_update:
+        out[layout.gather] += part * padded * itemsize
+    out["all-reduce"] += 2 * part * layout.norms(shapes) * itemsize if clip else 0.0
     return out
 
 
@@ -155,21 +174,10 @@ def _reduce_scatter(out: dict, nbytes: float, n: int, backend: str) -> None:
         out["reduce-scatter"] += (n - 1) / n * nbytes
 
 
-def zero1_partition(sizes: list[int], n: int) -> list[list[int]]:
-    """ZeroRedundancyOptimizer's partition, re-derived: parameters sorted by size (largest first, stable),
-    each given whole to the rank with the fewest elements so far (the lowest rank on a tie).
-    Returns the parameter indices of each rank."""
-    totals, owned = [0] * n, [[] for _ in range(n)]
-    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
-        r = totals.index(min(totals))
-        owned[r].append(i)
-        totals[r] += sizes[i]
-    return owned
-
-
 def memory_theory(strategy: str, param_shapes, n: int, itemsize: int, optimizer: str, rank: int = 0,
                   replicas: int = 1) -> dict:
-    """Bytes rank `rank` holds, by what each torch strategy keeps (see docs/TORCH_REF.md):
+    """Bytes rank `rank` holds, by what each torch strategy keeps (see docs/TORCH_REF.md), a ZeRO stage's
+    read from its row of `strategies/zero/layout.py` (each sharded part: `Layout.mine`):
     dp's workers (rank > 0): params only (no optimizer; their gradients are sent, never synced)
     replicated (ddp*, dp's rank 0): params, grads Psi b; state K Psi b (+ 4 bytes per parameter tensor
                                     for Adam's step counts)
@@ -180,31 +188,20 @@ def memory_theory(strategy: str, param_shapes, n: int, itemsize: int, optimizer:
            [r c, min((r+1) c, dim0)) with c = ceil(dim0/n); step counts for every parameter tensor
     hsdp: zero3's within its group of S = n / replicas ranks (its column s = rank mod S)
     """
-    if strategy == "hsdp":
-        strategy, n, rank = "zero3", n // replicas, rank % (n // replicas)
+    row = zero_layout.of(strategy)
+    if strategy == "hsdp":  # zero3 within its group of S ranks, as its column s = rank mod S
+        n, rank = n // replicas, rank % (n // replicas)
     shapes = [_shape(p) for p in param_shapes]
-    sizes = [math.prod(s) for s in shapes]
-    psi, k, step = sum(sizes), STATE_TENSORS_PER_PARAM[optimizer], STEP_COUNT_BYTES[optimizer]
+    k, step = STATE_TENSORS_PER_PARAM[optimizer], STEP_COUNT_BYTES[optimizer]
+    whole = (sum(math.prod(s) for s in shapes), len(shapes))
+    mine = row.mine(shapes, n, rank) if row.stage else whole  # (elements, tensors) of a sharded part
+    held = {part: mine if sharded else whole for part, sharded in row.sharded.items()}
     out = {
-        "params": psi * itemsize,
-        "grads": psi * itemsize,
-        "opt_state": (k * psi * itemsize + step * len(sizes)),
-        "master_params": 0,
+        "params": held["params"][0] * itemsize,
+        "grads": held["grads"][0] * itemsize,
+        "opt_state": k * held["opt_state"][0] * itemsize + step * held["opt_state"][1],
+        "master_params": mine[0] * itemsize if row.master_shard else 0,
     }
     if strategy == "dp" and rank != 0:  # workers: no optimizer; their gradients are only sent
         out.update(grads=0, opt_state=0)
-    elif strategy == "zero1":
-        mine = zero1_partition(sizes, n)[rank]
-        out["opt_state"] = sum(k * sizes[i] * itemsize + step for i in mine)
-    elif strategy == "zero2":
-        shard = math.ceil(psi / n)
-        out.update(grads=shard * itemsize, master_params=shard * itemsize, opt_state=k * shard * itemsize + step)
-    elif strategy == "zero3":
-
-        def local(s):
-            c = math.ceil(s[0] / n)
-            return max(0, min(c, s[0] - rank * c)) * math.prod(s[1:])
-
-        mine = sum(local(s) for s in shapes)
-        out.update(params=mine * itemsize, grads=mine * itemsize, opt_state=k * mine * itemsize + step * len(shapes))
     return out

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import nn
 
-from .batchnorm import BatchNorm2d
+from ..batchnorm import BatchNorm2d
 
 IMAGE = (1, 8, 8)  # digits: one channel, 8x8 (NCHW)
 

@@ -29,8 +29,8 @@ from jaxdp.core.reduction import (  # noqa: F401 (one definition of S for both s
     resolve_shards,
 )
 
-from .collectives import all_gather, ring_all_gather
-from .strategies.common import flatten, micro_batches
+from ..collectives import all_gather, ring_all_gather
+from ..strategies.common import flatten, micro_batches
 
 REDUCTIONS = ("native", "canonical")
 

@@ -1,6 +1,6 @@
 """The shared step of `reduction="canonical"` (the shard loop, the folds over micro-batches, the
 all-reduce by groups, clipping), every strategy's part declared in its own file. The definition is in
-`torch_ref/canonical.py`. A strategy's part is a `Parts` value its `make` hands over
+`torch_ref/canonical/reduce.py`. A strategy's part is a `Parts` value its `make` hands over
 (`Strategy.canonical_parts`); nothing here asks which strategy it runs.
 
 Every strategy computes each of its shards' gradients by its own backward, folds each shard over the
@@ -15,7 +15,7 @@ place of its sum (one communication per step, as native):
 Clipping: the canonical norm of the full gradient, the factor applied element-wise to what each rank
 holds (`clip_`); then the strategy's own update, unclipped.
 
-With sync BatchNorm (torch_ref/canonical_bn.py) a shard's gradient needs the other shards' statistics,
+With sync BatchNorm (torch_ref/canonical/batchnorm.py) a shard's gradient needs the other shards' statistics,
 so each micro-batch's shards are computed together (`bn_backward`: statistics, backward, the statistics'
 vector-Jacobian products, every cross-shard sum by the tree) on the unwrapped module (zero3: its plain
 twin), then the strategy's sync, or (ddp, zero1) DDP's reducer.
@@ -28,9 +28,9 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from .. import canonical as C
-from .. import canonical_bn
-from .common import check_rows
+from ..strategies.common import check_rows
+from . import batchnorm as canonical_bn
+from . import reduce as C
 
 
 class Canonical:

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import batchnorm
-from . import canonical as C
-from .strategies.common import flatten, micro_batches
+from .. import batchnorm
+from ..strategies.common import flatten, micro_batches
+from . import reduce as C
 
 
 def batchnorms(module: torch.nn.Module) -> list:

@@ -23,10 +23,10 @@ import inspect
 import torch
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from ..checkpoint import ModelOptimizer
-from .common import Strategy, make_strategy
-from .ddp import CANONICAL as DDP_CANONICAL
-from .ddp import apply_ddp
+from ...checkpoint import ModelOptimizer
+from ..common import Strategy, make_strategy
+from ..ddp import CANONICAL as DDP_CANONICAL
+from ..ddp import apply_ddp
 
 
 def class_and_defaults(optimizer, like: torch.Tensor) -> tuple[type, dict]:

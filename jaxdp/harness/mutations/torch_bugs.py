@@ -1,7 +1,7 @@
-"""The catalogue's bugs (`jaxdp.harness.mutations`) in torch_ref: each a function returning the (object,
-attribute, value) patches that put the bug into the strategy code, applied in the rank that runs
-it; and `collective_dtypes`, what the process group's collectives receive (the fp32-reduction
-check on the torch side)."""
+"""The catalogue's bugs (`jaxdp.harness.mutations`) in torch_ref, the twin of `jax_bugs.py`: each a function
+returning the (object, attribute, value) patches that put the bug into torch_ref's strategy code, applied
+in the rank that runs it; and `collective_dtypes`, what the process group's collectives receive (the
+fp32-reduction check on the torch side). Test-only: it lives in the harness, never in torch_ref."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,10 +9,9 @@ import torch
 import torch.distributed as dist
 
 from jaxdp.core import data
-
-from . import batchnorm, models, optim, train
-from .collectives import ring_all_reduce
-from .strategies import bucket, common, ddp, ring
+from torch_ref import batchnorm, models, optim, train
+from torch_ref.collectives import ring_all_reduce
+from torch_ref.strategies import bucket, common, ddp, ring
 
 
 def missing_one_over_n():
@@ -201,7 +200,7 @@ def collective_dtypes(rank: int, n: int, cfg, init, steps: int = 2) -> dict[str,
     the process group was handed, DDP's reducer's buckets included."""
     from torch.profiler import ProfilerActivity
 
-    from .profiler import profile
+    from torch_ref.analysis.profiler import profile
 
     dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
     model = models.load_flax(models.build(cfg, dataset), init)

@@ -1,0 +1,85 @@
+"""BatchNorm with *given* statistics: the shard program of canonical BatchNorm (docs/CANONICAL.md,
+"BatchNorm statistics"), the torch twin of jaxdp/models/given.py.
+
+Inside `given(stats)`, every torch_ref BatchNorm layer (torch_ref/batchnorm.py) normalises with the
+statistics it is given, `stats[l] = (mean, var)` for the l-th layer of the forward (call order), instead of
+its rows' own, appends its per-channel partial sums over this call's rows to the context, and touches no
+running statistic; a layer past the given ones (or given a mean only) reports what it can and stops the
+forward (`Stop`). Also the per-channel arithmetic both forms share (`normalise`, `reduced_dims`, `per_channel`).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import torch
+from torch import nn
+
+
+def reduced_dims(x: torch.Tensor) -> tuple:
+    """Every dimension but the channels' (dim 1): (0,) for (N, C), (0, 2, 3) for NCHW."""
+    return (0, *range(2, x.dim()))
+
+
+def per_channel(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A per-channel vector [C] shaped to broadcast against `x` (N, C, *)."""
+    return v.reshape(-1, *[1] * (x.dim() - 2))
+
+
+def normalise(bn: nn.modules.batchnorm._BatchNorm, centred: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
+    out = centred * per_channel(torch.rsqrt(var + bn.eps), centred)
+    if bn.weight is None:
+        return out
+    return out * per_channel(bn.weight, centred) + per_channel(bn.bias, centred)
+
+
+class Stop(Exception):
+    """A `given` forward has reached the layer whose statistic is being computed: nothing after it matters."""
+
+
+@dataclasses.dataclass
+class Given:
+    """`stats`: (mean, var) per layer in call order, the last possibly (mean, None); filled by the forward:
+    `sums` per layer called, (sum z,) or (sum z, sum (z - mean)^2) over this call's rows (N and every
+    dimension after C), z the layer's input in float32 or wider; `counts` (values per channel) and `layers`
+    (the modules, in call order)."""
+    stats: list
+    sums: list = dataclasses.field(default_factory=list)
+    counts: list = dataclasses.field(default_factory=list)
+    layers: list = dataclasses.field(default_factory=list)
+
+
+_GIVEN: list[Given] = []  # the innermost active `Given` last
+
+
+def current() -> Given | None:
+    """The innermost active `Given`, or None outside every `given`."""
+    return _GIVEN[-1] if _GIVEN else None
+
+
+@contextlib.contextmanager
+def given(stats: list):
+    """Every torch_ref BatchNorm forward inside normalises with `stats` (`Given`); yields the `Given` it fills."""
+    ctx = Given(list(stats))
+    _GIVEN.append(ctx)
+    try:
+        yield ctx
+    finally:
+        _GIVEN.remove(ctx)
+
+
+def given_batch_norm(bn: nn.modules.batchnorm._BatchNorm, ctx: Given, x: torch.Tensor) -> torch.Tensor:
+    """`bn` on `x` (N, C, *) with the context's next given statistics (`Given`); raises `Stop` past them."""
+    z = x.to(torch.promote_types(x.dtype, torch.float32))
+    dims = reduced_dims(z)
+    mean, var = ctx.stats[len(ctx.sums)] if len(ctx.sums) < len(ctx.stats) else (None, None)
+    ctx.counts.append(z.numel() // z.shape[1])
+    ctx.layers.append(bn)
+    if mean is None:
+        ctx.sums.append((z.sum(dim=dims),))
+        raise Stop
+    centred = z - per_channel(mean, z)
+    ctx.sums.append((z.sum(dim=dims), centred.square().sum(dim=dims)))
+    if var is None:
+        raise Stop
+    return normalise(bn, centred, var).to(x.dtype)

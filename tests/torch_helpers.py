@@ -1,6 +1,6 @@
 """Shared machinery of the torch_ref tests: one spawned torch world per world size (1, 2, 3, 4)
-runs every job that needs that size, once per session; `single` references run in the pytest
-process. Nothing here asserts: the test modules do.
+runs the jobs of that size the selected tests need (tests/torch_jobs.py), once per session; `single`
+references run in the pytest process. Nothing here asserts: the test modules do.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch.distributed as dist
 from jaxdp.core import data, trace
 from jaxdp.core.config import ALL_STRATEGIES, FRAMEWORK_STRATEGIES, JIT_STRATEGIES, RunConfig
 
-from . import torch_api_ranks, torch_bn_ranks
+from . import torch_api_ranks, torch_bn_ranks, torch_jobs
 from .pairwise import pairwise
 
 # The JAX suite's problem (tests/conftest.py BASE) with a bucket small enough for several buckets.
@@ -107,13 +107,34 @@ def single(cfg: RunConfig):
 
 
 @functools.cache
-def world(n: int) -> dict:
-    """Spawn a world of n ranks once; it runs every job of size n. Returns {job key: result}."""
+def world(n: int) -> torch_jobs.Results:
+    """Spawn a world of n ranks once; it runs the jobs of size n the selected tests need (tests/torch_jobs.py).
+    Returns {RunConfig or job name: result}."""
     from torch_ref.launch import launch
 
-    jobs = [("train", cfg, init_for(init_key(cfg))) for cfg in TRAIN if cfg.devices == n]
-    jobs.append(("ring", RING_SIZES))
+    jobs = [("train", cfg, init_for(init_key(cfg))) for cfg in train_configs(n)]
     api_trace = os.path.join(tempfile.mkdtemp(prefix="torch_api_"), f"api-{n}.npz")
+    jobs += [job for job in other_jobs(n, api_trace) if torch_jobs.wanted((job[0], n))]
+    if not jobs:
+        return torch_jobs.Results(n, {})
+    per_rank = launch(run_jobs, n, jobs, timeout_s=600, pg_timeout_s=120)
+    out = {}
+    for i, job in enumerate(jobs):
+        key = job[1] if job[0] == "train" else job[0]
+        out[key] = per_rank[0][i] if job[0] == "train" else [r[i] for r in per_rank]
+    out["api_trace"] = api_trace
+    return torch_jobs.Results(n, out)
+
+
+def train_configs(n: int) -> list[RunConfig]:
+    """The training runs of world n: TRAIN's, or only those the selected tests need (and any they add)."""
+    needed = TRAIN if torch_jobs.NEEDED is None else torch_jobs.NEEDED
+    return [cfg for cfg in dict.fromkeys(needed) if isinstance(cfg, RunConfig) and cfg.devices == n]
+
+
+def other_jobs(n: int, api_trace: str) -> list[tuple]:
+    """World n's jobs other than training runs, each `(name, *arguments)`."""
+    jobs = [("ring", RING_SIZES)]
     if n in API_SIZES:  # tests/torch_ref/test_torch_api.py: its model through the library API
         jobs.append(("api", api_trace))
     if n == 4:  # hsdp 2 x 2 against zero3 (tests/torch_ref/strategies/test_torch_strategies.py)
@@ -125,13 +146,7 @@ def world(n: int) -> dict:
         jobs.append(("keep_gathered", KEEP_GATHERED.replace(accum=1), init_for(init_key(BASE))))
         jobs.append(("gpt2_comm", GPT2_SMALL.replace(strategy="zero3", devices=2), init_for(init_key(GPT2_SMALL))))
         jobs.append(("bn",))  # tests/torch_ref/test_torch_batchnorm.py: a user's conv net, converted and plain
-    per_rank = launch(run_jobs, n, jobs, timeout_s=600, pg_timeout_s=120)
-    out = {}
-    for i, job in enumerate(jobs):
-        key = job[1] if job[0] == "train" else job[0]
-        out[key] = per_rank[0][i] if job[0] == "train" else [r[i] for r in per_rank]
-    out["api_trace"] = api_trace
-    return out
+    return jobs
 
 
 def result(cfg: RunConfig):

@@ -97,6 +97,7 @@ def test_cases_cover_every_strategy_with_every_n_and_every_pair():
                 assert met == {(x, y) for x in DIMENSIONS[a] for y in DIMENSIONS[b]}, (a, b)
 
 
+@pytest.mark.torch_jobs(lambda p: [("api", p["case"][1])])
 @pytest.mark.parametrize("case", CASES + [UNITS], ids=lambda c: "-".join(map(str, c)))
 def test_every_step_equals_the_plain_torch_reference(case):
     per_rank = api_results(case[1])
@@ -107,6 +108,7 @@ def test_every_step_equals_the_plain_torch_reference(case):
         assert other[case]["losses"] == got["losses"]
 
 
+@pytest.mark.torch_jobs(("api", 2))
 def test_the_recorder_wrote_a_trace_jaxdp_reads():
     t = trace.load(world(2)["api_trace"])
     assert t.meta["framework"] == "torch" and t.meta["devices"] == 2

@@ -120,6 +120,7 @@ def _spreads(t: trace.Trace) -> dict:
     return {k: float(v) for k, v in t.arrays.items() if is_spread(k)}
 
 
+@pytest.mark.torch_jobs(("bn", 2))
 @pytest.mark.parametrize("case", [c for c in R.CASES if c[2] and not c[3]], ids=lambda c: f"{c[0]}-accum{c[1]}")
 def test_a_converted_net_equals_single_with_no_spread(case):
     t = _case(case)
@@ -131,6 +132,7 @@ def test_a_converted_net_equals_single_with_no_spread(case):
     assert max(report.extra["row"].worst[f] for f in ("loss", "grad", "param")) < 1e-12
 
 
+@pytest.mark.torch_jobs(("bn", 2))
 @pytest.mark.parametrize("strategy, broadcast", [("ddp", True), ("zero3", False)])
 def test_plain_batchnorm_spreads_and_the_judge_says_so(strategy, broadcast):
     """Plain nn.BatchNorm: each rank's running statistics from its own rows. Under ddp DDP gives every rank
@@ -150,6 +152,7 @@ def test_plain_batchnorm_spreads_and_the_judge_says_so(strategy, broadcast):
     assert "convert_sync_batchnorm" in text
 
 
+@pytest.mark.torch_jobs(("bn", 2))
 def test_a_parameter_perturbed_on_one_rank_is_caught_by_its_spread():
     """Rank 1 moves a parameter by 1e-3 after step 2 and makes a running variance NaN after step 3: rank 0's
     trace shows neither but in its spread, and the judge fails on both (NaN even with broadcast_buffers)."""

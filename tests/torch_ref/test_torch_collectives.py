@@ -7,6 +7,7 @@ import pytest
 from tests.torch_helpers import RING_SIZES, world
 
 
+@pytest.mark.torch_jobs(lambda p: [("ring", p["n"])])
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_ring_collectives_equal_the_built_ins(n):
     per_rank = world(n)["ring"]

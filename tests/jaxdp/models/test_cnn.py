@@ -49,12 +49,14 @@ def test_cases_cover_every_pair():
         assert met == set(itertools.product(CNN_DIMENSIONS[a], CNN_DIMENSIONS[b])), (a, b)
 
 
+@pytest.mark.torch_jobs(lambda p: [cnn_torch(p["cfg"])])
 @pytest.mark.parametrize("cfg", CNN_CASES, ids=case_id)
 def test_jax_equals_torch(cfg):
     """Cross-framework parity, both modes: loss, gradients, parameters, running statistics."""
     assert not worst(jax_case(cfg), torch_case(cfg)), case_id(cfg)
 
 
+@pytest.mark.torch_jobs(lambda p: [cnn_torch(p["cfg"])])
 @pytest.mark.parametrize("cfg", [c for c in CNN_CASES if c.batchnorm == "sync"], ids=case_id)
 def test_sync_equals_single(cfg):
     """Each framework against its own single (same accum: the same micro-batches)."""
@@ -63,6 +65,7 @@ def test_sync_equals_single(cfg):
     assert not worst(torch_case(cfg), as_trace(single(ref))), f"torch {case_id(cfg)}"
 
 
+@pytest.mark.torch_jobs(*[cnn_torch(c) for c in CNN_CASES if c.batchnorm == "local"])
 def test_local_strategies_agree_per_devices_and_accum():
     """Under `local`, every strategy of one (N, accum) computes the same thing (in each framework)."""
     groups: dict = {}
@@ -88,6 +91,7 @@ def test_local_differs_from_single_by_design():
                      check_config=False)
 
 
+@pytest.mark.torch_jobs(cnn_torch(CNN_CASES[0]))
 def test_trace_records_running_statistics():
     arrays = run(CNN_CASES[0]).arrays
     assert {"state/bn1/mean", "state/bn1/var", "state/bn2/mean", "state/bn2/var"} <= set(arrays)

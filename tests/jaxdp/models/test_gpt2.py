@@ -188,6 +188,7 @@ def test_the_collective_check_fails_without_the_root(monkeypatch):
         check_root_collectives(GPT2_SMALL.replace(strategy="zero3", devices=4, batch_size=24))
 
 
+@pytest.mark.torch_jobs(("gpt2_comm", 2))
 def test_torch_fsdp2_gathers_the_root_once():
     """torch FSDP2, world of 2, one block: units wpe, h.0, ln_f gathered before forward and again before
     backward, the root (wte) once: 2 x 3 + 1 all-gathers; 4 reduce-scatters, one per group."""
@@ -215,12 +216,14 @@ def test_jaxdp_strategy_equals_single(cfg):
     assert err <= TOL, top
 
 
+@pytest.mark.torch_jobs("cfg")
 @pytest.mark.parametrize("cfg", TORCH_CASES, ids=case_id)
 def test_torch_ref_strategy_equals_single(cfg):
     err, top = worst(as_trace(result(cfg)), as_trace(single(cfg)))
     assert err <= TOL, top
 
 
+@pytest.mark.torch_jobs(lambda p: [p["cfg"]] if p["cfg"].strategy != "single" else [])
 @pytest.mark.parametrize("cfg", BOTH + [GPT2_SMALL], ids=case_id)
 def test_jaxdp_equals_torch_ref(cfg):
     err, top = worst(as_trace(run(cfg)), as_trace(result(cfg) if cfg.strategy != "single" else single(cfg)))

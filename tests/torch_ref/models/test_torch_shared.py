@@ -21,6 +21,7 @@ def shared_results(name: str) -> dict:
     return per_rank[0][name]
 
 
+@pytest.mark.torch_jobs(("api", 2))
 @pytest.mark.parametrize("name", MODELS)
 def test_zero3_with_shared_parameters_equals_single(name):
     if name == "hf-gpt2":

@@ -58,22 +58,26 @@ def test_cases_cover_every_pair():
                 assert met == {(x, y) for x in DIMENSIONS[a] for y in DIMENSIONS[b]}, (a, b)
 
 
+@pytest.mark.torch_jobs("cfg")
 @pytest.mark.parametrize("cfg", CASES, ids=case_id)
 def test_strategy_equals_single(cfg):
     assert_matches_single(cfg)
 
 
+@pytest.mark.torch_jobs("cfg")
 @pytest.mark.parametrize("cfg", GPT_CASES, ids=case_id)
 def test_gpt_strategy_equals_single(cfg):
     assert_matches_single(cfg)
 
 
+@pytest.mark.torch_jobs("cfg")
 @pytest.mark.parametrize("cfg", HSDP, ids=case_id)
 def test_hsdp_equals_single(cfg):
     """FSDP2 on the (replicate, shard) mesh: R x S = 2x2, 1x4, 4x1 at N = 4, accumulation and clipping."""
     assert_matches_single(cfg)
 
 
+@pytest.mark.torch_jobs(("hsdp_comm", 4))
 def test_hsdp_reduce_scatters_in_the_group_then_all_reduces_each_units_shard_across():
     """FSDP2 on the (2, 2) mesh issues zero3's all-gathers and reduce-scatters (in the group) plus one
     all-reduce per unit (the shard, across the groups): 3 for the MLP's three layers."""
@@ -98,6 +102,7 @@ def hsdp_byte_errors(got: dict, cfg, inter_group_theory) -> list[str]:
             for k in want if got[part][k] != pytest.approx(want[k], rel=1e-12, abs=1e-9)]
 
 
+@pytest.mark.torch_jobs(("hsdp_bytes", 4))
 def test_hsdp_bytes_within_and_across_groups_equal_the_theory():
     """FSDP2 on the (2, 2) mesh, clipping: the bytes gloo ran (a reduce-scatter as the all-reduce it is),
     each collective counted over its own process group (the group of S, the R replicas, the world; the
@@ -115,6 +120,7 @@ def test_hsdp_bytes_within_and_across_groups_equal_the_theory():
     assert any(e.startswith("bytes_inter_group") for e in hsdp_byte_errors(got, HSDP_BYTES, over_psi))
 
 
+@pytest.mark.torch_jobs(HSDP[0])
 def test_hsdp_equals_jaxdp_hsdp():
     """The two frameworks' hsdp at 2 x 2, float64: jaxdp's run against torch_ref's."""
     from tests.conftest import run
@@ -125,6 +131,7 @@ def test_hsdp_equals_jaxdp_hsdp():
     assert_judged_ok(got, ref, sides=("torch", "jax"), check_config=False)
 
 
+@pytest.mark.torch_jobs(CASES[0], GPT_CASES[0])
 def test_trace_has_the_flax_names_and_layout():
     res = result(CASES[0])
     assert res.meta["framework"] == "torch" and res.meta["strategy"] == CASES[0].strategy
@@ -146,6 +153,7 @@ def test_clipping_was_active_in_the_clipped_cases():
     assert np.sqrt(sum(np.sum(a**2) for a in g)) > 0.5
 
 
+@pytest.mark.torch_jobs(next(c for c in CASES if c.devices == 4))
 def test_the_comparison_can_fail():
     """A deliberately wrong update (the summed, not averaged, gradient) is caught by the same check."""
     cfg = next(c for c in CASES if c.devices == 4)
@@ -156,6 +164,7 @@ def test_the_comparison_can_fail():
     assert trace.diff(wrong, as_trace(single(cfg)))["worst"]["grad"] > 1.0
 
 
+@pytest.mark.torch_jobs(FLOAT32)
 def test_float32_matches_single_within_the_float32_bounds():
     """float32: per-tensor gradients and parameters within 1e-5, every step's update within 1e-4
     (jaxdp/harness/parity.py, docs/PARITY.md), as the JAX suite."""
@@ -164,6 +173,7 @@ def test_float32_matches_single_within_the_float32_bounds():
     assert_judged_ok(got, ref)
 
 
+@pytest.mark.torch_jobs(lambda p: [c for c in BF16 if c.strategy == p["strategy"]])
 @pytest.mark.parametrize("strategy", ["ddp", "zero3"])
 def test_bfloat16_gradients_track_single_and_float32(strategy):
     """bf16 (fp32 master parameters and reduction): gradients per tensor and every step's update
@@ -177,6 +187,7 @@ def test_bfloat16_gradients_track_single_and_float32(strategy):
     assert row.tol.why.startswith("bf16") and 0 < row.worst["grad"] < 0.1  # bf16 compute really happened
 
 
+@pytest.mark.torch_jobs(KEEP_GATHERED, ("keep_gathered", 2), ("comm", 2))
 def test_zero3_keeping_gathered_parameters_equals_single_and_gathers_each_unit_once():
     """--reshard-after-forward false (fully_shard(..., reshard_after_forward=False)): the same
     numbers, and each of the MLP's 3 units all-gathered once per step, not twice."""
@@ -186,6 +197,7 @@ def test_zero3_keeping_gathered_parameters_equals_single_and_gathers_each_unit_o
     assert keep["c10d::_allgather_base_"] == 3 and regather["c10d::_allgather_base_"] == 6, (keep, regather)
 
 
+@pytest.mark.torch_jobs(("comm", 2))
 @pytest.mark.parametrize("strategy", DISTRIBUTED)
 def test_accumulation_communicates_once_per_step(strategy):
     """The collectives of one step (torch profiler, c10d events) are the same with 3 micro-batches as
@@ -201,6 +213,7 @@ def test_accumulation_communicates_once_per_step(strategy):
         assert three == one
 
 
+@pytest.mark.torch_jobs(("comm", 2))
 def test_gloo_reduce_scatter_is_an_all_reduce_underneath():
     """The gloo trap (docs/TORCH_REF.md), pinned: zero2's one reduce-scatter runs as a gloo all_reduce
     (plus the loss's)."""
@@ -209,6 +222,7 @@ def test_gloo_reduce_scatter_is_an_all_reduce_underneath():
     assert zero2["gloo:all_reduce"] == 2 and "gloo:reduce_scatter" not in zero2
 
 
+@pytest.mark.torch_jobs(("buckets", 2))
 def test_bucket_all_reduces_once_per_bucket_per_step():
     got = world(2)["buckets"]
     assert len(got[0]["sizes"]) > 1, "the test wants several buckets"
@@ -216,6 +230,7 @@ def test_bucket_all_reduces_once_per_bucket_per_step():
         assert rank["launches"] == [2] * len(rank["sizes"])
 
 
+@pytest.mark.torch_jobs(("buckets", 2))
 def test_bucket_process_group_runs_one_all_reduce_per_planned_bucket_in_order():
     """One step (accum 3): one all-reduce launched per bucket, of the bucket's size, in the plan's
     order (last layer first), then the loss's; gloo ran exactly those (profiler events; their start

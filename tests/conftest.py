@@ -5,8 +5,6 @@ from __future__ import annotations
 import functools
 import os
 
-import pytest
-
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: see torch_ref/__init__.py
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # a GPU: JAX shares it with torch (test_gpu.py)
 
@@ -18,8 +16,7 @@ jax.config.update("jax_enable_x64", True)
 from jaxdp import train  # noqa: E402
 from jaxdp.core.config import RunConfig  # noqa: E402
 
-from . import torch_jobs  # noqa: E402
-from .torch_jobs import pytest_runtest_call  # noqa: E402, F401 (the hook: the running test's torch jobs)
+from . import quick, torch_jobs, touched  # noqa: E402
 
 # A small problem on which every strategy, N in {1,2,3,4,8} and accum in {1,3} divide the batch.
 BASE = RunConfig(model="mlp", data="synthetic", hidden=(16, 16), steps=4, batch_size=72, lr=0.05,
@@ -32,7 +29,9 @@ def run(cfg: RunConfig) -> train.RunResult:
     return train.run(cfg, record=True, progress=False)
 
 
-@pytest.hookimpl(trylast=True)  # after -k, -m and --deselect have removed what will not run
-def pytest_collection_modifyitems(items):
-    """The torch worlds run the jobs of the selected tests only (tests/torch_jobs.py)."""
-    torch_jobs.select(items)
+def pytest_configure(config):
+    """The suite's plugins: the quick tier's marker (tests/quick.py) and its check that every module was
+    touched (tests/touched.py); the torch worlds' jobs of the selected tests (tests/torch_jobs.py)."""
+    for plugin in (quick, torch_jobs, touched):
+        if not config.pluginmanager.is_registered(plugin):
+            config.pluginmanager.register(plugin)

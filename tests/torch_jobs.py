@@ -45,6 +45,11 @@ def select(items) -> None:
     NEEDED = set().union(*(needs_of(item) for item in items))
 
 
+@pytest.hookimpl(trylast=True)  # after -k, -m and --deselect have removed what will not run
+def pytest_collection_modifyitems(items):
+    select(items)
+
+
 def wanted(need) -> bool:
     return NEEDED is None or need in NEEDED
 

@@ -197,6 +197,7 @@ def test_bad_input_is_one_line_naming_the_fix(call, message):
     assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
+@pytest.mark.torch_jobs(("api", 2))
 def test_unequal_rows_across_ranks_are_one_error_on_every_rank():
     """6 rows on rank 0, 7 on rank 1: DDP would average the ranks' means into a wrong gradient, and a
     rank refusing its rows alone would leave the others waiting in a collective."""

@@ -3,13 +3,14 @@ mirrors a source package or module, or a listed cross-cutting folder), `python -
 tests from its path, and the quick tier's check that every module was touched fails when one was not."""
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests import REPO, touched, which
+from tests import REPO, quick, touched, which
 
 pytestmark = pytest.mark.quick
 
@@ -47,3 +48,17 @@ def test_a_module_left_untouched_is_named(tmp_path):
     assert touched.untouched(files, called={str(lib)}, ran=set()) == ["pkg.table"]
     assert touched.untouched(files, called={str(lib)}, ran={str(table)}) == []
     assert set(touched.modules()) >= {"jaxdp", "jaxdp.strategies.zero.zero2", "torch_ref"}
+
+
+def test_the_quick_tiers_table_names_tests_that_exist():
+    """tests/quick.py's table: every file exists and every name is a test function of it."""
+    for path, names in quick.QUICK.items():
+        tree = ast.parse(Path(REPO, path).read_text())
+        defined = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+        missing = [] if names == quick.ALL else [n for n in names if n.split("[")[0] not in defined]
+        assert not missing, f"{path}: {missing}"
+
+
+def test_what_the_quick_tier_leaves_to_the_full_suite_has_a_test_file_there():
+    for module, path in touched.FULL_SUITE_ONLY.items():
+        assert module in touched.modules() and Path(REPO, path).is_file(), (module, path)

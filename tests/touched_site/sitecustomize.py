@@ -20,9 +20,9 @@ if os.environ.get("JAXDP_TESTS_TOUCHED_DIR"):
         ran = {os.path.realpath(f) for f, _, name in _profile.stats if name == "<module>"}
         ran |= {os.path.realpath(m.__file__) for m in list(sys.modules.values()) if getattr(m, "__file__", None)}
         try:
-            with open(os.path.join(folder, f"{pid}.called"), "w") as f:
+            with open(os.path.join(folder, f"{pid}-site.called"), "w") as f:
                 f.write("\n".join(sorted(called)))
-            with open(os.path.join(folder, f"{pid}.ran"), "w") as f:
+            with open(os.path.join(folder, f"{pid}-site.ran"), "w") as f:
                 f.write("\n".join(sorted(ran)))
         except OSError:  # the session (and its folder) is gone
             pass

@@ -18,7 +18,6 @@ QUICK = {
         "test_only_the_harness_imports_torch_ref",
         "test_the_checker_sees_a_cycle_and_a_deferred_import",
         "test_the_readme_map_lists_every_module",
-        "test_old_module_paths_import_and_run_as_the_moved_modules",
     ),
     "tests/house/test_tests_tree.py": ALL,
     "tests/cli/test_entry_points.py": ALL,

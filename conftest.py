@@ -1,4 +1,4 @@
-"""For the whole test session (tests/ and parity_tests/, and every process they start):
+"""For the whole test session (tests/, and every process it starts):
 
 - a persistent XLA compilation cache in a fresh temporary folder. Programs compiled once in the
   session (the same step built again by another test, a CLI subprocess, a spawned example, the other
@@ -36,26 +36,31 @@ def pytest_unconfigure(config):
         shutil.rmtree(_CREATED, ignore_errors=True)
 
 
-# Files that share tests/torch_helpers.py's per-process torch worlds (`world(n)` runs every job of size n
-# at once, for all of them): one xdist work unit, so the worlds are spawned and run in one worker only.
-TORCH_WORLD_FILES = {f"tests/{name}.py" for name in ("test_cnn", "test_gpt2", "test_torch_api", "test_torch_batchnorm",
-                                                     "test_torch_collectives", "test_torch_shared",
-                                                     "test_torch_strategies")}
-# The parity suite's files share parity_tests/conftest.py's session caches (`torch_runs()` trains every
-# parity configuration's torch side in one world per N; `jax_run`): one unit, so they are computed once.
-PARITY_FILES = {f"parity_tests/{name}.py" for name in ("test_cli", "test_parity")}
+# Files that share tests/torch_helpers.py's per-process torch worlds (`world(n)` runs the selected tests' jobs of
+# size n at once, for all of them): one xdist work unit, so the worlds are spawned and run in one worker only.
+TORCH_WORLD_FILES = {"tests/jaxdp/models/test_cnn.py", "tests/jaxdp/models/test_gpt2.py",
+                     "tests/torch_ref/test_torch_api.py", "tests/torch_ref/test_torch_batchnorm.py",
+                     "tests/torch_ref/test_torch_collectives.py", "tests/torch_ref/models/test_torch_shared.py",
+                     "tests/torch_ref/strategies/test_torch_strategies.py"}
+# The parity suite's files share tests/jaxdp/harness/parity/conftest.py's session caches (`torch_runs()` trains
+# every parity configuration's torch side in one world per N; `jax_run`): one unit, so they are computed once.
+PARITY_FILES = {f"tests/jaxdp/harness/parity/{name}.py" for name in ("test_cli", "test_parity")}
 
 
 # The longest units first (their summed durations, measured with --durations), so that no long unit
 # starts last on one worker while the other idles: xdist's own order (most tests first) handed out
 # test_bench (3 tests, 90 s) and test_multiprocess (80 s) at the end. Units not named: after these.
-LONGEST_FIRST = ("torch-worlds", "parity", "tests/test_canonical.py", "tests/test_hf_models.py", "tests/test_zero.py",
-                 "tests/test_torch_accounting.py", "tests/test_torch_launch.py", "tests/test_zero3_compiled.py",
-                 "tests/test_bench.py", "tests/test_multiprocess.py", "tests/test_mutations.py",
-                 "tests/test_llama_families.py", "tests/test_resolution.py",
-                 "tests/test_torch_hsdp8.py", "tests/test_examples.py", "tests/test_hsdp.py",
-                 "tests/test_torch_checkpoint.py", "tests/test_jit.py", "tests/test_checkpoint.py",
-                 "tests/test_torch_canonical.py", "tests/test_interrupt.py", "tests/test_bad_input.py")
+LONGEST_FIRST = ("torch-worlds", "parity", "tests/jaxdp/canonical/test_canonical.py",
+                 "tests/torch_ref/test_hf_models.py", "tests/jaxdp/strategies/zero/test_zero.py",
+                 "tests/torch_ref/analysis/test_torch_accounting.py",
+                 "tests/torch_ref/test_torch_launch.py", "tests/jaxdp/strategies/zero/test_zero3_compiled.py",
+                 "tests/jaxdp/harness/bench/test_bench.py", "tests/jaxdp/test_multiprocess.py",
+                 "tests/jaxdp/harness/mutations/test_mutations.py", "tests/jaxdp/models/test_llama_families.py",
+                 "tests/jaxdp/harness/test_resolution.py", "tests/torch_ref/strategies/test_torch_hsdp8.py",
+                 "tests/examples/test_examples.py", "tests/jaxdp/strategies/test_hsdp.py",
+                 "tests/torch_ref/test_torch_checkpoint.py", "tests/jaxdp/strategies/jit/test_jit.py",
+                 "tests/jaxdp/test_checkpoint.py", "tests/torch_ref/canonical/test_torch_canonical.py",
+                 "tests/jaxdp/harness/test_interrupt.py", "tests/cli/test_bad_input.py")
 
 
 def unit_of(nodeid: str) -> str:

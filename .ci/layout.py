@@ -1,6 +1,6 @@
 """README.md's layout map, generated: every module and package of jaxdp/ and torch_ref/ with the first
 sentence of its docstring. `python3 .ci/layout.py` prints it; `--write` puts it into README.md between
-the layout markers; `--check` exits 1 when README.md's map differs (tests/test_house.py runs it)."""
+the layout markers; `--check` exits 1 when README.md's map differs (tests/house/test_house.py runs it)."""
 import ast
 import re
 import sys

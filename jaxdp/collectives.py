@@ -16,7 +16,7 @@ The parameter-server collectives move everything through device 0, with a binomi
 Compiled, a ring is its 2(N-1) (or N-1) collective-permutes of one chunk plus dynamic-slices,
 dynamic-update-slices, adds and copies: the chunk a device sends or stores depends on the device, so
 its index comes from `lax.axis_index` into `lax.dynamic_slice`, never a scatter
-(tests/test_collectives.py reads the compiled op set).
+(tests/jaxdp/test_collectives.py reads the compiled op set).
 
 Each function takes the axis name and reads N from it; with N = 1 they return their input.
 A value arriving by ppermute is "varying" per device: use these under `shard_map(check_vma=False)`

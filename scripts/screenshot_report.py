@@ -4,7 +4,7 @@ and render report.html in headless Chromium (Debian's `chromium`) to a PNG.
     PYTHONPATH=$PWD python scripts/screenshot_report.py            # docs/compare_screenshot.png
     PYTHONPATH=$PWD python scripts/screenshot_report.py --out /tmp/shot.png --strategies ddp,zero1,zero3
 
-Also imported by tests/test_compare.py (`browser`, `chromium_flags`, `dom_status`, `screenshot`).
+Also imported by tests/jaxdp/harness/report/test_compare.py (`browser`, `chromium_flags`, `dom_status`, `screenshot`).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Runs `reduction="canonical"` configurations in one process, for tests/test_canonical.py: it must
+"""Runs `reduction="canonical"` configurations in one process, for tests/jaxdp/canonical/test_canonical.py: it must
 start with XLA:CPU's fused multiply-adds off (`jaxdp.devices.setup(..., reduction="canonical")`
 sets them off before JAX starts), which the rest of the suite's process does not have.
 

@@ -1,4 +1,4 @@
-"""What the spawned ranks of tests/test_convert.py run: kept free of JAX so a rank starts quickly."""
+"""What the spawned ranks of tests/torch_ref/test_convert.py run: kept free of JAX so a rank starts quickly."""
 from __future__ import annotations
 
 from torch import nn

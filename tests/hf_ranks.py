@@ -1,4 +1,4 @@
-"""The rank side of tests/test_hf_models.py: transformers' own models, built from tiny configs (nothing
+"""The rank side of tests/torch_ref/test_hf_models.py: transformers' own models, built from tiny configs (nothing
 downloaded), trained through torch_ref's library API (`parallelize`, `train_step`) and recorded with
 `torch_ref.trace.Recorder(..., strip_prefix=...)`, with no name map and no units given. Nothing
 here asserts: the test module does.

@@ -1,4 +1,4 @@
-"""The rank side of tests/test_torch_api.py (run in the shared torch worlds of tests/torch_helpers.py):
+"""The rank side of tests/torch_ref/test_torch_api.py (run in the shared torch worlds of tests/torch_helpers.py):
 a model the project never saw, trained through torch_ref's library API (`parallelize`, `train_step`,
 `trace.Recorder`) under every strategy. Nothing here asserts: the test module does."""
 from __future__ import annotations
@@ -81,7 +81,7 @@ def run_cases(rank: int, n: int, path: str) -> dict:
     out = {case: train_case(rank, n, case, path if case == cases[0] else None) for case in cases}
     if n > 1:
         out["unequal_rows"] = unequal_rows(rank)
-    if n == 2:  # tests/test_torch_shared.py: shared parameters under zero3's default units
+    if n == 2:  # tests/torch_ref/models/test_torch_shared.py: shared parameters under zero3's default units
         out["shared"] = torch_shared_ranks.run(rank, n)
     return out
 

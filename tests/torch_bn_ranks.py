@@ -1,4 +1,4 @@
-"""The rank side of tests/test_torch_batchnorm.py (run in the shared torch world of 2 ranks,
+"""The rank side of tests/torch_ref/test_torch_batchnorm.py (run in the shared torch world of 2 ranks,
 tests/torch_helpers.py): a user's conv net with plain nn.BatchNorm2d and nn.BatchNorm1d, trained through the
 library API under every torch strategy after `torch_ref.batchnorm.convert_sync_batchnorm`, plain under ddp and
 zero3, and once with a parameter perturbed on one rank only. Nothing here asserts: the test module does."""

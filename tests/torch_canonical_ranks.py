@@ -1,5 +1,5 @@
-"""The rank side of tests/test_torch_canonical.py: a small float32 model trained through the library API
-(`parallelize(..., reduction=...)`, `train_step`, `trace.Recorder`) for a list of cases, in one world
+"""The rank side of tests/torch_ref/canonical/test_torch_canonical.py: a small float32 model trained through the
+library API (`parallelize(..., reduction=...)`, `train_step`, `trace.Recorder`) for a list of cases, in one world
 per size. Nothing here asserts: the test module does."""
 from __future__ import annotations
 

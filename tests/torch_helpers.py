@@ -1,6 +1,6 @@
 """Shared machinery of the torch_ref tests: one spawned torch world per world size (1, 2, 3, 4)
-runs every job that needs that size, once per session; `single` references run in the pytest
-process. Nothing here asserts: the test modules do.
+runs the jobs of that size the selected tests need (tests/torch_jobs.py), once per session; `single`
+references run in the pytest process. Nothing here asserts: the test modules do.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch.distributed as dist
 from jaxdp.core import data, trace
 from jaxdp.core.config import ALL_STRATEGIES, FRAMEWORK_STRATEGIES, JIT_STRATEGIES, RunConfig
 
-from . import torch_api_ranks, torch_bn_ranks
+from . import torch_api_ranks, torch_bn_ranks, torch_jobs
 from .pairwise import pairwise
 
 # The JAX suite's problem (tests/conftest.py BASE) with a bucket small enough for several buckets.
@@ -35,7 +35,8 @@ CASES = [BASE.replace(**case) for case in pairwise(DIMENSIONS)]
 GPT = BASE.replace(model="gpt", data="text", devices=2, steps=2, batch_size=8, accum=2, n_layer=1, d_model=16,
                    n_head=2, seq_len=8, optimizer="adamw", lr=1e-2, clip_norm=1.0, bucket_mb=0.005)
 GPT_CASES = [GPT.replace(strategy=s) for s in DISTRIBUTED]
-# GPT-2 (tests/test_gpt2.py): strategies of both frameworks x N x accum, pairwise; momentum SGD (why: there).
+# GPT-2 (tests/jaxdp/models/test_gpt2.py): strategies of both frameworks x N x accum, pairwise; momentum SGD
+# (why: there).
 GPT2_SMALL = BASE.replace(model="gpt2", data="text", steps=2, batch_size=36, n_layer=1, n_head=2, d_model=8,
                           seq_len=8, optimizer="momentum", lr=0.05, strategy="single", devices=1)
 GPT2_DIMENSIONS = {"strategy": [s for s in ALL_STRATEGIES if s not in ("single", "hsdp", *JIT_STRATEGIES)],
@@ -47,9 +48,9 @@ BF16 = [BASE.replace(strategy=s, devices=2, dtype=d, optimizer="adam", lr=1e-3)
 # zero3 with FSDP2's reshard_after_forward=False, under accumulation and clipping.
 KEEP_GATHERED = BASE.replace(strategy="zero3", devices=2, accum=3, clip_norm=0.5, optimizer="adam",
                              reshard_after_forward=False)
-# `--model cnn` (tests/test_cnn.py): pairwise over the strategies x N x accum x batchnorm, in JAX's names; the
-# torch side runs each case under the same name, but JAX's ddp-pmap as its own ddp-naive (the other framework-only
-# strategy, the same algorithm): 32 cases cover every strategy of both frameworks.
+# `--model cnn` (tests/jaxdp/models/test_cnn.py): pairwise over the strategies x N x accum x batchnorm, in JAX's
+# names; the torch side runs each case under the same name, but JAX's ddp-pmap as its own ddp-naive (the other
+# framework-only strategy, the same algorithm): 32 cases cover every strategy of both frameworks.
 CNN = BASE.replace(model="cnn", data="digits", channels=(4, 4), steps=2, batch_size=36, optimizer="adamw", lr=0.01,
                    bucket_mb=0.0005)
 CNN_DIMENSIONS = {
@@ -67,7 +68,8 @@ def cnn_torch(cfg: RunConfig) -> RunConfig:
 
 
 CNN_TORCH = [cnn_torch(c) for c in CNN_CASES]
-# hsdp on the world of 4 (tests/test_torch_strategies.py): R x S = 2x2, 1x4, 4x1, accumulation and clipping;
+# hsdp on the world of 4 (tests/torch_ref/strategies/test_torch_strategies.py): R x S = 2x2, 1x4, 4x1,
+# accumulation and clipping;
 # the 2x2 one also runs in jaxdp: the two frameworks meet on it.
 HSDP = [BASE.replace(strategy="hsdp", devices=4, replicas=r, accum=3, clip_norm=0.5, optimizer=o,
                      reshard_after_forward=k)
@@ -77,7 +79,7 @@ HSDP_BYTES = BASE.replace(strategy="hsdp", devices=4, replicas=2, optimizer="ada
 TRAIN = CASES + GPT_CASES + [FLOAT32] + BF16 + [KEEP_GATHERED] + CNN_TORCH + HSDP
 TRAIN += [c for c in GPT2_CASES if c.strategy in DISTRIBUTED]
 RING_SIZES = [1, 2, 3, 5, 7, 12, 13, 100]
-API_SIZES = (1, 2, 3)  # the world sizes tests/test_torch_api.py's cases need
+API_SIZES = (1, 2, 3)  # the world sizes tests/torch_ref/test_torch_api.py's cases need
 
 
 # ---- in the pytest process ----------------------------------------------------------------------
@@ -105,16 +107,37 @@ def single(cfg: RunConfig):
 
 
 @functools.cache
-def world(n: int) -> dict:
-    """Spawn a world of n ranks once; it runs every job of size n. Returns {job key: result}."""
+def world(n: int) -> torch_jobs.Results:
+    """Spawn a world of n ranks once; it runs the jobs of size n the selected tests need (tests/torch_jobs.py).
+    Returns {RunConfig or job name: result}."""
     from torch_ref.launch import launch
 
-    jobs = [("train", cfg, init_for(init_key(cfg))) for cfg in TRAIN if cfg.devices == n]
-    jobs.append(("ring", RING_SIZES))
+    jobs = [("train", cfg, init_for(init_key(cfg))) for cfg in train_configs(n)]
     api_trace = os.path.join(tempfile.mkdtemp(prefix="torch_api_"), f"api-{n}.npz")
-    if n in API_SIZES:  # tests/test_torch_api.py: its model through the library API
+    jobs += [job for job in other_jobs(n, api_trace) if torch_jobs.wanted((job[0], n))]
+    if not jobs:
+        return torch_jobs.Results(n, {})
+    per_rank = launch(run_jobs, n, jobs, timeout_s=600, pg_timeout_s=120)
+    out = {}
+    for i, job in enumerate(jobs):
+        key = job[1] if job[0] == "train" else job[0]
+        out[key] = per_rank[0][i] if job[0] == "train" else [r[i] for r in per_rank]
+    out["api_trace"] = api_trace
+    return torch_jobs.Results(n, out)
+
+
+def train_configs(n: int) -> list[RunConfig]:
+    """The training runs of world n: TRAIN's, or only those the selected tests need (and any they add)."""
+    needed = TRAIN if torch_jobs.NEEDED is None else torch_jobs.NEEDED
+    return [cfg for cfg in dict.fromkeys(needed) if isinstance(cfg, RunConfig) and cfg.devices == n]
+
+
+def other_jobs(n: int, api_trace: str) -> list[tuple]:
+    """World n's jobs other than training runs, each `(name, *arguments)`."""
+    jobs = [("ring", RING_SIZES)]
+    if n in API_SIZES:  # tests/torch_ref/test_torch_api.py: its model through the library API
         jobs.append(("api", api_trace))
-    if n == 4:  # hsdp 2 x 2 against zero3 (tests/test_torch_strategies.py)
+    if n == 4:  # hsdp 2 x 2 against zero3 (tests/torch_ref/strategies/test_torch_strategies.py)
         jobs.append(("hsdp_comm", HSDP_COMM, init_for(init_key(BASE))))
         jobs.append(("hsdp_bytes", HSDP_BYTES, init_for(init_key(BASE))))
     if n == 2:
@@ -122,14 +145,8 @@ def world(n: int) -> dict:
         jobs.append(("buckets", BASE.replace(strategy="ddp-bucket", devices=2, accum=3), init_for(init_key(BASE))))
         jobs.append(("keep_gathered", KEEP_GATHERED.replace(accum=1), init_for(init_key(BASE))))
         jobs.append(("gpt2_comm", GPT2_SMALL.replace(strategy="zero3", devices=2), init_for(init_key(GPT2_SMALL))))
-        jobs.append(("bn",))  # tests/test_torch_batchnorm.py: a user's conv net, converted and plain
-    per_rank = launch(run_jobs, n, jobs, timeout_s=600, pg_timeout_s=120)
-    out = {}
-    for i, job in enumerate(jobs):
-        key = job[1] if job[0] == "train" else job[0]
-        out[key] = per_rank[0][i] if job[0] == "train" else [r[i] for r in per_rank]
-    out["api_trace"] = api_trace
-    return out
+        jobs.append(("bn",))  # tests/torch_ref/test_torch_batchnorm.py: a user's conv net, converted and plain
+    return jobs
 
 
 def result(cfg: RunConfig):

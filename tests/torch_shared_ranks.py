@@ -1,4 +1,4 @@
-"""The rank side of tests/test_torch_shared.py (run in the shared torch world of 2 ranks, from
+"""The rank side of tests/torch_ref/models/test_torch_shared.py (run in the shared torch world of 2 ranks, from
 tests/torch_api_ranks.py): models whose parameters are shared, trained by zero3 with its default units
 and by single, each recorded. Nothing here asserts: the test module does."""
 from __future__ import annotations

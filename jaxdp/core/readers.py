@@ -24,7 +24,7 @@ MODEL_FLAGS = {
 }
 # framework -> flag -> the strategies that read it; a flag not listed is read by every strategy. The
 # strategies' own option tables (`jaxdp.strategies.OPTIONS`, `torch_ref.strategies.OPTIONS`) agree with
-# it (tests/test_bad_input.py): torch's DDP reads --bucket-mb as bucket_cap_mb, torch has no --collectives.
+# it (tests/cli/test_bad_input.py): torch's DDP reads --bucket-mb as bucket_cap_mb, torch has no --collectives.
 STRATEGY_FLAGS = {
     "jax": {"bucket_mb": ("ddp-bucket",), "collectives": ("zero1", "zero2", "zero3", "hsdp"),
             "reshard_after_forward": ("zero3", "hsdp"), "replicas": ("hsdp",), "hsdp_hosts": ("hsdp",),

@@ -5,7 +5,7 @@ than a bucket gets a bucket of its own. Divided by N before the all-reduce, as i
 
 In torch each bucket's all-reduce starts as soon as backward fills it; here XLA schedules the
 collectives of the whole step, so the overlap is its to choose. The buckets are what we fix, and
-the compiled program keeps them (tests/test_sync_once.py reads it): left alone, XLA:CPU's
+the compiled program keeps them (tests/jaxdp/strategies/test_sync_once.py reads it): left alone, XLA:CPU's
 `cpu-all-reduce-combiner` merges every bucket and the loss into one tuple all-reduce, and XLA:GPU's
 combiner does the same below ~30 MiB; without an order, the scheduler reorders them under
 accumulation. So each bucket's input is made to depend on the previous bucket's result (`after`),

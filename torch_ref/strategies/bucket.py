@@ -9,7 +9,7 @@ the moment a bucket's last parameter is ready the bucket is divided by N (pre-di
 all-reduce starts asynchronously, overlapping the rest of backward. `finish_gradient_synchronization`
 waits on every bucket before the optimizer step and points `.grad` at `main_grad`. What the process
 group runs is one all-reduce per bucket, of its size, in plan order, then the loss's (the gloo
-events the profiler records; tests/test_torch_strategies.py).
+events the profiler records; tests/torch_ref/strategies/test_torch_strategies.py).
 
 Canonical: the canonical all-reduce per bucket of this plan (`groups`), after backward instead of
 overlapping it.

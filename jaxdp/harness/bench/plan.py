@@ -46,8 +46,8 @@ def plan(quick: bool) -> Plan:
     if quick:
         # A smoke run (the test suite's): one small model, one device count, every item present; cnn and
         # gpt2 only in the compiled items (no timed run: no torch world to spawn), tiny, N = 2, ddp (zero3's
-        # compiles cost twice as much; tests/test_model_accounting.py and test_gpt2.py cover it), gpt2 on the
-        # character text (its 50304-token vocabulary alone would double this smoke run).
+        # compiles cost twice as much; tests/jaxdp/analysis/test_model_accounting.py and test_gpt2.py cover it),
+        # gpt2 on the character text (its 50304-token vocabulary alone would double this smoke run).
         models = {"mlp": base.replace(model="mlp", data="synthetic", hidden=(64, 64), batch_size=32)}
         ported = (("cnn", _cnn(base, (4, 8), 32), ("ddp",), (2,)),
                   ("gpt2", _gpt2(base, 1, 2, 16, 16, 8).replace(data="text"), ("ddp",), (2,)))

@@ -10,7 +10,7 @@ as a user porting a model would. Five families, each with a trap of models as li
           random images, a classification loss
 
 `run_world(rank, n, cases)` runs every case of one world size and returns rank 0's traces, with
-transformers' float32 sites promoted to the model's dtype (`promoted_sites`, as tests/test_llama.py does):
+transformers' float32 sites promoted to the model's dtype (`promoted_sites`, as tests/jaxdp/models/test_llama.py does):
 Llama's RMSNorm, the eager softmax and the rotary angles run in float32 whatever the model's dtype, so a
 float64 transformers model is not a float64 model (docs/LIBRARY.md), and the float64 bounds would judge it
 against float32 roundoff.

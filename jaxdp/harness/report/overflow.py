@@ -1,5 +1,5 @@
 """A figure's readability, checked: `overflow(fig)` lists text cut off the canvas and legends drawn over
-the data or the title (tests/test_recommend.py holds every compare figure to an empty list)."""
+the data or the title (tests/jaxdp/harness/report/test_recommend.py holds every compare figure to an empty list)."""
 from __future__ import annotations
 
 import matplotlib.legend

@@ -61,7 +61,7 @@ REFERENCES = (GPT2_124M, LLAMA3_8B)
 
 def of_run(cfg, vocab: int) -> Transformer:
     """The shape of a run's `--model gpt2` or `--model llama` (its vocabulary from the dataset), so that
-    `params` and `flops_per_token` count a run as they count the references (tests/test_llama.py checks
+    `params` and `flops_per_token` count a run as they count the references (tests/jaxdp/models/test_llama.py checks
     `params` against the models' own parameters)."""
     if cfg.model not in ("gpt2", "llama"):
         raise ValueError(f"of_run counts --model gpt2 or llama, not {cfg.model!r}")

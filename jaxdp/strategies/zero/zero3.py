@@ -3,7 +3,7 @@ the model (an MLP layer, a transformer block, the embeddings, the head) is all-g
 forward and freed after it, gathered again just before its backward (not with
 reshard_after_forward=False), and its gradient reduce-scattered as backward produces it; no device ever
 holds full parameters between steps, nor (accum 1) more than two units' full parameters and gradients
-during one. Asserted on the compiled program (tests/test_zero3_compiled.py). Under accumulation,
+during one. Asserted on the compiled program (tests/jaxdp/strategies/zero/test_zero3_compiled.py). Under accumulation,
 FSDP's no_sync: gathers for every micro-batch, the full local gradients reduce-scattered once after the
 loop. The update is `zero2`'s, on shards that stay shards (`step.py`; the layout: `layout.ZERO3`).
 """

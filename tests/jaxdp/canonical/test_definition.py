@@ -1,0 +1,28 @@
+"""The canonical reduction's definition in JAX, op by op (the twin of tests/torch_ref/canonical/
+test_torch_canonical.py's): the tree pairs adjacent leaves level by level, `pairsum` zero-pads to a power
+of two first, `blocks` lays a flat array out as BLOCKS rows. Eager float32, in this process (the compiled
+runs' bits: test_canonical.py, in a child process)."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxdp import canonical
+
+
+def test_tree_pairs_adjacent_leaves_level_by_level():
+    leaves = np.array([1e8, 1.0, -1e8, 1.0, 3.0, 5.0, 7.0, 11.0], dtype=np.float32)
+    a, b, c, d, e, f, g, h = leaves
+    expected = ((a + b) + (c + d)) + ((e + f) + (g + h))
+    fold = np.float32(0)
+    for x in leaves:
+        fold = np.float32(fold + x)
+    assert float(canonical.tree(jnp.asarray(leaves))) == float(expected) != float(fold)
+
+
+def test_pairsum_pads_to_a_power_of_two_and_blocks_are_the_rows():
+    v = jnp.asarray(np.arange(1, 6, dtype=np.float32)[None])  # width 5: padded to 8
+    assert float(canonical.pairsum(v)[0]) == ((1 + 2) + (3 + 4)) + 5
+    flat = jnp.arange(canonical.BLOCKS + 1, dtype=jnp.float32)
+    rows = canonical.blocks(flat)
+    assert rows.shape == (canonical.BLOCKS, 2) and float(rows.sum()) == float(flat.sum())

@@ -1,0 +1,41 @@
+"""The mutation catalogue's plumbing, without the runs (those: test_mutations.py): every bug injects into its
+framework's code and is gone on exit; the scorer asks torch for the runs each case needs and reads a result;
+a pair run's JAX side is `jaxdp train`'s run."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jaxdp.harness import mutations, pair_runs
+from jaxdp.harness.mutations import score
+from tests.conftest import BASE, run
+
+CASES = [(m.name, fw) for m in mutations.CATALOGUE + [mutations.REPLICA] for fw in ("jax", "torch")
+         if getattr(m, fw) is not None]
+
+
+@pytest.mark.parametrize("name, framework", CASES, ids="-".join)
+def test_each_bug_injects_and_is_gone_on_exit(name, framework):
+    from jaxdp.harness.mutations import jax_bugs
+    from jaxdp.harness.mutations import torch_bugs as torch_mutations
+
+    patches = (jax_bugs.PATCHES if framework == "jax" else torch_mutations.PATCHES)[name]()
+    before = [getattr(obj, attr) for obj, attr, _ in patches]
+    with mutations.inject(framework, name):
+        assert all(getattr(obj, attr) is not b for (obj, attr, _), b in zip(patches, before, strict=True))
+    assert all(getattr(obj, attr) is b for (obj, attr, _), b in zip(patches, before, strict=True))
+
+
+def test_the_scorer_asks_for_the_honest_the_mutated_and_the_single_torch_runs():
+    name = next(m.name for m in mutations.CATALOGUE if m.torch is not None)
+    cfg = mutations.config(mutations.BY_NAME[name], "torch", "float64")
+    items = score.torch_items([(name, "torch", "float64")])
+    assert cfg in items and (cfg, name) in items and any(getattr(i, "strategy", None) == "single" for i in items)
+    caught = {check: (True, "") for check in mutations.BY_NAME[name].checks}
+    assert score.missed({"case": (name, "torch", "float64"), "caught": caught, "controls": {}}) == []
+
+
+def test_a_pair_runs_jax_side_is_the_training_run():
+    cfg = BASE.replace(steps=1)
+    got, ref = pair_runs.run_jax(cfg), run(cfg)
+    assert np.array_equal(got.arrays["step/1/loss"], ref.arrays["step/1/loss"])

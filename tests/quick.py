@@ -1,0 +1,152 @@
+"""The quick tier (`python -m pytest -m quick`, docs/TESTS.md): cheap tests chosen among the suite's (measured
+with --durations=0), under 3 minutes on 2 cores, that together touch every module of jaxdp/ and torch_ref/
+(checked at the end of the run: tests/touched.py). The tier is this one table, so that choosing a test
+for it edits no test file: {test file: "*" for all of its tests, or the names of the chosen tests (a
+function's name takes all its parameters; `name[id]` one of them)}. `mark` gives them the marker `quick`.
+"""
+from __future__ import annotations
+
+import pytest
+
+ALL = "*"
+QUICK = {
+    # the house and the tests' own tree (not the two that start fresh interpreters: 50 s)
+    "tests/house/test_house.py": (
+        "test_no_import_cycle",
+        "test_core_imports_no_framework",
+        "test_torch_ref_takes_only_the_core_from_jaxdp",
+        "test_only_the_harness_imports_torch_ref",
+        "test_the_checker_sees_a_cycle_and_a_deferred_import",
+        "test_the_readme_map_lists_every_module",
+    ),
+    "tests/house/test_tests_tree.py": ALL,
+    "tests/cli/test_entry_points.py": ALL,
+    "tests/cli/test_exit_status.py": ("test_the_mapping", "test_bad_flag_is_2_and_every_help_has_the_table"),
+    "tests/cli/test_bad_input.py": (
+        "test_readers_agree_with_the_strategies_own_option_tables",
+        "test_shared_flags_mean_the_same_in_both_frameworks",
+    ),
+    "tests/cli/test_processes_trust.py": ("test_a_taken_port_is_refused",),
+    # jaxdp.core: numpy only, synthetic traces
+    "tests/jaxdp/core/test_data_and_trace.py": (
+        "test_trace_round_trip_and_layout",
+        "test_truncated_trace_is_refused",
+        "test_non_finite_is_never_agreement",
+        "test_elementwise_error_sees_a_small_element_that_the_relative_error_hides",
+        "test_ulp_distance_counts_representable_values_in_the_arrays_own_type",
+        "test_updates_are_each_steps_parameter_change_and_a_wrong_step_shows_in_it",
+        "test_the_bit_for_bit_helper_refuses_identical_nans",
+    ),
+    "tests/jaxdp/core/test_hostile_traces.py": ALL,
+    "tests/jaxdp/core/test_recorder.py": ALL,
+    "tests/jaxdp/core/test_spread.py": ALL,
+    # jaxdp: the library API on three strategies; every strategy's compiled step (the non-finite check)
+    "tests/jaxdp/test_api.py": (
+        "test_every_step_equals_the_independent_reference[ddp-x2-accum3]",
+        "test_every_step_equals_the_independent_reference[zero2-x2-accum1]",
+        "test_every_step_equals_the_independent_reference[fsdp-x2-accum3]",
+        "test_bad_arguments_are_one_line_naming_the_fix",
+        "test_bad_batches_and_losses_fail_before_compiling",
+    ),
+    "tests/jaxdp/strategies/test_nonfinite.py": ("test_every_strategy_flags_a_nonfinite_gradient_with_a_finite_loss",),
+    "tests/jaxdp/strategies/jit/test_jit.py": ("test_axis_type_is_refused_for_a_hand_written_strategy",),
+    "tests/jaxdp/strategies/test_hsdp.py": (
+        "test_bad_replicas_is_one_line_in_both_frameworks",
+        "test_library_refuses_replicas_that_do_not_divide_and_other_strategies",
+    ),
+    "tests/jaxdp/strategies/zero/test_zero_layout.py": ALL,
+    "tests/jaxdp/test_collectives.py": (
+        "test_pack_is_concatenate_and_pad_and_unpack_inverts_it",
+        "test_collectives_benchmark_runs_every_op_size_and_n",
+    ),
+    "tests/jaxdp/test_checkpoint.py": ("test_missing_and_corrupt_checkpoints",),
+    "tests/jaxdp/canonical/test_canonical.py": ("test_bad_input_is_one_line_naming_the_fix",),
+    "tests/jaxdp/canonical/test_definition.py": ALL,
+    "tests/jaxdp/analysis/test_hlo.py": (
+        "test_trips_multiply_through_nested_loops",
+        "test_communication_counts_every_iteration",
+        "test_replica_groups_explicit_iota_and_permute_pairs",
+    ),
+    "tests/jaxdp/analysis/test_inspect.py": ("test_inspect_ddp_bucket_lists_one_all_reduce_per_bucket_and_the_plan",),
+    "tests/jaxdp/models/test_gpt2.py": ("test_bad_gpt2_flags_name_the_fix",),
+    "tests/jaxdp/models/test_llama.py": (
+        "test_jaxdp_equals_its_torch_twin_in_float64",
+        "test_bad_llama_flags_name_the_fix",
+        "test_logits_equal_transformers_to_1e_12_with_its_float32_sites_in_float64",
+        "test_units_are_the_embedding_each_layer_and_the_head_in_both_frameworks",
+    ),
+    "tests/jaxdp/models/test_cnn.py": ("test_bad_cnn_config_is_one_line",),
+    "tests/jaxdp/harness/test_divergence.py": ALL,
+    "tests/jaxdp/harness/test_error_model.py": ALL,
+    "tests/jaxdp/harness/test_diff_api.py": ALL,
+    "tests/jaxdp/harness/test_cli.py": (
+        "test_unknown_names_list_the_valid_ones",
+        "test_corrupt_and_missing_traces",
+        "test_batch_that_does_not_divide_names_valid_sizes",
+    ),
+    "tests/jaxdp/harness/mutations/test_catalogue.py": ALL,
+    "tests/jaxdp/harness/mutations/test_mutations.py": ("test_replica_check_catches_a_device_that_skips_weight_decay",),
+    "tests/jaxdp/harness/report/test_recommend.py": (
+        "test_overflow_sees_a_cut_title_and_a_legend_over_the_data",
+        "test_the_pick_follows_the_measured_state",
+        "test_the_page_prints_units_not_raw_floats",
+        "test_least_traffic_among_those_that_fit_and_measured_hsdp_is_not_projected",
+        "test_a_measured_hsdp_is_zero3_on_one_node_and_measured_across_nodes",
+    ),
+    "tests/jaxdp/harness/report/test_compare.py": (
+        "test_reference_parameter_counts_exactly",
+        "test_toy_model_is_not_projected",
+        "test_criterion_boundary_is_compute_equal_to_communication",
+        "test_compare_refuses_a_strategy_one_framework_lacks",
+    ),
+    # torch_ref in this process (a world of one)
+    "tests/torch_ref/strategies/test_world_of_one.py": ALL,
+    "tests/torch_ref/test_torch_api.py": (
+        "test_a_wrong_step_is_caught",
+        "test_bad_input_is_one_line_naming_the_fix",
+        "test_gradients_are_kept_only_while_a_recorder_is_attached",
+        "test_recorder_names_override_the_automatic_mapping",
+    ),
+    "tests/torch_ref/test_torch_batchnorm.py": (
+        "test_convert_carries_every_setting_and_the_same_tensors",
+        "test_a_converted_layer_is_torchs_in_a_world_of_one",
+        "test_convert_refuses_in_one_line",
+        "test_canonical_reduction_takes_a_converted_model",
+    ),
+    "tests/torch_ref/test_convert.py": (
+        "test_each_layer_computes_as_the_nnx_layer",
+        "test_every_mismatch_is_listed_in_one_error",
+    ),
+    "tests/torch_ref/models/test_torch_models.py": (
+        "test_parameters_order_is_the_flax_definition_order",
+        "test_torch_single_equals_jax_single_in_float64[mlp]",
+    ),
+    "tests/torch_ref/analysis/test_torch_profiler.py": ALL,
+    "tests/torch_ref/models/test_torch_shared.py": (
+        "test_default_units_of_model_library_models_are_their_decoder_layers",
+        "test_default_units_leave_shared_parameters_to_the_root",
+        "test_units_that_split_a_shared_parameter_are_one_line",
+    ),
+    "tests/torch_ref/canonical/test_torch_canonical.py": (
+        "test_tree_pairs_adjacent_leaves_level_by_level_and_folds_fold_in_order",
+        "test_canonical_norm_is_the_definition",
+        "test_default_shards",
+        "test_optimizer_update_on_a_shard_is_the_full_tensor_update",
+        "test_api_refuses_unknown_reductions_and_batchnorm",
+    ),
+    "tests/torch_ref/test_torch_checkpoint.py": ("test_cli_reports_checkpoint_errors_in_one_line",),
+}
+
+
+def chosen(nodeid: str, name: str, originalname: str) -> bool:
+    path = nodeid.split("::", 1)[0]
+    names = QUICK.get(path)
+    return names == ALL or (names is not None and (name in names or originalname in names))
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m reads the markers
+def pytest_collection_modifyitems(items):
+    """Give the chosen tests the `quick` marker."""
+    for item in items:
+        if chosen(item.nodeid, item.name, getattr(item, "originalname", item.name)):
+            item.add_marker(pytest.mark.quick)

@@ -1,0 +1,32 @@
+"""Every torch strategy in a world of one rank, in the pytest process (`python -m torch_ref train --devices 1`'s
+path: gloo over a HashStore): two steps equal torch `single`'s in float64. The quick tier's torch strategies
+(their N > 1 claims: test_torch_strategies.py, in the shared worlds); the canonical reduction too."""
+from __future__ import annotations
+
+import pytest
+
+from jaxdp.core import trace
+from jaxdp.core.config import FRAMEWORK_STRATEGIES
+from jaxdp.harness.torch_run import run
+from tests.torch_helpers import BASE
+
+ONE = BASE.replace(devices=1, steps=2, optimizer="adamw", accum=3, clip_norm=0.5)
+STRATEGIES = [s for s in FRAMEWORK_STRATEGIES["torch"] if s != "single"]
+
+
+@pytest.fixture(scope="module")
+def single():
+    return run(ONE.replace(strategy="single"), record=True)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_world_of_one_equals_single(strategy, single):
+    got = run(ONE.replace(strategy=strategy), record=True)
+    worst = trace.diff(trace.Trace(got.meta, got.arrays), trace.Trace(single.meta, single.arrays))["worst"]
+    assert max(worst.values()) <= 1e-12, worst
+
+
+def test_canonical_in_a_world_of_one_is_single_bit_for_bit():
+    cfg = ONE.replace(strategy="zero2", reduction="canonical", dtype="float32")
+    got, ref = run(cfg, record=True), run(cfg.replace(strategy="single"), record=True)
+    assert all((got.arrays[k] == v).all() for k, v in ref.arrays.items() if k in got.arrays)

@@ -1,0 +1,30 @@
+"""Put on PYTHONPATH by tests/touched.py during the quick tier: every Python process the quick tests start
+(a CLI in a subprocess, a spawned torch rank) runs under cProfile and, at exit, writes what it touched to
+the session's folder, as the pytest processes do."""
+import os
+
+if os.environ.get("JAXDP_TESTS_TOUCHED_DIR"):
+    import atexit
+    import cProfile
+
+    _profile = cProfile.Profile()
+    _profile.enable()
+
+    def _write():
+        import sys
+
+        _profile.disable()
+        _profile.create_stats()
+        folder, pid = os.environ["JAXDP_TESTS_TOUCHED_DIR"], os.getpid()
+        called = {os.path.realpath(f) for f, _, name in _profile.stats if name != "<module>"}
+        ran = {os.path.realpath(f) for f, _, name in _profile.stats if name == "<module>"}
+        ran |= {os.path.realpath(m.__file__) for m in list(sys.modules.values()) if getattr(m, "__file__", None)}
+        try:
+            with open(os.path.join(folder, f"{pid}-site.called"), "w") as f:
+                f.write("\n".join(sorted(called)))
+            with open(os.path.join(folder, f"{pid}-site.ran"), "w") as f:
+                f.write("\n".join(sorted(ran)))
+        except OSError:  # the session (and its folder) is gone
+            pass
+
+    atexit.register(_write)

@@ -1,6 +1,6 @@
 """Comparing traces (`diff`, `format_diff`, the error measures) over the trace file (`tracefile.py`:
 the format, docs/TRACE.md); `save`, `load`, `Trace` and `Recorder` are re-exported, so
-`jaxdp.trace` is the one path users import."""
+that `jaxdp.trace` (jaxdp/trace.py, importing them from here) is the one path users import."""
 from __future__ import annotations
 
 import math

@@ -6,7 +6,7 @@ Order: the values before the first step (`init`: the parameters `init/<name>` an
 `state/<name>`), then step by step `x`, `y`, `loss`, `grad`, `param`, `state`. Within one step and
 field the tensor beyond its bound by the largest factor is named.
 
-The bounds are the judge's (`jaxdp.parity.judge`, whose numbers, from `trace.diff`, are reused
+The bounds are the judge's (`jaxdp.harness.parity.judge`, whose numbers, from `trace.diff`, are reused
 here), applied per step and tensor:
   init, x, y   identical (bit for bit, as the judge requires of the initial parameters)
   loss         |a - b| / |b|                 <= bound.loss

@@ -5,7 +5,7 @@ a floor. Floors, bottom to top: 0 jaxdp.core; 1 the base (devices, collectives, 
 canonical; 3 the strategies' shared floor (strategies.common, grads, finite, stats); 4 a strategy's own
 files. A move from floor f to a floor above runs back up one, as does a move from one strategy's files
 to another's (zero/ is one); each is an import arrow (the caller imports the callee, as
-tests/test_house.py reads imports) or a callback (a function handed down, called back).
+tests/house/test_house.py reads imports) or a callback (a function handed down, called back).
 
     python .ci/walk.py [strategy]
 """

@@ -20,9 +20,6 @@ CROSS_CUTTING = {  # folders of tests whose subject is no one module
     "house": "the house's rules: imports, layout, the tests' own tree",
 }
 # Folders of tests for source paths another worktree of issue 37 creates (allowed until the source exists).
-AWAITING = {"torch_ref/analysis": "torch_ref/analysis/ (torch_ref/accounting.py, theory.py, profiler.py moved)"}
-
-
 def test_files() -> list[Path]:
     return sorted(p for p in TESTS.rglob("test_*.py"))
 
@@ -33,7 +30,7 @@ def folder_subject(folder: Path) -> str | None:
     top = rel.split("/")[0]
     if top in CROSS_CUTTING:
         return top
-    if top in PACKAGES and (Path(REPO, rel).is_dir() or Path(REPO, rel + ".py").is_file() or rel in AWAITING):
+    if top in PACKAGES and (Path(REPO, rel).is_dir() or Path(REPO, rel + ".py").is_file()):
         return rel
     return None
 

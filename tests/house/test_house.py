@@ -164,3 +164,36 @@ def test_no_import_hook_and_the_documented_paths_are_plain_modules():
     done = subprocess.run([sys.executable, "-m", "jaxdp.harness.mutations", "--help"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.startswith("usage: python -m jaxdp.harness.mutations"), done.stderr
+
+
+# The twin rule (docs/STRATEGIES.md, "same names"): every module of these jaxdp packages has its torch_ref twin
+# at the same relative path, or is listed here with the reason it has none.
+TWINNED = ("models", "analysis", "canonical", "strategies")
+NO_TWIN = {
+    "models/unit_vjp.py": "one jax.custom_vjp per unit keeps XLA's compiled schedule; FSDP2's hooks run it eagerly",
+    "analysis/hlo.py": "reads XLA's compiled program; torch has none (analysis/profiler.py reads what ran)",
+    "analysis/inspect.py": "`jaxdp inspect` prints the compiled program's collectives; torch has no compiled program",
+    "strategies/ddp_pmap.py": "pmap is JAX's own form of DDP",
+    "strategies/grads.py": "local gradients with accumulation: torch's are strategies/common.py:local_grads (no_sync)",
+    "strategies/stats.py": "BatchNorm's running statistics through a functional step; torch's modules keep them",
+    "strategies/jit/__init__.py": "sharding annotations for XLA's partitioner: torch has no compiler partitioner",
+    "strategies/jit/ddp.py": "XLA's partitioner (ddp-jit)",
+    "strategies/jit/fsdp.py": "XLA's partitioner (fsdp-jit)",
+    "strategies/jit/layout.py": "XLA's partitioner (the -jit layouts)",
+    "strategies/jit/step.py": "XLA's partitioner (the -jit step)",
+    "strategies/jit/zero1.py": "XLA's partitioner (zero1-jit)",
+    "strategies/zero/fsdp.py": "zero3's gather and reduce-scatter by unit: PyTorch's fully_shard does it",
+}
+
+
+def relative_modules(package: str) -> set[str]:
+    return {p.relative_to(ROOT / package).as_posix() for folder in TWINNED
+            for p in (ROOT / package / folder).rglob("*.py")}
+
+
+def test_every_jax_module_has_its_torch_twin_at_the_same_path_or_a_reason():
+    jax_side, torch_side = relative_modules("jaxdp"), relative_modules("torch_ref")
+    missing = sorted(jax_side - torch_side - set(NO_TWIN))
+    assert not missing, f"no torch_ref twin and no reason in NO_TWIN: {missing}"
+    stale = sorted(set(NO_TWIN) - (jax_side - torch_side))
+    assert not stale, f"NO_TWIN lists modules that are gone or now have a twin: {stale}"

@@ -12,8 +12,7 @@ import pytest
 from jaxdp.core import trace
 from jaxdp.core.trace import TraceKey, parse_key
 from jaxdp.harness import cli, divergence, parity, verdict
-
-from .test_divergence import BUGS, GOOD, planted
+from tests.jaxdp.harness.test_divergence import BUGS, GOOD, planted
 
 DIFF_FIELDS = ["worst", "per_array", "norm", "elementwise", "ulp", "non_finite", "fields", "floor", "raw", "updates",
                "spread"]

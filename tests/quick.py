@@ -26,7 +26,11 @@ QUICK = {
         "test_readers_agree_with_the_strategies_own_option_tables",
         "test_shared_flags_mean_the_same_in_both_frameworks",
     ),
-    "tests/cli/test_processes_trust.py": ("test_a_taken_port_is_refused",),
+    "tests/cli/test_processes_trust.py": (
+        "test_a_taken_port_is_refused",
+        "test_a_killed_launcher_leaves_no_worker_and_listens_on_loopback[jaxdp]",
+    ),
+    "tests/jaxdp/harness/bench/test_bench_canonical.py": ALL,
     # jaxdp.core: numpy only, synthetic traces
     "tests/jaxdp/core/test_data_and_trace.py": (
         "test_trace_round_trip_and_layout",
@@ -62,6 +66,7 @@ QUICK = {
     "tests/jaxdp/test_checkpoint.py": ("test_missing_and_corrupt_checkpoints",),
     "tests/jaxdp/canonical/test_canonical.py": ("test_bad_input_is_one_line_naming_the_fix",),
     "tests/jaxdp/canonical/test_definition.py": ALL,
+    "tests/jaxdp/test_public_paths.py": ALL,
     "tests/jaxdp/analysis/test_hlo.py": (
         "test_trips_multiply_through_nested_loops",
         "test_communication_counts_every_iteration",

@@ -26,3 +26,17 @@ def test_pairsum_pads_to_a_power_of_two_and_blocks_are_the_rows():
     flat = jnp.arange(canonical.BLOCKS + 1, dtype=jnp.float32)
     rows = canonical.blocks(flat)
     assert rows.shape == (canonical.BLOCKS, 2) and float(rows.sum()) == float(flat.sum())
+
+
+def test_the_canonical_step_runs_in_a_fresh_process(tmp_path):
+    """`canonical.step` (the shard program, the partials, the step's values) through `jaxdp train
+    --reduction canonical` (a fresh process: canonical sets XLA's flags before JAX starts); the compiled
+    runs' bits across N are test_canonical.py's."""
+    import subprocess
+    import sys
+    out = tmp_path / "t.npz"
+    cmd = [sys.executable, "-m", "jaxdp", "train", "--strategy", "ddp", "--devices", "2", "--reduction", "canonical",
+           "--steps", "1", "--hidden", "8", "--batch-size", "8", "--trace", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert np.isfinite(np.load(out)["step/1/loss"]).all()

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import batchnorm
-from ..strategies.common import flatten, micro_batches
+from ..tensors import flatten, micro_batches
 from . import reduce as C
 
 

@@ -30,7 +30,7 @@ from jaxdp.core.reduction import (  # noqa: F401 (one definition of S for both s
 )
 
 from ..collectives import all_gather, ring_all_gather
-from ..strategies.common import flatten, micro_batches
+from ..tensors import flatten, micro_batches
 
 REDUCTIONS = ("native", "canonical")
 

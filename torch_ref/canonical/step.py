@@ -28,7 +28,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from ..strategies.common import check_rows
+from ..tensors import check_rows
 from . import batchnorm as canonical_bn
 from . import reduce as C
 

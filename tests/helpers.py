@@ -57,3 +57,18 @@ def assert_bitwise_equal(a, b, key: str = "") -> None:
     assert a.dtype == b.dtype and a.shape == b.shape, (key, a.dtype, b.dtype, a.shape, b.shape)
     assert a.dtype.kind != "f" or (np.isfinite(a).all() and np.isfinite(b).all()), f"{key} holds NaN or Inf"
     assert a.tobytes() == b.tobytes(), f"{key} differs"
+
+
+def resumed_steps(resumed, full, first: int, exact: bool = True, tol: float = 1e-12) -> set[int]:
+    """A resumed run's steps against the uninterrupted run's (bit for bit, or within `tol` of each array's
+    largest magnitude): it recorded steps, none before `first`. Returns the steps it recorded."""
+    keys = {k: trace.parse_key(k) for k in resumed.arrays if k.startswith("step/")}
+    steps = {key.step for key in keys.values()}
+    assert keys and min(steps) >= first, f"steps {sorted(steps)}: none may come before {first}"
+    for k in keys:
+        if exact:
+            assert_bitwise_equal(resumed.arrays[k], full.arrays[k], k)
+        else:
+            scale = np.max(np.abs(full.arrays[k])) or 1.0
+            assert np.max(np.abs(resumed.arrays[k] - full.arrays[k])) / scale < tol, k
+    return steps

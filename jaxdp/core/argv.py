@@ -15,7 +15,7 @@ import difflib
 import math
 import sys
 
-from . import config, errors, readers, values
+from . import config, errors, fits, readers, values
 from .errors import ConfigError
 
 GIVEN = "given_flags"  # the namespace attribute holding the dests the user typed
@@ -148,6 +148,13 @@ def add_heartbeat(parser) -> None:
                              "long (stopped, frozen) is named and the run stopped, status 3 (default: %(default)s)")
 
 
+def add_force(parser) -> None:
+    """--force: run although the size check (`jaxdp.core.fits`) says the run cannot fit this machine."""
+    parser.add_argument("--force", default=False, action=Switch,
+                        help="run even when the size check estimates that the run cannot fit this machine's "
+                             "memory or cores (docs/RELIABILITY.md) (default: %(default)s)")
+
+
 def check_seconds(args, names) -> None:
     """Each of the flags `names` (dests) a finite number of seconds > 0, or one line naming it."""
     for name in names:
@@ -185,4 +192,10 @@ def configs(args, framework: str = "jax", names=None, single_on_one: bool = Fals
         cfgs.append(cfg.replace(devices=1) if single_on_one and cfg.strategy == "single" else cfg)
     runs = getattr(args, "runs", None) or [(framework, c.strategy) for c in cfgs]  # compare, parity: both sides
     readers.check_given(typed, cfgs[0].model, runs, cfgs[0].reduction)
-    return [c.validate(framework) for c in cfgs]
+    where = dict(processes=getattr(args, "processes", 1), hosts=getattr(args, "num_processes", None) or 1,
+                 force=getattr(args, "force", False))
+    for cfg in cfgs:  # the caps before the configuration's checks: --devices 100000 is answered by its cap
+        fits.check_count(cfg, framework, **where)
+    cfgs = [c.validate(framework) for c in cfgs]
+    fits.check_fit(cfgs, framework, **where)  # before any device, process or model is made
+    return cfgs

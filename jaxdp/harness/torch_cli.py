@@ -24,6 +24,7 @@ def build_parser() -> argv.Parser:
     argv.add_strategies(train, "ddp", config.FRAMEWORK_STRATEGIES["torch"],
                         "the data-parallel strategy (fsdp is an alias of zero3)")
     argv.add_trace(train, " (rank 0)")
+    argv.add_force(train)
     argv.add_timeout(train, "the launcher")
     argv.add_heartbeat(train)
     train.add_argument("--pg-timeout", type=float, default=300.0, metavar="SECONDS", action=argv.Store,

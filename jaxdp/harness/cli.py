@@ -8,7 +8,7 @@ import sys
 
 from ..core import argv, config, errors
 from . import cli_diff, cli_runs, cli_train
-from .interrupt import guarded
+from .interrupt import guarded, stdout_closed
 
 TORCH_COMMANDS = ("compare", "parity", "bench")  # they run torch_ref too
 JAX = config.FRAMEWORK_STRATEGIES["jax"]
@@ -110,6 +110,8 @@ def main(argv_=None) -> int:
                "diff": cli_diff.main}[args.command]
         return run(args)
     except cli_train.answered() as e:
+        if isinstance(e, BrokenPipeError) and stdout_closed():
+            raise  # stdout's reader has gone: a quiet end (interrupt.guarded), not an error line
         print(f"jaxdp: error: {errors.one_line(e)}", file=sys.stderr)
         return errors.exit_status(e)  # 2 bad input; 3 a failed run or file (RunFailed, OSError): errors.py
 

@@ -45,6 +45,7 @@ QUICK = {
     "tests/jaxdp/core/test_recorder.py": ALL,
     "tests/jaxdp/core/test_spread.py": ALL,
     "tests/jaxdp/core/test_sizes.py": ALL,  # and sizes checked before work, in both CLIs (in-process, 17 s)
+    "tests/jaxdp/core/test_paths.py": ALL,
     "tests/cli/test_sizes_checked.py": ALL,
     "tests/jaxdp/harness/test_interrupt.py": ("test_children_leave_ctrl_c_to_this_process_which_keeps_it",
                                               "test_a_closed_pipe_ends_the_command_quietly"),

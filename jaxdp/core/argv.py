@@ -26,18 +26,35 @@ def given(namespace) -> set:
     return namespace.__dict__.setdefault(GIVEN, set())
 
 
+SPELLED = "spelled_flags"  # the namespace attribute holding {dest: the spelling typed first}
+
+
+def _once(parser, namespace, dest: str, option_string, value) -> None:
+    """A flag typed twice (under either spelling: --strategy and --strategies) with different values is
+    refused in one line naming both; the same value twice is harmless."""
+    spelled = namespace.__dict__.setdefault(SPELLED, {})
+    if dest in given(namespace) and getattr(namespace, dest) != value:
+        first, earlier = spelled.get(dest, option_string), getattr(namespace, dest)
+        shown = [",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v) for v in (earlier, value)]
+        parser.error(f"{first} {shown[0]} and {option_string} {shown[1]}: the same flag given twice with "
+                     f"different values; give it once")
+    spelled.setdefault(dest, option_string)
+
+
 class Store(argparse.Action):
-    """argparse's store, remembering that the flag was typed (`given`)."""
+    """argparse's store, remembering that the flag was typed (`given`); refused when typed twice differently."""
 
     def __call__(self, parser, namespace, values, option_string=None):
+        _once(parser, namespace, self.dest, option_string, values)
         setattr(namespace, self.dest, values)
         given(namespace).add(self.dest)
 
 
 class Switch(argparse.BooleanOptionalAction):
-    """--flag / --no-flag, remembering that it was typed."""
+    """--flag / --no-flag, remembering that it was typed; refused when typed both ways."""
 
     def __call__(self, parser, namespace, values, option_string=None):
+        _once(parser, namespace, self.dest, option_string, not option_string.startswith("--no-"))
         super().__call__(parser, namespace, values, option_string)
         given(namespace).add(self.dest)
 

@@ -214,5 +214,6 @@ def configs(args, framework: str = "jax", names=None, single_on_one: bool = Fals
     for cfg in cfgs:  # the caps before the configuration's checks: --devices 100000 is answered by its cap
         fits.check_count(cfg, framework, **where)
     cfgs = [c.validate(framework) for c in cfgs]
-    fits.check_fit(cfgs, framework, **where)  # before any device, process or model is made
+    steps = getattr(args, "command", None) != "inspect"  # inspect compiles the step, runs none: no activations
+    fits.check_fit(cfgs, framework, **where, steps=steps)  # before any device, process or model is made
     return cfgs

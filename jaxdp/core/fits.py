@@ -10,6 +10,7 @@ share it), each GPU's own for GPUs.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from . import machine, sizes, values
@@ -59,23 +60,28 @@ def check_count(cfg, framework: str, processes: int = 1, hosts: int = 1, force: 
                           f"({PROCESSES_PER_CORE} per core): use {flag} {cap} or fewer {FORCE}")
 
 
-def need(cfg, framework: str, processes: int = 1, hosts: int = 1) -> tuple[int, int | None, sizes.Estimate]:
-    """(bytes this machine's host memory must hold, bytes each GPU must hold or None on CPU, the estimate)."""
+def need(cfg, framework: str, processes: int = 1, hosts: int = 1, steps: bool = True
+         ) -> tuple[int, int | None, sizes.Estimate]:
+    """(bytes this machine's host memory must hold, bytes each GPU must hold or None on CPU, the estimate);
+    `steps` False: a command that compiles the step without running it (`inspect`) holds no activations."""
     est = sizes.estimate(cfg)
+    if not steps:
+        est = dataclasses.replace(est, activations=0)
     procs = local_processes(cfg, framework, processes) * PROCESS_BYTES
     if machine.uses_gpu(cfg.platform, framework):
         return est.batch + procs, est.per_device, est
     return local_devices(cfg, framework, hosts) * est.per_device + est.batch + procs, None, est
 
 
-def check_fit(cfgs, framework: str, processes: int = 1, hosts: int = 1, force: bool = False) -> None:
+def check_fit(cfgs, framework: str, processes: int = 1, hosts: int = 1, force: bool = False,
+              steps: bool = True) -> None:
     """Each run's estimate within the host's available memory (and each GPU's), or one line: the figure,
-    its parts, what the machine has, and the fix."""
+    its parts, what the machine has, and the fix (`steps`: as `need`)."""
     if force:
         return
     available = machine.available_bytes()
     gpu = machine.gpu_bytes() if machine.uses_gpu(cfgs[0].platform, framework) else None
-    where = (framework, processes, hosts)
+    where = (framework, processes, hosts, steps)
     for cfg in cfgs:
         host, device, est = need(cfg, *where)
         which = f"--strategy {cfg.strategy}: " if len(cfgs) > 1 else ""
@@ -89,7 +95,7 @@ def check_fit(cfgs, framework: str, processes: int = 1, hosts: int = 1, force: b
 
 def _host_parts(cfg, where: tuple, est: sizes.Estimate) -> str:
     """'per simulated CPU device x 4: parameters 1.0 GiB, ...; on the host: the batch 2.0 MiB, 1 process 200 MiB'."""
-    framework, processes, hosts = where
+    framework, processes, hosts, _ = where
     n, ranks = local_devices(cfg, framework, hosts), local_processes(cfg, framework, processes)
     kind = "torch_ref rank" if framework == "torch" else "simulated CPU device"
     per = "" if machine.uses_gpu(cfg.platform, framework) else f"per {kind} x {n}: {est.parts()}; "
@@ -111,7 +117,7 @@ def _largest_batch(cfg, fits) -> int | None:
 
 def fix(cfg, where: tuple, limit: int, on_gpu: bool = False) -> str:
     """What would fit in `limit` bytes: a smaller --batch-size, else a sharding strategy, else a smaller model
-    (`where`: `need`'s framework, processes, hosts)."""
+    (`where`: `need`'s framework, processes, hosts, steps)."""
     def fits(c) -> bool:
         host, device, _ = need(c, *where)
         return (device if on_gpu else host) <= limit

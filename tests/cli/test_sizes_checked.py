@@ -46,7 +46,8 @@ HUGE = {  # argv -> its refusal, as a regular expression
     r"23 GiB, activations 67 MiB\); each GPU has 80 GiB",
 }
 HONEST = ["train", "train --preset gpt2-124m --batch-size 8", "compare --devices 4", "torch_ref train --devices 16",
-          "train --devices 128 --batch-size 128", LLAMA_1B.format("zero3")]
+          "train --devices 128 --batch-size 128", LLAMA_1B.format("zero3"),
+          "inspect --preset gpt2-124m"]  # inspect compiles the step and runs none: no activations held
 
 
 @pytest.fixture

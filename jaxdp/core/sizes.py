@@ -63,11 +63,12 @@ def parameters(cfg) -> int:
 
 def activations_per_row(cfg) -> tuple[int, int]:
     """(elements in the compute dtype, float32 elements) one sample keeps for the backward pass: the layers'
-    outputs, each attention's weights (heads x T x T), the logits and their float32 softmax."""
+    outputs, each attention's weights (heads x T x T), the logits and their float32 softmax. Set against
+    XLA's compiled peak (`memory_analysis`, docs/RELIABILITY.md) it stays below it, as a lower bound must."""
     width, vocab = classes(cfg)
     d, t, h = cfg.d_model, cfg.seq_len, cfg.n_head
-    if cfg.model == "mlp":
-        return width + 2 * sum(cfg.hidden) + vocab, vocab
+    if cfg.model == "mlp":  # XLA fuses each ReLU into its matmul: one array per layer
+        return width + sum(cfg.hidden) + vocab, 0
     if cfg.model == "cnn":
         return IMAGE_PIXELS * (1 + 3 * sum(cfg.channels)) + vocab, vocab
     if cfg.model in ("gpt", "gpt2"):  # ln_1 in/out, qkv, attention out, ln_2 in/out, fc, gelu: 16 d

@@ -16,9 +16,9 @@ GIB = 2**30
 LLAMA_1B = "train --strategy {} --devices 8 --batch-size 8 --model llama --data tokens --d-model 1024 --n-layer 24 " \
            "--n-head 16 --seq-len 8"
 HUGE = {  # argv -> its refusal, as a regular expression
-    "train --batch-size 1000000000000": r"this run needs about 1426 TiB \(per simulated CPU device x 1: parameters "
-    r"27 KiB, AdamW state 54 KiB, gradients 27 KiB, activations 1120 TiB; on the host: the batch 306 TiB, 1 process "
-    r"200 MiB\); this machine has 23 GiB available: lower --batch-size to 15616221 or less \(or pass --force\)$",
+    "train --batch-size 1000000000000": r"this run needs about 924 TiB \(per simulated CPU device x 1: parameters "
+    r"27 KiB, AdamW state 54 KiB, gradients 27 KiB, activations 618 TiB; on the host: the batch 306 TiB, 1 process "
+    r"200 MiB\); this machine has 23 GiB available: lower --batch-size to 24100625 or less \(or pass --force\)$",
     "train --preset gpt2-124m": r"needs about 99 GiB .*activations 97 GiB.*has 23 GiB available: lower --batch-size "
     r"to 13 or less",
     "train --model gpt --data text --d-model 1000000": r"needs about 350 TiB \(.*parameters 87 TiB.*even --batch-size "
@@ -26,18 +26,18 @@ HUGE = {  # argv -> its refusal, as a regular expression
     "memory --model gpt2 --data tokens --d-model 65536 --n-head 8 --n-layer 48": r"--strategy ddp: this run needs "
     r"about 36 TiB",
     "inspect --model gpt2 --data tokens --d-model 1000000 --n-head 8": r"needs about 350 TiB",
-    "train --hidden 1000000000": r"needs about 1.1 TiB .*use a smaller model \(lower --hidden\)",
+    "train --hidden 1000000000": r"needs about 879 GiB .*use a smaller model \(lower --hidden\)",
     "torch_ref train --devices 64": r"--devices 64 starts 64 torch_ref ranks on this machine's 2 core\(s\); at most "
     r"16 \(8 per core\): use --devices 16 or fewer \(or pass --force\)$",
     "train --devices 100000 --batch-size 100000": r"--devices 100000: at most 128 simulated CPU devices on this "
     r"machine's 2 core\(s\) \(64 per core\); use --devices 128 or fewer",
     "compare --preset gpt2-124m --devices 4": r"--strategy ddp: this run needs about 105 GiB \(per simulated CPU "
     r"device x 4: .*lower --batch-size to 8 or less \(a multiple of devices x accum = 4\)",
-    "parity --batch-size 1000000000000": r"--strategy single: this run needs about 1426 TiB",
+    "parity --batch-size 1000000000000": r"--strategy single: this run needs about 924 TiB",
     "train --processes 64 --devices 64": r"--processes 64 starts 64 processes .* at most 16",
     "train --model gpt2 --data tokens --seq-len 1000000": r"needs about 955 TiB",
     "torch_ref train --devices 100000 --batch-size 100000": r"--devices 100000 starts 100000 torch_ref ranks",
-    "torch_ref train --hidden 1000000000 --devices 2": r"needs about 1.7 TiB \(per torch_ref rank x 2: .*2 processes "
+    "torch_ref train --hidden 1000000000 --devices 2": r"needs about 1.5 TiB \(per torch_ref rank x 2: .*2 processes "
     r"400 MiB",
     LLAMA_1B.format("ddp"): r"needs about 49 GiB .*: use --strategy zero3 \(parameters, gradients and optimizer state "
     r"sharded\) \(or pass --force\)$",

@@ -77,7 +77,7 @@ def test_an_unknown_memory_skips_the_check_and_force_skips_both(monkeypatch):
     huge = RunConfig(hidden=(10**9,)).validate()
     fits.check_fit([huge], "jax")  # nothing to hold it against: not refused on a guess
     monkeypatch.setattr(machine, "available_bytes", lambda meminfo=None: 2**30)
-    with pytest.raises(ConfigError, match="needs about 1.1 TiB"):
+    with pytest.raises(ConfigError, match="needs about 879 GiB"):
         fits.check_fit([huge], "jax")
     fits.check_fit([huge], "jax", force=True)
     fits.check_count(RunConfig(devices=10**6), "jax", force=True)
@@ -90,3 +90,17 @@ def test_a_cluster_host_holds_its_share(monkeypatch):
     fits.check_count(cfg, "jax", hosts=4)
     with pytest.raises(ConfigError, match="at most 64 simulated CPU devices.*use --devices 256 or fewer"):
         fits.check_count(cfg.replace(devices=512, batch_size=512), "jax", hosts=4)
+
+
+@pytest.mark.parametrize("kw", [dict(hidden=(512, 512), batch_size=256),
+                                dict(model="gpt2", data="tokens", d_model=32, n_layer=1, seq_len=32, batch_size=8,
+                                     dtype="bfloat16")], ids=["mlp", "gpt2-bf16"])
+def test_the_estimate_is_below_the_compiled_steps_peak(kw):
+    """A lower bound, so that what it refuses cannot fit: held against XLA's own figure for the compiled step
+    (`memory_analysis`: arguments + temporaries + fresh outputs). Measured (docs/RELIABILITY.md): 0.53 to 0.99
+    of it over mlp, cnn, gpt, gpt2 (float32, bfloat16, zero3 on 2) and llama."""
+    from jaxdp.analysis import accounting
+
+    cfg = RunConfig(**kw).validate()
+    peak = accounting.step_memory(accounting.compile_step(cfg).program)["peak_bytes"]
+    assert 0.5 * peak < sizes.estimate(cfg).per_device <= peak, (sizes.estimate(cfg), peak)

@@ -38,7 +38,7 @@ def launch(argv: list[str], processes: int, timeout_s: float | None = None,
     children, beats = [], heartbeat.Watch(processes, heartbeat_s)
     with progress.channel() as report:
         try:
-            with progress.sigint_ignored():  # inherited: the children leave Ctrl-C to this process
+            with progress.sigint_left_to_this_process():  # inherited: the children leave Ctrl-C to this process
                 for pid in range(processes):
                     cmd = [sys.executable, "-m", "jaxdp", *argv, "--coordinator", coordinator,
                            "--num-processes", str(processes), "--process-id", str(pid)]
@@ -54,14 +54,15 @@ def launch(argv: list[str], processes: int, timeout_s: float | None = None,
             relay.join(timeout=GRACE_S)
             return code
         except KeyboardInterrupt:
-            with progress.sigint_ignored():  # a second Ctrl-C does not cut the stopping short
+            with progress.sigint_deferred():  # a second Ctrl-C does not cut the stopping short
                 _kill(children)
-            progress.merge(report)
+                progress.merge(report)
             raise
         finally:
-            with progress.sigint_ignored():
+            with progress.sigint_deferred():  # Ctrl-C while the children are reaped: answered (130) once they are
                 _stop(children)
-            beats.close()
+                progress.merge(report)
+                beats.close()
 
 
 # gloo's connection notice, `[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected

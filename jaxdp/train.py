@@ -169,10 +169,10 @@ def check_finite(cfg: RunConfig, k: int, loss: float, finite, params) -> None:
 def _stop_saver(saver, directory) -> None:
     """Ctrl-C: orbax's threads finish what the last save started (they fail at interpreter exit
     otherwise), and the latest complete checkpoint is the one kept."""
-    with run_progress.sigint_ignored():
+    with run_progress.sigint_deferred():  # a second Ctrl-C: the stop completes, the run stops as the first asked
         step = saver.stop()
-    if step is not None:
-        run_progress.kept(directory, f"checkpoint step {step} in {directory}")
+        if step is not None:
+            run_progress.kept(directory, f"checkpoint step {step} in {directory}")
 
 
 def _process_rows(a, accum: int):

@@ -44,6 +44,15 @@ QUICK = {
     "tests/jaxdp/core/test_hostile_traces.py": ALL,
     "tests/jaxdp/core/test_recorder.py": ALL,
     "tests/jaxdp/core/test_spread.py": ALL,
+    "tests/jaxdp/core/test_sizes.py": (  # and sizes checked before work, in both CLIs (in-process, 17 s)
+        "test_the_parameter_count_is_the_models_own", "test_the_shards_table_is_the_strategies_layouts",
+        "test_each_part_is_laid_out_as_the_strategy_shards_it", "test_human_sizes",
+        "test_the_machine_is_read_without_a_framework", "test_an_unknown_memory_skips_the_check_and_force_skips_both",
+        "test_a_cluster_host_holds_its_share"),
+    "tests/jaxdp/core/test_paths.py": ALL,
+    "tests/cli/test_sizes_checked.py": ALL,
+    "tests/jaxdp/harness/test_interrupt.py": ("test_children_leave_ctrl_c_to_this_process_which_keeps_it",
+                                              "test_a_closed_pipe_ends_the_command_quietly"),
     # jaxdp: the library API on three strategies; every strategy's compiled step (the non-finite check)
     "tests/jaxdp/test_api.py": (
         "test_every_step_equals_the_independent_reference[ddp-x2-accum3]",

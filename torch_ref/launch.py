@@ -176,22 +176,23 @@ def launch(fn, nprocs: int, *args, platform: str = "auto", timeout_s: float = 36
                              daemon=True, name=f"torch_ref-rank{r}") for r in range(nprocs)]
         ok = False
         try:
-            with progress.sigint_ignored():  # inherited by the ranks
+            with progress.sigint_left_to_this_process():  # the ranks inherit Ctrl-C ignored
                 for p in procs:
                     p.start()
             values = _collect(procs, results, nprocs, timeout_s, beats)
             ok = True
             return values
         except KeyboardInterrupt:
-            with progress.sigint_ignored():  # a second Ctrl-C does not cut the stopping short
+            with progress.sigint_deferred():  # a second Ctrl-C does not cut the stopping short
                 _stop(procs, wait_s=0.0)
-            progress.merge(report)
+                progress.merge(report)
             raise
         finally:
-            with progress.sigint_ignored():
+            with progress.sigint_deferred():  # Ctrl-C while the ranks are reaped: answered (130) once they are
                 _stop(procs, wait_s=5.0 if ok else 0.0)
-            beats.close()
-            del store
+                progress.merge(report)
+                beats.close()
+                del store
 
 
 def _collect(procs, results, nprocs: int, timeout_s: float, beats: heartbeat.Watch) -> list:

@@ -15,7 +15,7 @@ import difflib
 import math
 import sys
 
-from . import config, errors, readers, values
+from . import config, errors, fits, readers, values
 from .errors import ConfigError
 
 GIVEN = "given_flags"  # the namespace attribute holding the dests the user typed
@@ -26,18 +26,35 @@ def given(namespace) -> set:
     return namespace.__dict__.setdefault(GIVEN, set())
 
 
+SPELLED = "spelled_flags"  # the namespace attribute holding {dest: the spelling typed first}
+
+
+def _once(parser, namespace, dest: str, option_string, value) -> None:
+    """A flag typed twice (under either spelling: --strategy and --strategies) with different values is
+    refused in one line naming both; the same value twice is harmless."""
+    spelled = namespace.__dict__.setdefault(SPELLED, {})
+    if dest in given(namespace) and getattr(namespace, dest) != value:
+        first, earlier = spelled.get(dest, option_string), getattr(namespace, dest)
+        shown = [",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v) for v in (earlier, value)]
+        parser.error(f"{first} {shown[0]} and {option_string} {shown[1]}: the same flag given twice with "
+                     f"different values; give it once")
+    spelled.setdefault(dest, option_string)
+
+
 class Store(argparse.Action):
-    """argparse's store, remembering that the flag was typed (`given`)."""
+    """argparse's store, remembering that the flag was typed (`given`); refused when typed twice differently."""
 
     def __call__(self, parser, namespace, values, option_string=None):
+        _once(parser, namespace, self.dest, option_string, values)
         setattr(namespace, self.dest, values)
         given(namespace).add(self.dest)
 
 
 class Switch(argparse.BooleanOptionalAction):
-    """--flag / --no-flag, remembering that it was typed."""
+    """--flag / --no-flag, remembering that it was typed; refused when typed both ways."""
 
     def __call__(self, parser, namespace, values, option_string=None):
+        _once(parser, namespace, self.dest, option_string, not option_string.startswith("--no-"))
         super().__call__(parser, namespace, values, option_string)
         given(namespace).add(self.dest)
 
@@ -148,6 +165,13 @@ def add_heartbeat(parser) -> None:
                              "long (stopped, frozen) is named and the run stopped, status 3 (default: %(default)s)")
 
 
+def add_force(parser) -> None:
+    """--force: run although the size check (`jaxdp.core.fits`) says the run cannot fit this machine."""
+    parser.add_argument("--force", default=False, action=Switch,
+                        help="run even when the size check estimates that the run cannot fit this machine's "
+                             "memory or cores (docs/RELIABILITY.md) (default: %(default)s)")
+
+
 def check_seconds(args, names) -> None:
     """Each of the flags `names` (dests) a finite number of seconds > 0, or one line naming it."""
     for name in names:
@@ -185,4 +209,11 @@ def configs(args, framework: str = "jax", names=None, single_on_one: bool = Fals
         cfgs.append(cfg.replace(devices=1) if single_on_one and cfg.strategy == "single" else cfg)
     runs = getattr(args, "runs", None) or [(framework, c.strategy) for c in cfgs]  # compare, parity: both sides
     readers.check_given(typed, cfgs[0].model, runs, cfgs[0].reduction)
-    return [c.validate(framework) for c in cfgs]
+    where = dict(processes=getattr(args, "processes", 1), hosts=getattr(args, "num_processes", None) or 1,
+                 force=getattr(args, "force", False))
+    for cfg in cfgs:  # the caps before the configuration's checks: --devices 100000 is answered by its cap
+        fits.check_count(cfg, framework, **where)
+    cfgs = [c.validate(framework) for c in cfgs]
+    steps = getattr(args, "command", None) != "inspect"  # inspect compiles the step, runs none: no activations
+    fits.check_fit(cfgs, framework, **where, steps=steps)  # before any device, process or model is made
+    return cfgs

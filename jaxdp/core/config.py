@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 from dataclasses import dataclass, field
 
 from . import values
@@ -154,9 +155,11 @@ class RunConfig:
         per = self.devices * self.accum
         if self.batch_size % per:
             lo = max(per, self.batch_size - self.batch_size % per)
+            rows = self.batch_size // self.accum if self.batch_size % self.accum == 0 else 0
+            fewer = f", or --devices {math.gcd(self.devices, rows)}" if per > self.batch_size and rows else ""
             raise ConfigError(
                 f"--batch-size {self.batch_size} does not divide by devices x accum = "
-                f"{self.devices} x {self.accum} = {per}; valid sizes near it: {lo}, {lo + per}"
+                f"{self.devices} x {self.accum} = {per}; valid sizes near it: {lo}, {lo + per}{fewer}"
             )
         if self.model == "gpt" and self.data != "text":
             raise ConfigError("model 'gpt' trains on characters: use --data text")

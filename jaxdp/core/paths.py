@@ -1,6 +1,10 @@
 """Every path a command takes, checked for what it must be before any work starts, and without
 leaving anything behind (no folder is created to find out whether one could be).
 
+Writability is tried, not asked: a temporary file is created in the folder that will receive the
+output, then removed (`_try_writing`). `os.access` answers yes to root for a read-only filesystem
+(/proc, /sys, a read-only mount), where the run would fail only when it writes, after its work.
+
 `output_file`: a file this run will write (`--trace`, `--json`); `output_dir`: a folder it will
 fill (`--out`, `--checkpoint-dir`); `input_file`: a file it reads (`jaxdp diff A B`). Each raises
 ConfigError in one line naming the flag, the path and the fix.
@@ -8,8 +12,11 @@ ConfigError in one line naming the flag, the path and the fix.
 from __future__ import annotations
 
 import os
+import tempfile
 
 from .errors import ConfigError
+
+PROBE = ".jaxdp-write-check-"
 
 
 def _nearest_existing(path: str) -> str:
@@ -23,13 +30,24 @@ def _nearest_existing(path: str) -> str:
     return path
 
 
-def _creatable(path: str, flag: str) -> None:
-    """`path` does not exist yet: its closest existing ancestor must be a writable folder."""
-    base = _nearest_existing(os.path.dirname(os.path.abspath(path)))
+def _try_writing(folder: str, path: str, flag: str) -> None:
+    """Create and remove a temporary file in `folder`, or one line naming why it cannot be written."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=PROBE, dir=folder)
+    except OSError as e:
+        raise ConfigError(f"{flag} {path}: cannot write in folder {folder} ({e.strerror or e}); choose a writable "
+                          f"path") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def _creatable(path: str, flag: str, shown: str | None = None) -> None:
+    """`path` does not exist yet: its closest existing ancestor must be a writable folder (`shown`: the
+    path as the user typed it, for the message)."""
+    base, shown = _nearest_existing(os.path.dirname(os.path.abspath(path))), shown or path
     if not os.path.isdir(base):
-        raise ConfigError(f"{flag} {path}: {base} is a file, not a folder; choose a path under a folder")
-    if not os.access(base, os.W_OK | os.X_OK):
-        raise ConfigError(f"{flag} {path}: folder {base} is not writable; choose a writable path")
+        raise ConfigError(f"{flag} {shown}: {base} is a file, not a folder; choose a path under a folder")
+    _try_writing(base, shown, flag)
 
 
 def output_file(path, flag: str) -> None:
@@ -44,6 +62,7 @@ def output_file(path, flag: str) -> None:
             raise ConfigError(f"{flag} {path}: not a regular file (a device or pipe); give a file path")
         if not os.access(path, os.W_OK):
             raise ConfigError(f"{flag} {path}: the file is not writable; choose another path")
+        _try_writing(os.path.dirname(os.path.abspath(path)), path, flag)  # replaced by a rename in its folder
         return
     _creatable(path, flag)
 
@@ -58,8 +77,9 @@ def output_dir(path, flag: str) -> None:
     if os.path.isdir(path):
         if not os.access(path, os.W_OK | os.X_OK):
             raise ConfigError(f"{flag} {path}: the folder is not writable; choose another")
+        _try_writing(path, path, flag)
         return
-    _creatable(os.path.join(path, "x"), flag)
+    _creatable(os.path.join(path, "x"), flag, path)
 
 
 def input_file(path, flag: str) -> None:

@@ -4,9 +4,10 @@ the last step done and what the run has kept on disk (a checkpoint, a trace).
 Both frameworks' training loops update `NOW` (`step_done`, `kept`). A child process (a rank that
 torch_ref spawned, a `jaxdp train --processes` process) reports to its launcher through the small JSON
 file named by the environment variable JAXDP_PROGRESS_FILE (`channel` makes one; `merge` reads it
-back). Children are started with Ctrl-C ignored (`sigint_ignored`): the terminal sends SIGINT to the
-whole process group, and the launcher alone answers it, stopping and reaping its children. A checkpoint
-is saved with Ctrl-C deferred (`sigint_deferred`): it completes, then the run stops.
+back). Children are started with SIGINT blocked (`sigint_left_to_this_process`): the terminal sends SIGINT
+to the whole process group, and the launcher alone answers it, stopping and reaping its children. Ctrl-C
+is never ignored in the launcher, only deferred (`sigint_deferred`): a checkpoint being saved, children
+being started or reaped complete, then the run stops with status 130.
 """
 from __future__ import annotations
 
@@ -101,24 +102,12 @@ def channel():
 
 
 @contextlib.contextmanager
-def sigint_ignored():
-    """Ctrl-C ignored in this process for the block, and in every process started in it (an ignored signal
-    stays ignored across fork and exec, and Python then installs no KeyboardInterrupt handler)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-@contextlib.contextmanager
 def sigint_deferred():
-    """Ctrl-C during the block (a checkpoint being saved) takes effect when the block ends: the save
-    completes, then KeyboardInterrupt is raised as usual."""
-    if threading.current_thread() is not threading.main_thread():
+    """Ctrl-C during the block (a checkpoint being saved, children being reaped) takes effect when the block
+    ends: the block completes, then KeyboardInterrupt is raised as usual (not raised again when the block
+    itself ends by an exception: that one goes on up). Never ignored: a Ctrl-C is never lost. A process
+    started with Ctrl-C ignored (a rank, a `--processes` child, `nohup`) keeps ignoring it."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         yield
         return
     caught = []
@@ -129,3 +118,21 @@ def sigint_deferred():
         signal.signal(signal.SIGINT, previous)
     if caught:
         raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def sigint_left_to_this_process():
+    """Start children in the block: they start with SIGINT blocked (a thread's signal mask is inherited across
+    fork and exec, and a Python child never unblocks it), so that the terminal's Ctrl-C, sent to the whole
+    process group, stays pending in them and is answered by this process alone, which stops them. Here
+    Ctrl-C is deferred meanwhile (`sigint_deferred`), never ignored: blocked in this thread, a SIGINT is taken
+    by another thread of this process or stays pending until the block ends, then KeyboardInterrupt."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    with sigint_deferred():
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a pending SIGINT is delivered now, and deferred

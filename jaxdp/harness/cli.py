@@ -8,7 +8,7 @@ import sys
 
 from ..core import argv, config, errors
 from . import cli_diff, cli_runs, cli_train
-from .interrupt import guarded
+from .interrupt import guarded, stdout_closed
 
 TORCH_COMMANDS = ("compare", "parity", "bench")  # they run torch_ref too
 JAX = config.FRAMEWORK_STRATEGIES["jax"]
@@ -27,6 +27,7 @@ def _add_train(sub) -> None:
     argv.add_run_arguments(train)
     argv.add_strategies(train, "ddp", JAX, "the data-parallel strategy (fsdp is an alias of zero3)")
     argv.add_trace(train)
+    argv.add_force(train)
     multi = train.add_argument_group("multi-process (jax.distributed)")
     multi.add_argument("--processes", type=int, default=1, action=argv.Store,
                        help="start this many processes on this machine, each holding --devices / P devices "
@@ -48,11 +49,13 @@ def _add_analyses(sub) -> None:
                              "ZeRO formula", description="Bytes per device of each strategy, measured and in theory.")
     argv.add_run_arguments(memory, exclude=NO_RUN)
     argv.add_strategies(memory, "ddp,zero1,zero2,zero3", JAX, "the strategies to measure")
+    argv.add_force(memory)
 
     inspect = argv.subcommand(sub, "inspect", help="every collective of the compiled step, bytes vs theory, peak "
                               "memory", description="Compile one training step and list what it communicates.")
     argv.add_run_arguments(inspect, exclude=NO_RUN)
     argv.add_strategies(inspect, "ddp", JAX, "the strategy to compile")
+    argv.add_force(inspect)
     inspect.add_argument("--json", default=None, metavar="PATH", action=argv.Store,
                          help="also write the result as JSON here (several strategies: put {strategy} in it)")
 
@@ -64,6 +67,7 @@ def _add_pairs(sub) -> None:
     argv.add_run_arguments(compare, exclude=NO_CHECKPOINT)
     argv.add_strategies(compare, "ddp,ddp-ring,zero1,zero3", EITHER, "the strategies to compare (each must exist "
                         "in both frameworks: " + ", ".join(BOTH) + ")")
+    argv.add_force(compare)
     compare.add_argument("--out", default="reports/compare", metavar="DIR", action=argv.Store,
                          help="folder for report.html, report.md, summary.json, PNGs (default: %(default)s)")
 
@@ -72,6 +76,7 @@ def _add_pairs(sub) -> None:
     argv.add_run_arguments(parity, exclude=NO_CHECKPOINT)
     argv.add_strategies(parity, PARITY_DEFAULT, EITHER,
                         "a name both sides have, ddp-pmap / ddp-naive (paired with ddp), or JAX~TORCH", pairs=True)
+    argv.add_force(parity)
 
     bench = argv.subcommand(sub, "bench", help="benchmarks, side by side in one run: writes bench.json and bench.md",
                             description="Benchmarks as ratios measured side by side in one run.")
@@ -105,6 +110,8 @@ def main(argv_=None) -> int:
                "diff": cli_diff.main}[args.command]
         return run(args)
     except cli_train.answered() as e:
+        if isinstance(e, BrokenPipeError) and stdout_closed():
+            raise  # stdout's reader has gone: a quiet end (interrupt.guarded), not an error line
         print(f"jaxdp: error: {errors.one_line(e)}", file=sys.stderr)
         return errors.exit_status(e)  # 2 bad input; 3 a failed run or file (RunFailed, OSError): errors.py
 

@@ -3,11 +3,18 @@
 exit status 130 (128 + SIGINT, what a shell reports for a process that Ctrl-C ended), instead of a
 traceback. The step and what was kept come from `jaxdp.core.progress`, which the training loops and
 the launchers update; the writers (`jaxdp.core.atomic`) leave no half-written file and no empty folder.
+
+A closed output pipe (`jaxdp diff A B | head -2`: `head` exits after two lines) ends the command quietly
+with status 141 (128 + SIGPIPE), what a shell reports for `cat`, `grep` or `seq` ended the same way, so
+that `set -o pipefail` scripts see us as they see them; no traceback, no error line (the reader asked for
+no more). A BrokenPipeError from anything but stdout (a rank's pipe) stays an error.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import select
 import signal
 import sys
 import threading
@@ -15,6 +22,28 @@ import threading
 from ..core import progress
 
 EXIT_STATUS = 130
+EXIT_PIPE = 141  # 128 + SIGPIPE
+
+
+def stdout_closed() -> bool:
+    """The reader of this process's stdout has gone (a pipe whose other end is closed)."""
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def quiet_exit() -> int:
+    """Stdout's reader has gone: point stdout at /dev/null (the interpreter's last flush then writes
+    nowhere instead of printing 'Exception ignored ... BrokenPipeError') and answer 141."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return EXIT_PIPE
 
 
 def guarded(prog: str):
@@ -24,7 +53,20 @@ def guarded(prog: str):
         @functools.wraps(main)
         def run(*args, **kwargs) -> int:
             try:
-                return main(*args, **kwargs)
+                status = main(*args, **kwargs)
+                sys.stdout.flush()  # what is still buffered meets a closed pipe here, not at exit
+                return status
+            except SystemExit:  # argparse's -h or error: its output flushed here too
+                try:
+                    sys.stdout.flush()
+                except BrokenPipeError:
+                    if stdout_closed():
+                        raise SystemExit(quiet_exit()) from None
+                raise
+            except BrokenPipeError:
+                if not stdout_closed():
+                    raise  # a rank's pipe, not the reader of stdout: the command answers it (an error line)
+                return quiet_exit()
             except KeyboardInterrupt:
                 if threading.current_thread() is threading.main_thread():
                     signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C ends the exit at once

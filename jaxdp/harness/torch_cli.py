@@ -9,7 +9,7 @@ import sys
 
 from ..core import argv, config, hsdp_hosts
 from ..core.errors import EPILOG, EXIT_FAILED, ConfigError, RunFailed, exit_status, one_line
-from .interrupt import guarded
+from .interrupt import guarded, stdout_closed
 
 DIFFERS = ("Differs from `jaxdp train`: several processes come from torchrun (or --devices N spawns N ranks on "
            "this machine), not --processes / --coordinator; --pg-timeout bounds each collective.")
@@ -24,6 +24,7 @@ def build_parser() -> argv.Parser:
     argv.add_strategies(train, "ddp", config.FRAMEWORK_STRATEGIES["torch"],
                         "the data-parallel strategy (fsdp is an alias of zero3)")
     argv.add_trace(train, " (rank 0)")
+    argv.add_force(train)
     argv.add_timeout(train, "the launcher")
     argv.add_heartbeat(train)
     train.add_argument("--pg-timeout", type=float, default=300.0, metavar="SECONDS", action=argv.Store,
@@ -74,6 +75,8 @@ def main(argv_=None) -> int:
             if result is not None:  # rank 0
                 print(summary(result) + (f"; trace: {path}" if path else ""))
     except answered as e:
+        if isinstance(e, BrokenPipeError) and stdout_closed():
+            raise  # stdout's reader has gone: a quiet end (interrupt.guarded), not an error line
         print(f"torch_ref: error: {one_line(e)}", file=sys.stderr)
         return exit_status(e)
     except RankError as e:

@@ -6,17 +6,19 @@ The writers' all-or-nothing (`jaxdp.core.atomic`) and the commands that write re
 `bench`) are checked in this process, where an interrupt is raised at the worst moment."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
-from jaxdp.core import atomic, progress
+from jaxdp.core import atomic, progress, trace
 from jaxdp.core.trace import TraceError, check_writable
 from tests import REPO
 
@@ -198,3 +200,93 @@ def test_bench_stopped_before_writing(tmp_path, monkeypatch, capsys, fresh_progr
     assert cli.main(["bench", "--quick", "--out", str(tmp_path / "bench")]) == 130
     assert capsys.readouterr().err == "jaxdp: interrupted at step 0; kept trace earlier.npz\n"
     assert list(tmp_path.iterdir()) == []
+
+
+# ---- Ctrl-C deferred, never ignored; a closed output pipe ends quietly ---------------------------------
+
+REAPING = """
+import sys, time
+import torch_ref.launch as launch
+from jaxdp.harness.interrupt import guarded
+stop = launch._stop
+def slow_stop(procs, wait_s=5.0):
+    if wait_s:  # the reaping after a finished run (up to 5 s): where Ctrl-C used to be ignored
+        print("reaping", flush=True)
+        time.sleep(1)
+    stop(procs, wait_s)
+launch._stop = slow_stop
+sys.exit(guarded("torch_ref")(lambda: launch.launch(max, 1) and 0)())
+"""
+
+
+def test_ctrl_c_while_the_ranks_are_reaped_is_answered_130(tmp_path):
+    """A real SIGINT to the process group once the one rank has finished and is being reaped: the run ends
+    with 130 and its one line (it ended 0 when SIGINT was ignored there)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.Popen([sys.executable, "-c", REAPING], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=_as_from_a_terminal)
+    try:
+        assert p.stdout.readline() == "reaping\n", p.stderr.read()[-2000:]
+        os.killpg(p.pid, signal.SIGINT)
+        status = p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    err = p.stderr.read().splitlines()
+    assert (status, err) == (130, ["torch_ref: interrupted at step 0; nothing written"]), (status, err)
+
+
+def test_children_leave_ctrl_c_to_this_process_which_keeps_it(fresh_progress):
+    """Started inside `sigint_left_to_this_process`, a child has SIGINT blocked; a SIGINT to this process
+    meanwhile, with another thread running (as JAX's and torch's are), is raised when the block ends, not lost."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as Python starts from a terminal
+    busy = threading.Event()
+    threading.Thread(target=busy.wait, args=(5,), daemon=True).start()
+    code = "import signal; print(sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])))"
+    with pytest.raises(KeyboardInterrupt), progress.sigint_left_to_this_process():
+        child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        os.kill(os.getpid(), signal.SIGINT)
+    busy.set()
+    assert int(signal.SIGINT) in json.loads(child.communicate(timeout=30)[0])
+    with progress.sigint_deferred():
+        pass  # no Ctrl-C: nothing raised
+
+
+@contextlib.contextmanager
+def closed_stdout():
+    """sys.stdout a pipe whose reader has gone, as after `| head -2` exits (set in the test's body: pytest's
+    capture sets sys.stdout again when the test starts)."""
+    read, write = os.pipe()
+    os.close(read)
+    out, stdout = os.fdopen(write, "w"), sys.stdout
+    sys.stdout = out
+    try:
+        yield out
+    finally:
+        sys.stdout = stdout
+        with contextlib.suppress(OSError):
+            out.close()
+
+
+def test_a_closed_pipe_ends_the_command_quietly(tmp_path, capsys):
+    """`jaxdp diff A B | head -2` and `python -m torch_ref train -h | head -1`: status 141 (128 + SIGPIPE, as a
+    shell reports `cat` ended so), nothing on stderr; stdout left on /dev/null for the interpreter's exit."""
+    from jaxdp.harness import cli, torch_cli
+    from tests.jaxdp.core.test_data_and_trace import tiny_trace
+
+    t = tiny_trace()
+    paths = [str(tmp_path / "a.npz"), str(tmp_path / "b.npz")]
+    for path in paths:
+        trace.save(path, t.meta, t.arrays)
+    for main, argv_ in ((cli.main, ["diff", *paths, "--no-config-check"]), (torch_cli.main, ["train", "-h"])):
+        with closed_stdout() as out:
+            try:
+                status = main(argv_)
+            except SystemExit as e:  # -h: argparse exits (0 when it dropped the failed write itself)
+                status = e.code
+            assert status in ((0, 141) if "-h" in argv_ else (141,)), argv_
+            if status == 141:  # stdout now /dev/null: the interpreter's last flush prints no 'Exception ignored'
+                out.write("x" * 100000)
+                out.flush()
+    assert capsys.readouterr().err == ""

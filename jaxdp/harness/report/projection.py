@@ -38,8 +38,6 @@ from .hardware import H100_NVLINK_IB, NODE_GPUS, PRESETS, Preset  # noqa: F401 (
 NS = (8, 16, 32, 64, 128, 256, 512, 1024)
 
 
-
-
 def payload_bytes(sent_per_device: float, n_measured: int) -> float:
     """The ring payload behind `sent_per_device` bytes measured at n devices ((n-1)/n of it is sent)."""
     return 0.0 if n_measured <= 1 else sent_per_device * n_measured / (n_measured - 1)
@@ -106,11 +104,14 @@ def reference(model: references.Transformer, bytes_per_param_by_strategy: dict, 
     """One reference model's projection for every strategy, from the strategies' bytes per parameter."""
     p, seqs = references.params(model), model.batch_seqs
     fps = references.flops_per_token(model) * model.context
+    strategies = {s: project(fps, bpp * p, n_measured, 1, seqs, preset, phases[s],
+                             comm=_two_level(s, p, preset, itemsize))
+                  for s, bpp in bytes_per_param_by_strategy.items()}
+    if strategies and "hsdp" not in strategies:  # the links model's hsdp: the recommendation's candidate across nodes
+        hsdp = project(fps, 0.0, n_measured, 1, seqs, preset, comm=_two_level("hsdp", p, preset, itemsize))
+        strategies["hsdp"] = {**hsdp, "projected_only": True}
     return {"params": p, "flops_per_token": references.flops_per_token(model), "context": model.context,
-            "batch_seqs": seqs, "source": model.source,
-            "strategies": {s: project(fps, bpp * p, n_measured, 1, seqs, preset, phases[s],
-                                      comm=_two_level(s, p, preset, itemsize))
-                           for s, bpp in bytes_per_param_by_strategy.items()}}
+            "batch_seqs": seqs, "source": model.source, "strategies": strategies}
 
 
 def _two_level(strategy: str, params: int, preset: Preset, itemsize: int):
@@ -121,9 +122,17 @@ def _two_level(strategy: str, params: int, preset: Preset, itemsize: int):
     return lambda n: links.comm_seconds("hsdp", params, n, preset, itemsizes=(itemsize, itemsize))
 
 
+SOURCES = {"measured": "measured in this run's compiled steps at N = {n}",
+           "theory": "the ring theory of each strategy at N = {n} (jaxdp/analysis/theory.py): a run on one device "
+                     "sends nothing, so nothing can be measured"}
+NOT_PROJECTED = "single"  # one device: no data parallelism to project
+
+
 def for_report(sent_by_strategy: dict, run_params: int, itemsize: int, flops_per_sample: float, n_measured: int,
-               global_batch: int, run_label: str, preset: Preset = H100_NVLINK_IB) -> dict:
-    """summary.json's "projection": the reference models, and the run's own model where CRITERION holds."""
+               global_batch: int, run_label: str, preset: Preset = H100_NVLINK_IB, source: str = "measured") -> dict:
+    """summary.json's "projection": the reference models, and the run's own model where CRITERION holds.
+    `sent_by_strategy`: bytes per device per step at `n_measured` devices, `source` says whence (SOURCES)."""
+    sent_by_strategy = {s: b for s, b in sent_by_strategy.items() if s != NOT_PROJECTED}
     bpp = {s: bytes_per_param(b, run_params) for s, b in sent_by_strategy.items()}
     phases = {s: ring_phases(b, n_measured, run_params, itemsize) for s, b in sent_by_strategy.items()}
     per_device = global_batch / n_measured
@@ -136,15 +145,27 @@ def for_report(sent_by_strategy: dict, run_params: int, itemsize: int, flops_per
             "strategies": {s: project(flops_per_sample, b, n_measured, per_device, global_batch, preset, phases[s])
                            for s, b in sent_by_strategy.items()}}
     return {"preset": asdict(preset), "measured_devices": n_measured, "bytes_per_param": bpp, "ring_phases": phases,
+            "source": source, "source_text": SOURCES[source].format(n=n_measured),
             "run": {"label": run_label, "params": run_params, "flops_per_sample": flops_per_sample, **bound},
-            "criterion": CRITERION, "models": models, "links": _links(preset)}
+            "criterion": CRITERION, "models": models, "links": _links(models, preset)}
 
 
-def _links(preset: Preset) -> dict:
-    """The two-level link model's own table (hsdp at S = 8 against zero3 and ddp, mixed precision) and the
-    published scaling points beside it (`links`)."""
-    return {"table": links.table(preset=preset), "published": links.published(preset),
-            "assumptions": links.__doc__}
+LINK_NS = (8, 16, 128, 1024)
+
+
+def _links(models: dict, preset: Preset) -> dict:
+    """The links section: the projection's own rows of ddp, zero3 and hsdp at LINK_NS with the full-overlap bound
+    beside them (one number per fact: the same weak efficiency as the projection and the recommendation), and
+    the published scaling points (`links.published`, in the published runs' mixed precision)."""
+    table = []
+    for name, m in models.items():
+        for s in (s for s in links.STRATEGIES if s in m.get("strategies", {}) and "flops_per_token" in m):
+            for r in (r for r in m["strategies"][s]["rows"] if r["n"] in LINK_NS):
+                compute = r["weak_step_s"] - r["comm_s"]
+                table.append({"model": name, "strategy": s, "n": r["n"], "compute_s": compute, "comm_s": r["comm_s"],
+                              "weak_efficiency": r["weak_efficiency"],
+                              "overlapped_efficiency": compute / max(compute, r["comm_s"])})
+    return {"table": table, "published": links.published(preset), "assumptions": links.__doc__}
 
 
 def efficiencies(proj: dict, kind: str) -> tuple[np.ndarray, np.ndarray]:

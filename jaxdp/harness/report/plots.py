@@ -252,15 +252,19 @@ def scaling_caption(proj: dict) -> str:
             f"compute vs {run['comm_s']:.2g} s communication per step at {projection_mod.NS[0]} GPUs).")
 
 
+SAME = 1e-3  # relative: two projections closer than this draw one line
+
+
 def _lines(proj: dict, model: str, kind: str) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """(label, N, efficiency) of each line the scaling figure draws for `model`: strategies whose projections
-    are equal are one line, labelled with all their names (ddp, ddp-ring), so every legend entry is a line."""
+    agree within SAME (lines that would overlap) are one line, labelled with all their names ("ddp = ddp-ring"),
+    so every legend entry is a line one can see."""
     out = []
     for name, p in proj["models"][model]["strategies"].items():
         ns, eff = projection_mod.efficiencies(p, kind)
         label = name + (" (links model)" if p.get("projected_only") else "")
-        same = next((i for i, (_, n2, e2) in enumerate(out) if np.array_equal(ns, n2) and np.allclose(eff, e2,
-                                                                                                     rtol=1e-9)), None)
+        same = next((i for i, (_, n2, e2) in enumerate(out) if np.array_equal(ns, n2)
+                     and np.allclose(eff, e2, rtol=SAME, atol=0)), None)
         if same is None:
             out.append((label, ns, eff))
         else:

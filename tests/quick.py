@@ -17,7 +17,7 @@ QUICK = {
         "test_torch_ref_takes_only_the_core_from_jaxdp",
         "test_only_the_harness_imports_torch_ref",
         "test_the_checker_sees_a_cycle_and_a_deferred_import",
-        "test_the_readme_map_lists_every_module",
+        "test_the_layout_map_lists_every_module",
     ),
     "tests/house/test_tests_tree.py": ALL,
     "tests/cli/test_entry_points.py": ALL,

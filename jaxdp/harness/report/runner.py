@@ -82,15 +82,18 @@ def _torch_side(rank: int, n: int, jobs: list, started: float | None = None) -> 
     from torch_ref.analysis import accounting
     from torch_ref.train import train_rank
 
-    def say(message: str) -> None:
-        if rank == 0 and started is not None:
-            print(f"[{time.time() - started:6.1f}s] torch_ref: {message}", file=sys.stderr, flush=True)
-
     out = []
     for i, (cfg, init) in enumerate(jobs):
-        say(f"training {cfg.strategy} ({i + 1}/{len(jobs)})")
+        if rank == 0:
+            _say(started, f"torch_ref: training {cfg.strategy} ({i + 1}/{len(jobs)})")
         out.append((train_rank(rank, n, cfg, init, True), accounting.measure_rank(rank, n, cfg, init)))
     return out
+
+
+def _say(started: float | None, message: str) -> None:
+    """A progress line as `jaxdp compare` prints them, from any process (`started`: the command's time.time())."""
+    if started is not None:
+        print(f"[{time.time() - started:6.1f}s] {message}", file=sys.stderr, flush=True)
 
 
 def run_torch_side(cfgs: list[RunConfig], timeout_s: float = 900.0, started: float | None = None) -> dict:
@@ -101,8 +104,14 @@ def run_torch_side(cfgs: list[RunConfig], timeout_s: float = 900.0, started: flo
     from ... import models
     from ...core import data
 
-    n = cfgs[0].devices
-    jobs = [(c, models.initial_arrays(c, data.load(c.data, c.seed, c.seq_len))) for c in cfgs]
+    n, first = cfgs[0].devices, cfgs[0]
+    initial = {}  # one model for every strategy: its initial arrays made once (a config differing in more is not)
+    for c in cfgs:
+        key = c.replace(strategy=first.strategy, replicas=first.replicas)
+        if key not in initial:
+            initial[key] = models.initial_arrays(c, data.load(c.data, c.seed, c.seq_len))
+    jobs = [(c, initial[c.replace(strategy=first.strategy, replicas=first.replicas)]) for c in cfgs]
+    _say(started, f"torch_ref: starting {n} ranks (each imports torch and joins the process group)")
     per_rank = launch.launch(_torch_side, n, jobs, started, platform=cfgs[0].platform, timeout_s=timeout_s,
                              pg_timeout_s=120)
     return {c: (per_rank[0][i][0], accounting.summarise(c, [r[i][1] for r in per_rank])) for i, c in enumerate(cfgs)}

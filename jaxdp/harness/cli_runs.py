@@ -73,6 +73,8 @@ def compare(args) -> int:
               f"KiB/step" + render.finding(e))
     for situation in written["recommendation"]["situations"]:  # the report's "Which strategy", in short
         print(f"which strategy: {situation['situation']}: {situation['pick']}")
+    if len(written["recommendation"]["situations"]) == 1:
+        print(f"which strategy: {written['recommendation']['assumptions'][-1]}")
     print(f"report: {written['html']} ({written['md']}, {written['json']}) in {time.time() - t0:.0f}s")
     return 0 if all(e["parity"]["pass"] for e in summary["strategies"]) else 1
 

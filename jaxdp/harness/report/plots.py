@@ -237,9 +237,15 @@ def communication(summary, path):
 MODEL_STYLES = ("-", "--", ":", "-.")
 
 
+NOTHING = ("Nothing to project: no data-parallel strategy in this run (`single` runs on one device and sends "
+           "nothing); compare data-parallel strategies, e.g. --strategies ddp,zero3.")
+
+
 def scaling_caption(proj: dict) -> str:
     """What the scaling figure projects, in words: the models, the measured bytes, the run's own model."""
     phases = proj["ring_phases"]
+    if not phases:
+        return NOTHING
     bpp = ", ".join(f"{s} {b:.2f} ({phases[s]:.1f} ring phases)" for s, b in proj["bytes_per_param"].items())
     run = proj["run"]
     own = (f"The run's own model ({run['label']}) is drawn too: compute-bound" if run["compute_bound"] else
@@ -274,6 +280,12 @@ def _lines(proj: dict, model: str, kind: str) -> list[tuple[str, np.ndarray, np.
 
 def scaling(summary, path):
     proj = summary["projection"]
+    if not proj["bytes_per_param"]:  # `single` alone: one sentence, no empty axes
+        fig, ax = _figure(8, 1.6)
+        ax.axis("off")
+        ax.text(0.5, 0.5, textwrap.fill(NOTHING, 90), ha="center", va="center", fontsize=10)
+        _title(fig, "6. Projected scaling")
+        return _save(fig, path)
     models = list(proj["models"])
     names = list(dict.fromkeys(s for m in models for s in proj["models"][m]["strategies"]))
     fig, axes = _figure(12, 5.2, 1, 2, sharey=True)

@@ -96,7 +96,7 @@ def compute_bound(flops_per_sample: float, sent_by_strategy: dict, n_measured: i
     compute_s = samples_per_device * flops_per_sample / (preset.peak_flops * preset.mfu)
     comm_s = max((comm_time(payload_bytes(b, n_measured), NS[0], phases[s], preset)
                   for s, b in sent_by_strategy.items()), default=0.0)
-    return {"compute_bound": compute_s >= comm_s, "compute_s": compute_s, "comm_s": comm_s}
+    return {"compute_bound": bool(sent_by_strategy) and compute_s >= comm_s, "compute_s": compute_s, "comm_s": comm_s}
 
 
 def reference(model: references.Transformer, bytes_per_param_by_strategy: dict, phases: dict, n_measured: int,

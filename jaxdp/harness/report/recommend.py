@@ -109,7 +109,8 @@ def this_run(summary, meas: dict, budget: float) -> dict:
     if any(f != pick for f in fastest.values()):
         why.append(f"Fastest here: {fastest['jax']} (JAX), {fastest['torch']} (torch); on simulated devices the "
                    "'devices' share CPU cores, so these times say little about GPUs.")
-    return {"situation": f"this run: {run['label']}, {run['params']:,} parameters, {n} devices (measured)",
+    return {"situation": f"this run: {run['label']}, {run['params']:,} parameters, {n} device{'s' * (n > 1)} "
+                         "(measured)",
             "model": run["label"], "params": run["params"], "devices": n, "pick": pick, "projected_only": False,
             "fits": fits, "why": why}
 
@@ -202,11 +203,10 @@ def recommend(summary, preset: Preset = H100_NVLINK_IB, budget: float | None = N
     return {"device_memory_bytes": budget, "state_share": STATE_SHARE, "measured": meas,
             "assumptions": [f"device: {si(budget, 'B')} ({preset.name.split(',')[0]}); a model's state (parameters, "
                             f"gradients, optimizer state, in this run's dtype and optimizer) may take at most "
-                            f"{STATE_SHARE:.0%} of it, the rest is left for activations",
-                            "state measured in this run; bytes per parameter on a cluster: "
-                            + summary["projection"].get("source_text", projection_source(summary)) + "; efficiency: "
-                            "the projection's weak scaling, one sequence per GPU, no overlap"]
-            + ([] if cluster else [NO_CLUSTER]),
+                            f"{STATE_SHARE:.0%} of it, the rest is left for activations"]
+            + (["state measured in this run; bytes per parameter on a cluster: "
+                + summary["projection"].get("source_text", projection_source(summary)) + "; efficiency: the "
+                "projection's weak scaling, one sequence per GPU, no overlap"] if cluster else [NO_CLUSTER]),
             "situations": situations}
 
 

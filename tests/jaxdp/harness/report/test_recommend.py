@@ -239,7 +239,8 @@ def test_one_device_projects_from_the_theory_and_single_gives_no_cluster_advice(
     rec = recommend.recommend(s)
     assert [r["situation"].split(":")[0] for r in rec["situations"]] == ["this run"]
     assert rec["assumptions"][-1] == recommend.NO_CLUSTER
-    assert s["projection"]["models"]["GPT-2 124M"]["strategies"] == {}
+    assert s["projection"]["models"]["GPT-2 124M"]["strategies"] == {} and not s["projection"]["run"]["compute_bound"]
+    assert plots.scaling_caption(s["projection"]) == plots.NOTHING  # the figure says so, with no empty axes
 
 
 def test_scaling_legend_lists_the_lines_drawn_and_memory_panels_keep_their_own_scale(monkeypatch, tmp_path):

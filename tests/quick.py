@@ -97,6 +97,9 @@ QUICK = {
         "test_the_page_prints_units_not_raw_floats",
         "test_least_traffic_among_those_that_fit_and_measured_hsdp_is_not_projected",
         "test_a_measured_hsdp_is_zero3_on_one_node_and_measured_across_nodes",
+        "test_the_jit_forms_hold_their_own_layouts",
+        "test_one_device_projects_from_the_theory_and_single_gives_no_cluster_advice",
+        "test_no_note_is_said_twice",
     ),
     "tests/jaxdp/harness/report/test_compare.py": (
         "test_reference_parameter_counts_exactly",

@@ -45,23 +45,27 @@ def _base(args, names) -> config.RunConfig:
 
 
 def compare(args) -> int:
-    from .. import devices
-    from .report import render, runner
+    from .report.names import check_strategies
 
+    t0 = time.time()
     names = args.strategies
-    runner.check_strategies(names)
+    check_strategies(names)
     paths.output_dir(args.out, "--out")
     untyped = "devices" not in argv.given(args)
     if untyped and set(names) == {"single"}:  # compare's default --devices (cli._compare_devices)
         args.devices = 1
     base = _base(args, names)
-    if untyped and base.platform == "auto" and not _accelerators(base.devices):
-        base = base.replace(platform="cpu")  # the default 4 devices, simulated: not the 1 or 2 GPUs present
-    devices.setup(base.devices, base.platform)
-    t0 = time.time()
 
     def say(message):
         return print(f"[{time.time() - t0:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+    say(f"jaxdp compare: {', '.join(names)} in jaxdp and torch_ref, {base.model}, {base.steps} steps; loading JAX")
+    from .. import devices  # the inputs are checked: the heavy imports (JAX, matplotlib) now, after one line
+    from .report import render, runner
+
+    if untyped and base.platform == "auto" and not _accelerators(base.devices):
+        base = base.replace(platform="cpu")  # the default 4 devices, simulated: not the 1 or 2 GPUs present
+    devices.setup(base.devices, base.platform)
 
     summary = runner.compare(base, names, progress=say, started=t0)
     say("drawing figures and writing the report")

@@ -22,26 +22,11 @@ from ... import train
 from ...analysis import accounting
 from ...core import hsdp_hosts
 from ...core import trace as trace_mod
-from ...core.config import FRAMEWORK_STRATEGIES, PACKAGE, ConfigError, RunConfig
+from ...core.config import RunConfig
 from ...core.timing import timing
 from .. import parity
 from . import projection, recommend
-
-
-def check_strategies(names) -> None:
-    """Every strategy must exist in both frameworks; otherwise say which side lacks it."""
-    for name in names:
-        missing = [PACKAGE[f] for f, known in FRAMEWORK_STRATEGIES.items() if name not in known]
-        if len(missing) == 2:
-            raise ConfigError(
-                f"unknown strategy {name!r}; valid in both frameworks: "
-                f"{', '.join(s for s in FRAMEWORK_STRATEGIES['jax'] if s in FRAMEWORK_STRATEGIES['torch'])}"
-            )
-        if missing:
-            raise ConfigError(
-                f"strategy {name!r} is missing in {missing[0]}: compare needs it in both frameworks "
-                f"(compare ddp-pmap / ddp-naive with `jaxdp parity`, which pairs them with ddp)"
-            )
+from .names import check_strategies  # noqa: F401 (compare's check, runner.check_strategies to its callers)
 
 
 def flops_per_sample(cfg: RunConfig) -> float:
@@ -106,6 +91,7 @@ def run_torch_side(cfgs: list[RunConfig], timeout_s: float = 900.0, started: flo
 
     n, first = cfgs[0].devices, cfgs[0]
     initial = {}  # one model for every strategy: its initial arrays made once (a config differing in more is not)
+    _say(started, "jaxdp: the initial weights both frameworks start from (JAX compiles its first operations)")
     for c in cfgs:
         key = c.replace(strategy=first.strategy, replicas=first.replicas)
         if key not in initial:

@@ -14,6 +14,8 @@ import numpy as np  # noqa: E402
 
 from . import projection as projection_mod  # noqa: E402
 from .overflow import overflow  # noqa: E402, F401 (the figures' own check, used by the tests)
+from .projection import NOTHING  # noqa: E402, F401 (the caption when nothing is projected)
+from .projection import caption as scaling_caption  # noqa: E402, F401 (the figure's caption, in words)
 
 FRAMEWORK_STYLE = {"jax": dict(color="#1f77b4", linestyle="-", marker="o"),
                    "torch": dict(color="#d62728", linestyle="--", marker="x")}
@@ -237,53 +239,12 @@ def communication(summary, path):
 MODEL_STYLES = ("-", "--", ":", "-.")
 
 
-NOTHING = ("Nothing to project: no data-parallel strategy in this run (`single` runs on one device and sends "
-           "nothing); compare data-parallel strategies, e.g. --strategies ddp,zero3.")
-
-
-def scaling_caption(proj: dict) -> str:
-    """What the scaling figure projects, in words: the models, the measured bytes, the run's own model."""
-    phases = proj["ring_phases"]
-    if not phases:
-        return NOTHING
-    bpp = ", ".join(f"{s} {b:.2f} ({phases[s]:.1f} ring phases)" for s, b in proj["bytes_per_param"].items())
-    run = proj["run"]
-    own = (f"The run's own model ({run['label']}) is drawn too: compute-bound" if run["compute_bound"] else
-           f"The run's own model ({run['label']}, {run['params']:,} parameters) is not drawn: not compute-bound")
-    where = proj.get("source_text", f"measured in this run's compiled steps at N = {proj['measured_devices']}")
-    return (f"Bytes sent per device per step per parameter, {where}: {bpp}; hsdp, when not in this run: the links "
-            f"model (NVLink inside a node, InfiniBand across). FLOPs/token = 6 N + 12 L d T. Weak: one sequence per "
-            f"GPU; strong: the published batch, drawn while each GPU holds a sequence (the run's own model: its own "
-            f"batch). {own} ({run['compute_s']:.2g} s "
-            f"compute vs {run['comm_s']:.2g} s communication per step at {projection_mod.NS[0]} GPUs).")
-
-
-SAME = 1e-3  # relative: two projections closer than this draw one line
-
-
-def _lines(proj: dict, model: str, kind: str) -> list[tuple[str, np.ndarray, np.ndarray]]:
-    """(label, N, efficiency) of each line the scaling figure draws for `model`: strategies whose projections
-    agree within SAME (lines that would overlap) are one line, labelled with all their names ("ddp = ddp-ring"),
-    so every legend entry is a line one can see."""
-    out = []
-    for name, p in proj["models"][model]["strategies"].items():
-        ns, eff = projection_mod.efficiencies(p, kind)
-        label = name + (" (links model)" if p.get("projected_only") else "")
-        same = next((i for i, (_, n2, e2) in enumerate(out) if np.array_equal(ns, n2)
-                     and np.allclose(eff, e2, rtol=SAME, atol=0)), None)
-        if same is None:
-            out.append((label, ns, eff))
-        else:
-            out[same] = (f"{out[same][0]} = {label}", ns, eff)
-    return out
-
-
 def scaling(summary, path):
     proj = summary["projection"]
     if not proj["bytes_per_param"]:  # `single` alone: one sentence, no empty axes
         fig, ax = _figure(8, 1.6)
         ax.axis("off")
-        ax.text(0.5, 0.5, textwrap.fill(NOTHING, 90), ha="center", va="center", fontsize=10)
+        ax.text(0.5, 0.5, textwrap.fill(projection_mod.NOTHING, 90), ha="center", va="center", fontsize=10)
         _title(fig, "6. Projected scaling")
         return _save(fig, path)
     models = list(proj["models"])
@@ -291,7 +252,7 @@ def scaling(summary, path):
     fig, axes = _figure(12, 5.2, 1, 2, sharey=True)
     for ax, kind in zip(axes, ("weak", "strong"), strict=False):
         for m, model in enumerate(models):
-            for label, ns, eff in _lines(proj, model, kind):
+            for label, ns, eff in projection_mod.lines(proj, model, kind):
                 i = names.index(label.split(" ")[0])
                 ax.loglog(ns, eff, base=2, marker="ox+s^v"[i % 6], markersize=4, color=plt.cm.tab10(i % 10),
                           linestyle=MODEL_STYLES[m % len(MODEL_STYLES)], label=f"{model}: {label}")
@@ -309,7 +270,7 @@ def scaling(summary, path):
     whence = "as measured in this run" if proj.get("source", "measured") == "measured" else "from the ring theory"
     _title(fig, f"6. Projected scaling of {listed} on H100s (alpha-beta model), with each strategy's "
                 f"bytes/parameter {whence}")
-    fig.supxlabel(textwrap.fill(scaling_caption(proj), 190), fontsize=7.5, x=0.0, ha="left")
+    fig.supxlabel(textwrap.fill(projection_mod.caption(proj), 190), fontsize=7.5, x=0.0, ha="left")
     return _save(fig, path)
 
 

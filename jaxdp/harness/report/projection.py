@@ -168,6 +168,47 @@ def _links(models: dict, preset: Preset) -> dict:
     return {"table": table, "published": links.published(preset), "assumptions": links.__doc__}
 
 
+NOTHING = ("Nothing to project: no data-parallel strategy in this run (`single` runs on one device and sends "
+           "nothing); compare data-parallel strategies, e.g. --strategies ddp,zero3.")
+
+
+def caption(proj: dict) -> str:
+    """What the scaling figure projects, in words: the models, the measured bytes, the run's own model."""
+    phases = proj["ring_phases"]
+    if not phases:
+        return NOTHING
+    bpp = ", ".join(f"{s} {b:.2f} ({phases[s]:.1f} ring phases)" for s, b in proj["bytes_per_param"].items())
+    run = proj["run"]
+    own = (f"The run's own model ({run['label']}) is drawn too: compute-bound" if run["compute_bound"] else
+           f"The run's own model ({run['label']}, {run['params']:,} parameters) is not drawn: not compute-bound")
+    where = proj.get("source_text", f"measured in this run's compiled steps at N = {proj['measured_devices']}")
+    return (f"Bytes sent per device per step per parameter, {where}: {bpp}; hsdp, when not in this run: the links "
+            f"model (NVLink inside a node, InfiniBand across). FLOPs/token = 6 N + 12 L d T. Weak: one sequence per "
+            f"GPU; strong: the published batch, drawn while each GPU holds a sequence (the run's own model: its own "
+            f"batch). {own} ({run['compute_s']:.2g} s "
+            f"compute vs {run['comm_s']:.2g} s communication per step at {NS[0]} GPUs).")
+
+
+SAME = 1e-3  # relative: two projections closer than this draw one line
+
+
+def lines(proj: dict, model: str, kind: str) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(label, N, efficiency) of each line the scaling figure draws for `model`: strategies whose projections
+    agree within SAME (lines that would overlap) are one line, labelled with all their names ("ddp = ddp-ring"),
+    so every legend entry is a line one can see."""
+    out = []
+    for name, p in proj["models"][model]["strategies"].items():
+        ns, eff = efficiencies(p, kind)
+        label = name + (" (links model)" if p.get("projected_only") else "")
+        same = next((i for i, (_, n2, e2) in enumerate(out) if np.array_equal(ns, n2)
+                     and np.allclose(eff, e2, rtol=SAME, atol=0)), None)
+        if same is None:
+            out.append((label, ns, eff))
+        else:
+            out[same] = (f"{out[same][0]} = {label}", ns, eff)
+    return out
+
+
 def efficiencies(proj: dict, kind: str) -> tuple[np.ndarray, np.ndarray]:
     """(N, efficiency) of one strategy's projection, without the N where strong scaling is undefined."""
     rows = [r for r in proj["rows"] if r[f"{kind}_efficiency"] is not None]

@@ -1,6 +1,6 @@
-"""README.md's layout map, generated: every module and package of jaxdp/ and torch_ref/ with the first
-sentence of its docstring. `python3 .ci/layout.py` prints it; `--write` puts it into README.md between
-the layout markers; `--check` exits 1 when README.md's map differs (tests/house/test_house.py runs it)."""
+"""The layout map (docs/LAYOUT.md), generated: every module and package of jaxdp/ and torch_ref/ with the first
+sentence of its docstring. `python3 .ci/layout.py` prints it; `--write` puts it into docs/LAYOUT.md between
+the layout markers; `--check` exits 1 when docs/LAYOUT.md's map differs (tests/house/test_house.py runs it)."""
 import ast
 import re
 import sys
@@ -9,6 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 START, END = "<!-- layout: start -->", "<!-- layout: end -->"
 WIDTH = 32  # the path column
+MAP = ROOT / "docs" / "LAYOUT.md"  # where the map lives (the README links to it)
 
 
 def summary(path: Path) -> str:
@@ -38,16 +39,17 @@ def layout() -> str:
 
 
 def main(argv: list[str]) -> int:
-    readme = (ROOT / "README.md").read_text()
+    readme = MAP.read_text()
     found = re.search(re.escape(START) + ".*?" + re.escape(END), readme, flags=re.S)
     if "--write" in argv:
         if not found:
-            sys.exit(f"README.md has no {START} ... {END} section to write into")
-        (ROOT / "README.md").write_text(readme[:found.start()] + layout() + readme[found.end():])
+            sys.exit(f"{MAP.relative_to(ROOT)} has no {START} ... {END} section to write into")
+        MAP.write_text(readme[:found.start()] + layout() + readme[found.end():])
         return 0
     if "--check" in argv:
         if not found or found.group(0) != layout():
-            print("README.md's layout map is out of date: run python3 .ci/layout.py --write", file=sys.stderr)
+            print(f"{MAP.relative_to(ROOT)}'s layout map is out of date: run python3 .ci/layout.py --write",
+                  file=sys.stderr)
             return 1
         return 0
     print(layout())

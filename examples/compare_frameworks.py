@@ -42,7 +42,8 @@ def contrast(first: dict, other: dict) -> str:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="ddp and zero3, 2 devices, 4 steps (smoke test)")
     parser.add_argument("--out", default="reports/example", help="the report's folder (made when missing)")
     args = parser.parse_args()

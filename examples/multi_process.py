@@ -44,7 +44,8 @@ def processes(flags: list[str], n: int, path: str) -> None:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="3 steps instead of 20 (smoke test)")
     args = parser.parse_args()
 

@@ -40,9 +40,11 @@ def hf_model(name: str):
     import transformers as hf
 
     torch.manual_seed(0)
-    if name == "gpt2":
+    if name == "gpt2":  # GPT-2's begin/end token is 50256, outside this small vocabulary: the last id instead
+        # (transformers warns, six times, that its config's ids lie outside the vocabulary otherwise)
         config = hf.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=D_MODEL, n_layer=N_LAYER, n_head=N_HEAD,
-                               resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager")
+                               resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager",
+                               bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)
         model = hf.GPT2LMHeadModel(config)
     else:
         config = hf.LlamaConfig(vocab_size=VOCAB, max_position_embeddings=SEQ, hidden_size=D_MODEL,
@@ -172,16 +174,20 @@ def positive(text: str) -> int:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=("gpt2", "llama", "both"), default="both")
-    parser.add_argument("--strategy", choices=STRATEGIES, default="zero3")
-    parser.add_argument("--devices", type=positive, default=4)
-    parser.add_argument("--steps", type=positive, default=3)
-    parser.add_argument("--batch-size", type=positive, default=8)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--model", choices=("gpt2", "llama", "both"), default="both",
+                        help="which transformers model to port")
+    parser.add_argument("--strategy", choices=STRATEGIES, default="zero3",
+                        help="the data-parallel strategy of both runs")
+    parser.add_argument("--devices", type=positive, default=4, help="simulated CPU devices (JAX) and ranks (torch)")
+    parser.add_argument("--steps", type=positive, default=3, help="AdamW steps of each run")
+    parser.add_argument("--batch-size", type=positive, default=8, help="global batch of sequences, a multiple of "
+                        "--devices")
     parser.add_argument("--plant-bug", action="store_true",
                         help=f"perturb the torch run's final norm weight after step {BUG_STEP}")
     parser.add_argument("--quick", action="store_true", help="2 devices, 2 steps")
-    parser.add_argument("--out", default="reports/port_hf")
+    parser.add_argument("--out", default="reports/port_hf", help="folder for the two traces")
     args = parser.parse_args()
     if args.quick:
         args.devices, args.steps = 2, 2

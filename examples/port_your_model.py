@@ -149,15 +149,18 @@ def positive(text: str) -> int:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--strategy", choices=STRATEGIES, default="zero2")
-    parser.add_argument("--devices", type=positive, default=2)
-    parser.add_argument("--accum", type=positive, default=1)
-    parser.add_argument("--steps", type=positive, default=4)
-    parser.add_argument("--batch-size", type=positive, default=24)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--strategy", choices=STRATEGIES, default="zero2",
+                        help="the data-parallel strategy of both runs")
+    parser.add_argument("--devices", type=positive, default=2, help="simulated CPU devices (JAX) and ranks (torch)")
+    parser.add_argument("--accum", type=positive, default=1, help="gradient-accumulation micro-batches per step")
+    parser.add_argument("--steps", type=positive, default=4, help="optimizer steps of each run")
+    parser.add_argument("--batch-size", type=positive, default=24, help="global batch, a multiple of --devices x "
+                        "--accum")
     parser.add_argument("--plant-bug", action="store_true", help=f"perturb one torch tensor after step {BUG_STEP}")
     parser.add_argument("--quick", action="store_true", help=f"{BUG_STEP + 1} steps (a smoke run)")
-    parser.add_argument("--out", default="reports/port")
+    parser.add_argument("--out", default="reports/port", help="folder for the two traces and the diff's page")
     args = parser.parse_args()
     if args.quick:
         args.steps = BUG_STEP + 1

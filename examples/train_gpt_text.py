@@ -43,9 +43,11 @@ def continuation(cfg, params, dataset, prompt: str, n: int) -> str:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a tiny model, 30 steps (smoke test)")
-    parser.add_argument("--chars", type=positive, default=None, help="characters to generate (40 with --quick)")
+    parser.add_argument("--chars", type=positive, default=None,
+                        help="characters to generate (None: 120, or 40 with --quick)")
     args = parser.parse_args()
     devices.setup(4)
 

@@ -31,7 +31,8 @@ def accuracy(problem, params: dict, dataset) -> float:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="10 steps instead of 300 (smoke test)")
     args = parser.parse_args()
     devices.setup(4)  # 4 simulated CPU devices, before JAX starts

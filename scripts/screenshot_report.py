@@ -1,7 +1,7 @@
 """Regenerate docs/compare_screenshot.png: run a small `jaxdp compare` (both frameworks), write its report,
 and render report.html in headless Chromium (Debian's `chromium`) to a PNG.
 
-    PYTHONPATH=$PWD python scripts/screenshot_report.py            # docs/compare_screenshot.png
+    PYTHONPATH=$PWD python scripts/screenshot_report.py            # docs/compare_screenshot.png (README's run)
     PYTHONPATH=$PWD python scripts/screenshot_report.py --out /tmp/shot.png --strategies ddp,zero1,zero3
 
 Also imported by tests/jaxdp/harness/report/test_compare.py (`browser`, `chromium_flags`, `dom_status`, `screenshot`).
@@ -40,6 +40,9 @@ def dom_status(html_path: str, profile_dir: str) -> tuple[tuple[int, int, int] |
     return (tuple(map(int, found.groups())) if found else None), dom
 
 
+README_SIZE = "1200,1250"  # the page's top: the title, "Which strategy", the verdict and the first figure
+
+
 def screenshot(html_path: str, png: str, profile_dir: str, size: str = "1200,2600") -> str:
     url = "file://" + os.path.abspath(html_path)
     subprocess.run(chromium_flags(profile_dir) + [f"--window-size={size}", f"--screenshot={os.path.abspath(png)}",
@@ -50,9 +53,9 @@ def screenshot(html_path: str, png: str, profile_dir: str, size: str = "1200,260
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(REPO, "docs", "compare_screenshot.png"))
-    parser.add_argument("--strategies", default="ddp,zero3")
-    parser.add_argument("--devices", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--strategies", default="ddp,ddp-ring,zero1,zero3")  # the README's first command's run
+    parser.add_argument("--devices", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args(argv)
     if browser() is None:
         print("chromium is not installed (Debian: apt-get install chromium)", file=sys.stderr)
@@ -68,7 +71,7 @@ def main(argv=None) -> int:
     paths = render.write(summary, os.path.join(work, "report"))
     status, _ = dom_status(paths["html"], os.path.join(work, "profile"))
     print(f"page: images {status[0]}/{status[1]}, {status[2]} table rows" if status else "page: no status line")
-    screenshot(paths["html"], args.out, os.path.join(work, "profile"))
+    screenshot(paths["html"], args.out, os.path.join(work, "profile"), size=README_SIZE)
     print(f"screenshot: {args.out} (report: {paths['html']})")
     return 0
 

@@ -17,7 +17,7 @@ QUICK = {
         "test_torch_ref_takes_only_the_core_from_jaxdp",
         "test_only_the_harness_imports_torch_ref",
         "test_the_checker_sees_a_cycle_and_a_deferred_import",
-        "test_the_readme_map_lists_every_module",
+        "test_the_layout_map_lists_every_module",
     ),
     "tests/house/test_tests_tree.py": ALL,
     "tests/cli/test_entry_points.py": ALL,
@@ -106,6 +106,9 @@ QUICK = {
         "test_the_page_prints_units_not_raw_floats",
         "test_least_traffic_among_those_that_fit_and_measured_hsdp_is_not_projected",
         "test_a_measured_hsdp_is_zero3_on_one_node_and_measured_across_nodes",
+        "test_the_jit_forms_hold_their_own_layouts",
+        "test_one_device_projects_from_the_theory_and_single_gives_no_cluster_advice",
+        "test_no_note_is_said_twice",
     ),
     "tests/jaxdp/harness/report/test_compare.py": (
         "test_reference_parameter_counts_exactly",

@@ -174,7 +174,9 @@ def measure_step(cfg) -> dict:
     out = {**memory(cfg, c), **trains}
     channels = batchnorm_channels(c.problem)
     shapes = [p.shape for p in jax.tree.leaves(c.problem.params)]
-    out["theory"] = theory_for(cfg, out["sizes"], root_sizes(c.problem), channels, shapes)
+    inputs = {"sizes": out["sizes"], "root": root_sizes(c.problem), "channels": channels, "shapes": shapes}
+    out["theory"] = theory_for(cfg, **inputs)
+    out["theory_inputs"] = inputs  # theory_for(cfg.replace(devices=n), **inputs): the theory at another N
     out["comm_groups"] = group_bytes(collectives(c.program.as_text(), cfg.devices), cfg.devices, cfg.replicas)
     out["theory_groups"] = group_theory_for(cfg, out["sizes"], root_sizes(c.problem), channels, shapes)
     if c.stats_program is not None:  # the running statistics' own program, apart from the train step

@@ -60,11 +60,26 @@ def _add_analyses(sub) -> None:
                          help="also write the result as JSON here (several strategies: put {strategy} in it)")
 
 
+COMPARE_DEVICES = 4
+
+
+def _compare_devices(parser) -> None:
+    """compare's own --devices default (cli_runs.compare resolves it): a run that shows communication."""
+    action = next(a for a in parser._actions if a.dest == "devices")
+    action.default = COMPARE_DEVICES
+    action.help = (f"number of devices (default: {COMPARE_DEVICES}, simulated on the CPU unless {COMPARE_DEVICES} "
+                   f"GPUs are present; 1 for --strategies single). Not 1: one device sends nothing, so nothing "
+                   f"about communication could be measured (the report would project from the theory alone); "
+                   f"{COMPARE_DEVICES} is the fewest where a ring has more than one neighbour, hsdp has 2 groups "
+                   f"of 2 and every shard is at most 1/{COMPARE_DEVICES}, and it takes a few minutes on 2 CPU cores")
+
+
 def _add_pairs(sub) -> None:
     compare = argv.subcommand(sub, "compare", help="run strategies in both frameworks and write the comparison "
                               "report", description="Each strategy in jaxdp and torch_ref: agreement, memory, "
                               "bytes, time, and which strategy fits where.")
     argv.add_run_arguments(compare, exclude=NO_CHECKPOINT)
+    _compare_devices(compare)
     argv.add_strategies(compare, "ddp,ddp-ring,zero1,zero3", EITHER, "the strategies to compare (each must exist "
                         "in both frameworks: " + ", ".join(BOTH) + ")")
     argv.add_force(compare)

@@ -45,20 +45,29 @@ def _base(args, names) -> config.RunConfig:
 
 
 def compare(args) -> int:
-    from .. import devices
-    from .report import recommend, render, runner
+    from .report.names import check_strategies
 
+    t0 = time.time()
     names = args.strategies
-    runner.check_strategies(names)
+    check_strategies(names)
     paths.output_dir(args.out, "--out")
+    untyped = "devices" not in argv.given(args)
+    if untyped and set(names) == {"single"}:  # compare's default --devices (cli._compare_devices)
+        args.devices = 1
     base = _base(args, names)
-    devices.setup(base.devices, base.platform)
-    t0 = time.perf_counter()
 
     def say(message):
-        return print(f"[{time.perf_counter() - t0:6.1f}s] {message}", file=sys.stderr, flush=True)
+        return print(f"[{time.time() - t0:6.1f}s] {message}", file=sys.stderr, flush=True)
 
-    summary = runner.compare(base, names, progress=say)
+    say(f"jaxdp compare: {', '.join(names)} in jaxdp and torch_ref, {base.model}, {base.steps} steps; loading JAX")
+    from .. import devices  # the inputs are checked: the heavy imports (JAX, matplotlib) now, after one line
+    from .report import render, runner
+
+    if untyped and base.platform == "auto" and not _accelerators(base.devices):
+        base = base.replace(platform="cpu")  # the default 4 devices, simulated: not the 1 or 2 GPUs present
+    devices.setup(base.devices, base.platform)
+
+    summary = runner.compare(base, names, progress=say, started=t0)
     say("drawing figures and writing the report")
     written = render.write(summary, args.out)
     for e in summary["strategies"]:
@@ -66,10 +75,22 @@ def compare(args) -> int:
         print(f"{e['name']:<12} parity {'pass' if p['pass'] else 'FAIL'} (worst grad {p['worst']['grad']:.1e}, "
               f"param {p['worst']['param']:.1e}); comm JAX {e['frameworks']['jax']['comm']['total'] / 1024:.1f} "
               f"KiB/step" + render.finding(e))
-    for situation in recommend.recommend(summary)["situations"]:  # the report's "Which strategy", in short
+    for situation in written["recommendation"]["situations"]:  # the report's "Which strategy", in short
         print(f"which strategy: {situation['situation']}: {situation['pick']}")
-    print(f"report: {written['html']} ({written['md']}, {written['json']}) in {time.perf_counter() - t0:.0f}s")
+    if len(written["recommendation"]["situations"]) == 1:
+        print(f"which strategy: {written['recommendation']['assumptions'][-1]}")
+    print(f"report: {written['html']} ({written['md']}, {written['json']}) in {time.time() - t0:.0f}s")
     return 0 if all(e["parity"]["pass"] for e in summary["strategies"]) else 1
+
+
+def _accelerators(n: int) -> bool:
+    """Does JAX's default backend have n devices (asked after n simulated CPU devices are requested)?"""
+    import jax
+
+    from .. import devices
+
+    devices.request_cpu_devices(n)
+    return len(jax.devices()) >= n
 
 
 def parity(args) -> int:

@@ -83,6 +83,16 @@ BAD_FLAGS = [
 ]
 
 
+@pytest.mark.parametrize("name", sorted(f for f in os.listdir(EXAMPLES) if f.endswith(".py")))
+def test_help_lists_every_flag_with_its_default(name, monkeypatch, capsys, tmp_path):
+    """`-h` on every example: each flag with its help and its default (ArgumentDefaultsHelpFormatter)."""
+    code, out, _ = run_example(name, ["-h"], monkeypatch, capsys, tmp_path)
+    flags = re.split(r"\n  (?=--)", out.split("options:", 1)[1])[1:]
+    assert code == 0 and flags, out
+    for flag in flags:
+        assert "(default:" in flag and len(flag.split("  ", 1)[-1].split()) > 2, flag  # a help text and the default
+
+
 @pytest.mark.parametrize("name,args,message", BAD_FLAGS, ids=[f"{n}{' '.join(a)}" for n, a, _ in BAD_FLAGS])
 def test_a_bad_flag_is_one_line_before_any_work(name, args, message, monkeypatch, capsys, tmp_path):
     code, out, err = run_example(name, args, monkeypatch, capsys, tmp_path)

@@ -120,3 +120,4 @@ def test_port_example_names_the_planted_bug(tmp_path):
     assert run.returncode == 1, run.stdout + run.stderr[-3000:]
     assert "step 2, param, ln_f/scale" in run.stdout, run.stdout
     assert "step 2, param, norm/scale" in run.stdout, run.stdout
+    assert "[transformers]" not in run.stderr and "warn" not in run.stderr.lower(), run.stderr[:2000]  # no noise

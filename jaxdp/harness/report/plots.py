@@ -14,6 +14,8 @@ import numpy as np  # noqa: E402
 
 from . import projection as projection_mod  # noqa: E402
 from .overflow import overflow  # noqa: E402, F401 (the figures' own check, used by the tests)
+from .projection import NOTHING  # noqa: E402, F401 (the caption when nothing is projected)
+from .projection import caption as scaling_caption  # noqa: E402, F401 (the figure's caption, in words)
 
 FRAMEWORK_STYLE = {"jax": dict(color="#1f77b4", linestyle="-", marker="o"),
                    "torch": dict(color="#d62728", linestyle="--", marker="x")}
@@ -180,6 +182,8 @@ def _stacked(ax, labels, values_by_part, parts, colors, formula=None, largest=0.
 
 
 def memory(summary, path):
+    """Two panels, each on its own scale (a transformer's state can be 1/20 of its in-step peak): the state
+    between steps (stacked parts, the ZeRO formula's total) and the in-step peak."""
     labels, values, formula, peaks = [], [], [], []
     for entry in summary["strategies"]:
         for fw in _frameworks(entry):
@@ -190,17 +194,26 @@ def memory(summary, path):
                 peaks.append(entry["frameworks"][fw].get("peak_bytes"))
                 theory = entry.get("theory", {}).get("memory")
                 formula.append(sum(theory.values()) if theory else None)
-    fig, ax = _figure(max(6.5, 0.9 * len(labels) + 3.5), 4.4)
-    unit, scale = _stacked(ax, labels, values, PARTS, PART_COLORS, formula, max((p or 0 for p in peaks), default=0))
-    peak = np.array([np.nan if p is None else p / scale for p in peaks], dtype=float)
-    if np.isfinite(peak).any():
-        ax.scatter(range(len(labels)), peak, marker="D", s=40, color="crimson", zorder=6, label="in-step peak")
-        ax.set_ylim(0, 1.12 * max(ax.get_ylim()[1] / 1.12, float(np.nanmax(peak))))
+    fig, (ax, right) = _figure(max(9.0, 1.6 * len(labels) + 3.5), 4.4, 1, 2)
+    unit, _ = _stacked(ax, labels, values, PARTS, PART_COLORS, formula)
     ax.set_ylabel(f"{unit} per device")
-    _legend(fig, ax)
-    _title(fig, "4. Per-device memory: state between steps (bars: parameters, gradients, optimizer state; black "
-                "line: ZeRO formula) and the in-step peak (red: JAX memory_analysis, torch profiler memory events)")
+    ax.set_title("state between steps", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
+    shown = [p or 0 for p in peaks]
+    peak_unit, scale = _byte_unit(max(shown, default=1))
+    bars = right.bar(range(len(labels)), np.array(shown, dtype=float) / scale, color="crimson", alpha=0.8,
+                     label="in-step peak")
+    right.bar_label(bars, labels=["-" if p is None else f"{p / scale:.3g}" for p in peaks], fontsize=7, padding=2)
+    right.set_ylim(0, 1.15 * max(float(max(shown, default=0)) / scale, 1e-9))
+    right.set_xticks(range(len(labels)), labels, fontsize=8)
+    right.set_ylabel(f"{peak_unit} per device")
+    right.set_title("in-step peak (JAX memory_analysis, torch profiler)", fontsize=10)
+    right.grid(axis="y", alpha=0.3)
+    handles, names = ax.get_legend_handles_labels()
+    more, more_names = right.get_legend_handles_labels()
+    _legend(fig, handles=handles + more, labels=names + more_names)
+    _title(fig, "4. Per-device memory: the state between steps (parameters, gradients, optimizer state; black line: "
+                "ZeRO formula) and the in-step peak, each on its own scale")
     return _save(fig, path)
 
 
@@ -226,30 +239,23 @@ def communication(summary, path):
 MODEL_STYLES = ("-", "--", ":", "-.")
 
 
-def scaling_caption(proj: dict) -> str:
-    """What the scaling figure projects, in words: the models, the measured bytes, the run's own model."""
-    phases = proj["ring_phases"]
-    bpp = ", ".join(f"{s} {b:.2f} ({phases[s]:.1f} ring phases)" for s, b in proj["bytes_per_param"].items())
-    run = proj["run"]
-    own = (f"The run's own model ({run['label']}) is drawn too: compute-bound" if run["compute_bound"] else
-           f"The run's own model ({run['label']}, {run['params']:,} parameters) is not drawn: not compute-bound")
-    return (f"Bytes sent per device per step per parameter, measured in this run at N = {proj['measured_devices']}: "
-            f"{bpp}. FLOPs/token = 6 N + 12 L d T. Weak: one sequence per GPU; strong: the published batch, drawn "
-            f"while each GPU holds a sequence (the run's own model: its own batch). {own} ({run['compute_s']:.2g} s "
-            f"compute vs {run['comm_s']:.2g} s communication per step at {projection_mod.NS[0]} GPUs).")
-
-
 def scaling(summary, path):
     proj = summary["projection"]
+    if not proj["bytes_per_param"]:  # `single` alone: one sentence, no empty axes
+        fig, ax = _figure(8, 1.6)
+        ax.axis("off")
+        ax.text(0.5, 0.5, textwrap.fill(projection_mod.NOTHING, 90), ha="center", va="center", fontsize=10)
+        _title(fig, "6. Projected scaling")
+        return _save(fig, path)
     models = list(proj["models"])
-    strategies = list(proj["bytes_per_param"])
+    names = list(dict.fromkeys(s for m in models for s in proj["models"][m]["strategies"]))
     fig, axes = _figure(12, 5.2, 1, 2, sharey=True)
     for ax, kind in zip(axes, ("weak", "strong"), strict=False):
         for m, model in enumerate(models):
-            for i, name in enumerate(strategies):
-                ns, eff = projection_mod.efficiencies(proj["models"][model]["strategies"][name], kind)
+            for label, ns, eff in projection_mod.lines(proj, model, kind):
+                i = names.index(label.split(" ")[0])
                 ax.loglog(ns, eff, base=2, marker="ox+s^v"[i % 6], markersize=4, color=plt.cm.tab10(i % 10),
-                          linestyle=MODEL_STYLES[m % len(MODEL_STYLES)], label=f"{model}: {name}")
+                          linestyle=MODEL_STYLES[m % len(MODEL_STYLES)], label=f"{model}: {label}")
         ax.axvline(projection_mod.NODE_GPUS, color="gray", linestyle=":")
         ax.set_xlabel("GPUs (N); dotted: one 8-GPU NVLink node")
         ax.set_title(f"{kind} scaling efficiency"
@@ -258,11 +264,13 @@ def scaling(summary, path):
         ax.set_yscale("log")
         ax.set_ylim(top=1.5)
     axes[0].set_ylabel("efficiency (log; 1 = perfect)")
-    _legend(fig, axes[1])
-    names = ", ".join(models[:-1]) + " and " + models[-1]
-    _title(fig, f"6. Projected scaling of {names} on H100s (alpha-beta model), with each strategy's "
-                "bytes/parameter as measured in this run")
-    fig.supxlabel(textwrap.fill(scaling_caption(proj), 190), fontsize=7.5, x=0.0, ha="left")
+    if names:
+        _legend(fig, axes[0])  # the weak panel draws every line the strong one does (strong stops at 512)
+    listed = ", ".join(models[:-1]) + " and " + models[-1] if len(models) > 1 else "".join(models) or "nothing"
+    whence = "as measured in this run" if proj.get("source", "measured") == "measured" else "from the ring theory"
+    _title(fig, f"6. Projected scaling of {listed} on H100s (alpha-beta model), with each strategy's "
+                f"bytes/parameter {whence}")
+    fig.supxlabel(textwrap.fill(projection_mod.caption(proj), 190), fontsize=7.5, x=0.0, ha="left")
     return _save(fig, path)
 
 

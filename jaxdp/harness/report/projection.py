@@ -38,8 +38,6 @@ from .hardware import H100_NVLINK_IB, NODE_GPUS, PRESETS, Preset  # noqa: F401 (
 NS = (8, 16, 32, 64, 128, 256, 512, 1024)
 
 
-
-
 def payload_bytes(sent_per_device: float, n_measured: int) -> float:
     """The ring payload behind `sent_per_device` bytes measured at n devices ((n-1)/n of it is sent)."""
     return 0.0 if n_measured <= 1 else sent_per_device * n_measured / (n_measured - 1)
@@ -98,7 +96,7 @@ def compute_bound(flops_per_sample: float, sent_by_strategy: dict, n_measured: i
     compute_s = samples_per_device * flops_per_sample / (preset.peak_flops * preset.mfu)
     comm_s = max((comm_time(payload_bytes(b, n_measured), NS[0], phases[s], preset)
                   for s, b in sent_by_strategy.items()), default=0.0)
-    return {"compute_bound": compute_s >= comm_s, "compute_s": compute_s, "comm_s": comm_s}
+    return {"compute_bound": bool(sent_by_strategy) and compute_s >= comm_s, "compute_s": compute_s, "comm_s": comm_s}
 
 
 def reference(model: references.Transformer, bytes_per_param_by_strategy: dict, phases: dict, n_measured: int,
@@ -106,11 +104,14 @@ def reference(model: references.Transformer, bytes_per_param_by_strategy: dict, 
     """One reference model's projection for every strategy, from the strategies' bytes per parameter."""
     p, seqs = references.params(model), model.batch_seqs
     fps = references.flops_per_token(model) * model.context
+    strategies = {s: project(fps, bpp * p, n_measured, 1, seqs, preset, phases[s],
+                             comm=_two_level(s, p, preset, itemsize))
+                  for s, bpp in bytes_per_param_by_strategy.items()}
+    if strategies and "hsdp" not in strategies:  # the links model's hsdp: the recommendation's candidate across nodes
+        hsdp = project(fps, 0.0, n_measured, 1, seqs, preset, comm=_two_level("hsdp", p, preset, itemsize))
+        strategies["hsdp"] = {**hsdp, "projected_only": True}
     return {"params": p, "flops_per_token": references.flops_per_token(model), "context": model.context,
-            "batch_seqs": seqs, "source": model.source,
-            "strategies": {s: project(fps, bpp * p, n_measured, 1, seqs, preset, phases[s],
-                                      comm=_two_level(s, p, preset, itemsize))
-                           for s, bpp in bytes_per_param_by_strategy.items()}}
+            "batch_seqs": seqs, "source": model.source, "strategies": strategies}
 
 
 def _two_level(strategy: str, params: int, preset: Preset, itemsize: int):
@@ -121,9 +122,17 @@ def _two_level(strategy: str, params: int, preset: Preset, itemsize: int):
     return lambda n: links.comm_seconds("hsdp", params, n, preset, itemsizes=(itemsize, itemsize))
 
 
+SOURCES = {"measured": "measured in this run's compiled steps at N = {n}",
+           "theory": "the ring theory of each strategy at N = {n} (jaxdp/analysis/theory.py): a run on one device "
+                     "sends nothing, so nothing can be measured"}
+NOT_PROJECTED = "single"  # one device: no data parallelism to project
+
+
 def for_report(sent_by_strategy: dict, run_params: int, itemsize: int, flops_per_sample: float, n_measured: int,
-               global_batch: int, run_label: str, preset: Preset = H100_NVLINK_IB) -> dict:
-    """summary.json's "projection": the reference models, and the run's own model where CRITERION holds."""
+               global_batch: int, run_label: str, preset: Preset = H100_NVLINK_IB, source: str = "measured") -> dict:
+    """summary.json's "projection": the reference models, and the run's own model where CRITERION holds.
+    `sent_by_strategy`: bytes per device per step at `n_measured` devices, `source` says whence (SOURCES)."""
+    sent_by_strategy = {s: b for s, b in sent_by_strategy.items() if s != NOT_PROJECTED}
     bpp = {s: bytes_per_param(b, run_params) for s, b in sent_by_strategy.items()}
     phases = {s: ring_phases(b, n_measured, run_params, itemsize) for s, b in sent_by_strategy.items()}
     per_device = global_batch / n_measured
@@ -136,15 +145,68 @@ def for_report(sent_by_strategy: dict, run_params: int, itemsize: int, flops_per
             "strategies": {s: project(flops_per_sample, b, n_measured, per_device, global_batch, preset, phases[s])
                            for s, b in sent_by_strategy.items()}}
     return {"preset": asdict(preset), "measured_devices": n_measured, "bytes_per_param": bpp, "ring_phases": phases,
+            "source": source, "source_text": SOURCES[source].format(n=n_measured),
             "run": {"label": run_label, "params": run_params, "flops_per_sample": flops_per_sample, **bound},
-            "criterion": CRITERION, "models": models, "links": _links(preset)}
+            "criterion": CRITERION, "models": models, "links": _links(models, preset)}
 
 
-def _links(preset: Preset) -> dict:
-    """The two-level link model's own table (hsdp at S = 8 against zero3 and ddp, mixed precision) and the
-    published scaling points beside it (`links`)."""
-    return {"table": links.table(preset=preset), "published": links.published(preset),
-            "assumptions": links.__doc__}
+LINK_NS = (8, 16, 128, 1024)
+
+
+def _links(models: dict, preset: Preset) -> dict:
+    """The links section: the projection's own rows of ddp, zero3 and hsdp at LINK_NS with the full-overlap bound
+    beside them (one number per fact: the same weak efficiency as the projection and the recommendation), and
+    the published scaling points (`links.published`, in the published runs' mixed precision)."""
+    table = []
+    for name, m in models.items():
+        for s in (s for s in links.STRATEGIES if s in m.get("strategies", {}) and "flops_per_token" in m):
+            for r in (r for r in m["strategies"][s]["rows"] if r["n"] in LINK_NS):
+                compute = r["weak_step_s"] - r["comm_s"]
+                table.append({"model": name, "strategy": s, "n": r["n"], "compute_s": compute, "comm_s": r["comm_s"],
+                              "weak_efficiency": r["weak_efficiency"],
+                              "overlapped_efficiency": compute / max(compute, r["comm_s"])})
+    return {"table": table, "published": links.published(preset), "assumptions": links.__doc__}
+
+
+NOTHING = ("Nothing to project: no data-parallel strategy in this run (`single` runs on one device and sends "
+           "nothing); compare data-parallel strategies, e.g. --strategies ddp,zero3.")
+
+
+def caption(proj: dict) -> str:
+    """What the scaling figure projects, in words: the models, the measured bytes, the run's own model."""
+    phases = proj["ring_phases"]
+    if not phases:
+        return NOTHING
+    bpp = ", ".join(f"{s} {b:.2f} ({phases[s]:.1f} ring phases)" for s, b in proj["bytes_per_param"].items())
+    run = proj["run"]
+    own = (f"The run's own model ({run['label']}) is drawn too: compute-bound" if run["compute_bound"] else
+           f"The run's own model ({run['label']}, {run['params']:,} parameters) is not drawn: not compute-bound")
+    where = proj.get("source_text", f"measured in this run's compiled steps at N = {proj['measured_devices']}")
+    return (f"Bytes sent per device per step per parameter, {where}: {bpp}; hsdp, when not in this run: the links "
+            f"model (NVLink inside a node, InfiniBand across). FLOPs/token = 6 N + 12 L d T. Weak: one sequence per "
+            f"GPU; strong: the published batch, drawn while each GPU holds a sequence (the run's own model: its own "
+            f"batch). {own} ({run['compute_s']:.2g} s "
+            f"compute vs {run['comm_s']:.2g} s communication per step at {NS[0]} GPUs).")
+
+
+SAME = 1e-3  # relative: two projections closer than this draw one line
+
+
+def lines(proj: dict, model: str, kind: str) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(label, N, efficiency) of each line the scaling figure draws for `model`: strategies whose projections
+    agree within SAME (lines that would overlap) are one line, labelled with all their names ("ddp = ddp-ring"),
+    so every legend entry is a line one can see."""
+    out = []
+    for name, p in proj["models"][model]["strategies"].items():
+        ns, eff = efficiencies(p, kind)
+        label = name + (" (links model)" if p.get("projected_only") else "")
+        same = next((i for i, (_, n2, e2) in enumerate(out) if np.array_equal(ns, n2)
+                     and np.allclose(eff, e2, rtol=SAME, atol=0)), None)
+        if same is None:
+            out.append((label, ns, eff))
+        else:
+            out[same] = (f"{out[same][0]} = {label}", ns, eff)
+    return out
 
 
 def efficiencies(proj: dict, kind: str) -> tuple[np.ndarray, np.ndarray]:

@@ -22,22 +22,35 @@ from __future__ import annotations
 import html
 
 from ...core.config import ALIASES
+from ...strategies.jit import layout as jit_layout
 from ...strategies.zero import layout as zero_layout
-from . import links, references
+from . import references
 from .hardware import H100_NVLINK_IB, NODE_GPUS, Preset
-from .units import nbytes, si
+from .units import efficiency, nbytes, si
 
 STATE_SHARE = 0.5
 ACROSS_NODES = 128  # 16 nodes of 8
 
 
+def layout_of(strategy: str, shards: int, axis_type: str = "auto") -> dict:
+    """summary.json's `layout` of a strategy: {"shards": devices a sharded part is split over, "sharded": {part:
+    sharded?}}, from the strategy's own layout table (ZeRO's and hsdp's, or the -jit forms': fsdp-jit shards as
+    zero3, zero1-jit as zero1, ddp-jit nothing)."""
+    name = ALIASES.get(strategy, strategy)
+    if name in jit_layout.LAYOUTS:
+        return {"shards": shards, "sharded": jit_layout.LAYOUTS[name].sharded(axis_type)}
+    return {"shards": shards, "sharded": zero_layout.of(name).sharded}
+
+
 def measured(summary) -> dict:
-    """{strategy: the numbers the rules read}, per device at the run's device count."""
+    """{strategy: the numbers the rules read}, per device at the run's device count; the bytes sent per
+    parameter are the projection's (measured on N > 1 devices, else the theory's: `projection.SOURCES`)."""
     n, params = summary["devices"], summary["projection"]["run"]["params"]
+    bpp = summary["projection"]["bytes_per_param"]
     out = {}
     for e in summary["strategies"]:
         j, t = e["frameworks"]["jax"], e["frameworks"]["torch"]
-        lay = e.get("layout") or {"shards": n, "sharded": zero_layout.of(ALIASES.get(e["name"], e["name"])).sharded}
+        lay = e.get("layout") or layout_of(e["name"], n)
         full = sum(v * (lay["shards"] if lay["sharded"].get(k) else 1) for k, v in j["memory"].items())
         sharded = sum(v * lay["shards"] for k, v in j["memory"].items() if lay["sharded"].get(k))
         out[e["name"]] = {
@@ -46,7 +59,7 @@ def measured(summary) -> dict:
             "sent": j["comm"]["total"], "torch_sent": (t.get("comm") or {}).get("total"),
             "step_ms": {"jax": 1e3 * j["median_step_s"], "torch": 1e3 * t["median_step_s"]},
             "full_per_param": full / params, "sharded_per_param": sharded / params,
-            "sent_per_param": j["comm"]["total"] / params, "shards": lay["shards"],
+            "sent_per_param": bpp.get(e["name"], 0.0), "shards": lay["shards"],
             "param_bytes": j["memory"]["params"] * (lay["shards"] if lay["sharded"].get("params") else 1) / params,
             "hsdp": e["name"] == "hsdp"}
     return out
@@ -85,8 +98,8 @@ def this_run(summary, meas: dict, budget: float) -> dict:
     p = meas[pick]
     why = [f"{pick}: in-step peak {nbytes(p['peak'])} per device ({_share(p['peak'] / budget)} of {si(budget, 'B')})"
            + (", so the state fits one device" if fits[pick] else ": no strategy measured here fits, this is the "
-              "smallest peak") + f"; sends {_sent(p)} per step ({p['sent_per_param']:.3g} B/param"
-           + _phases(summary, pick) + f"), the least of those that fit; step {_fmt_ms(p)}."]
+              "smallest peak") + f"; sends {_sent(p)} per step ({p['sent'] / run['params']:.3g} B/param"
+           + (_phases(summary, pick) if n > 1 else "") + f"), the least of those that fit; step {_fmt_ms(p)}."]
     for s, m in meas.items():
         if s != pick:
             why.append(f"{s}: state {nbytes(m['state'])} (x{m['state'] / p['state']:.2g}), sends "
@@ -96,7 +109,8 @@ def this_run(summary, meas: dict, budget: float) -> dict:
     if any(f != pick for f in fastest.values()):
         why.append(f"Fastest here: {fastest['jax']} (JAX), {fastest['torch']} (torch); on simulated devices the "
                    "'devices' share CPU cores, so these times say little about GPUs.")
-    return {"situation": f"this run: {run['label']}, {run['params']:,} parameters, {n} devices (measured)",
+    return {"situation": f"this run: {run['label']}, {run['params']:,} parameters, {n} device{'s' * (n > 1)} "
+                         "(measured)",
             "model": run["label"], "params": run["params"], "devices": n, "pick": pick, "projected_only": False,
             "fits": fits, "why": why}
 
@@ -128,20 +142,14 @@ def one_node(summary, model, meas: dict, budget: float, n: int = NODE_GPUS) -> d
                    "the all-reduce across groups, which one node does not have)")
     return {"situation": f"{model.name} ({p / 1e9:.3g}B parameters) on one node of {n} GPUs (NVLink)",
             "model": model.name, "params": p, "devices": n, "pick": pick, "projected_only": False, "fits": fits,
-            "why": [lead + "."] + why}
+            "why": [lead + "."] + why + [basis(summary)]}
 
 
-def _efficiency(summary, model, s: str, meas: dict, n: int, preset: Preset) -> float:
-    """Projected weak efficiency (no overlap) of s at n: the projection's rows (measured bytes), or for an
-    unmeasured hsdp, the links model in the run's parameter dtype."""
-    rows = summary["projection"]["models"].get(model.name, {}).get("strategies", {}).get(s, {}).get("rows", [])
-    row = next((r for r in rows if r["n"] == n), None)
-    if row is not None:
-        return row["weak_efficiency"]
-    itemsize = max(m["param_bytes"] for m in meas.values())
-    compute = references.flops_per_token(model) * model.context / (preset.peak_flops * preset.mfu)
-    comm = links.comm_seconds(s, references.params(model), n, preset, itemsizes=(itemsize, itemsize))
-    return compute / (compute + comm)
+def _efficiency(summary, model, s: str, n: int) -> float:
+    """Projected weak efficiency (no overlap) of s at n: the projection's row, the one source of the figure
+    (measured bytes, or for an unmeasured hsdp the links model, in the run's parameter dtype)."""
+    rows = summary["projection"]["models"][model.name]["strategies"][s]["rows"]
+    return next(r for r in rows if r["n"] == n)["weak_efficiency"]
 
 
 def across_nodes(summary, model, meas: dict, budget: float, n: int = ACROSS_NODES,
@@ -154,13 +162,13 @@ def across_nodes(summary, model, meas: dict, budget: float, n: int = ACROSS_NODE
         cands["hsdp"] = {**full, "sharded_per_param": full["full_per_param"], "hsdp": True, "projected": True}
     state = {s: state_at(m, p, n) for s, m in cands.items()}
     fits = {s: state[s] <= STATE_SHARE * budget for s in cands}
-    eff = {s: _efficiency(summary, model, s, meas, n, preset) for s in cands}
+    eff = {s: _efficiency(summary, model, s, n) for s in cands}
     pool = [s for s in cands if fits[s]] or [min(cands, key=state.get)]
     pick = max(pool, key=eff.get)
     why = [f"{s}{' (projected by the links model, not in this run)' if cands[s].get('projected') else ''}: "
            f"state {nbytes(state[s])} per GPU, {'fits' if fits[s] else 'does not fit'}; weak efficiency "
-           f"{eff[s]:.2f} (no overlap)" for s in cands]
-    lead = f"{pick}: weak efficiency {eff[pick]:.2f} at {n} GPUs, the best of those that fit"
+           f"{efficiency(eff[s])} (no overlap)" for s in cands]
+    lead = f"{pick}: weak efficiency {efficiency(eff[pick])} at {n} GPUs, the best of those that fit"
     if pick == "hsdp":
         lead += (f"; a 1-D ring over {n} GPUs crosses InfiniBand ({si(preset.ib_bytes_s, 'B/s')}) in every phase, "
                  f"hsdp keeps its gathers and reduce-scatter on NVLink ({si(preset.nvlink_bytes_s, 'B/s')}) inside "
@@ -170,24 +178,41 @@ def across_nodes(summary, model, meas: dict, budget: float, n: int = ACROSS_NODE
     return {"situation": f"{model.name} on {n} GPUs ({n // NODE_GPUS} nodes, InfiniBand between them)",
             "model": model.name, "params": p, "devices": n, "pick": pick,
             "projected_only": bool(cands[pick].get("projected")), "fits": fits, "efficiency": eff,
-            "why": [lead + "."] + why}
+            "why": [lead + "."] + why + [basis(summary)]}
+
+
+def basis(summary) -> str:
+    """The last line of each cluster situation: where its bytes per parameter come from."""
+    return "Bytes per parameter: " + summary["projection"].get("source_text", projection_source(summary)) + "."
+
+
+NO_CLUSTER = ("no cluster advice: `single` runs on one device, so this run measured nothing a cluster would send; "
+              "compare data-parallel strategies for that (e.g. --strategies ddp,zero3)")
 
 
 def recommend(summary, preset: Preset = H100_NVLINK_IB, budget: float | None = None) -> dict:
-    """summary.json's `recommendation`: the measured inputs, the assumptions, one pick per situation."""
+    """summary.json's `recommendation`: the measured inputs, the assumptions, one pick per situation (the
+    clusters' from the data-parallel strategies only: `single` has nothing to project, NO_CLUSTER)."""
     budget = preset.memory_bytes if budget is None else budget
     meas = measured(summary)
+    cluster = {s: m for s, m in meas.items() if s in summary["projection"]["bytes_per_param"]}
     situations = [this_run(summary, meas, budget)]
-    for model in references.REFERENCES:
-        situations.append(one_node(summary, model, meas, budget))
-        situations.append(across_nodes(summary, model, meas, budget, preset=preset))
+    for model in references.REFERENCES if cluster else ():
+        situations.append(one_node(summary, model, cluster, budget))
+        situations.append(across_nodes(summary, model, cluster, budget, preset=preset))
     return {"device_memory_bytes": budget, "state_share": STATE_SHARE, "measured": meas,
             "assumptions": [f"device: {si(budget, 'B')} ({preset.name.split(',')[0]}); a model's state (parameters, "
                             f"gradients, optimizer state, in this run's dtype and optimizer) may take at most "
-                            f"{STATE_SHARE:.0%} of it, the rest is left for activations",
-                            "bytes per parameter, state and traffic, measured in this run; efficiency: the "
-                            "projection's weak scaling, one sequence per GPU, no overlap"],
+                            f"{STATE_SHARE:.0%} of it, the rest is left for activations"]
+            + (["state measured in this run; bytes per parameter on a cluster: "
+                + summary["projection"].get("source_text", projection_source(summary)) + "; efficiency: the "
+                "projection's weak scaling, one sequence per GPU, no overlap"] if cluster else [NO_CLUSTER]),
             "situations": situations}
+
+
+def projection_source(summary) -> str:
+    """Where a summary written before `projection.source` took its bytes: measured at its device count."""
+    return f"measured in this run's compiled steps at N = {summary['devices']}"
 
 
 WHICH_HEADER = ["situation", "use", "why (the numbers it used)"]

@@ -9,7 +9,7 @@ import os
 
 from ...core import atomic
 from . import plots, projection, recommend
-from .units import nbytes, si
+from .units import efficiency, nbytes, si
 
 NOTES = [
     "Step times: each framework's training run, timed step by step with time.perf_counter (JAX: jaxdp.train.run, "
@@ -20,34 +20,33 @@ NOTES = [
     "cores, so absolute times and JAX/torch ratios say little about GPUs; communication bytes and memory do not "
     "depend on the machine.",
     "JAX communication is read from the compiled step's HLO (XLA may combine several collectives into one op: "
-    "counted by bytes, not by ops); torch's is counted from what the process group ran.",
+    "counted by bytes, not by ops).",
     "zero3 in JAX: each unit's parameters are gathered before its forward and again before its backward, in the "
     "compiled step too (the 1.5x-DDP theory); the bytes shown are those of the collectives in the compiled "
     "step's HLO (docs/STRATEGIES.md).",
-    "torch zero1 is ZeroRedundancyOptimizer, which partitions whole parameters (none is split) and broadcasts "
-    "updated parameters from their owners; JAX's zero1 shards every parameter flat (padded to a multiple of N). "
-    "Per-device optimizer memory therefore differs between the two by the partition's imbalance.",
     "The projection is for named reference models (GPT-2 124M, Llama 3 8B, from their published shapes) with each "
-    "strategy's bytes per parameter measured in this run's dtype (float32 sends 4-byte gradients; bf16 halves "
-    "them). The run's own model is projected only when compute-bound: a toy model's microseconds of compute "
-    "against a ring's latencies would give efficiencies near 1e-5, which say nothing.",
+    "strategy's bytes per parameter in this run's dtype (float32 sends 4-byte gradients; bf16 halves them), "
+    "measured when the run had more than one device, else the ring theory's. The run's own model is projected "
+    "only when compute-bound: a toy model's microseconds of compute against a ring's latencies would give "
+    "efficiencies near 1e-5, which say nothing.",
     "State is what a device holds between steps (parameters, gradients as the update sees them, optimizer "
     "state); peak is the most it needs during a step. JAX: arguments + temporaries + outputs not aliased to "
     "arguments, from the compiled step's memory_analysis(). torch: the tensors a rank holds at the step's start "
     "plus the highest rise of the profiler's memory events (allocations minus frees) during the step (on a GPU, "
     "the allocator's max_memory_allocated); torch's peak also counts what its kernels allocate and free inside.",
-    "gloo has no native reduce-scatter: torch's reduce-scatter runs as an all-reduce underneath and is counted "
-    "as what runs (twice the ideal bytes).",
-]
+]  # the torch side's own notes follow (`_notes`): how torch's bytes are counted, zero1's partition, gloo's
+#    reduce-scatter; none is said twice
 
 
 LINKS_NOTE = (
     "Links model: a 1-D ring (ddp, zero3) spans all N GPUs, NVLink (450 GB/s, 3 us/hop per GPU) inside one node of "
     "8 and InfiniBand NDR (50 GB/s, 10 us/hop per GPU, the slowest link) past it; hsdp with S = 8 gathers and "
-    "reduce-scatters on NVLink inside a node and all-reduces Psi / 8 across the N / 8 nodes on InfiniBand. Mixed "
-    "precision as FSDP2 trains: 2-byte gathered parameters, 4-byte reduced gradients; one sequence per GPU. The "
-    "projection adds compute and communication (no overlap, a lower bound on efficiency); the published runs "
-    "overlap them (prefetched gathers, reduce-scatters behind backward), so they land between the two bounds, "
+    "reduce-scatters on NVLink inside a node and all-reduces Psi / 8 across the N / 8 nodes on InfiniBand. The "
+    "table's rows are the projection's (the run's dtype; one sequence per GPU), with the full-overlap bound beside "
+    "them; the published points alone are set in mixed precision as those runs trained (2-byte gathered "
+    "parameters, 4-byte reduced gradients). The projection adds compute and communication (no overlap, a lower "
+    "bound on efficiency); the published runs overlap them (prefetched gathers, reduce-scatters behind backward), "
+    "so they land between the two bounds, "
     "near full overlap while communication hides behind compute.")
 
 
@@ -119,10 +118,15 @@ def _projection_rows(summary) -> list[list[str]]:
             strong = [(r["n"], r["strong_efficiency"]) for r in p["rows"] if r["strong_efficiency"] is not None]
             rows.append([
                 model, _count(m["params"]), si(per_token, "FLOP") if per_token else "-", name,
-                f"{proj['bytes_per_param'][name]:.2f}", f"{weak[0]:.3f} / {weak[-1]:.3f}",
-                f"{strong[0][1]:.3f} / {strong[-1][1]:.3f} (N = {strong[-1][0]})" if strong else "-",
+                _bpp(proj, name), f"{efficiency(weak[0])} / {efficiency(weak[-1])}",
+                f"{efficiency(strong[0][1])} / {efficiency(strong[-1][1])} (N = {strong[-1][0]})" if strong else "-",
             ])
     return rows
+
+
+def _bpp(proj: dict, name: str) -> str:
+    """A strategy's bytes per parameter in the projection table; hsdp's from the links model when not measured."""
+    return f"{proj['bytes_per_param'][name]:.2f}" if name in proj["bytes_per_param"] else "links model"
 
 
 LINKS_HEADER = ["model", "strategy", "N", "comm s/step", "compute s/step", "weak E (no overlap)",
@@ -130,9 +134,9 @@ LINKS_HEADER = ["model", "strategy", "N", "comm s/step", "compute s/step", "weak
 
 
 def _links_rows(summary) -> list[list[str]]:
-    """The two-level link model's table (`links.table`): hsdp (S = 8) against 1-D zero3 and ddp."""
+    """The links table (`projection._links`: the projection's own rows): hsdp (S = 8) against 1-D zero3 and ddp."""
     return [[r["model"], r["strategy"], str(r["n"]), f"{r['comm_s']:.3g}", f"{r['compute_s']:.3g}",
-             f"{r['weak_efficiency']:.3f}", f"{r['overlapped_efficiency']:.3f}"]
+             efficiency(r["weak_efficiency"]), efficiency(r["overlapped_efficiency"])]
             for r in summary["projection"].get("links", {}).get("table", [])]
 
 
@@ -167,8 +171,8 @@ def _preset_rows(summary) -> list[list[str]]:
 
 
 def _which(summary) -> dict:
-    """summary.json's `recommendation`, derived again from the measurements (`recommend.recommend`)."""
-    return recommend.recommend(summary)
+    """summary.json's `recommendation` (`recommend.recommend`, derived from the measurements once: `write`)."""
+    return summary.get("recommendation") or recommend.recommend(summary)
 
 
 def _table_html(table_id: str, header: list[str], rows: list[list[str]]) -> str:
@@ -184,9 +188,11 @@ def _table_md(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _notes(summary) -> list[str]:
-    """NOTES, then the torch side's own notes (`torch_ref.analysis.accounting`), each once."""
-    torch_notes = sorted({n for s in summary["strategies"] for n in s["frameworks"]["torch"].get("notes", [])})
-    return NOTES + [f"torch: {n}" for n in torch_notes]
+    """NOTES (zero3's only with zero3), then the torch side's own notes (`torch_ref.analysis.accounting`), each once,
+    in the order the strategies first give them."""
+    names = {e["name"] for e in summary["strategies"]}
+    torch_notes = dict.fromkeys(n for s in summary["strategies"] for n in s["frameworks"]["torch"].get("notes", []))
+    return [n for n in NOTES if "zero3" in names or not n.startswith("zero3")] + [f"torch: {n}" for n in torch_notes]
 
 
 def html_page(summary, images: dict[str, bytes]) -> str:
@@ -269,11 +275,12 @@ def markdown(summary, image_files: list[str]) -> str:
 def write(summary, out: str) -> dict:
     """The report's files in `out`, all or none (`atomic.staged`: a run stopped while writing leaves
     neither a partial report nor a folder it created)."""
+    summary = {**summary, "recommendation": _which(summary)}  # one derivation for the page, the text and the JSON
     with atomic.staged(out) as stage:
         drawn = plots.draw_all(summary, stage)
         images = {os.path.basename(p): open(p, "rb").read() for p in drawn}
         with open(os.path.join(stage, "summary.json"), "w") as f:
-            json.dump({**summary, "recommendation": _which(summary)}, f, indent=1)
+            json.dump(summary, f, indent=1)
         with open(os.path.join(stage, "report.html"), "w") as f:
             f.write(html_page(summary, images))
         with open(os.path.join(stage, "report.md"), "w") as f:
@@ -283,4 +290,5 @@ def write(summary, out: str) -> dict:
         "md": os.path.join(out, "report.md"),
         "json": os.path.join(out, "summary.json"),
         "images": [os.path.join(out, os.path.basename(p)) for p in drawn],
+        "recommendation": summary["recommendation"],
     }

@@ -12,6 +12,8 @@ from __future__ import annotations
 import datetime
 import os
 import platform as platform_mod
+import sys
+import time
 
 import jax
 import numpy as np
@@ -20,27 +22,11 @@ from ... import train
 from ...analysis import accounting
 from ...core import hsdp_hosts
 from ...core import trace as trace_mod
-from ...core.config import FRAMEWORK_STRATEGIES, PACKAGE, ConfigError, RunConfig
+from ...core.config import RunConfig
 from ...core.timing import timing
-from ...strategies.zero import layout as zero_layout
 from .. import parity
-from . import projection
-
-
-def check_strategies(names) -> None:
-    """Every strategy must exist in both frameworks; otherwise say which side lacks it."""
-    for name in names:
-        missing = [PACKAGE[f] for f, known in FRAMEWORK_STRATEGIES.items() if name not in known]
-        if len(missing) == 2:
-            raise ConfigError(
-                f"unknown strategy {name!r}; valid in both frameworks: "
-                f"{', '.join(s for s in FRAMEWORK_STRATEGIES['jax'] if s in FRAMEWORK_STRATEGIES['torch'])}"
-            )
-        if missing:
-            raise ConfigError(
-                f"strategy {name!r} is missing in {missing[0]}: compare needs it in both frameworks "
-                f"(compare ddp-pmap / ddp-naive with `jaxdp parity`, which pairs them with ddp)"
-            )
+from . import projection, recommend
+from .names import check_strategies  # noqa: F401 (compare's check, runner.check_strategies to its callers)
 
 
 def flops_per_sample(cfg: RunConfig) -> float:
@@ -48,6 +34,9 @@ def flops_per_sample(cfg: RunConfig) -> float:
     cost = accounting.compile_step(cfg.replace(strategy="single", devices=1)).program.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     return float(cost.get("flops", 0.0)) / cfg.batch_size
+
+
+THEORY_N = projection.NS[0]  # a run on one device sends nothing: its projection takes the theory's bytes at 8
 
 
 def jax_accounting(cfg: RunConfig) -> dict:
@@ -66,19 +55,33 @@ def jax_accounting(cfg: RunConfig) -> dict:
         "psi": acc["psi"],
         "sizes": sizes,
         "itemsize": itemsize,
+        "theory_at": accounting.theory_for(cfg.replace(devices=THEORY_N, replicas=1), **acc["theory_inputs"])["total"],
     }
 
 
-def _torch_side(rank: int, n: int, jobs: list) -> list:
+def _torch_side(rank: int, n: int, jobs: list, started: float | None = None) -> list:
     """In each spawned rank: train every configuration (for its trace and step times), then measure
-    its communication and memory (torch_ref.analysis.accounting), all in one world."""
+    its communication and memory (torch_ref.analysis.accounting), all in one world. Rank 0 says each
+    strategy's progress on stderr (`started`: the command's start, time.time()), so a long torch side
+    is not silent."""
     from torch_ref.analysis import accounting
     from torch_ref.train import train_rank
 
-    return [(train_rank(rank, n, cfg, init, True), accounting.measure_rank(rank, n, cfg, init)) for cfg, init in jobs]
+    out = []
+    for i, (cfg, init) in enumerate(jobs):
+        if rank == 0:
+            _say(started, f"torch_ref: training {cfg.strategy} ({i + 1}/{len(jobs)})")
+        out.append((train_rank(rank, n, cfg, init, True), accounting.measure_rank(rank, n, cfg, init)))
+    return out
 
 
-def run_torch_side(cfgs: list[RunConfig], timeout_s: float = 900.0) -> dict:
+def _say(started: float | None, message: str) -> None:
+    """A progress line as `jaxdp compare` prints them, from any process (`started`: the command's time.time())."""
+    if started is not None:
+        print(f"[{time.time() - started:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+def run_torch_side(cfgs: list[RunConfig], timeout_s: float = 900.0, started: float | None = None) -> dict:
     """{cfg: (torch_ref RunResult, torch_ref.analysis.accounting summary)}: one spawned world of N ranks."""
     from torch_ref import launch
     from torch_ref.analysis import accounting
@@ -86,9 +89,17 @@ def run_torch_side(cfgs: list[RunConfig], timeout_s: float = 900.0) -> dict:
     from ... import models
     from ...core import data
 
-    n = cfgs[0].devices
-    jobs = [(c, models.initial_arrays(c, data.load(c.data, c.seed, c.seq_len))) for c in cfgs]
-    per_rank = launch.launch(_torch_side, n, jobs, platform=cfgs[0].platform, timeout_s=timeout_s, pg_timeout_s=120)
+    n, first = cfgs[0].devices, cfgs[0]
+    initial = {}  # one model for every strategy: its initial arrays made once (a config differing in more is not)
+    _say(started, "jaxdp: the initial weights both frameworks start from (JAX compiles its first operations)")
+    for c in cfgs:
+        key = c.replace(strategy=first.strategy, replicas=first.replicas)
+        if key not in initial:
+            initial[key] = models.initial_arrays(c, data.load(c.data, c.seed, c.seq_len))
+    jobs = [(c, initial[c.replace(strategy=first.strategy, replicas=first.replicas)]) for c in cfgs]
+    _say(started, f"torch_ref: starting {n} ranks (each imports torch and joins the process group)")
+    per_rank = launch.launch(_torch_side, n, jobs, started, platform=cfgs[0].platform, timeout_s=timeout_s,
+                             pg_timeout_s=120)
     return {c: (per_rank[0][i][0], accounting.summarise(c, [r[i][1] for r in per_rank])) for i, c in enumerate(cfgs)}
 
 
@@ -153,8 +164,9 @@ def versus_single(j, reference, c: RunConfig, name: str) -> dict:
     return {"finding": BY_DESIGN, "differs": not row.ok, "worst": row.worst}
 
 
-def compare(cfg: RunConfig, strategies: list[str], progress=None) -> dict:
-    """Run and measure everything; returns the summary dictionary."""
+def compare(cfg: RunConfig, strategies: list[str], progress=None, started: float | None = None) -> dict:
+    """Run and measure everything; returns the summary dictionary (`progress(message)`: say where it is;
+    `started`: the command's start, time.time(), for the torch ranks' own progress lines)."""
     check_strategies(strategies)
     hsdp_hosts.check_listed(cfg.replicas, strategies, hosts=cfg.hsdp_hosts)
     say = progress or (lambda message: None)
@@ -164,8 +176,8 @@ def compare(cfg: RunConfig, strategies: list[str], progress=None) -> dict:
         c.validate("torch")
 
     say(f"torch_ref: training and measuring {len(strategies)} strategies on {cfg.devices} ranks (one world)")
-    torch_side = run_torch_side(list(cfgs.values()))
-    entries = []
+    torch_side = run_torch_side(list(cfgs.values()), started=started)
+    entries, theory_sent = [], {}
     reference = by_design_reference(cfg, say)
     for name, c in cfgs.items():
         say(f"jaxdp: training {name}")
@@ -173,14 +185,18 @@ def compare(cfg: RunConfig, strategies: list[str], progress=None) -> dict:
         say(f"jaxdp: accounting {name} (compiled HLO, arrays)")
         jacc = jax_accounting(c)
         entries.append(_entry(name, c, j, jacc, *torch_side[c]))
-        entries[-1]["layout"] = {"shards": c.devices // c.replicas, "sharded": zero_layout.of(c.strategy).sharded}
+        entries[-1]["layout"] = recommend.layout_of(c.strategy, c.devices // c.replicas, c.axis_type)
+        theory_sent[name] = jacc["theory_at"]
         if reference is not None:
             entries[-1]["vs_single"] = versus_single(j, reference, c, name)
-    say("projection: alpha-beta model, reference models with the measured bytes per parameter")
+    measured = cfg.devices > 1  # else nothing was sent: the theory's bytes at THEORY_N (projection.SOURCES)
+    say("projection: alpha-beta model, reference models with the " + ("measured" if measured else "theory's")
+        + " bytes per parameter")
     fps = flops_per_sample(cfg)
-    sent = {e["name"]: e["frameworks"]["jax"]["comm"]["total"] for e in entries}
+    sent = {e["name"]: e["frameworks"]["jax"]["comm"]["total"] for e in entries} if measured else theory_sent
     # jacc: the last strategy's accounting; every strategy trains the same model, so any one's count will do
-    proj = projection.for_report(sent, jacc["psi"], jacc["itemsize"], fps, cfg.devices, cfg.batch_size, cfg.model)
+    proj = projection.for_report(sent, jacc["psi"], jacc["itemsize"], fps, cfg.devices if measured else THEORY_N,
+                                 cfg.batch_size, cfg.model, source="measured" if measured else "theory")
     tol = parity.tolerance(cfg)
     return {
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

@@ -29,3 +29,8 @@ def si(x: float, unit: str) -> str:
                 return f"{x / scale:.3g} us" if unit == "s" else f"{x / scale:.3g} u{unit}"
             return f"{x / scale:.3g} {prefix}{unit}".strip()
     return f"{x:.3g} {unit}".strip()
+
+
+def efficiency(x: float) -> str:
+    """A projected efficiency as every part of the report prints it (one format, one number per fact): 0.283."""
+    return f"{x:.3f}"

@@ -3,13 +3,15 @@ the recommendation follows the measured numbers (two summaries, two answers), ev
 on the canvas and its legend off the data with one strategy or several, and no raw float is printed."""
 from __future__ import annotations
 
+import html
 import json
 import re
 
 import matplotlib
 import pytest
 
-from jaxdp.harness.report import plots, projection, recommend, render
+from jaxdp.harness.report import plots, projection, recommend, render, units
+from jaxdp.harness.report.units import nbytes
 
 KINDS = ("all-reduce", "reduce-scatter", "all-gather", "point-to-point", "broadcast", "reduce")
 
@@ -43,13 +45,18 @@ def summary(params: int, names=("ddp", "zero3"), n: int = 2, itemsize: int = 4, 
                         "layout": {"shards": shards, "sharded": {k: k in shard[name] for k in full}},
                         "parity": {"loss": [0.0] * 4, "grad": [1e-7] * 4, "param": [1e-6] * 4, "pass": True,
                                    "worst": {"grad": 1e-7, "param": 1e-6}}})
-    proj = projection.for_report({e["name"]: e["frameworks"]["jax"]["comm"]["total"] for e in entries}, params,
-                                 itemsize, 6.0 * params, n, 64, "gpt")
     return {"created": "2026-11-25T00:00:00+00:00", "devices": n, "tolerance": 1e-5, "tolerance_why": "float32",
             "config": {"model": "gpt", "data": "text", "steps": 4, "batch_size": 64, "optimizer": "adam",
                        "dtype": "float32"},
             "machine": {"platform": "cpu", "processor": "x86_64", "cpu_count": 2, "versions": {"jax": "0"}},
-            "flops_per_sample": 6.0 * params, "strategies": entries, "projection": proj}
+            "flops_per_sample": 6.0 * params, "strategies": entries,
+            "projection": project(entries, params, itemsize, n)}
+
+
+def project(entries, params: int, itemsize: int, n: int) -> dict:
+    """The summary's projection from the entries' measured bytes, as `runner.compare` makes it."""
+    return projection.for_report({e["name"]: e["frameworks"]["jax"]["comm"]["total"] for e in entries}, params,
+                                 itemsize, 6.0 * params, n, 64, "gpt")
 
 
 def _picks(s, **kw) -> dict:
@@ -82,6 +89,7 @@ def test_least_traffic_among_those_that_fit_and_measured_hsdp_is_not_projected()
     assert _picks(s, budget=400e9)["Llama 3 8B"] == "ddp"
     zero1 = s["strategies"][1]["frameworks"]["jax"]["comm"]
     zero1["total"] -= zero1["all-gather"]  # a zero1 that sends only its all-reduce
+    s["projection"] = project(s["strategies"], 7_000, 4, 2)
     assert _picks(s, budget=200e9)["Llama 3 8B"] == "zero1"
     across = recommend.recommend(s)["situations"][-1]
     assert across["projected_only"] and across["efficiency"]["hsdp"] > across["efficiency"]["zero3"]
@@ -95,7 +103,7 @@ def test_a_measured_hsdp_is_zero3_on_one_node_and_measured_across_nodes():
     assert rec["measured"]["hsdp"]["sent_per_param"] < rec["measured"]["zero3"]["sent_per_param"]
     by = {r["situation"]: r for r in rec["situations"]}
     node = by["Llama 3 8B (8.03B parameters) on one node of 8 GPUs (NVLink)"]
-    assert node["pick"] == "zero3" and "hsdp" not in node["fits"] and "i.e. zero3" in node["why"][-1]
+    assert node["pick"] == "zero3" and "hsdp" not in node["fits"] and "i.e. zero3" in node["why"][-2]
     across = by["Llama 3 8B on 128 GPUs (16 nodes, InfiniBand between them)"]
     assert across["pick"] == "hsdp" and not across["projected_only"]
 
@@ -141,3 +149,124 @@ def test_the_page_prints_units_not_raw_floats(tmp_path, monkeypatch):
     assert "## Which strategy" in md and "id='recommendation'" in page and "profiler on" not in page
     assert md.index("## Which strategy") < md.index("## Verdict")
     assert json.load(open(paths["json"]))["recommendation"]["situations"][0]["pick"] == "ddp"
+
+
+def _section(md: str, title: str) -> list[str]:
+    """The lines of report.md's section `## title`."""
+    return md.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0].splitlines()
+
+
+def _table(lines: list[str], first: str) -> list[list[str]]:
+    """The cells of the markdown table whose header starts with `first`."""
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first} |"))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip("|").split("|")])
+    return rows
+
+
+EFFICIENCY = r"(?:^|\. )([\w-]+)(?: \([^)]*\))?: (?:state [^;]*; )?weak efficiency ([\d.]+)"
+
+
+def test_one_number_per_fact_across_the_text_the_page_and_the_json(tmp_path):
+    """Every efficiency the report prints (Which strategy, the projection table, the links table) and every
+    state it prints for the run is summary.json's own number, in the one format (`units.efficiency`), and the page
+    says the same words as the text."""
+    paths = render.write(summary(7_000, names=("ddp", "zero1", "zero3"), n=4), str(tmp_path))
+    js, md = json.load(open(paths["json"])), open(paths["md"]).read()
+    page = html.unescape(open(paths["html"]).read())
+    models = js["projection"]["models"]
+
+    def weak(model, s, n):
+        row = next(r for r in models[model]["strategies"][s]["rows"] if r["n"] == n)
+        return units.efficiency(row["weak_efficiency"])
+
+    seen, situation = 0, None
+    for line in _section(md, "Which strategy"):
+        if line.startswith("- **"):
+            situation = next(r for r in js["recommendation"]["situations"] if line[4:].startswith(r["situation"]))
+        text = line.split(".** ", 1)[1] if line.startswith("- **") else line.removeprefix("  - ")
+        if text and not text.startswith("Assumptions"):
+            assert text in page, text  # the page says the same
+        for s, value in re.findall(EFFICIENCY, text):
+            assert value == weak(situation["model"], s, situation["devices"]), (line, s)
+            seen += 1
+        for s, state in re.findall(r"^([\w-]+): state ([\d.]+ \w+) \(x", text):
+            assert state == nbytes(sum(next(e for e in js["strategies"] if e["name"] == s)["frameworks"]["jax"]
+                                       ["memory"].values()))
+            seen += 1
+    assert seen >= 2 * (4 + 1) + 2  # two models x (3 strategies + hsdp, and the pick), the run's two others
+    proj_rows = _table(_section(md, "Projection"), "model")
+    for model, _, _, s, _, weak_e, _ in proj_rows:
+        assert weak_e == f"{weak(model, s, 8)} / {weak(model, s, 1024)}"
+        assert f"<td class=''>{weak_e}</td>" in page
+    links_rows = _table(_section(md, "Projection"), "model | strategy")
+    assert len(links_rows) == 2 * 3 * 4 and len(proj_rows) == 2 * 4  # ddp, zero3, hsdp; ddp, zero1, zero3, hsdp
+    for model, s, n, *_, weak_e, _ in links_rows:
+        assert weak_e == weak(model, s, int(n))
+    for r in js["projection"]["links"]["table"]:  # the JSON's links rows are the projection's, not a second model
+        row = next(x for x in models[r["model"]]["strategies"][r["strategy"]]["rows"] if x["n"] == r["n"])
+        assert r["weak_efficiency"] == row["weak_efficiency"] and r["comm_s"] == row["comm_s"]
+
+
+def test_the_jit_forms_hold_their_own_layouts():
+    """fsdp-jit holds zero3's state per GPU, zero1-jit zero1's, ddp-jit ddp's (not a full copy for all three: "Llama
+    3 8B: fsdp-jit 59.8 GiB per GPU, does not fit" was the bug)."""
+    assert recommend.layout_of("fsdp-jit", 4) == recommend.layout_of("zero3", 4)
+    assert recommend.layout_of("zero1-jit", 4)["sharded"] == {"params": False, "grads": False, "opt_state": True}
+    assert recommend.layout_of("ddp-jit", 4) == recommend.layout_of("ddp", 4)
+    s = summary(7_000, names=("ddp", "zero1", "zero3"), n=4)
+    for e, twin in zip(s["strategies"], ("ddp-jit", "zero1-jit", "fsdp-jit"), strict=True):
+        e["name"] = twin
+        del e["layout"]  # read from the name, as a summary written before `layout` is
+    s["projection"] = project(s["strategies"], 7_000, 4, 4)
+    node = {r["model"]: r for r in recommend.recommend(s)["situations"][1:] if r["devices"] == 8}["Llama 3 8B"]
+    state = {line.split(":")[0]: line.split("state ")[1].split(" per GPU")[0] for line in node["why"][1:4]}
+    # 8.03e9 parameters x 16 B (a full copy), x (8 + 8 / 8) B (the optimizer state sharded), x 16 / 8 B
+    assert state == {"ddp-jit": "120 GiB", "zero1-jit": "67.3 GiB", "fsdp-jit": "15 GiB"}, node["why"]
+
+
+def test_one_device_projects_from_the_theory_and_single_gives_no_cluster_advice():
+    """A run on one device sends nothing: its projection says it takes the theory's bytes; `single` alone has
+    nothing to project and says so in one line."""
+    proj = projection.for_report({"ddp": 6.0 * 7_000}, 7_000, 4, 4e4, 8, 64, "mlp", source="theory")
+    assert proj["source"] == "theory" and "ring theory" in proj["source_text"] and "one device" in proj["source_text"]
+    s = summary(7_000, names=("ddp",), n=1)
+    s["strategies"][0]["name"] = "single"
+    s["projection"] = project(s["strategies"], 7_000, 4, 1)
+    rec = recommend.recommend(s)
+    assert [r["situation"].split(":")[0] for r in rec["situations"]] == ["this run"]
+    assert rec["assumptions"][-1] == recommend.NO_CLUSTER
+    assert s["projection"]["models"]["GPT-2 124M"]["strategies"] == {} and not s["projection"]["run"]["compute_bound"]
+    assert plots.scaling_caption(s["projection"]) == plots.NOTHING  # the figure says so, with no empty axes
+
+
+def test_scaling_legend_lists_the_lines_drawn_and_memory_panels_keep_their_own_scale(monkeypatch, tmp_path):
+    """Strategies with equal projections (ddp and ddp-ring) are one line with both names; the legend has one
+    entry per line of a panel. The state panel's scale is the state's even when the peak is 40x it."""
+    figs = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figs.setdefault(path.split("/")[-1], fig) and path)
+    s = summary(7_000, names=("ddp", "zero1", "zero3"), n=4)
+    s["strategies"].insert(1, {**s["strategies"][0], "name": "ddp-ring"})
+    s["projection"] = project(s["strategies"], 7_000, 4, 4)
+    for e in s["strategies"]:
+        for side in e["frameworks"].values():
+            side["peak_bytes"] = 40 * sum(side["memory"].values())
+    plots.draw_all(s, str(tmp_path))
+    weak = figs["scaling.png"].axes[0]
+    drawn = [line for line in weak.get_lines() if len(line.get_xdata()) > 2]
+    assert [t.get_text() for t in figs["scaling.png"].legends[0].get_texts()] == [line.get_label() for line in drawn]
+    assert "GPT-2 124M: ddp = ddp-ring" in [line.get_label() for line in drawn] and len(drawn) == 2 * 3
+    state, peak = figs["memory.png"].axes
+    tallest = max(p.get_y() + p.get_height() for p in state.patches)
+    assert tallest > 0.8 * state.get_ylim()[1] and max(p.get_height() for p in peak.patches) > 0.8 * peak.get_ylim()[1]
+
+
+def test_no_note_is_said_twice(tmp_path):
+    s = summary(7_000, names=("ddp", "zero1", "zero3"), n=4)
+    s["strategies"][2]["frameworks"]["torch"]["notes"] = ["3 reduce-scatter(s) ... (gloo has no reduce-scatter)"]
+    notes = render._notes(s)
+    assert len(notes) == len(set(notes)) and sum("gloo has no" in n for n in notes) == 1
+    assert sum("ZeroRedundancyOptimizer" in n for n in notes) <= 1

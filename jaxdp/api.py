@@ -22,7 +22,7 @@ from . import devices as devices_mod
 from . import models, strategies
 from .core import data
 from .core.config import ConfigError
-from .core.reduction import resolve_shards
+from .core.reduction import resolve_shards, row_tokens
 from .optax_check import check_elementwise
 from .strategies import stats
 from .strategies.common import read_on
@@ -126,7 +126,8 @@ def parallelize(loss_fn, params, optimizer, *, strategy: str, devices=None, mesh
         if signature not in checked:  # before compiling: one line naming the fix
             _check_batch(problem, mesh, accum, x, y)
             if opts.reduction == "canonical":
-                resolve_shards(opts.shards, x.shape[0] * jax.process_count() // accum, mesh.size)
+                resolve_shards(opts.shards, x.shape[0] * jax.process_count() // accum, mesh.size,
+                               row_tokens(x.shape, np.issubdtype(x.dtype, np.integer)))
             checked.add(signature)
         # Micro-batch j is rows [j B/A, (j+1) B/A) on every strategy and N; each device its chunk of it.
         x, y = (data.micro_major(a, len(mesh.local_devices), accum) for a in (x, y))

@@ -31,6 +31,7 @@ QUICK = {
         "test_a_killed_launcher_leaves_no_worker_and_listens_on_loopback[jaxdp]",
     ),
     "tests/jaxdp/harness/bench/test_bench_canonical.py": ALL,
+    "tests/jaxdp/harness/bench/test_plan.py": ALL,
     # jaxdp.core: numpy only, synthetic traces
     "tests/jaxdp/core/test_data_and_trace.py": (
         "test_trace_round_trip_and_layout",
@@ -43,6 +44,7 @@ QUICK = {
     ),
     "tests/jaxdp/core/test_hostile_traces.py": ALL,
     "tests/jaxdp/core/test_recorder.py": ALL,
+    "tests/jaxdp/core/test_reduction.py": ALL,
     "tests/jaxdp/core/test_spread.py": ALL,
     "tests/jaxdp/core/test_sizes.py": (  # and sizes checked before work, in both CLIs (in-process, 17 s)
         "test_the_parameter_count_is_the_models_own", "test_the_shards_table_is_the_strategies_layouts",

@@ -6,7 +6,15 @@ re-exported here: `from jaxdp import canonical; canonical.tree(...)`.
 """
 from __future__ import annotations
 
-from ..core.reduction import BLOCKS, MIN_SHARD_ROWS, REDUCTIONS, default_shards, resolve_shards
+from ..core.reduction import (
+    BLOCKS,
+    MIN_SHARD_ROWS,
+    MIN_SHARD_TOKENS,
+    REDUCTIONS,
+    default_shards,
+    resolve_shards,
+    row_tokens,
+)
 from . import batchnorm, reduce, step
 from .reduce import (
     COMPILER_OPTIONS,
@@ -22,12 +30,20 @@ from .reduce import (
     pairsum,
     ppermute_exchange,
     shard_values,
+    streamed_tree,
     tree,
 )
-from .step import bn_shard_values, local_partials, shard_values_of, step_values, unit_value_and_grad
+from .step import (
+    bn_shard_values,
+    local_partials,
+    shard_values_of,
+    step_values,
+    streamed_partials,
+    unit_value_and_grad,
+)
 
-__all__ = ["BLOCKS", "COMPILER_OPTIONS", "MIN_SHARD_ROWS", "REDUCTIONS", "all_reduce", "all_reduce_tree",
-           "batchnorm", "blocks", "bn_shard_values", "clip", "combine", "combine_scatter", "default_shards",
-           "finish", "global_norm", "leaf_squares", "local_partials", "pairsum", "ppermute_exchange", "reduce",
-           "resolve_shards", "shard_values", "shard_values_of", "step", "step_values", "tree",
-           "unit_value_and_grad"]
+__all__ = ["BLOCKS", "COMPILER_OPTIONS", "MIN_SHARD_ROWS", "MIN_SHARD_TOKENS", "REDUCTIONS", "all_reduce",
+           "all_reduce_tree", "batchnorm", "blocks", "bn_shard_values", "clip", "combine", "combine_scatter",
+           "default_shards", "finish", "global_norm", "leaf_squares", "local_partials", "pairsum",
+           "ppermute_exchange", "reduce", "resolve_shards", "row_tokens", "shard_values", "shard_values_of", "step",
+           "step_values", "streamed_partials", "streamed_tree", "tree", "unit_value_and_grad"]

@@ -3,10 +3,10 @@ of devices, so that a run on N devices gives the same bits as `single` (docs/CAN
 
 The global batch of a micro-batch is cut into S shards of equal rows (S a power of two, N | S);
 device d holds shards [d S/N, (d+1) S/N) of every micro-batch (its `data.part_rows` block). Each
-shard's mean loss and gradient come from one program (`shard_values`: the same HLO on every device
-and N, fenced by optimization barriers); each shard index folds its micro-batches in order (the
-step: `step.py`); the S
-folded shards are added by one binary tree over shard index (`tree`), its lower levels on the device
+shard's mean loss and gradient come from one program (`fenced`: the same HLO on every device and N,
+fenced by optimization barriers); each shard index folds its micro-batches in order (the step:
+`step.py`); the S folded shards are added by one binary tree over shard index (`tree`; on a device
+`streamed_tree`, the same association without stacking the shards), its lower levels on the device
 and its upper levels across devices (`combine` / `combine_scatter`: an all-to-all of each device's
 partial sums, the same tree on the chunk a device owns, an all-gather: an all-reduce's bytes). Then
 / S (a power of two: exact) and / A. Addition is commutative in IEEE arithmetic, so only the
@@ -60,14 +60,36 @@ def blocks(flat):
     return jnp.pad(flat, (0, -flat.size % BLOCKS)).reshape(BLOCKS, -1)
 
 
+def fenced(value_and_grad, params, x, y):
+    """One shard's `value_and_grad(params, x, y)`, fenced by optimization barriers so that no fusion
+    or rewrite crosses its edges: the same program wherever it runs."""
+    p, xb, yb = lax.optimization_barrier((params, x, y))
+    return lax.optimization_barrier(value_and_grad(p, xb, yb))
+
+
 def shard_values(value_and_grad, params, xs, ys):
     """(losses [k], grads [k, ...]): each of the k shards' mean loss and gradient
-    (`value_and_grad(params, x, y)`), one shard at a time by the same program, fenced by optimization
-    barriers so that no fusion or rewrite crosses its edges."""
-    def one(batch):
-        p, xb, yb = lax.optimization_barrier((params, *batch))
-        return lax.optimization_barrier(value_and_grad(p, xb, yb))
-    return lax.map(one, (xs, ys))
+    (`value_and_grad(params, x, y)`), one shard at a time by the same program (`fenced`)."""
+    return lax.map(lambda batch: fenced(value_and_grad, params, *batch), (xs, ys))
+
+
+def streamed_tree(leaf, k: int, like):
+    """`tree` of [leaf(0), ..., leaf(k-1)] (k a power of two, `leaf(i)` a pytree shaped as `like`)
+    without stacking them: each subtree is a scan over its two halves, adding each half's sum to a
+    carry that starts at -0.0, the identity of IEEE addition (-0.0 + x == x for every x, +0.0 and
+    NaN included), so the association is the tree's (same bits) while at most log2(k) + 1 partial sums
+    are alive (the scans' carries) instead of k stacked values, and `leaf` is traced once."""
+    def subtree(start, size):
+        if size == 1:
+            return leaf(start)
+        half = size // 2
+
+        def body(acc, h):
+            return jax.tree.map(jnp.add, acc, subtree(start + h * half, half)), None
+        init = jax.tree.map(lambda s: jnp.full(s.shape, -0.0, s.dtype), like)
+        acc, _ = lax.scan(body, init, jnp.arange(2, dtype=jnp.int32))
+        return acc
+    return subtree(jnp.int32(0), k)
 
 
 def finish(total, shards: int, accum: int):

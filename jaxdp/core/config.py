@@ -114,8 +114,9 @@ class RunConfig:
         "native", "gradient reduction: native (each N sums in its own order) or canonical (the same bits on any "
         "N dividing --shards: docs/CANONICAL.md)", REDUCTIONS)
     shards: int = _flag(
-        0, "canonical: shards per micro-batch, a power of two that --devices divides (0: the largest power of two "
-        "dividing batch/accum that keeps >= 4 rows per shard, at most 64)")
+        0, "canonical: shards per micro-batch, a power of two that --devices divides; S is the largest N you will "
+        "compare (0: the largest power of two dividing batch/accum, at most 64, that keeps >= 64 rows or >= 256 "
+        "tokens per shard)")
     nan_check: bool = _flag(True, "stop with the step and tensor on a NaN or Inf loss, gradient or parameter")
     checkpoint_dir: str = _flag("", "directory for checkpoints (orbax in jaxdp, torch.distributed.checkpoint in "
                                 "torch_ref)")
@@ -186,7 +187,21 @@ class RunConfig:
         if self.axis_type != "auto" and self.strategy not in JIT_STRATEGIES:
             raise ConfigError(f"--axis-type is for {', '.join(JIT_STRATEGIES)}, not {self.strategy}: drop it")
         self._validate_reduction()
+        self._validate_jax_strategy(framework)
         return self
+
+    def _validate_jax_strategy(self, framework: str) -> None:
+        """What jaxdp's strategy builders refuse, said here before any work (`jaxdp bench` planned a
+        -jit strategy on the cnn and failed after 313 s): the -jit ones and hsdp run no BatchNorm, and
+        the -jit ones have the native reduction only."""
+        if framework != "jax":
+            return
+        if self.model == "cnn" and self.strategy in JIT_STRATEGIES + ("hsdp",):
+            raise ConfigError(f"strategy {self.strategy!r} runs no model with running statistics (BatchNorm, "
+                              f"--model cnn): use ddp, zero1 or zero3")
+        if self.reduction != "native" and self.strategy in JIT_STRATEGIES:
+            raise ConfigError(f"strategy {self.strategy!r} has --reduction native only (the partitioner orders the "
+                              f"sums): use ddp, zero1 or zero3 for canonical")
 
     def _validate_transformer(self) -> None:
         """gpt, gpt2, llama: the heads divide the width; llama's own flags (and only llama's)."""
@@ -228,6 +243,10 @@ class RunConfig:
         """llama's SwiGLU hidden width: --d-ff, or Meta's rule when it is 0 (`llama_d_ff`)."""
         return self.d_ff or llama_d_ff(self.d_model)
 
+    def tokens_per_row(self) -> int:
+        """Tokens in one row of a batch: the context length for the token data, else 1 (canonical's S)."""
+        return self.seq_len if self.data in ("text", "tokens") else 1
+
     def _validate_reduction(self) -> None:
         if self.reduction not in REDUCTIONS:
             raise ConfigError(f"unknown reduction {self.reduction!r}; valid: {', '.join(REDUCTIONS)}")
@@ -235,7 +254,7 @@ class RunConfig:
             if self.shards:
                 raise ConfigError("--shards is for --reduction canonical")
             return
-        resolve_shards(self.shards, self.batch_size // self.accum, self.devices)
+        resolve_shards(self.shards, self.batch_size // self.accum, self.devices, self.tokens_per_row())
         if self.model == "cnn" and self.batchnorm == "local":
             raise ConfigError("--reduction canonical needs --batchnorm sync: local statistics are per device, so "
                               "they depend on N (or use --reduction native)")

@@ -84,13 +84,15 @@ def with_params(saved, full):
     return treedef.unflatten([params[r.i] if isinstance(r, _Slot) else r for r in leaves])
 
 
-def fsdp_unit(apply, gather, reduce_scatter, *, reshard_after_forward: bool, sync: bool):
+def fsdp_unit(apply, gather, reduce_scatter, *, reshard_after_forward: bool, sync: bool, ties: bool = True):
     """`run(shards, sink, x) -> y`: the unit `apply(full params, x)` on gathered parameters.
 
     sync=True: the gradient of `shards` is the unit's reduce-scattered gradient (sink is None).
     sync=False (no_sync, for accumulation): the gradient goes out unreduced as the gradient of
     `sink`, a zero tree shaped like the full parameters; `shards` gets a zero gradient.
+    ties=False (nothing to gather: `gather` is the identity): no `tie`, which would copy every parameter.
     """
+    tied = tie if ties else (lambda tree, dep: tree)
     remat_apply = jax.checkpoint(apply, policy=SAVE)
 
     @jax.custom_vjp
@@ -98,7 +100,7 @@ def fsdp_unit(apply, gather, reduce_scatter, *, reshard_after_forward: bool, syn
         return apply(gather(shards), x)
 
     def fwd(shards, sink, x):
-        full = gather(tie(shards, x))  # not before the unit's input exists
+        full = gather(tied(shards, x))  # not before the unit's input exists
         y, vjp_fn = jax.vjp(remat_apply, full, x)
         if not reshard_after_forward:
             return y, (shards, None, vjp_fn)
@@ -108,8 +110,8 @@ def fsdp_unit(apply, gather, reduce_scatter, *, reshard_after_forward: bool, syn
     def bwd(res, dy):
         shards, mark, saved = res
         if reshard_after_forward:
-            full = gather(tie(shards, regather_after(dy, mark)))  # gathered again, in this micro-batch's backward
-            dy = tie(dy, full)  # uses every gathered leaf: the whole unit, as FSDP gathers it
+            full = gather(tied(shards, regather_after(dy, mark)))  # gathered again, in this micro-batch's backward
+            dy = tied(dy, full)  # uses every gathered leaf: the whole unit, as FSDP gathers it
             dfull, dx = with_params(saved, full)(dy)
         else:
             dfull, dx = saved(dy)
@@ -124,7 +126,7 @@ def fsdp_unit(apply, gather, reduce_scatter, *, reshard_after_forward: bool, syn
     return run
 
 
-def root_gather(gather, reduce_scatter, *, sync: bool):
+def root_gather(gather, reduce_scatter, *, sync: bool, ties: bool = True):
     """`run(shards, sink, x) -> full`: the root's shared parameters, as FSDP2 treats a tied weight
     left to the root module: gathered once (per micro-batch) before the first unit, kept for every
     use through backward (never re-gathered), and the sum of all uses' gradients reduce-scattered
@@ -135,7 +137,7 @@ def root_gather(gather, reduce_scatter, *, sync: bool):
         return gather(shards)
 
     def fwd(shards, sink, x):
-        return gather(tie(shards, x)), shards
+        return gather(tie(shards, x) if ties else shards), shards
 
     def bwd(shards, dfull):
         if not sync:
@@ -161,7 +163,8 @@ def without_shared(unit, shared) -> tuple[unit_lib.Unit, bool]:
     return unit_lib.Unit(unit.name, own, apply), True
 
 
-def unit_loss(problem, shapes, gather_leaf, scatter_leaf, reshard_after_forward: bool, sync: bool):
+def unit_loss(problem, shapes, gather_leaf, scatter_leaf, reshard_after_forward: bool, sync: bool,
+              ties: bool = True):
     """`(loss(parts, sinks, x, y), groups, group_shapes)`: the model's loss run unit by unit on the
     param shards split by group (`parts`); see `strategies/zero/fsdp.unit_grads`."""
     if not problem.units:
@@ -177,10 +180,11 @@ def unit_loss(problem, shapes, gather_leaf, scatter_leaf, reshard_after_forward:
     def gatherer(shape):
         return lambda shards: jax.tree.map(gather_leaf, shards, shape)
 
+    own_shapes = group_shapes[len(groups) - len(units):]
     runs = [fsdp_unit(unit.apply, gatherer(shape), scatter, reshard_after_forward=reshard_after_forward,
-                      sync=sync) for unit, shape in zip(units, group_shapes[len(groups) - len(units):], strict=True)]
+                      sync=sync, ties=ties) for unit, shape in zip(units, own_shapes, strict=True)]
     if shared:
-        runs.insert(0, root_gather(gatherer(group_shapes[0]), scatter, sync=sync))
+        runs.insert(0, root_gather(gatherer(group_shapes[0]), scatter, sync=sync, ties=ties))
 
     def loss(parts, sinks, x, y):
         h = x if problem.head is not None else (x, y)  # head None: the units take (x, y), give the loss
@@ -193,10 +197,12 @@ def unit_loss(problem, shapes, gather_leaf, scatter_leaf, reshard_after_forward:
     return loss, groups, group_shapes
 
 
-def unit_value_and_grad(problem, shapes, gather_leaf, reshard_after_forward: bool):
+def unit_value_and_grad(problem, shapes, gather_leaf, reshard_after_forward: bool, ties: bool = True):
     """`(param shards, x, y) -> (loss, full local gradient)` unit by unit, gathering each unit forward
-    and backward and reducing nothing (no_sync): the per-shard program of `reduction="canonical"`."""
-    loss, groups, group_shapes = unit_loss(problem, shapes, gather_leaf, None, reshard_after_forward, sync=False)
+    and backward and reducing nothing (no_sync): the per-shard program of `reduction="canonical"`
+    (ties=False: `gather_leaf` is the identity, the parameters are not copied)."""
+    loss, groups, group_shapes = unit_loss(problem, shapes, gather_leaf, None, reshard_after_forward, sync=False,
+                                           ties=ties)
 
     def value_and_grad(param_shards, x, y):
         parts = unit_lib.split(param_shards, groups)

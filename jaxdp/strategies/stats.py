@@ -22,7 +22,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from .. import canonical
-from ..core.reduction import resolve_shards
+from ..core.reduction import resolve_shards, row_tokens
 from ..devices import AXIS, replicated
 from .common import to_numpy
 from .zero import layout as zero_layout
@@ -73,7 +73,8 @@ def make(name: str, problem, mesh, accum: int, opts=None):
 def canonical_advance(opts, n: int):
     """`advance` under reduction="canonical": S shards per micro-batch, their statistics by the tree."""
     def advance(problem, params, state, x, accum):
-        shards = resolve_shards(opts.shards, x.shape[0] * n // accum, n)
+        shards = resolve_shards(opts.shards, x.shape[0] * n // accum, n,
+                                row_tokens(x.shape, jnp.issubdtype(x.dtype, jnp.integer)))
         return canonical.batchnorm.running_statistics(problem, params, state, x, accum, shards // n)
     return advance
 

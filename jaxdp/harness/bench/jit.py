@@ -9,6 +9,7 @@ from ... import train
 from ...analysis import inspect
 from ...core.config import JIT_STRATEGIES
 from ...core.timing import timing
+from .plan import jit_configs
 
 
 def loop_bytes(r: dict) -> float:
@@ -32,19 +33,15 @@ def measure(cfg) -> dict:
 def jit_vs_hand(p, say) -> dict:
     """Every (hand-written, -jit) pair of the plan at N = the largest timed device count, per accumulation:
     the hand-written strategy, then its -jit form with `auto` and with `explicit`."""
-    if p.jit_model is None:
-        return {"rows": []}
-    n, rows = max(p.time_ns), []
-    for accum in p.jit_accums:
-        for hand, jit in p.jit_pairs:
-            hand_row = None
-            for name, axis in ((hand, "auto"), (jit, "auto"), (jit, "explicit")):
-                say(f"bench: {name}{' ' + axis if name == jit else ''} at N={n}, accum {accum}: compiled and timed")
-                cfg = p.jit_model.replace(strategy=name, axis_type=axis, devices=n, accum=accum, steps=p.steps)
-                row = {"pair": f"{hand} / {jit}", **measure(cfg.validate("jax"))}
-                hand_row = hand_row or row
-                row["jit_over_hand"] = row["step_s"] / hand_row["step_s"] if hand_row["step_s"] else None
-                rows.append(row)
+    rows, hand_row = [], None
+    for pair, cfg in jit_configs(p):
+        hand = cfg.strategy not in JIT_STRATEGIES
+        say(f"bench: {cfg.strategy}{'' if hand else ' ' + cfg.axis_type} at N={cfg.devices}, accum {cfg.accum}: "
+            f"compiled and timed")
+        row = {"pair": pair, **measure(cfg.validate("jax"))}
+        hand_row = row if hand else hand_row
+        row["jit_over_hand"] = row["step_s"] / hand_row["step_s"] if hand_row["step_s"] else None
+        rows.append(row)
     return {"rows": rows}
 
 

@@ -208,7 +208,8 @@ def reduction_section(results: dict) -> list:
     lines = ["", "## 9. `--reduction canonical` against `native` (median ms; bytes sent per device per step and "
              "temporaries from the compiled programs, KiB)", "",
              f"Models: mlp hidden {','.join(map(str, m['hidden']))}, batch {m['batch_size']}, accum {m['accum']}, "
-             f"{m['dtype']}, {m['optimizer']}{_bn_model(s.get('bn_model'))}; S = the default shard count. "
+             f"{m['dtype']}, {m['optimizer']}{_bn_model(s.get('bn_model'))}{_more(s.get('more_models'))}; S = the "
+             f"default shard count unless the label says. "
              f"{s['note']}; interleaved calls, {s['warmup_calls']} warm-up then the median of {s['repeats']}."
              + (" `native+FMA`: native timed again in a process with FMA on (not interleaved); "
                 "`no-FMA cost` = native / native+FMA." if fma else "") + _bn_note(s), "",
@@ -233,6 +234,11 @@ def _bn_model(bn: dict | None) -> str:
         return ""
     return (f"; cnn channels {','.join(map(str, bn['channels']))}, {bn['batchnorm']} BatchNorm, batch "
             f"{bn['batch_size']}, accum {bn['accum']}, {bn['dtype']}, {bn['optimizer']}")
+
+
+def _more(more: dict | None) -> str:
+    return "".join(f"; {label}: {c['model']} batch {c['batch_size']}" + (f" x {c['seq_len']} tokens"
+                   if c["model"] in ("gpt", "gpt2", "llama") else "") for label, c in (more or {}).items())
 
 
 def _bn_note(s: dict) -> str:

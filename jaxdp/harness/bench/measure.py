@@ -11,7 +11,7 @@ from ...analysis import accounting
 from ...core import data
 from ...core.config import RunConfig
 from ...core.timing import timing
-from .plan import Plan, plan
+from .plan import Plan, comm_runs, plan, time_runs
 from .tables import jsonable
 
 # ---- timed runs (items 1, 2, 3, 6) --------------------------------------------------------------
@@ -63,18 +63,15 @@ def time_strategies(p: Plan, say) -> dict:
     """{model: {framework: {"strategy@N": timing + losses}}}; per model and N, the torch world runs
     first, then the JAX strategies, in the same process run."""
     out = {}
-    for label, base in p.models.items():
-        rows = {"jax": {}, "torch": {}}
-        for n in (1,) + tuple(p.time_ns):
-            names = ["single"] if n == 1 else [s for s in p.time_strategies if s != "single"]
-            cfgs = [base.replace(strategy=s, devices=n, steps=p.steps).validate("jax") for s in names]
-            say(f"bench: {label} N={n}: torch_ref {', '.join(names)}")
-            t_res = run_torch(cfgs, n)
-            for c in cfgs:
-                say(f"bench: {label} N={n}: jaxdp {c.strategy}")
-                rows["jax"][f"{c.strategy}@{n}"] = _entry(c, run_jax(c))
-                rows["torch"][f"{c.strategy}@{n}"] = _entry(c, t_res[c.strategy])
-        out[label] = rows
+    for label, n, cfgs in time_runs(p):
+        rows = out.setdefault(label, {"jax": {}, "torch": {}})
+        cfgs = [c.validate("jax") for c in cfgs]
+        say(f"bench: {label} N={n}: torch_ref {', '.join(c.strategy for c in cfgs)}")
+        t_res = run_torch(cfgs, n)
+        for c in cfgs:
+            say(f"bench: {label} N={n}: jaxdp {c.strategy}")
+            rows["jax"][f"{c.strategy}@{n}"] = _entry(c, run_jax(c))
+            rows["torch"][f"{c.strategy}@{n}"] = _entry(c, t_res[c.strategy])
     return out
 
 
@@ -120,13 +117,8 @@ def child(quick: bool) -> dict:
     p = plan(quick)
     devices.setup(max(p.comm_ns + tuple(n for *_, ns in p.model_comm for n in ns)), "cpu")
     out = {}
-    runs = [(p.comm_model.model, "", p.comm_model, p.comm_strategies, p.comm_ns)]
-    runs += [(label, f"{label}:", cfg, strategies, ns) for label, cfg, strategies, ns in p.model_comm]
-    for model, prefix, base, strategies, ns in runs:  # keys: the comm model's "strategy@N", others prefixed
-        for name in strategies:
-            for n in ns:
-                print(f"bench: compiling {model} {name} on {n} devices (HLO bytes, memory)", file=sys.stderr,
-                      flush=True)
-                cfg = base.replace(strategy=name, devices=n).validate("jax")
-                out[f"{prefix}{name}@{n}"] = {"model": model, "strategy": name, "devices": n, **inspect(cfg)}
+    for model, prefix, cfg in comm_runs(p):  # keys: the comm model's "strategy@N", others prefixed
+        name, n = cfg.strategy, cfg.devices
+        print(f"bench: compiling {model} {name} on {n} devices (HLO bytes, memory)", file=sys.stderr, flush=True)
+        out[f"{prefix}{name}@{n}"] = {"model": model, "strategy": name, "devices": n, **inspect(cfg.validate("jax"))}
     return jsonable(out)

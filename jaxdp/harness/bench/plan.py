@@ -36,6 +36,7 @@ class Plan:
     reduction_bn_model: RunConfig | None = None  # item 9's cnn (sync BatchNorm: a statistics program too)
     reduction_bn_strategies: tuple = ()
     reduction_bn_ns: tuple = ()
+    reduction_more: tuple = ()      # item 9's other rows: (label, RunConfig, ((strategy, collectives), ...), Ns)
     jit_model: RunConfig | None = None  # item 10: hand-written vs -jit, at N = max(time_ns)
     jit_pairs: tuple = ()
     jit_accums: tuple = ()
@@ -53,9 +54,9 @@ def plan(quick: bool) -> Plan:
                   ("gpt2", _gpt2(base, 1, 2, 16, 16, 8).replace(data="text"), ("ddp",), (2,)))
         return Plan(True, 4, models, (2,), ("single", "ddp", "ddp-ring"), (2,), ("ddp", "zero3"),
                     models["mlp"], _gpu_config(base), 4, (0.01,), 1, ported,
-                    base.replace(model="mlp", data="synthetic", hidden=(16,), batch_size=16),
-                    (("ddp", None), ("zero1", "xla")), (2,), 3, False, _cnn(base, (2, 4), 16), (("ddp", None),),
-                    (2,), models["mlp"], JIT_PAIRS[:1], (2,))
+                    base.replace(model="mlp", data="synthetic", hidden=(16,), batch_size=16, shards=4),
+                    (("ddp", None), ("zero1", "xla")), (2,), 3, False, _cnn(base, (2, 4), 16).replace(shards=4),
+                    (("ddp", None),), (2,), (), models["mlp"], JIT_PAIRS[:1], (2,))
     models = {"mlp": base.replace(model="mlp", data="synthetic", hidden=(1024, 1024), batch_size=512),
               "gpt": base.replace(model="gpt", data="text", n_layer=2, n_head=4, d_model=128, seq_len=64,
                                   batch_size=32),
@@ -66,11 +67,87 @@ def plan(quick: bool) -> Plan:
     ported = (("cnn", models["cnn"], hand, (2, 4, 8)), ("gpt2", models["gpt2"], hand, (2, 4, 8)),
               ("llama", _llama(base, 2, 4, 2, 128, 64, 32), hand, (2, 4, 8)))
     comm_model = base.replace(model="mlp", data="synthetic", hidden=(1024, 1024), batch_size=256)
+    # item 9 at the default S (the mlp's 4 at batch 256: every strategy at N = 4, ddp at 2; the gpt's 8)
+    # and at S = 16 (a quarter of the work per shard), kept to ~25 rows for the full bench's time
+    few, ddp = (("single", None), ("ddp", None), ("zero3", "xla")), (("ddp", None),)
+    more = (("mlp", comm_model, ddp, (2,)), ("gpt", models["gpt"], few, (4,)), ("gpt", models["gpt"], ddp, (2,)),
+            ("mlp S=16", comm_model.replace(shards=16), ddp, (4,)), ("gpt S=16", models["gpt"].replace(shards=16),
+                                                                    ddp, (4,)))
     return Plan(False, 12, models, (2, 4), SHARED, (2, 4, 8, 16), strategies, comm_model,
                 _gpu_config(base), 30, (1, 4, 16, 64), 10, ported, comm_model,
-                tuple(_with_collectives(HAND)), (4, 8), 10, True, _cnn(base, (8, 16), 64),
-                (("single", None), ("ddp", None), ("zero3", "xla")), (2, 4),
+                tuple(_with_collectives(HAND)), (4,), 8, True, _cnn(base, (8, 16), 256), few, (2, 4), more,
                 base.replace(model="mlp", data="synthetic", hidden=(1024, 1024), batch_size=64), JIT_PAIRS, (1, 4))
+
+
+def time_runs(p: Plan):
+    """Items 1-3: (model label, N, [RunConfig]) in order; single at N = 1, the others at each N, the
+    -jit strategies only on models without BatchNorm (they run none: the cnn)."""
+    for label, base in p.models.items():
+        for n in (1,) + tuple(p.time_ns):
+            names = ["single"] if n == 1 else [s for s in p.time_strategies if s != "single"
+                                               and not (base.model == "cnn" and s in JIT_STRATEGIES)]
+            yield label, n, [base.replace(strategy=s, devices=n, steps=p.steps) for s in names]
+
+
+def comm_runs(p: Plan):
+    """Items 4-5: (model, key prefix, RunConfig) in order."""
+    runs = [(p.comm_model.model, "", p.comm_model, p.comm_strategies, p.comm_ns)]
+    runs += [(label, f"{label}:", cfg, strategies, ns) for label, cfg, strategies, ns in p.model_comm]
+    for model, prefix, base, strategies, ns in runs:
+        for name in strategies:
+            for n in ns:
+                yield model, prefix, base.replace(strategy=name, devices=n)
+
+
+def reduction_models(p: Plan) -> dict:
+    """Item 9's models by label: the mlp, the cnn with sync BatchNorm when the plan has it, the others."""
+    bn = {} if p.reduction_bn_model is None else {"cnn": p.reduction_bn_model}
+    return {"mlp": p.reduction_model} | bn | {label: cfg for label, cfg, *_ in p.reduction_more}
+
+
+def reduction_runs(p: Plan):
+    """Item 9: (model label, RunConfig, strategy, collectives, N) of every row, in order."""
+    groups = (("mlp", p.reduction_strategies, p.reduction_ns), ("cnn", p.reduction_bn_strategies, p.reduction_bn_ns))
+    groups += tuple((label, strategies, ns) for label, _, strategies, ns in p.reduction_more)
+    for label, strategies, ns in groups:
+        for strategy, coll in strategies:
+            for n in (1,) if strategy == "single" else ns:
+                yield label, reduction_models(p)[label], strategy, coll, n
+
+
+def reduction_configs(base: RunConfig, strategy: str, collectives: str | None, n: int, modes: tuple) -> list:
+    """Item 9's pair: `base` in each mode (its --shards for canonical only: native takes none)."""
+    extra = {} if collectives is None else {"collectives": collectives}
+    return [base.replace(strategy=strategy, devices=n, reduction=m, shards=base.shards if m == "canonical" else 0,
+                         **extra) for m in modes]
+
+
+def every_config(p: Plan):
+    """(item, framework, RunConfig) of every run the plan makes (items 1-5, 9, 10): what the CLI would
+    check first (`RunConfig.validate`), so a test can refuse a plan that asks for a refused run."""
+    for _, _, cfgs in time_runs(p):
+        for c in cfgs:
+            yield "time", "jax", c
+            yield "time", "torch", c
+    for _, _, c in comm_runs(p):
+        yield "comm", "jax", c
+    for _, base, strategy, coll, n in reduction_runs(p):
+        for c in reduction_configs(base, strategy, coll, n, ("native", "canonical")):
+            yield "reduction", "jax", c
+    for _, c in jit_configs(p):
+        yield "jit", "jax", c
+
+
+def jit_configs(p: Plan):
+    """Item 10: (pair label, RunConfig) at N = the largest timed device count, per accumulation: the
+    hand-written strategy, then its -jit form with `auto` and with `explicit`."""
+    if p.jit_model is None:
+        return
+    for accum in p.jit_accums:
+        for hand, jit in p.jit_pairs:
+            for name, axis in ((hand, "auto"), (jit, "auto"), (jit, "explicit")):
+                yield f"{hand} / {jit}", p.jit_model.replace(strategy=name, axis_type=axis, devices=max(p.time_ns),
+                                                             accum=accum, steps=p.steps)
 
 
 def _with_collectives(strategies: tuple):

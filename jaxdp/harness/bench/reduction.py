@@ -30,7 +30,7 @@ from ...analysis import accounting
 from ...core import atomic
 from ...core.config import RunConfig
 from ...core.reduction import resolve_shards
-from .plan import Plan, plan
+from .plan import Plan, plan, reduction_configs, reduction_models, reduction_runs
 from .tables import jsonable, ratio
 
 WARMUP_CALLS = 2
@@ -40,8 +40,7 @@ KEYS = ("native_step_s", "canonical_step_s", "ratio", "native_bytes", "canonical
 
 
 def configs(base: RunConfig, strategy: str, collectives: str | None, n: int, modes: tuple) -> list[RunConfig]:
-    extra = {} if collectives is None else {"collectives": collectives}
-    return [base.replace(strategy=strategy, devices=n, reduction=m, **extra).validate("jax") for m in modes]
+    return [c.validate("jax") for c in reduction_configs(base, strategy, collectives, n, modes)]
 
 
 # ---- in the child process ------------------------------------------------------------------------
@@ -82,18 +81,7 @@ def interleaved(steps: list[dict], repeats: int) -> list[float]:
     return [statistics.median(t) for t in times]
 
 
-def models(p: Plan) -> dict:
-    """Item 9's models by label: the mlp, and the cnn with sync BatchNorm when the plan has it."""
-    return {"mlp": p.reduction_model} | ({} if p.reduction_bn_model is None else {"cnn": p.reduction_bn_model})
-
-
-def _runs(p: Plan):
-    """(model label, RunConfig, strategy, collectives, N) of every row, in order."""
-    for label, strategies, ns in (("mlp", p.reduction_strategies, p.reduction_ns),
-                                  ("cnn", p.reduction_bn_strategies, p.reduction_bn_ns)):
-        for strategy, coll in strategies:
-            for n in (1,) if strategy == "single" else ns:
-                yield label, models(p)[label], strategy, coll, n
+models = reduction_models  # item 9's models by label (plan.py)
 
 
 def _row(label: str, strategy: str, coll: str | None, n: int, modes: tuple, compiled: list, step_s: list) -> dict:
@@ -111,10 +99,10 @@ def child(quick: bool, modes: tuple = ("native", "canonical")) -> list[dict]:
     """Every (model, strategy, collectives, N) of the plan in `modes`, measured in this process (which
     must have been started with the flag when "canonical" is among them)."""
     p = plan(quick)
-    devices.setup(max(p.reduction_ns + p.reduction_bn_ns), "cpu",
+    devices.setup(max(n for *_, n in reduction_runs(p)), "cpu",
                   reduction="canonical" if "canonical" in modes else "native")
     rows = []
-    for label, model, strategy, coll, n in _runs(p):
+    for label, model, strategy, coll, n in reduction_runs(p):
         print(f"bench: reduction {label} {strategy}{'' if coll is None else f' ({coll})'} N={n}: {', '.join(modes)}",
               file=sys.stderr, flush=True)
         compiled = [_compiled(c) for c in configs(model, strategy, coll, n, modes)]
@@ -159,7 +147,8 @@ def table(rows: list[dict], fma_rows: list[dict] | None, by_label: dict) -> list
     for r in rows:
         model = by_label[r.get("model", "mlp")]
         row = {**r, "ratio": ratio(r["canonical_step_s"], r["native_step_s"]),
-               "shards": resolve_shards(model.shards, model.batch_size // model.accum, r["devices"]),
+               "shards": resolve_shards(model.shards, model.batch_size // model.accum, r["devices"],
+                                         model.tokens_per_row()),
                "extra_bytes": r["canonical_bytes"] - r["native_bytes"],
                "bytes_ratio": ratio(r["canonical_bytes"], r["native_bytes"]),
                "extra_temp_bytes": r["canonical_temp_bytes"] - r["native_temp_bytes"],
@@ -173,9 +162,8 @@ def table(rows: list[dict], fma_rows: list[dict] | None, by_label: dict) -> list
 def reduction_benchmark(p: Plan, say) -> dict:
     """Item 9: {"rows", "setup"}; both modes in one child without FMA, native with FMA in a second
     (the full run only)."""
-    say(f"bench: reduction canonical vs native, mlp: {len(p.reduction_strategies)} strategies, N = {p.reduction_ns}; "
-        f"cnn: {len(p.reduction_bn_strategies)}, N = {p.reduction_bn_ns}; in a child process started with "
-        f"XLA_FLAGS={devices.NO_FMA}")
+    say(f"bench: reduction canonical vs native, {len(list(reduction_runs(p)))} rows ({', '.join(models(p))}); in a "
+        f"child process started with XLA_FLAGS={devices.NO_FMA}")
     rows = run_child(p.quick, fma=False, modes=("native", "canonical"))
     fma_rows = None
     if p.reduction_fma:
@@ -190,6 +178,8 @@ def reduction_benchmark(p: Plan, say) -> dict:
                                                            "optimizer", "shards")},
                       "bn_model": None if bn is None else {f: getattr(bn, f) for f in (
                           "model", "channels", "batchnorm", "batch_size", "accum", "dtype", "optimizer", "shards")},
+                      "more_models": {label: {f: getattr(c, f) for f in ("model", "batch_size", "seq_len", "shards")}
+                                      for label, c, *_ in p.reduction_more},
                       "bn_note": "cnn rows: each timed call is the running statistics' program then the train step "
                                  "(as parallelize's step runs them); *_bytes = the train step's + the statistics "
                                  "program's (*_train_bytes + *_stats_bytes); temporaries: the train step's",

@@ -221,7 +221,7 @@ def test_canonical_norm_is_the_definition():
 
 
 def test_default_shards():
-    assert [C.default_shards(r) for r in (1, 7, 8, 12, 16, 48, 4096)] == [1, 1, 2, 2, 4, 8, 64]
+    assert [C.default_shards(r) for r in (1, 7, 8, 12, 16, 48, 128, 256, 4096)] == [1, 1, 1, 1, 1, 1, 2, 4, 64]
 
 
 def test_optimizer_update_on_a_shard_is_the_full_tensor_update():

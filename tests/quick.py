@@ -128,11 +128,6 @@ QUICK = {
     ),
     "tests/torch_ref/analysis/test_torch_profiler.py": ALL,
     "tests/torch_ref/analysis/test_canonical_cost.py": ALL,
-    "tests/torch_ref/canonical/test_lockstep.py": (
-        "test_shards_run_one_at_a_time_in_order_and_get_each_statistic",
-        "test_an_error_in_a_shard_is_raised_and_every_thread_ends",
-        "test_more_or_fewer_statistics_than_rounds_is_one_line",
-    ),
     "tests/torch_ref/models/test_torch_shared.py": (
         "test_default_units_of_model_library_models_are_their_decoder_layers",
         "test_default_units_leave_shared_parameters_to_the_root",

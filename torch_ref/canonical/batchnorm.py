@@ -4,28 +4,26 @@ The definition (docs/CANONICAL.md, "BatchNorm statistics (sync)"; jaxdp/canonica
 per micro-batch, with T = the canonical tree over all S shards (this rank's subtree, then across ranks),
 1. F_k(theta, sigma): shard k's forward in which BatchNorm layer l normalises with given statistics
    sigma_l = (mu_l, v_l) and reports (sum z, sum (z - mu_l)^2) over the shard's rows (`batchnorm.given`);
-2. statistics, layer by layer: mu_l = T(sum z) / count_l, then v_l = T(sum (z - mu_l)^2) / count_l;
+2. statistics, layer by layer: mu_l = T(sum z) / count_l, then v_l = T(sum (z - mu_l)^2) / count_l
+   (2L forward passes, each stopped at layer l);
 3. per shard one forward and backward with the final sigma: L_k, g_k = dL_k/dtheta, h_k = dL_k/dsigma;
-   H = T(h_k). Steps 2 and 3's forward are one forward per shard, the shards in lockstep (lockstep.py: each
-   pauses at a statistic until the tree over every shard has it), not 2L + 1;
+   H = T(h_k);
 4. through the statistics in reverse, l = L..1, q = v_l then mu_l: c = H[q] / count_l; per shard the
    vector-Jacobian product of q's partial sum with c gives (g', h'); g_k = g_k + g'; H = H + T(h');
 5. g_k and L_k go on as without BatchNorm (fold over micro-batches, the tree, / S, / A, clipping);
    the running statistics update once per micro-batch from the canonical mu_l, v_l.
-Every cross-shard sum is T, so every N gets the same bits. Cost per shard and micro-batch: one forward and
-backward, 2L vector-Jacobian products (2L + 1 autograd calls over one retained graph), and 4L + 1 cross-rank
-sums of C or 2 sum(C) floats (an all-to-all and an all-gather each).
+Every cross-shard sum is T, so every N gets the same bits. Cost per shard and micro-batch: 2L truncated
+forward passes, one forward and backward, 2L vector-Jacobian products (2L + 1 autograd calls over one
+retained graph), and 4L + 1 cross-rank sums of C or 2 sum(C) floats (an all-to-all and an all-gather each).
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 
 import torch
 
 from .. import batchnorm
 from ..tensors import flatten, micro_batches
-from . import lockstep
 from . import reduce as C
 
 
@@ -73,50 +71,50 @@ class BatchNorms:
         """(i, g_k, L_k) of this rank's shard i of every micro-batch, in order; after each micro-batch the
         running statistics update from its canonical statistics."""
         for xm, ym in micro_batches(x, y, accum):
-            shards, sigma, counts = self.forward(module, xm.chunk(local), ym.chunk(local), loss_fn)
-            self.backward(shards, params, sigma, counts)
+            xs, ys = xm.chunk(local), ym.chunk(local)
+            sigma, counts = self.statistics(module, xs)
+            shards = self.backward(module, params, xs, ys, loss_fn, sigma, counts)
             for i, s in enumerate(shards):
                 yield i, s.g, s.loss
             self.last = sigma
             for bn, (mean, var), count in zip(self.running, sigma, counts, strict=True):
                 batchnorm.update_running(bn, mean.detach(), var.detach(), count)
 
-    def forward(self, module, xs, ys, loss_fn) -> tuple[list, list, list]:
-        """Steps 2 and 3's forward: each shard's forward once, in lockstep (`lockstep.run`): at layer l each
-        hands over sum z, gets mu_l = T(sum z) / count_l, hands over sum (z - mu_l)^2, gets v_l (each a leaf
-        requiring grad). Returns the shards (their sums and losses, graphs kept), sigma and the counts."""
+    def statistics(self, module, xs) -> tuple[list, list]:
+        """sigma = [(mu_l, v_l)] as leaves requiring grad, and count_l, layer by layer (2L forward passes)."""
         sigma, counts = [], []
+        for layer in range(len(self.layers)):
+            mean = None
+            for q in (0, 1):
+                sums = []
+                for x in xs:
+                    with torch.no_grad(), batchnorm.given(sigma + ([(mean, None)] if q else [])) as ctx:
+                        try:
+                            module(x)
+                        except batchnorm.Stop:
+                            pass
+                    self.check(ctx, layer + 1)
+                    sums.append(ctx.sums[layer][q])
+                count = ctx.counts[layer] * self.shards
+                value = total(sums, self.ring) / count
+                if q == 0:
+                    mean = value
+            sigma.append((mean.requires_grad_(), value.requires_grad_()))
+            counts.append(count)
+        return sigma, counts
 
-        def statistic(r: int, reports: list):
-            layer, q = divmod(r, 2)
-            count = reports[0][1] * self.shards
-            value = total([sums[q].detach() for sums, _ in reports], self.ring) / count
-            if q == 0:
-                counts.append(count)
-                sigma.append((value.requires_grad_(),))
-            else:
-                sigma[layer] = (sigma[layer][0], value.requires_grad_())
-            return value
-
-        def shard(x, y, wait):
-            with batchnorm.given([], lambda sums, count: wait((sums, count))) as ctx:
-                loss = C.scalar(loss_fn(module(x), y))
-            return ctx, loss
-
-        ran = lockstep.run([functools.partial(shard, x, y) for x, y in zip(xs, ys, strict=True)],
-                           2 * len(self.layers), statistic)
-        for ctx, _ in ran:
-            self.check(ctx, len(self.layers))
-        return [Shard(ctx.sums, None, None, loss) for ctx, loss in ran], sigma, counts
-
-    def backward(self, shards: list[Shard], params, sigma, counts) -> None:
-        """Step 3's backward and step 4 for this rank's shards of one micro-batch: g_k, h_k, then through the
-        statistics."""
+    def backward(self, module, params, xs, ys, loss_fn, sigma, counts) -> list[Shard]:
+        """Steps 3 and 4 of the definition for this rank's shards of one micro-batch."""
         inputs = [*params, *(t for pair in sigma for t in pair)]
-        for s in shards:
-            grads = torch.autograd.grad(s.loss, inputs, retain_graph=True, materialize_grads=True)
-            s.g, s.h, s.loss = flatten(grads[:len(params)]), flatten(grads[len(params):]), s.loss.detach()
+        shards = []
+        for x, y in zip(xs, ys, strict=True):
+            with batchnorm.given(sigma) as ctx:
+                loss = C.scalar(loss_fn(module(x), y))
+            self.check(ctx, len(self.layers))
+            grads = torch.autograd.grad(loss, inputs, retain_graph=True, materialize_grads=True)
+            shards.append(Shard(ctx.sums, flatten(grads[:len(params)]), flatten(grads[len(params):]), loss.detach()))
         self.through_statistics(shards, inputs, len(params), counts)
+        return shards
 
     def through_statistics(self, shards: list[Shard], inputs: list, n: int, counts: list) -> None:
         """Step 4: each shard's g_k gains the statistics' vector-Jacobian products, layer by layer in reverse

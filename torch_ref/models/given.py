@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import threading
 
 import torch
 from torch import nn
@@ -48,34 +47,25 @@ class Given:
     sums: list = dataclasses.field(default_factory=list)
     counts: list = dataclasses.field(default_factory=list)
     layers: list = dataclasses.field(default_factory=list)
-    wait: object = None  # wait(sums, count) -> the missing statistic, in place of `Stop` (canonical/lockstep.py)
 
 
-_LOCAL = threading.local()  # .given: this thread's active `Given`s, innermost last (lockstep: a thread per shard)
-
-
-def _stack() -> list:
-    if not hasattr(_LOCAL, "given"):
-        _LOCAL.given = []
-    return _LOCAL.given
+_GIVEN: list[Given] = []  # the innermost active `Given` last
 
 
 def current() -> Given | None:
-    """The innermost active `Given` of this thread, or None outside every `given`."""
-    stack = _stack()
-    return stack[-1] if stack else None
+    """The innermost active `Given`, or None outside every `given`."""
+    return _GIVEN[-1] if _GIVEN else None
 
 
 @contextlib.contextmanager
-def given(stats: list, wait=None):
-    """Every torch_ref BatchNorm forward inside normalises with `stats` (`Given`); yields the `Given` it fills.
-    Past the given statistics, `wait(sums, count)` (when given) returns the missing one instead of `Stop`."""
-    ctx = Given(list(stats), wait=wait)
-    _stack().append(ctx)
+def given(stats: list):
+    """Every torch_ref BatchNorm forward inside normalises with `stats` (`Given`); yields the `Given` it fills."""
+    ctx = Given(list(stats))
+    _GIVEN.append(ctx)
     try:
         yield ctx
     finally:
-        _stack().remove(ctx)
+        _GIVEN.remove(ctx)
 
 
 def given_batch_norm(bn: nn.modules.batchnorm._BatchNorm, ctx: Given, x: torch.Tensor) -> torch.Tensor:
@@ -83,19 +73,13 @@ def given_batch_norm(bn: nn.modules.batchnorm._BatchNorm, ctx: Given, x: torch.T
     z = x.to(torch.promote_types(x.dtype, torch.float32))
     dims = reduced_dims(z)
     mean, var = ctx.stats[len(ctx.sums)] if len(ctx.sums) < len(ctx.stats) else (None, None)
-    count = z.numel() // z.shape[1]
-    ctx.counts.append(count)
+    ctx.counts.append(z.numel() // z.shape[1])
     ctx.layers.append(bn)
-    total = z.sum(dim=dims)
     if mean is None:
-        if ctx.wait is None:
-            ctx.sums.append((total,))
-            raise Stop
-        mean = ctx.wait((total,), count)
+        ctx.sums.append((z.sum(dim=dims),))
+        raise Stop
     centred = z - per_channel(mean, z)
-    ctx.sums.append((total, centred.square().sum(dim=dims)))
+    ctx.sums.append((z.sum(dim=dims), centred.square().sum(dim=dims)))
     if var is None:
-        if ctx.wait is None:
-            raise Stop
-        var = ctx.wait(ctx.sums[-1], count)
+        raise Stop
     return normalise(bn, centred, var).to(x.dtype)

@@ -115,7 +115,8 @@ def measure_canonical_cost(cfgs: list[RunConfig], sizes=(1, 2, 4), repeats: int 
 
     rows = []
     for n in sizes:
-        here = [c.validate("torch") for c in (c.replace(devices=n) for c in cfgs) if n == 1 or c.strategy != "single"]
+        here = [c.replace(devices=n, reduction="canonical").validate("torch") for c in cfgs
+                if n == 1 or c.strategy != "single"]
         if not here:
             continue
         views = launch.launch(compare_world, n, here, repeats, warmup, threads, platform="cpu", timeout_s=timeout_s)

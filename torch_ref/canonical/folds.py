@@ -37,19 +37,19 @@ def parts(value) -> list:
 def plus(left, right):
     """left + right, element-wise, with left's association: into the buffer of whichever side is `Owned`
     (left first), else into a new flat one. Either side may be flat or per parameter."""
-    shapes = [t.shape for t in max(parts(left), parts(right), key=len)]
-    own = left if isinstance(left, Owned) else right if isinstance(right, Owned) else None
-    out = own.flat if own is not None else torch.empty(sum(s.numel() for s in shapes), dtype=parts(left)[0].dtype,
-                                                        device=parts(left)[0].device)
+    raw = [parts(v) for v in (left, right) if not isinstance(v, Owned)]
+    shapes = [t.shape for t in max(raw, key=len)] if raw else [left.flat.shape]
+    out = left if isinstance(left, Owned) else right if isinstance(right, Owned) else Owned(
+        torch.empty(sum(s.numel() for s in shapes), dtype=parts(left)[0].dtype, device=parts(left)[0].device))
     for o, a, b in zip(_cut(out, shapes), _cut(left, shapes), _cut(right, shapes), strict=True):
         torch.add(a, b, out=o)  # the same kernel as a + b (out may be a or b: in place)
-    return own if own is not None else Owned(out)
+    return out
 
 
 def _cut(value, shapes) -> list:
     """A value's tensors shaped as `shapes`: views of a flat one, else its own (already so)."""
     ts = parts(value)
-    if len(ts) == len(shapes):
+    if len(ts) == len(shapes) and not isinstance(value, Owned):
         return ts
     flat, = ts
     return [v.view(s) for v, s in zip(flat.split([s.numel() for s in shapes]), shapes, strict=True)]

@@ -141,6 +141,7 @@ QUICK = {
         "test_torch_single_equals_jax_single_in_float64[mlp]",
     ),
     "tests/torch_ref/analysis/test_torch_profiler.py": ALL,
+    "tests/torch_ref/analysis/test_canonical_cost.py": ALL,
     "tests/torch_ref/models/test_torch_shared.py": (
         "test_default_units_of_model_library_models_are_their_decoder_layers",
         "test_default_units_leave_shared_parameters_to_the_root",
@@ -148,6 +149,7 @@ QUICK = {
     ),
     "tests/torch_ref/canonical/test_torch_canonical.py": (
         "test_tree_pairs_adjacent_leaves_level_by_level_and_folds_fold_in_order",
+        "test_folds_add_the_tree_as_shards_finish_into_their_own_buffers",
         "test_canonical_norm_is_the_definition",
         "test_default_shards",
         "test_optimizer_update_on_a_shard_is_the_full_tensor_update",

@@ -76,7 +76,7 @@ def _held_bytes(tensors, optimizer) -> int:
     return held
 
 
-def _peak_rise(prof) -> int:
+def peak_rise(prof) -> int:
     """The most the step's allocations rose above what was held at its start: the running sum of
     the profiler's memory events (`profile_memory=True`: +bytes allocated, -bytes freed), at its
     highest, on the CPU (on a GPU the allocator's own peak is read instead)."""
@@ -133,7 +133,7 @@ def _profiled_step(strategy, xs, ys, device, at_start: int, shard: int | None = 
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds = time.perf_counter() - t0
-    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else at_start + _peak_rise(prof)
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else at_start + peak_rise(prof)
     return _events(prof, shard), seconds, peak
 
 

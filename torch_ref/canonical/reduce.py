@@ -27,10 +27,12 @@ from jaxdp.core.reduction import (  # noqa: F401 (one definition of S for both s
     BLOCKS,
     default_shards,
     resolve_shards,
+    row_tokens,
 )
 
 from ..collectives import all_gather, ring_all_gather
-from ..tensors import flatten, micro_batches
+from ..tensors import micro_batches
+from .folds import Folds, Owned
 
 REDUCTIONS = ("native", "canonical")
 
@@ -57,27 +59,16 @@ def tree(rows: torch.Tensor) -> torch.Tensor:
     return rows[0]
 
 
-class Folds:
-    """This rank's shard accumulators: shard i's values left-folded over the micro-batches in order."""
-
-    def __init__(self):
-        self.acc: list[torch.Tensor] = []
-
-    def add(self, i: int, value: torch.Tensor) -> None:
-        if i == len(self.acc):
-            self.acc.append(value)
-        else:
-            self.acc[i] = self.acc[i] + value
-
-    def partial(self) -> torch.Tensor:
-        """The subtree over this rank's shards."""
-        return tree(torch.stack(self.acc))
-
-
 def finish(total: torch.Tensor, shards: int, accum: int) -> torch.Tensor:
     """The tree's sum -> the global mean: / S (a power of two: exact), then / A."""
     total = total / shards
     return total if accum == 1 else total / accum
+
+
+def finish_(total: torch.Tensor, shards: int, accum: int) -> torch.Tensor:
+    """`finish` in place (the same kernels: the same bits), on a sum this step owns."""
+    total.div_(shards)
+    return total if accum == 1 else total.div_(accum)
 
 
 def tree_scatter(flat: torch.Tensor, exchange=None, columns=None) -> torch.Tensor:
@@ -154,19 +145,20 @@ def shards_of(x, y, accum: int, local: int):
 
 def shard_grads(module, params, x, y, loss_fn, accum: int, local: int):
     """This rank's partial sums (flat gradient, loss): each shard's from its own backward, folded over
-    the micro-batches, then this rank's subtree."""
-    grads, losses = Folds(), Folds()
+    the micro-batches and into this rank's subtree as it comes (`Folds`)."""
+    grads, losses = Folds(local, accum), Folds(local, accum)
     for _, i, xs, ys in shards_of(x, y, accum, local):
         loss = scalar(loss_fn(module(xs), ys))
-        grads.add(i, flat_grad(loss, params))
+        grads.add(i, grad_of(loss, params))
         losses.add(i, loss.detach())
     return grads.partial(), losses.partial()
 
 
-def flat_grad(loss: torch.Tensor, params) -> torch.Tensor:
-    """d loss / d params, flat in parameter order, by `autograd.grad` (no `.grad`, no strategy hook)."""
+def grad_of(loss: torch.Tensor, params) -> list:
+    """d loss / d params in parameter order, by `autograd.grad` (no `.grad`, no strategy hook); zeros for
+    a parameter the loss does not use."""
     grads = torch.autograd.grad(loss, params, allow_unused=True)
-    return flatten([torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)])
+    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)]
 
 
 def scalar(loss) -> torch.Tensor:
@@ -186,9 +178,10 @@ def reduce_loss(loss: torch.Tensor, shards: int, accum: int) -> torch.Tensor:
 
 
 def set_grads(params, flat: torch.Tensor) -> None:
+    """Each parameter's `.grad`: its slice of `flat` (a view: `flat` is this step's own)."""
     offset = 0
     for p in params:
-        p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
+        p.grad = flat[offset:offset + p.numel()].view_as(p)
         offset += p.numel()
 
 
@@ -203,7 +196,7 @@ class UnitReduce:
 
     def __init__(self, local: int, accum: int, shards: int, columns=None):
         self.local, self.accum, self.shards, self.columns = local, accum, shards, columns
-        self.input, self.folds, self.count, self.allocated = None, Folds(), 0, 0
+        self.input, self.folds, self.count, self.allocated = None, Folds(local, accum), 0, 0
 
     def allocate(self, size, *, dtype, device):
         buffer = torch.zeros(*size, dtype=dtype, device=device)
@@ -216,9 +209,9 @@ class UnitReduce:
         return None
 
     def hook(self, reduce_output: torch.Tensor) -> None:
-        self.folds.add(self.count % self.local, self.input)
+        self.folds.add(self.count % self.local, Owned(self.input.view(-1)))  # our buffer: summed into
         self.input, self.count = None, self.count + 1
         if self.count == self.local * self.accum:
             total = tree_scatter(self.folds.partial(), columns=self.columns)
             reduce_output.copy_(finish(total, self.shards, self.accum))
-            self.folds, self.count = Folds(), 0
+            self.folds, self.count = Folds(self.local, self.accum), 0

@@ -46,7 +46,7 @@ class Canonical:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.params = list(par.module.parameters())
         self.s = self.local = None
-        self.offsets, start = {}, 0
+        self.offsets, self.index, start = {}, {id(p): j for j, p in enumerate(self.params)}, 0
         for p in self.params:
             self.offsets[id(p)] = (start, start + p.numel())
             start += p.numel()
@@ -58,7 +58,8 @@ class Canonical:
         with C.one_thread():
             if self.s is None:
                 check_rows(len(x), par.accum, self.params[0].device)
-                self.s = C.resolve_shards(self.shards, len(x) * self.world // par.accum, self.world)
+                self.s = C.resolve_shards(self.shards, len(x) * self.world // par.accum, self.world,
+                                          C.row_tokens(tuple(x.shape), not x.is_floating_point()))
                 self.local = self.s // self.world
                 if parts.first_step is not None:
                     parts.first_step(self)
@@ -92,7 +93,7 @@ def bn_backward(c: Canonical, x, y, loss_fn, module=None) -> torch.Tensor:
     """With BatchNorm: each shard's gradient by `canonical_bn` on the plain module (or `module`, a twin
     holding the same parameters), folded; then the strategy's sync."""
     module, params = (c.par.module, c.params) if module is None else (module, list(module.parameters()))
-    grads, losses = C.Folds(), C.Folds()
+    grads, losses = C.Folds(c.local, c.par.accum), C.Folds(c.local, c.par.accum)
     for i, g, loss in c.bn.shard_grads(module, params, x, y, loss_fn, c.par.accum, c.local):
         grads.add(i, g)
         losses.add(i, loss)
@@ -106,11 +107,13 @@ def kept(grads: dict | None) -> dict | None:
 
 
 def all_reduce_groups(c: Canonical, grads: torch.Tensor) -> None:
-    """Every rank gets the full canonical gradient, reduced group by group (`Parts.groups`)."""
-    flat = torch.empty_like(grads)
+    """Every rank gets the full canonical gradient, reduced group by group (`Parts.groups`), written over
+    this rank's partial sums (`grads`, the step's own; at N = 1 the reduction is the identity)."""
     for start, end in c.parts.groups(c):
-        flat[start:end] = C.finish(C.all_reduce(grads[start:end], ring=c.parts.ring), c.s, c.par.accum)
-    C.set_grads(c.params, flat)
+        total = C.finish_(C.all_reduce(grads[start:end], ring=c.parts.ring), c.s, c.par.accum)
+        if c.world > 1:
+            grads[start:end] = total
+    C.set_grads(c.params, grads)
 
 
 def clip_(c: Canonical, clip_norm: float) -> None:

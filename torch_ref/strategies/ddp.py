@@ -21,11 +21,15 @@ yields exactly it (`backward_bn`), so the hook runs as without BatchNorm.
 """
 from __future__ import annotations
 
+import functools
+import itertools
+
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from .. import batchnorm
 from ..canonical import reduce as C
+from ..canonical.folds import Owned
 from ..canonical.step import Parts, update_replicated
 from .common import Strategy, make_strategy
 
@@ -51,21 +55,23 @@ def make(model, optimizer, opts) -> Strategy:
 
 def backward(c, x, y, loss_fn) -> torch.Tensor:
     """Canonical: each shard by its own backward; the step's last through DDP (`bucket_hook`)."""
-    par, losses, c.folds, last = c.par, C.Folds(), C.Folds(), c.par.accum * c.local - 1
+    par, last = c.par, c.par.accum * c.local - 1
+    losses, c.folds = C.Folds(c.local, par.accum), C.Folds(c.local, par.accum)
     for k, (_, i, xs, ys) in enumerate(C.shards_of(x, y, par.accum, c.local)):
         loss = C.scalar(loss_fn((par.model if k == last else par.module)(xs), ys))
         losses.add(i, loss.detach())
         if k == last:
             loss.backward()  # DDP's reducer: its buckets go through bucket_hook
         else:
-            c.folds.add(i, C.flat_grad(loss, c.params))
+            c.folds.add(i, C.grad_of(loss, c.params))
     return losses.partial()
 
 
 def backward_bn(c, x, y, loss_fn) -> torch.Tensor:
     """Canonical with BatchNorm: every shard's gradient by `canonical_bn` beside DDP; the step's last is
     then handed to DDP's reducer (`bucket_hook`) by a backward whose gradient is exactly it."""
-    par, losses, c.folds, last = c.par, C.Folds(), C.Folds(), c.par.accum * c.local - 1
+    par, last = c.par, c.par.accum * c.local - 1
+    losses, c.folds = C.Folds(c.local, par.accum), C.Folds(c.local, par.accum)
     for k, (i, g, loss) in enumerate(c.bn.shard_grads(par.module, c.params, x, y, loss_fn, par.accum, c.local)):
         losses.add(i, loss)
         if k == last:
@@ -84,13 +90,23 @@ def bucket_hook(c, bucket):  # (no annotations: DDP checks them, and these are s
     """DDP's comm hook: `bucket` holds the step's last shard's gradient of its parameters (in bucket
     order); it completes that shard's fold, the folds of this bucket's elements go through this rank's
     subtree and the canonical all-reduce, and DDP writes the result into `.grad`."""
-    ranges = [c.offsets[id(p)] for p in bucket.parameters()]
-    folds = C.Folds()
-    folds.acc = [torch.cat([acc[a:b] for a, b in ranges]) for acc in c.folds.acc]
+    folds = c.folds.pending(functools.partial(bucket_part, c, bucket.parameters()))
     folds.add(c.local - 1, bucket.buffer())
     future = torch.futures.Future()
     future.set_result(C.finish(C.all_reduce(folds.partial()), c.s, c.par.accum))
     return future
+
+
+def bucket_part(c, params, value) -> Owned:
+    """A bucket's elements of a sum (flat, or a list per parameter), in bucket order, in a buffer the hook
+    may add into: a view of an `Owned` flat sum where they are one slice in order (each bucket's hook adds
+    into its own part), else a copy."""
+    if isinstance(value, (list, tuple)):
+        return Owned(torch.cat([value[c.index[id(p)]].reshape(-1) for p in params]))
+    flat, ranges = value.flat if isinstance(value, Owned) else value, [c.offsets[id(p)] for p in params]
+    if isinstance(value, Owned) and all(b == a2 for (_, b), (a2, _) in itertools.pairwise(ranges)):
+        return Owned(flat[ranges[0][0]:ranges[-1][1]])
+    return Owned(torch.cat([flat[a:b] for a, b in ranges]))
 
 
 def setup(c) -> None:

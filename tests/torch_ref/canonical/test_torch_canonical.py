@@ -173,11 +173,33 @@ def test_tree_pairs_adjacent_leaves_level_by_level_and_folds_fold_in_order():
     a, b, c, d, e, f, g, h = leaves
     expected = ((a + b) + (c + d)) + ((e + f) + (g + h))
     assert C.tree(leaves).item() == expected.item() != fold_sum(leaves)
-    folds = C.Folds()
+    folds = C.Folds(2, 3)
     for j in range(3):  # micro-batch j, shards 0 and 1
         for i in range(2):
             folds.add(i, leaves[2 * j + i])
     assert folds.partial().item() == (((a + c) + e) + ((b + d) + f)).item()
+
+
+def test_folds_add_the_tree_as_shards_finish_into_their_own_buffers():
+    """8 shards, accumulation 1 and 2, values per parameter (autograd's lists) and flat: the tree of the
+    definition (`C.tree` over the stacked folds), bit for bit, with log2(8) + 1 sums held at most and
+    every value it was handed left as it was."""
+    gen = torch.Generator().manual_seed(3)
+    shapes = [(3, 5), (7,), (1,)]
+    for accum in (1, 2):
+        values = [[torch.randn(s, generator=gen) * 10.0 ** torch.randint(-4, 5, s, generator=gen) for s in shapes]
+                  for _ in range(8 * accum)]
+        copies = [[t.clone() for t in v] for v in values]
+        flat = [torch.cat([t.reshape(-1) for t in v]) for v in values]
+        folds, held = C.Folds(8, accum), 0
+        for k, v in enumerate(values):
+            folds.add(k % 8, v if k % 3 else torch.cat([t.reshape(-1) for t in v]))
+            held = max(held, sum(x is not None for x in folds.levels))
+        acc = [functools.reduce(torch.add, flat[i::8]) for i in range(8)]
+        assert torch.equal(folds.partial(), C.tree(torch.stack(acc))) and held <= 4
+        assert all(torch.equal(t, c) for v, cv in zip(values, copies, strict=True) for t, c in zip(v, cv, strict=True))
+    with pytest.raises(ValueError, match="shard 1 added where shard 0 was due"):
+        C.Folds(2).add(1, torch.ones(2))
 
 
 def fold_sum(t):

@@ -151,7 +151,7 @@ def shard_columns(model) -> list[int] | None:
 
 def backward(c, x, y, loss_fn) -> torch.Tensor:
     """Canonical: each shard's backward through FSDP2 (its gathers, its post-backward: `UnitReduce`)."""
-    model, losses, last = c.par.model, C.Folds(), c.par.accum * c.local - 1
+    model, losses, last = c.par.model, C.Folds(c.local, c.par.accum), c.par.accum * c.local - 1
     for k, (_, i, xs, ys) in enumerate(C.shards_of(x, y, c.par.accum, c.local)):
         loss = C.scalar(loss_fn(model(xs), ys))
         loss.backward()

@@ -1,0 +1,108 @@
+"""This rank's part of the canonical sum, added as its shards finish (issue 40): no stacked S/N x Psi
+buffer, no flat copy of each shard's gradient.
+
+The definition (reduce.py, docs/CANONICAL.md): shard i folds its micro-batches in order, a_i = ((g_0i +
+g_1i) + g_2i) + ...; this rank's S/N folds are summed by the fixed binary tree, adjacent pairs level by
+level. `Folds` computes exactly that association, in another order of time: a shard's fold is complete
+with the last micro-batch's gradient, and the completed folds, arriving in shard order, go into a binary
+counter (`levels[k]`: the sum of 2^k adjacent completed folds, or None), which adds left + right as soon
+as both halves of a subtree exist. So it holds log2(S/N) + 1 sums at accumulation 1 (and the S/N
+running folds at accumulation A > 1, which the definition needs until the last micro-batch).
+
+Values are gradients as autograd hands them (a list of tensors, `grads`) or flat tensors; sums are
+written into flat buffers this class allocated (`Owned`), in place from then on: element-wise addition
+rounds each element alone, so `a.add_(b)`, `torch.add(a, b, out=c)` and `a + b` are the same bits. A
+tensor it did not allocate (autograd's, DDP's bucket) is only read.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class Owned:
+    """A flat sum in a buffer this step allocated (added into in place)."""
+    __slots__ = ("flat",)
+
+    def __init__(self, flat: torch.Tensor):
+        self.flat = flat
+
+
+def parts(value) -> list:
+    """A value's tensors: [t] for a tensor (an `Owned`'s flat buffer), the list itself for a list."""
+    if isinstance(value, Owned):
+        return [value.flat]
+    return [value] if torch.is_tensor(value) else list(value)
+
+
+def plus(left, right):
+    """left + right, element-wise, with left's association: into the buffer of whichever side is `Owned`
+    (left first), else into a new flat one. Either side may be flat or per parameter."""
+    raw = [parts(v) for v in (left, right) if not isinstance(v, Owned)]
+    shapes = [t.shape for t in max(raw, key=len)] if raw else [left.flat.shape]
+    out = left if isinstance(left, Owned) else right if isinstance(right, Owned) else Owned(
+        torch.empty(sum(s.numel() for s in shapes), dtype=parts(left)[0].dtype, device=parts(left)[0].device))
+    for o, a, b in zip(_cut(out, shapes), _cut(left, shapes), _cut(right, shapes), strict=True):
+        torch.add(a, b, out=o)  # the same kernel as a + b (out may be a or b: in place)
+    return out
+
+
+def _cut(value, shapes) -> list:
+    """A value's tensors shaped as `shapes`: views of a flat one, else its own (already so)."""
+    ts = parts(value)
+    if len(ts) == len(shapes) and not isinstance(value, Owned):
+        return ts
+    flat, = ts
+    return [v.view(s) for v, s in zip(flat.split([s.numel() for s in shapes]), shapes, strict=True)]
+
+
+def flat(value) -> torch.Tensor:
+    """A value as one flat tensor this step owns: an `Owned`'s buffer, else a copy."""
+    return value.flat if isinstance(value, Owned) else torch.cat([t.reshape(-1) for t in parts(value)])
+
+
+class Folds:
+    """This rank's `local` shards of `accum` micro-batches: `add(i, value)` in order (micro-batch major,
+    shard i minor); `partial()`, after the last, is the subtree over this rank's shards, flat."""
+
+    def __init__(self, local: int, accum: int = 1):
+        self.local, self.accum, self.count = local, accum, 0
+        self.acc: dict = {}       # shard i -> its fold over the micro-batches so far (accum > 1)
+        self.levels: list = []    # levels[k]: the sum of 2^k completed adjacent folds, or None
+
+    def add(self, i: int, value) -> None:
+        if i != self.count % self.local:
+            raise ValueError(f"shard {i} added where shard {self.count % self.local} was due")
+        last = self.count >= (self.accum - 1) * self.local  # the last micro-batch: shard i's fold completes
+        self.count += 1
+        if i in self.acc:
+            value = plus(self.acc.pop(i), value)
+        if last:
+            self.push(value)
+        else:
+            self.acc[i] = value
+
+    def push(self, value) -> None:
+        """A completed fold, the next in shard order: carried up the counter (left + right)."""
+        k = 0
+        while k < len(self.levels) and self.levels[k] is not None:
+            value, self.levels[k] = plus(self.levels[k], value), None
+            k += 1
+        if k == len(self.levels):
+            self.levels.append(None)
+        self.levels[k] = value
+
+    def pending(self, select) -> Folds:
+        """A copy holding `select(value)` of every value so far (ddp: one bucket's elements), to be
+        completed by its own `add`s."""
+        out = Folds(self.local, self.accum)
+        out.count = self.count
+        out.acc = {i: select(v) for i, v in self.acc.items()}
+        out.levels = [None if v is None else select(v) for v in self.levels]
+        return out
+
+    def partial(self) -> torch.Tensor:
+        """The subtree over this rank's shards (every shard of every micro-batch added)."""
+        done = [v for v in self.levels if v is not None]
+        if self.count != self.local * self.accum or len(done) != 1:
+            raise ValueError(f"{self.count} of {self.local * self.accum} shard values added")
+        return flat(done[0])

@@ -220,10 +220,11 @@ def test_torch_non_finite_checkpoint_is_refused(tmp_path):
 
 def test_torch_folder_rules(torch_ck, tmp_path, capsys):
     folder = copy(torch_ck, tmp_path, "ck")
-    argv = ["train", *FLAGS, "--devices", "1", "--checkpoint-dir", folder, "--checkpoint-every", "1"]
+    common = ["train", *FLAGS, "--checkpoint-dir", folder, "--checkpoint-every", "1"]
+    argv = [*common, "--devices", "1"]
     code, err = cli_line(torch_cli.main, argv, capsys)
     assert code == 2 and "--resume" in err and ckpt_folder.OVERWRITE in err
-    code, err = cli_line(cli.main, [*argv, "--devices", "2", "--resume"], capsys)  # jaxdp on torch's folder
+    code, err = cli_line(cli.main, [*common, "--devices", "2", "--resume"], capsys)  # jaxdp on torch's folder
     assert code == 2 and "torch_ref checkpoints" in err
     os.makedirs(os.path.join(folder, "9"))
     code, err = cli_line(torch_cli.main, [*argv, "--resume"], capsys)

@@ -181,7 +181,9 @@ def test_compare_stopped_while_writing_its_report(tmp_path, monkeypatch, capsys,
             atomic.write_bytes(os.path.join(folder, name), b"png")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(runner, "compare", lambda *a, **k: progress.step_done(3) or {"strategies": []})
+    # a summary whose "Which strategy" is already derived (the report reads it, as it reads summary.json's)
+    done = {"strategies": [], "recommendation": {"situations": []}}
+    monkeypatch.setattr(runner, "compare", lambda *a, **k: progress.step_done(3) or done)
     monkeypatch.setattr(plots, "draw_all", draw_two)
     out = tmp_path / "reports" / "compare"
     assert cli.main(["compare", "--strategies", "ddp", "--devices", "2", "--out", str(out)]) == 130

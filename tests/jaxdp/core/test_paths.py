@@ -47,7 +47,9 @@ def test_an_existing_file_in_a_read_only_folder_is_refused(tmp_path, monkeypatch
         paths.output_file(tmp_path / "t.npz", "--trace")
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc (a pseudo-filesystem os.access passes for root); the portable case, a write refused where os.access says yes, is tested above on every system")
+@pytest.mark.skipif(not os.path.isdir("/proc/self"),
+                    reason="needs Linux's /proc (a pseudo-filesystem os.access passes for root); the portable case, "
+                           "a write refused where os.access says yes, is tested above on every system")
 def test_a_path_under_proc_is_refused():
     """/proc: os.access says yes to root; creating a file there fails."""
     for check, flag, path in ((paths.output_file, "--trace", "/proc/jaxdp/t.npz"),

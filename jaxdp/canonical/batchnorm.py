@@ -41,26 +41,8 @@ def total(stacked, axis: str | None):
 
 
 def per_shard(fn, xs, ys):
-    """`fn(x, y)` for each shard, one at a time by the same program, fenced (`reduce.fenced`), stacked
-    [k, ...]: a loop whose trip count XLA cannot see (`opaque_count`), so that it stays a loop at every
-    k. XLA removes a loop of one trip (one shard per device) and compiles its body with the rest of the
-    program (other fusions, the forward shared between passes): other bits than a loop's body (seen on
-    the cnn with channels (8, 16): ddp and zero3 at N = S differed from `single`)."""
-    k = xs.shape[0]
-    like = jax.eval_shape(fn, xs[0], ys[0])
-    out = jax.tree.map(lambda s: jnp.zeros((k, *s.shape), s.dtype), like)
-
-    def body(i, out):
-        values = reduce.fenced(lambda _, x, y: fn(x, y), (), xs[i], ys[i])
-        return jax.tree.map(lambda o, v: o.at[i].set(v), out, values)
-    return lax.fori_loop(0, opaque_count(k, xs), body, out)
-
-
-def opaque_count(k: int, data):
-    """k as a value computed from `data` (always k: min(0 or 1, 0) = 0), so no pass can fold it into
-    a constant trip count (canonical compiles without the algebraic simplifier)."""
-    first = data.reshape(-1)[0]
-    return jnp.int32(k) + jnp.minimum((first != first).astype(jnp.int32), 0)
+    """`fn(x, y)` for each shard, one at a time by the same program, fenced (`reduce.shard_values`)."""
+    return reduce.shard_values(lambda _, x, y: fn(x, y), (), xs, ys)
 
 
 def shard_program(loss_fn, shards: int):

@@ -6,9 +6,9 @@ Why: XLA:CPU hands a convolution to its Eigen kernel only in a canonical dimensi
 gradients of `lax.conv_general_dilated` (the kernel's: batch and feature swapped; the input's: the
 kernel's in/out swapped) are not in that order, so inside a `lax.map` body (canonical BatchNorm's
 shards) they ran as naive loop nests (measured: the cnn's per-shard backward 7-10x slower than the
-same program outside a loop). Here the backward is written in the canonical order itself: the input's gradient a convolution of the output's gradient with the flipped kernel
-(HWIO), the kernel's gradient one matrix product per kernel offset over the shifted input's rows.
-The same program wherever it runs.
+same program outside a loop). Here the backward is written in the canonical order itself: the
+input's gradient a convolution of the output's gradient with the flipped kernel (HWIO), the kernel's
+gradient one matrix product per kernel offset over the shifted input's rows.
 """
 from __future__ import annotations
 

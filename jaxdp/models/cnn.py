@@ -28,7 +28,7 @@ from jax import lax
 
 from ..core.config import ConfigError
 from ..devices import AXIS
-from . import given, units
+from . import given, loop_conv, units
 
 EPS = 1e-5
 MOMENTUM = 0.1  # torch's: new = (1 - 0.1) old + 0.1 batch
@@ -95,9 +95,10 @@ class CNN(nnx.Module):
                  param_dtype, dtype, rngs: nnx.Rngs):
         c1, c2 = channels
         kw = dict(param_dtype=param_dtype, dtype=dtype)
-        self.conv1 = nnx.Conv(IMAGE[-1], c1, (3, 3), padding="SAME", use_bias=conv_bias, rngs=rngs, **kw)
+        conv = dict(padding="SAME", use_bias=conv_bias, rngs=rngs, conv_general_dilated=loop_conv.conv_general_dilated)
+        self.conv1 = nnx.Conv(IMAGE[-1], c1, (3, 3), **conv, **kw)
         self.bn1 = BatchNorm(c1, mode=batchnorm, **kw)
-        self.conv2 = nnx.Conv(c1, c2, (3, 3), padding="SAME", use_bias=conv_bias, rngs=rngs, **kw)
+        self.conv2 = nnx.Conv(c1, c2, (3, 3), **conv, **kw)
         self.bn2 = BatchNorm(c2, mode=batchnorm, **kw)
         self.head = nnx.Linear(c2, n_classes, rngs=rngs, **kw)
 

@@ -10,9 +10,16 @@ from ..core import argv, config, paths
 
 
 def memory(args) -> int:
+    argv.check_target(args)
+    if args.json and args.target is None:
+        raise config.ConfigError("memory --json writes the --target rows: add --target, or drop --json")
+    cfgs = argv.configs(args)
+    if args.target is not None:
+        from ..analysis import target_memory
+
+        return target_memory.main(cfgs, args.target, args.nodes, args.json)
     from ..analysis import accounting
 
-    cfgs = argv.configs(args)
     rows = [accounting.memory(cfg) for cfg in cfgs]
     base = cfgs[0]
     print(f"bytes per device, {base.model} (Psi = {rows[0]['psi']} parameters), {base.optimizer} "
@@ -25,10 +32,11 @@ def inspect(args) -> int:
     from ..analysis import inspect as inspect_mod
     from .cli_train import outputs
 
+    argv.check_target(args)
     cfgs = argv.configs(args)
     jsons = outputs(args.json, [c.strategy for c in cfgs], "--json", "{strategy}.json")
     for cfg in cfgs:
-        inspect_mod.main(cfg, jsons[cfg.strategy])
+        inspect_mod.main(cfg, jsons[cfg.strategy], args.target, args.nodes)
     return 0
 
 

@@ -89,6 +89,7 @@ def _add_pairs(sub) -> None:
     argv.add_force(compare)
     compare.add_argument("--out", default="reports/compare", metavar="DIR", action=argv.Store,
                          help="folder for report.html, report.md, summary.json, PNGs (default: %(default)s)")
+    argv.add_target(compare)
 
     parity = argv.subcommand(sub, "parity", help="train each strategy in jaxdp and torch_ref and compare them step "
                              "by step", description="Each strategy in both frameworks, judged step by step.")

@@ -58,6 +58,7 @@ def compare(args) -> int:
     t0 = time.time()
     names = args.strategies
     check_strategies(names)
+    argv.check_target(args)
     paths.output_dir(args.out, "--out")
     untyped = "devices" not in argv.given(args)
     if untyped and set(names) == {"single"}:  # compare's default --devices (cli._compare_devices)
@@ -75,7 +76,7 @@ def compare(args) -> int:
         base = base.replace(platform="cpu")  # the default 4 devices, simulated: not the 1 or 2 GPUs present
     devices.setup(base.devices, base.platform)
 
-    summary = runner.compare(base, names, progress=say, started=t0)
+    summary = runner.compare(base, names, progress=say, started=t0, target=args.target, nodes=args.nodes)
     say("drawing figures and writing the report")
     written = render.write(summary, args.out)
     for e in summary["strategies"]:

@@ -186,6 +186,8 @@ def add_target(parser) -> None:
 def check_target(args) -> None:
     """--target's inputs, before any work: the extra installed, --nodes only with --target and dividing
     --devices; one line naming the fix."""
+    if args.nodes < 1:
+        raise ConfigError(f"--nodes {args.nodes}: give a whole number of nodes >= 1")
     if getattr(args, "target", None) is None:
         if "nodes" in given(args):
             raise ConfigError("--nodes is for --target (the nodes of the GPUs compiled for): add --target or drop it")

@@ -52,7 +52,7 @@ def _add_analyses(sub) -> None:
     argv.add_force(memory)
     argv.add_target(memory)
     memory.add_argument("--json", default=None, metavar="PATH", action=argv.Store,
-                        help="--target: also write the rows as JSON here")
+                        help="also write the rows as JSON here (with --target: docs/GPU.md's keys)")
 
     inspect = argv.subcommand(sub, "inspect", help="every collective of the compiled step, bytes vs theory, peak "
                               "memory", description="Compile one training step and list what it communicates.")

@@ -11,8 +11,8 @@ from ..core import argv, config, paths
 
 def memory(args) -> int:
     argv.check_target(args)
-    if args.json and args.target is None:
-        raise config.ConfigError("memory --json writes the --target rows: add --target, or drop --json")
+    if args.json is not None:
+        paths.output_file(args.json, "--json")
     cfgs = argv.configs(args)
     if args.target is not None:
         from ..analysis import target_memory
@@ -25,6 +25,11 @@ def memory(args) -> int:
     print(f"bytes per device, {base.model} (Psi = {rows[0]['psi']} parameters), {base.optimizer} "
           f"(K = {rows[0]['k_bytes']} bytes/param), {base.dtype}, N = {base.devices}")
     print(accounting.format_memory(rows))
+    if args.json:
+        from ..core import atomic
+
+        atomic.write_json(args.json, rows, indent=1)
+        print(f"wrote {args.json}")
     return 0
 
 

@@ -22,7 +22,7 @@ def test_target_without_the_extra_is_one_line_naming_it(monkeypatch, capsys):
     (["inspect", "--target", "h100", "--devices", "8", "--nodes", "3"], "--devices 8 does not divide over --nodes 3"),
     (["inspect", "--target", "h100", "--devices", "8", "--strategy", "ddp-pmap"], "use --strategy ddp"),
     (["memory", "--target", "h100", "--devices", "8", "--model", "cnn", "--data", "digits"], "use --model mlp"),
-    (["memory", "--json", "x.json"], "add --target")])
+    (["memory", "--nodes", "0"], "--nodes 0: give a whole number of nodes >= 1")])
 def test_bad_target_input_is_one_line_before_any_work(argv, words, monkeypatch, capsys):
     monkeypatch.setattr(targets, "extra_installed", lambda: True)  # the checks after the extra's
     assert cli.main(argv) == 2

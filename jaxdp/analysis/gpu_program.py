@@ -83,7 +83,8 @@ def difference(r: dict) -> str:
            "hsdp": "as zero3's, on each shard group"}.get(r["strategy"], "")
     if r["strategy"] in JIT_STRATEGIES:
         why = "the partitioner chose these collectives from the shardings (jit/layout.py's theory is its model)"
-    return f"differs: {parts}" + (f": {why}" if why else "") + merged
+    why = why or "not explained here: compare the collectives with `jaxdp inspect` without --target"
+    return f"differs: {parts}: {why}" + merged
 
 
 def format_target(r: dict) -> str:

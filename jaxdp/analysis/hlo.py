@@ -75,8 +75,8 @@ def _top_level(shape_text: str) -> list[str]:
     if not text.startswith("("):
         return [text]
     parts, depth, start = [], 0, 1
-    for i, ch in enumerate(text):
-        depth += {"(": 1, ")": -1}.get(ch, 0)
+    for i, ch in enumerate(text):  # dims [a,b] and layouts {1,0} hold commas too: they nest like parentheses
+        depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(ch, 0)
         if (ch == "," and depth == 1) or (ch == ")" and depth == 0):
             parts.append(text[start:i])
             start = i + 1

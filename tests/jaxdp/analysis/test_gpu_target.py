@@ -53,6 +53,9 @@ def test_an_async_gather_of_several_arrays_counts_its_results_not_its_operands()
             "replica_groups={{0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15}}, dimensions={0}")
     c = hlo.collective(line, 16)
     assert (c["elements"], c["arrays"]) == (1664, 2)
+    line = ("  %all-to-all-start = ((f32[16,2048]{1,0}), f32[16,2048]{1,0}) all-to-all-start(%b), "
+            "replica_groups={{0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15}}, dimensions={0}")
+    assert hlo.collective(line, 16)["elements"] == 16 * 2048  # commas inside dims and layouts are not elements
 
 
 @pytest.fixture(scope="module")

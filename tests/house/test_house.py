@@ -178,6 +178,7 @@ NO_TWIN = {
     "analysis/gpu_program.py": "reads XLA:GPU's scheduled program (async pairs); torch has no compiled program",
     "analysis/schedule.py": "XLA:GPU's latency-hiding schedule, read from its HLO; torch has none",
     "analysis/target_memory.py": "XLA:GPU's compiled peak for a target; torch's is docs/GPU.md's part 5",
+    "analysis/projection.py": "a step time projected from XLA:GPU's compiled program; torch has none to read",
     "strategies/ddp_pmap.py": "pmap is JAX's own form of DDP",
     "strategies/grads.py": "local gradients with accumulation: torch's are strategies/common.py:local_grads (no_sync)",
     "strategies/stats.py": "BatchNorm's running statistics through a functional step; torch's modules keep them",

@@ -19,7 +19,7 @@ from ..core import data, targets
 from ..core.config import JIT_STRATEGIES
 from ..strategies.zero import layout as zero_layout
 
-REPLICATED = ("dp", "ddp", "ddp-bucket", "ddp-ring")  # common.init_replicated: a full copy everywhere
+REPLICATED = ("single", "dp", "ddp", "ddp-bucket", "ddp-ring")  # a full copy on every device (single: its one)
 
 
 def check(cfg) -> None:

@@ -83,6 +83,9 @@ def difference(r: dict) -> str:
            "hsdp": "as zero3's, on each shard group"}.get(r["strategy"], "")
     if r["strategy"] in JIT_STRATEGIES:
         why = "the partitioner chose these collectives from the shardings (jit/layout.py's theory is its model)"
+        if r["dtype"] == "bfloat16" and any(c["dtype"] in ("bf16", "mixed") for c in r["collectives"]):
+            why += ("; it moved the bf16 cast before the gathers and reduces the gradients in bf16 (collectives of "
+                    "dtype bf16 here), where the theory counts the fp32 master weights: about half the bytes")
     why = why or "not explained here: compare the collectives with `jaxdp inspect` without --target"
     return f"differs: {parts}: {why}" + merged
 

@@ -11,6 +11,26 @@ Recorder), `jaxdp.parity` (`judge`) and `jaxdp.divergence` (`compare`).
 """
 __version__ = "0.1.0"
 
+
+def _quiet_cuda_plugin() -> None:
+    """With the `gpu-aot` extra (JAX's CUDA plugin and its compiler, no cuDNN or cuBLAS: docs/GPU.md), JAX
+    would print a traceback at start on any machine, its check of the CUDA libraries failing: the check is
+    for running on a GPU, which that install cannot do, so it is skipped there (JAX then picks the CPU
+    silently). Set before JAX starts its backends; a full CUDA install (cuDNN present) keeps its check."""
+    import importlib.util
+    import os
+
+    try:
+        plugin = importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+        full = importlib.util.find_spec("nvidia.cudnn") is not None
+    except ModuleNotFoundError:
+        plugin, full = False, False
+    if plugin and not full:
+        os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+
+
+_quiet_cuda_plugin()
+
 _LAZY = {"setup_devices": "api", "parallelize": "api", "Parallel": "api", "diff": "harness.verdict",
          "Verdict": "harness.verdict"}
 __all__ = ["Parallel", "Verdict", "diff", "parallelize", "setup_devices"]

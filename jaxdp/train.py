@@ -38,21 +38,30 @@ def prepare(cfg: RunConfig, return_grads: bool = False, distributed: devices_mod
         jax.config.update("jax_enable_x64", True)
     if cfg.dtype != "bfloat16":  # bf16 runs keep the fast matrix units; float32 ones on a GPU no TF32
         devices_mod.pin_float32_matmuls(devices)
-    from . import api, models, optim, strategies
+    from . import api, models
     from .core import data
 
     dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
     with jax.default_device(jax.local_devices(backend="cpu")[0]):
         model = models.build(cfg, dataset)
+    optimizer, options = strategy_options(cfg)
+    par = api.parallelize(model, None, optimizer, loss=models.cross_entropy, strategy=cfg.strategy, devices=devices,
+                          accum=cfg.accum, return_grads=return_grads, **options)
+    return devices, dataset, par.problem, optimizer, par
+
+
+def strategy_options(cfg: RunConfig) -> tuple:
+    """(the optax optimizer, the strategy's options) of `cfg`: the options its strategy reads, and under
+    `--reduction canonical` the clip moved from the chain into the strategy (the canonical norm)."""
+    from . import optim, strategies
+
     optimizer = optim.for_config(cfg)
     options = {k: getattr(cfg, k) for k in strategies.OPTIONS[strategies.resolve(cfg.strategy)]}
     options["nan_check"] = cfg.nan_check  # the step's fused non-finite check (strategies/finite.py)
     if cfg.reduction == "canonical":  # the clip is the strategy's (the canonical norm), not the chain's
         optimizer = optim.make(cfg.optimizer, cfg.lr, cfg.weight_decay)
         options |= {"reduction": "canonical", "shards": cfg.shards, "clip_norm": cfg.clip_norm}
-    par = api.parallelize(model, None, optimizer, loss=models.cross_entropy, strategy=cfg.strategy, devices=devices,
-                          accum=cfg.accum, return_grads=return_grads, **options)
-    return devices, dataset, par.problem, optimizer, par
+    return optimizer, options
 
 
 def host_batch(cfg: RunConfig, dataset, step: int, rows: slice = slice(None)):

@@ -144,22 +144,27 @@ def memory(cfg, trains: CompiledStep | None = None) -> dict:
     _, metrics = c.program(c.state, *c.batch)
     measured["grads"] = bytes_on(metrics["grads"], device)
 
+    step = step_memory((trains or compile_step(cfg)).program)
+    return {"strategy": cfg.strategy, "devices": cfg.devices, **formula_for(cfg, c.problem, c.optimizer),
+            "measured": measured, "temp_bytes": step["temp_bytes"], "peak_bytes": step["peak_bytes"]}
+
+
+def formula_for(cfg, problem, optimizer) -> dict:
+    """`psi`, `sizes`, `k_bytes`, `param_bytes` and the ZeRO `formula` (bytes per device of params, grads and
+    optimizer state) of `cfg`'s strategy, from the parameters' shapes alone."""
     itemsize = np.dtype(models.MASTER_DTYPE[cfg.dtype]).itemsize
-    sizes = [int(np.prod(p.shape)) for p in jax.tree.leaves(c.problem.params)]
-    scalars = sum(leaf.dtype.itemsize for leaf in jax.tree.leaves(jax.eval_shape(c.optimizer.init, c.problem.params))
+    sizes = [int(np.prod(p.shape)) for p in jax.tree.leaves(problem.params)]
+    scalars = sum(leaf.dtype.itemsize for leaf in jax.tree.leaves(jax.eval_shape(optimizer.init, problem.params))
                   if leaf.ndim == 0)
     k_bytes = STATE_ARRAYS_PER_PARAM[cfg.optimizer] * itemsize
     shards = cfg.devices // cfg.replicas  # hsdp: sharded over a group of S = N / R (zero3's formula at S)
     if cfg.strategy in jit_layout.LAYOUTS:  # each array sharded by its shape, whole where N divides no dim
-        shapes = [p.shape for p in jax.tree.leaves(c.problem.params)]
+        shapes = [p.shape for p in jax.tree.leaves(problem.params)]
         expected = jit_layout.formula(jit_layout.LAYOUTS[cfg.strategy], shapes, shards, itemsize, itemsize, k_bytes,
                                       scalars, cfg.axis_type)
     else:
         expected = formula(zero_layout.of(cfg.strategy), sizes, shards, itemsize, itemsize, k_bytes, scalars)
-    step = step_memory((trains or compile_step(cfg)).program)
-    return {"strategy": cfg.strategy, "devices": cfg.devices, "psi": sum(sizes), "sizes": sizes, "k_bytes": k_bytes,
-            "param_bytes": itemsize, "measured": measured, "formula": expected,
-            "temp_bytes": step["temp_bytes"], "peak_bytes": step["peak_bytes"]}
+    return {"psi": sum(sizes), "sizes": sizes, "k_bytes": k_bytes, "param_bytes": itemsize, "formula": expected}
 
 
 def measure_step(cfg) -> dict:

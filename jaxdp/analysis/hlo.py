@@ -23,7 +23,7 @@ _OP = re.compile(r"=\s*(?P<shape>.+?)\s+(?P<op>" + "|".join(OPS) + r")(?P<start>
 _ARRAY = re.compile(r"\b(pred|[suf]\d+|bf16|c64|c128)\[([\d,]*)\]")
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 # computations an instruction runs, and how often relative to it (a loop body: trip-count times)
-_CALLS = re.compile(r"\b(condition|body|calls|branch_computations|true_computation|false_computation)="
+CALLS = re.compile(r"\b(condition|body|calls|branch_computations|true_computation|false_computation)="
                     r"(\{[^}]*\}|%[^\s,)]+)")
 
 
@@ -59,14 +59,28 @@ def _callees(line: str) -> list[tuple[str, int | None]]:
         return []
     out = []
     trips = trip_count(line) if " while(" in line else 1
-    for attr, value in _CALLS.findall(line):
+    for attr, value in CALLS.findall(line):
         factor = trips if attr == "body" else (None if trips is None else trips + 1) if attr == "condition" else 1
         out += [(name, factor) for name in re.findall(r"%([^\s,}]+)", value)]
     return out
 
 
-def _arrays(shape_text: str) -> list[tuple[str, int]]:
+def arrays_of(shape_text: str) -> list[tuple[str, int]]:
     return [(d, math.prod(int(x) for x in dims.split(",") if x)) for d, dims in _ARRAY.findall(shape_text)]
+
+
+def _top_level(shape_text: str) -> list[str]:
+    """The elements of a tuple shape's outer level (`((a, b), (c, d))` -> `(a, b)`, `(c, d)`; `(a, c)` -> a, c)."""
+    text = shape_text.strip()
+    if not text.startswith("("):
+        return [text]
+    parts, depth, start = [], 0, 1
+    for i, ch in enumerate(text):  # dims [a,b] and layouts {1,0} hold commas too: they nest like parentheses
+        depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(ch, 0)
+        if (ch == "," and depth == 1) or (ch == ")" and depth == 0):
+            parts.append(text[start:i])
+            start = i + 1
+    return parts
 
 
 def _groups(line: str, n_devices: int) -> list[list[int]]:
@@ -113,12 +127,13 @@ def collective(line: str, n_devices: int) -> dict | None:
     op = m.group("op")
     pairs = _pairs(line) if op == "collective-permute" else None
     groups = _components(pairs) if pairs is not None else _groups(line, n_devices)
-    arrays = _arrays(m.group("shape"))
-    if m.group("start") and op != "all-reduce":  # async *-start returns (operands..., result)
-        arrays = arrays[-1:]
+    arrays = arrays_of(m.group("shape"))
+    if m.group("start") and op != "all-reduce":  # async *-start returns (operands, results): the results
+        arrays = arrays_of(_top_level(m.group("shape"))[-1])
     dtypes = {d for d, _ in arrays}
-    return {"op": op, "dtype": dtypes.pop() if len(dtypes) == 1 else "mixed",
-            "elements": sum(e for _, e in arrays), "bytes": sum(DTYPE_BYTES[d] * e for d, e in arrays),
+    return {"op": op, "name": line.split("=")[0].strip().lstrip("%"), "arrays": len(arrays),
+            "dtype": dtypes.pop() if len(dtypes) == 1 else "mixed", "elements": sum(e for _, e in arrays),
+            "bytes": sum(DTYPE_BYTES[d] * e for d, e in arrays),
             "group": max(map(len, groups), default=1), "groups": groups, "pairs": pairs}
 
 

@@ -29,10 +29,19 @@ from ..strategies import bucket
 from . import accounting
 
 
-def inspect(cfg, step: accounting.CompiledStep | None = None) -> dict:
+def inspect(cfg, step: accounting.CompiledStep | None = None, target: str | None = None, nodes: int = 1) -> dict:
     """The contract's dictionary for `cfg`'s compiled training step (the one `jaxdp train` runs);
-    `step`: that step already compiled (`accounting.compile_step(cfg)`)."""
-    step = step or accounting.compile_step(cfg)
+    `step`: that step already compiled (`accounting.compile_step(cfg)`); `target` (--target): compiled for
+    --devices GPUs of that kind on `nodes` nodes instead, read with its schedule (`gpu_program.describe`)."""
+    if target is not None:
+        from . import aot, gpu_program
+
+        step = aot.TargetStep(cfg, target, nodes)
+        return gpu_program.describe(_read(cfg, step), step)
+    return _read(cfg, step or accounting.compile_step(cfg))
+
+
+def _read(cfg, step) -> dict:
     problem, compiled = step.problem, step.program
     found = accounting.collectives(compiled.as_text(), cfg.devices)
     shard = cfg.devices // cfg.replicas
@@ -91,9 +100,13 @@ def format_inspect(r: dict) -> str:
     return "\n".join(lines)
 
 
-def main(cfg, json_path: str | None = None) -> int:
-    result = inspect(cfg)
+def main(cfg, json_path: str | None = None, target: str | None = None, nodes: int = 1) -> int:
+    result = inspect(cfg, target=target, nodes=nodes)
     print(format_inspect(result))
+    if target is not None:
+        from . import gpu_program
+
+        print(gpu_program.format_target(result))
     if json_path:
         atomic.write_json(json_path, result, indent=1)
         print(f"wrote {json_path}")

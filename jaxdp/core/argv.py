@@ -15,7 +15,7 @@ import difflib
 import math
 import sys
 
-from . import config, errors, fits, readers, values
+from . import config, errors, fits, readers, targets, values
 from .errors import ConfigError
 
 GIVEN = "given_flags"  # the namespace attribute holding the dests the user typed
@@ -172,6 +172,32 @@ def add_force(parser) -> None:
                              "memory or cores (docs/RELIABILITY.md) (default: %(default)s)")
 
 
+def add_target(parser) -> None:
+    """--target and --nodes: compile for GPUs this machine does not have (docs/GPU.md; the `gpu-aot` extra)."""
+    group = parser.add_argument_group("GPU target (compiled on this machine, no GPU needed: docs/GPU.md)")
+    group.add_argument("--target", default=None, choices=tuple(targets.TARGETS), action=Store,
+                       help="compile the step for --devices GPUs of this kind with XLA:GPU and read that program "
+                            "(needs the gpu-aot extra: " + targets.INSTALL + ")")
+    group.add_argument("--nodes", type=int, default=1, action=Store, metavar="K",
+                       help=f"--target: the GPUs on K nodes of --devices / K each (NVLink within a node, "
+                            f"InfiniBand across) (default: %(default)s; {targets.GPUS_PER_NODE} GPUs a node is usual)")
+
+
+def check_target(args) -> None:
+    """--target's inputs, before any work: the extra installed, --nodes only with --target and dividing
+    --devices; one line naming the fix."""
+    if args.nodes < 1:
+        raise ConfigError(f"--nodes {args.nodes}: give a whole number of nodes >= 1")
+    if getattr(args, "target", None) is None:
+        if "nodes" in given(args):
+            raise ConfigError("--nodes is for --target (the nodes of the GPUs compiled for): add --target or drop it")
+        return
+    targets.require_extra()
+    targets.check(args.target, args.devices, args.nodes)
+    model = config.PRESETS.get(getattr(args, "preset", ""), {}).get("model", args.model)
+    targets.check_run([config.ALIASES.get(s, s) for s in args.strategies], model)
+
+
 def check_seconds(args, names) -> None:
     """Each of the flags `names` (dests) a finite number of seconds > 0, or one line naming it."""
     for name in names:
@@ -210,10 +236,11 @@ def configs(args, framework: str = "jax", names=None, single_on_one: bool = Fals
     runs = getattr(args, "runs", None) or [(framework, c.strategy) for c in cfgs]  # compare, parity: both sides
     readers.check_given(typed, cfgs[0].model, runs, cfgs[0].reduction)
     where = dict(processes=getattr(args, "processes", 1), hosts=getattr(args, "num_processes", None) or 1,
-                 force=getattr(args, "force", False))
+                 force=getattr(args, "force", False), target=getattr(args, "target", None))
     for cfg in cfgs:  # the caps before the configuration's checks: --devices 100000 is answered by its cap
         fits.check_count(cfg, framework, **where)
     cfgs = [c.validate(framework) for c in cfgs]
     steps = getattr(args, "command", None) != "inspect"  # inspect compiles the step, runs none: no activations
-    fits.check_fit(cfgs, framework, **where, steps=steps)  # before any device, process or model is made
+    reports = getattr(args, "command", None) == "memory"  # memory --target answers `fits` per strategy: no refusal
+    fits.check_fit(cfgs, framework, **where, steps=steps, device_check=not reports)  # before any device or model
     return cfgs

@@ -17,7 +17,8 @@ from .hsdp_hosts import HOSTS
 from .reduction import REDUCTIONS, resolve_shards
 
 MODELS = ("mlp", "gpt", "cnn", "gpt2", "llama")
-DATASETS = ("synthetic", "digits", "text", "tokens")
+TOKEN_DATA = ("tokens", "llama3-tokens")  # made token ids (jaxdp/core/data.py): vocabulary 50304, 128256
+DATASETS = ("synthetic", "digits", "text", *TOKEN_DATA)
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 DTYPES = ("float64", "float32", "bfloat16")
 BATCHNORMS = ("sync", "local")
@@ -34,7 +35,10 @@ FRAMEWORK_STRATEGIES = {
 ALL_STRATEGIES = tuple(dict.fromkeys(FRAMEWORK_STRATEGIES["jax"] + FRAMEWORK_STRATEGIES["torch"]))
 ALIASES = {"fsdp": "zero3"}
 # --preset: sets these fields (over their flags); gpt2-124m is GPT-2 small on the package's token data.
-PRESETS = {"gpt2-124m": dict(model="gpt2", data="tokens", n_layer=12, n_head=12, d_model=768, seq_len=1024)}
+# llama3-8b: Llama 3 8B's shapes (vocabulary 128256, GQA 32/8 heads, SwiGLU 14336) at a 2048-token context.
+PRESETS = {"gpt2-124m": dict(model="gpt2", data="tokens", n_layer=12, n_head=12, d_model=768, seq_len=1024),
+           "llama3-8b": dict(model="llama", data="llama3-tokens", n_layer=32, n_head=32, n_kv_head=8, d_model=4096,
+                             d_ff=14336, seq_len=2048)}
 PACKAGE = {"jax": "jaxdp", "torch": "torch_ref"}
 
 
@@ -100,7 +104,9 @@ class RunConfig:
                       "of 256: 11008 at d_model 4096)")
     seq_len: int = _flag(32, "gpt, gpt2, llama: context length in tokens")
     preset: str = _flag("", "gpt2-124m: GPT-2 small (12 layers, 12 heads, width 768, context 1024, vocabulary "
-                        "50304) on --data tokens; sets --model, --data and those sizes", tuple(PRESETS))
+                        "50304) on --data tokens; llama3-8b: Llama 3 8B (32 layers, 32/8 heads, width 4096, SwiGLU "
+                        "14336, vocabulary 128256, context 2048) on --data llama3-tokens, for --target; sets --model, "
+                        "--data and those sizes", tuple(PRESETS))
     collectives: str = _flag("xla", "zero1/2/3: XLA's built-in collectives or the explicit ring", COLLECTIVES)
     reshard_after_forward: bool = _flag(
         True, "zero3 (FSDP2's name): true frees each unit's gathered parameters after its forward and gathers "
@@ -166,10 +172,10 @@ class RunConfig:
             raise ConfigError("model 'gpt' trains on characters: use --data text")
         if self.preset and self.preset not in PRESETS:
             raise ConfigError(f"unknown preset {self.preset!r}; valid: {', '.join(PRESETS)}")
-        if self.model in ("gpt2", "llama") and self.data not in ("text", "tokens"):
+        if self.model in ("gpt2", "llama") and self.data not in ("text", *TOKEN_DATA):
             raise ConfigError(f"model {self.model!r} trains on tokens: use --data text or --data tokens")
-        if self.data == "tokens" and self.model not in ("gpt2", "llama"):
-            raise ConfigError("data 'tokens' (vocabulary 50304) is for --model gpt2 or llama")
+        if self.data in TOKEN_DATA and self.model not in ("gpt2", "llama"):
+            raise ConfigError(f"data {self.data!r} (token ids) is for --model gpt2 or llama")
         if self.model == "mlp" and self.data == "text":
             raise ConfigError("data 'text' is for --model gpt; use --data synthetic or digits for mlp")
         self._validate_transformer()
@@ -245,7 +251,7 @@ class RunConfig:
 
     def tokens_per_row(self) -> int:
         """Tokens in one row of a batch: the context length for the token data, else 1 (canonical's S)."""
-        return self.seq_len if self.data in ("text", "tokens") else 1
+        return self.seq_len if self.data in ("text", *TOKEN_DATA) else 1
 
     def _validate_reduction(self) -> None:
         if self.reduction not in REDUCTIONS:

@@ -8,6 +8,7 @@ dtype); labels are int32.
 - `digits`: the 8x8 handwritten digits that scikit-learn ships (1797 images, no download).
 - `text`: characters of a text file shipped with the package; x is a window, y the next characters.
 - `tokens`: GPT-2-sized token ids (vocabulary 50304) made by the package (`token_stream`), as text.
+- `llama3-tokens`: the same, over Llama 3's vocabulary (128256): `--preset llama3-8b`'s shapes.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ SYNTHETIC_FEATURES = 32
 SYNTHETIC_CLASSES = 10
 TOKENS_VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64 (jaxdp/models/gpt2.py)
 TOKENS_LENGTH = 1 << 15
+TOKEN_VOCABS = {"tokens": TOKENS_VOCAB, "llama3-tokens": 128256}  # made token data: its vocabulary
 
 
 @dataclass(frozen=True)
@@ -107,9 +109,9 @@ def load(name: str, seed: int, seq_len: int = 32) -> Dataset:
         if len(tokens) <= seq_len + 1:
             raise ValueError(f"--seq-len {seq_len} is longer than the text corpus ({len(tokens)} characters)")
         return Dataset(name, seed, seq_len, len(vocab), _tokens=tokens, vocab=vocab)
-    if name == "tokens":
-        tokens = token_stream()
+    if name in TOKEN_VOCABS:
+        tokens = token_stream(TOKEN_VOCABS[name])
         if len(tokens) <= seq_len + 1:
             raise ValueError(f"--seq-len {seq_len} is longer than the token stream ({len(tokens)} tokens)")
-        return Dataset(name, seed, seq_len, TOKENS_VOCAB, _tokens=tokens)
-    raise ValueError(f"unknown data {name!r}; valid: synthetic, digits, text, tokens")
+        return Dataset(name, seed, seq_len, TOKEN_VOCABS[name], _tokens=tokens)
+    raise ValueError(f"unknown data {name!r}; valid: synthetic, digits, text, {', '.join(TOKEN_VOCABS)}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from . import machine, sizes, values
+from . import machine, sizes, targets, values
 from .errors import ConfigError
 
 # XLA:CPU runs every simulated device's program on the host's cores: 4096 devices took 12.8 s to start
@@ -41,10 +41,12 @@ def local_devices(cfg, framework: str, hosts: int = 1) -> int:
     return max(1, cfg.devices // hosts)
 
 
-def check_count(cfg, framework: str, processes: int = 1, hosts: int = 1, force: bool = False) -> None:
-    """Simulated CPU devices and local processes within their cap per core, or one line naming the cap."""
+def check_count(cfg, framework: str, processes: int = 1, hosts: int = 1, force: bool = False,
+                target: str | None = None) -> None:
+    """Simulated CPU devices and local processes within their cap per core, or one line naming the cap
+    (`target`: the devices are a GPU target's, compiled for, not simulated: no cap)."""
     values.check_ranges({"devices": cfg.devices, "replicas": cfg.replicas})  # a count, before it is divided
-    if force:
+    if force or target:
         return
     cores, local = machine.cores(), local_devices(cfg, framework, hosts)
     if framework == "jax" and not machine.uses_gpu(cfg.platform, framework) and local > SIMULATED_PER_CORE * cores:
@@ -60,33 +62,38 @@ def check_count(cfg, framework: str, processes: int = 1, hosts: int = 1, force: 
                           f"({PROCESSES_PER_CORE} per core): use {flag} {cap} or fewer {FORCE}")
 
 
-def need(cfg, framework: str, processes: int = 1, hosts: int = 1, steps: bool = True
+def need(cfg, framework: str, processes: int = 1, hosts: int = 1, steps: bool = True, target: str | None = None
          ) -> tuple[int, int | None, sizes.Estimate]:
     """(bytes this machine's host memory must hold, bytes each GPU must hold or None on CPU, the estimate);
-    `steps` False: a command that compiles the step without running it (`inspect`) holds no activations."""
+    `steps` False: a command that compiles the step without running it (`inspect`) holds no activations;
+    `target` (--target): each GPU is the target's, and the host holds no parameter (compiled from shapes)."""
     est = sizes.estimate(cfg)
     if not steps:
         est = dataclasses.replace(est, activations=0)
     procs = local_processes(cfg, framework, processes) * PROCESS_BYTES
-    if machine.uses_gpu(cfg.platform, framework):
+    if target or machine.uses_gpu(cfg.platform, framework):
         return est.batch + procs, est.per_device, est
     return local_devices(cfg, framework, hosts) * est.per_device + est.batch + procs, None, est
 
 
 def check_fit(cfgs, framework: str, processes: int = 1, hosts: int = 1, force: bool = False,
-              steps: bool = True) -> None:
-    """Each run's estimate within the host's available memory (and each GPU's), or one line: the figure,
-    its parts, what the machine has, and the fix (`steps`: as `need`)."""
+              steps: bool = True, target: str | None = None, device_check: bool = True) -> None:
+    """Each run's estimate within the host's available memory (and each GPU's: the target's with `target`),
+    or one line: the figure, its parts, what the machine has, and the fix (`steps`, `target`: as `need`;
+    `device_check` False: the GPU's figure is reported by the command, not refused)."""
     if force:
         return
     available = machine.available_bytes()
     gpu = machine.gpu_bytes() if machine.uses_gpu(cfgs[0].platform, framework) else None
-    where = (framework, processes, hosts, steps)
+    if target:
+        gpu = targets.TARGETS[target].memory_bytes
+    where = (framework, processes, hosts, steps, target)
+    each = f"each {target.upper()}" if target else "each GPU"
     for cfg in cfgs:
         host, device, est = need(cfg, *where)
         which = f"--strategy {cfg.strategy}: " if len(cfgs) > 1 else ""
-        if device is not None and gpu is not None and device > gpu:
-            raise ConfigError(f"{which}this run needs about {sizes.human(device)} per GPU ({est.parts()}); each GPU "
+        if device_check and device is not None and gpu is not None and device > gpu:
+            raise ConfigError(f"{which}this run needs about {sizes.human(device)} per GPU ({est.parts()}); {each} "
                               f"has {sizes.human(gpu)}: {fix(cfg, where, gpu, on_gpu=True)} {FORCE}")
         if available is not None and host > available:
             raise ConfigError(f"{which}this run needs about {sizes.human(host)} ({_host_parts(cfg, where, est)}); this "
@@ -95,10 +102,11 @@ def check_fit(cfgs, framework: str, processes: int = 1, hosts: int = 1, force: b
 
 def _host_parts(cfg, where: tuple, est: sizes.Estimate) -> str:
     """'per simulated CPU device x 4: parameters 1.0 GiB, ...; on the host: the batch 2.0 MiB, 1 process 200 MiB'."""
-    framework, processes, hosts, _ = where
+    framework, processes, hosts = where[:3]
     n, ranks = local_devices(cfg, framework, hosts), local_processes(cfg, framework, processes)
     kind = "torch_ref rank" if framework == "torch" else "simulated CPU device"
-    per = "" if machine.uses_gpu(cfg.platform, framework) else f"per {kind} x {n}: {est.parts()}; "
+    on_gpu = where[4] or machine.uses_gpu(cfg.platform, framework)  # --target: the parameters are on the GPUs
+    per = "" if on_gpu else f"per {kind} x {n}: {est.parts()}; "
     return (per + f"on the host: the batch {sizes.human(est.batch)}, {ranks} process{'es' if ranks > 1 else ''} "
             f"{sizes.human(ranks * PROCESS_BYTES)}")
 

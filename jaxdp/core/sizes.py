@@ -30,8 +30,8 @@ def classes(cfg) -> tuple[int, int]:
         return data.SYNTHETIC_FEATURES, data.SYNTHETIC_CLASSES
     if cfg.data == "digits":
         return IMAGE_PIXELS, 10
-    if cfg.data == "tokens":
-        return cfg.seq_len, data.TOKENS_VOCAB
+    if cfg.data in data.TOKEN_VOCABS:
+        return cfg.seq_len, data.TOKEN_VOCABS[cfg.data]
     return cfg.seq_len, len(set(data.text_corpus()))
 
 
@@ -83,7 +83,7 @@ def batch_bytes(cfg) -> int:
     """The global batch NumPy builds on the host each step (float64 inputs; token windows and their two
     int32 slices)."""
     width, vocab = classes(cfg)
-    if cfg.data in ("text", "tokens"):
+    if cfg.data in ("text", *data.TOKEN_VOCABS):
         return cfg.batch_size * (cfg.seq_len + 1) * 4 * 3
     return cfg.batch_size * (width + vocab) * 8
 

@@ -50,6 +50,9 @@ def _add_analyses(sub) -> None:
     argv.add_run_arguments(memory, exclude=NO_RUN)
     argv.add_strategies(memory, "ddp,zero1,zero2,zero3", JAX, "the strategies to measure")
     argv.add_force(memory)
+    argv.add_target(memory)
+    memory.add_argument("--json", default=None, metavar="PATH", action=argv.Store,
+                        help="also write the rows as JSON here (with --target: docs/GPU.md's keys)")
 
     inspect = argv.subcommand(sub, "inspect", help="every collective of the compiled step, bytes vs theory, peak "
                               "memory", description="Compile one training step and list what it communicates.")
@@ -58,6 +61,7 @@ def _add_analyses(sub) -> None:
     argv.add_force(inspect)
     inspect.add_argument("--json", default=None, metavar="PATH", action=argv.Store,
                          help="also write the result as JSON here (several strategies: put {strategy} in it)")
+    argv.add_target(inspect)
 
 
 COMPARE_DEVICES = 4
@@ -85,6 +89,7 @@ def _add_pairs(sub) -> None:
     argv.add_force(compare)
     compare.add_argument("--out", default="reports/compare", metavar="DIR", action=argv.Store,
                          help="folder for report.html, report.md, summary.json, PNGs (default: %(default)s)")
+    argv.add_target(compare)
 
     parity = argv.subcommand(sub, "parity", help="train each strategy in jaxdp and torch_ref and compare them step "
                              "by step", description="Each strategy in both frameworks, judged step by step.")

@@ -10,14 +10,26 @@ from ..core import argv, config, paths
 
 
 def memory(args) -> int:
+    argv.check_target(args)
+    if args.json is not None:
+        paths.output_file(args.json, "--json")
+    cfgs = argv.configs(args)
+    if args.target is not None:
+        from ..analysis import target_memory
+
+        return target_memory.main(cfgs, args.target, args.nodes, args.json)
     from ..analysis import accounting
 
-    cfgs = argv.configs(args)
     rows = [accounting.memory(cfg) for cfg in cfgs]
     base = cfgs[0]
     print(f"bytes per device, {base.model} (Psi = {rows[0]['psi']} parameters), {base.optimizer} "
           f"(K = {rows[0]['k_bytes']} bytes/param), {base.dtype}, N = {base.devices}")
     print(accounting.format_memory(rows))
+    if args.json:
+        from ..core import atomic
+
+        atomic.write_json(args.json, rows, indent=1)
+        print(f"wrote {args.json}")
     return 0
 
 
@@ -25,10 +37,11 @@ def inspect(args) -> int:
     from ..analysis import inspect as inspect_mod
     from .cli_train import outputs
 
+    argv.check_target(args)
     cfgs = argv.configs(args)
     jsons = outputs(args.json, [c.strategy for c in cfgs], "--json", "{strategy}.json")
     for cfg in cfgs:
-        inspect_mod.main(cfg, jsons[cfg.strategy])
+        inspect_mod.main(cfg, jsons[cfg.strategy], args.target, args.nodes)
     return 0
 
 
@@ -50,6 +63,7 @@ def compare(args) -> int:
     t0 = time.time()
     names = args.strategies
     check_strategies(names)
+    argv.check_target(args)
     paths.output_dir(args.out, "--out")
     untyped = "devices" not in argv.given(args)
     if untyped and set(names) == {"single"}:  # compare's default --devices (cli._compare_devices)
@@ -67,7 +81,7 @@ def compare(args) -> int:
         base = base.replace(platform="cpu")  # the default 4 devices, simulated: not the 1 or 2 GPUs present
     devices.setup(base.devices, base.platform)
 
-    summary = runner.compare(base, names, progress=say, started=t0)
+    summary = runner.compare(base, names, progress=say, started=t0, target=args.target, nodes=args.nodes)
     say("drawing figures and writing the report")
     written = render.write(summary, args.out)
     for e in summary["strategies"]:

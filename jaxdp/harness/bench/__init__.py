@@ -27,6 +27,9 @@ Nine measurements (the keys of the result dictionary, written to bench.json by t
    strategies also appear in items 1 (against their torch twins), 4 and 5 (auto) of the full run.
 11. `nan_check`: the step with the fused non-finite check over without it, per strategy, and torch's optimizer
    hooks on one rank (`nan_check.py`).
+12. `gpu_projection`: every strategy compiled by XLA:GPU for 8 and 16 H100s (one and two nodes) on this CPU
+   machine, GPT-2 124M and Llama 3 8B: compiled peak and fits, bytes against theory, overlap, and a PROJECTED
+   step time and MFU (`gpu_target.py`, docs/GPU.md); skipped without the gpu-aot extra.
 
 Items 1-6, 8 and 9 run on simulated CPU devices (`--platform cpu`) on every machine: the "devices" share
 the machine's cores, and torch's ranks are processes (gloo) on the same cores, so times say how
@@ -52,6 +55,7 @@ from . import tables
 from .collectives import collectives_benchmark
 from .goals import goals
 from .gpu import gpu_throughput
+from .gpu_target import gpu_projection
 from .jit import jit_vs_hand
 from .markdown import markdown
 from .measure import inspect_all, time_strategies
@@ -90,6 +94,7 @@ def run(quick: bool = False, out: str | None = None, progress=None) -> dict:
         "reduction": reduction_benchmark(p, say),
         "jit_vs_hand": jit_vs_hand(p, say),
         "nan_check": nan_check_benchmark(p, say),
+        "gpu_projection": gpu_projection(quick, say),
     }
     results["goals"] = goals(results)
     results["wall_s"] = time.perf_counter() - t0

@@ -1,7 +1,7 @@
 """bench.md: the results as markdown tables, one section per item."""
 from __future__ import annotations
 
-from . import jit, nan_check
+from . import gpu_target, jit, nan_check
 
 
 def _f(x, spec=".2f", none="-"):
@@ -30,7 +30,7 @@ def markdown(results: dict) -> str:
     lines = (_header(results) + _step_time(results) + _overhead(results) + _ring(results)
              + _communication(results, ns) + _memory(results, ns) + _compile(results, ns) + _gpu(results)
              + _collectives(results) + reduction_section(results) + jit.section(results)
-             + nan_check.section(results))
+             + nan_check.section(results) + gpu_target.section(results))
     return "\n".join(lines) + "\n"
 
 

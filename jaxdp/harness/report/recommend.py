@@ -61,7 +61,7 @@ def measured(summary) -> dict:
             "full_per_param": full / params, "sharded_per_param": sharded / params,
             "sent_per_param": bpp.get(e["name"], 0.0), "shards": lay["shards"],
             "param_bytes": j["memory"]["params"] * (lay["shards"] if lay["sharded"].get("params") else 1) / params,
-            "hsdp": e["name"] == "hsdp"}
+            "hsdp": e["name"] == "hsdp", "compiled_peak": (e.get("target") or {}).get("peak_bytes")}
     return out
 
 
@@ -90,13 +90,18 @@ def _fmt_ms(m: dict) -> str:
 
 
 def this_run(summary, meas: dict, budget: float) -> dict:
-    """The run's own model on its own devices, judged on the measured peak."""
+    """The run's own model on its own devices, judged on the measured peak (compare --target: the peak of the
+    step compiled for the target GPU, `compiled_peak`)."""
     n, run = summary["devices"], summary["projection"]["run"]
+    target = summary.get("target")
+    if target:
+        meas = {s: {**m, "peak": m["compiled_peak"]} for s, m in meas.items()}
     fits = {s: m["peak"] <= budget for s, m in meas.items()}
     pool = [s for s in meas if fits[s]] or [min(meas, key=lambda s: meas[s]["peak"])]
     pick = min(pool, key=lambda s: (meas[s]["sent"], meas[s]["state"]))
     p = meas[pick]
-    why = [f"{pick}: in-step peak {nbytes(p['peak'])} per device ({_share(p['peak'] / budget)} of {si(budget, 'B')})"
+    kind = f"compiled peak on the {target['name'].upper()} (XLA:GPU)" if target else "in-step peak"
+    why = [f"{pick}: {kind} {nbytes(p['peak'])} per device ({_share(p['peak'] / budget)} of {si(budget, 'B')})"
            + (", so the state fits one device" if fits[pick] else ": no strategy measured here fits, this is the "
               "smallest peak") + f"; sends {_sent(p)} per step ({p['sent'] / run['params']:.3g} B/param"
            + (_phases(summary, pick) if n > 1 else "") + f"), the least of those that fit; step {_fmt_ms(p)}."]
@@ -109,8 +114,8 @@ def this_run(summary, meas: dict, budget: float) -> dict:
     if any(f != pick for f in fastest.values()):
         why.append(f"Fastest here: {fastest['jax']} (JAX), {fastest['torch']} (torch); on simulated devices the "
                    "'devices' share CPU cores, so these times say little about GPUs.")
-    return {"situation": f"this run: {run['label']}, {run['params']:,} parameters, {n} device{'s' * (n > 1)} "
-                         "(measured)",
+    where = f"{n} {target['name'].upper()}s (compiled)" if target else f"{n} device{'s' * (n > 1)} (measured)"
+    return {"situation": f"this run: {run['label']}, {run['params']:,} parameters, {where}",
             "model": run["label"], "params": run["params"], "devices": n, "pick": pick, "projected_only": False,
             "fits": fits, "why": why}
 
@@ -206,7 +211,10 @@ def recommend(summary, preset: Preset = H100_NVLINK_IB, budget: float | None = N
                             f"{STATE_SHARE:.0%} of it, the rest is left for activations"]
             + (["state measured in this run; bytes per parameter on a cluster: "
                 + summary["projection"].get("source_text", projection_source(summary)) + "; efficiency: the "
-                "projection's weak scaling, one sequence per GPU, no overlap"] if cluster else [NO_CLUSTER]),
+                "projection's weak scaling, one sequence per GPU, no overlap"] if cluster else [NO_CLUSTER])
+            + ([f"compiled: this run's in-step peaks, each strategy's step compiled by XLA:GPU for "
+                f"{summary['devices']} {summary['target']['name'].upper()}s on {summary['target']['nodes']} node(s); "
+                "projected: the reference models' states and efficiencies"] if summary.get("target") else []),
             "situations": situations}
 
 

@@ -172,7 +172,9 @@ def _preset_rows(summary) -> list[list[str]]:
 
 def _which(summary) -> dict:
     """summary.json's `recommendation` (`recommend.recommend`, derived from the measurements once: `write`)."""
-    return summary.get("recommendation") or recommend.recommend(summary)
+    target = summary.get("target")  # compare --target: the target GPU's memory is the budget
+    return summary.get("recommendation") or recommend.recommend(
+        summary, budget=target["device_memory_bytes"] if target else None)
 
 
 def _table_html(table_id: str, header: list[str], rows: list[list[str]]) -> str:

@@ -164,9 +164,12 @@ def versus_single(j, reference, c: RunConfig, name: str) -> dict:
     return {"finding": BY_DESIGN, "differs": not row.ok, "worst": row.worst}
 
 
-def compare(cfg: RunConfig, strategies: list[str], progress=None, started: float | None = None) -> dict:
+def compare(cfg: RunConfig, strategies: list[str], progress=None, started: float | None = None,
+            target: str | None = None, nodes: int = 1) -> dict:
     """Run and measure everything; returns the summary dictionary (`progress(message)`: say where it is;
-    `started`: the command's start, time.time(), for the torch ranks' own progress lines)."""
+    `started`: the command's start, time.time(), for the torch ranks' own progress lines; `target`: also
+    compile each JAX step for --devices GPUs of that kind on `nodes` nodes, its peak in `entries[i]["target"]`,
+    which "Which strategy" then reads: `recommend`)."""
     check_strategies(strategies)
     hsdp_hosts.check_listed(cfg.replicas, strategies, hosts=cfg.hsdp_hosts)
     say = progress or (lambda message: None)
@@ -189,6 +192,9 @@ def compare(cfg: RunConfig, strategies: list[str], progress=None, started: float
         theory_sent[name] = jacc["theory_at"]
         if reference is not None:
             entries[-1]["vs_single"] = versus_single(j, reference, c, name)
+        if target is not None:
+            say(f"jaxdp: compiling {name} for {c.devices} {target.upper()}s (XLA:GPU, from shapes)")
+            entries[-1]["target"] = compiled_for(c, target, nodes)
     measured = cfg.devices > 1  # else nothing was sent: the theory's bytes at THEORY_N (projection.SOURCES)
     say("projection: alpha-beta model, reference models with the " + ("measured" if measured else "theory's")
         + " bytes per parameter")
@@ -213,4 +219,13 @@ def compare(cfg: RunConfig, strategies: list[str], progress=None, started: float
         "flops_per_sample": fps,
         "strategies": entries,
         "projection": proj,
-    }
+    } | ({"target": {"name": target, "nodes": nodes,
+                     "device_memory_bytes": entries[0]["target"]["device_memory_bytes"]}} if target else {})
+
+
+def compiled_for(cfg: RunConfig, target: str, nodes: int) -> dict:
+    """A strategy's step compiled for the target (`analysis.target_memory.row`): its peak and whether it fits."""
+    from ...analysis import target_memory
+
+    row = target_memory.row(cfg, target, nodes)
+    return {k: row[k] for k in ("target", "devices", "nodes", "peak_bytes", "device_memory_bytes", "fits")}

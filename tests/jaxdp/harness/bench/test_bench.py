@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 ITEMS = ("step_time", "dp_overhead", "ring_vs_xla", "communication", "memory", "compile", "gpu_throughput",
-         "collectives", "reduction", "jit_vs_hand", "nan_check")
+         "collectives", "reduction", "jit_vs_hand", "nan_check", "gpu_projection")
 
 
 def test_bench_quick_writes_valid_json_and_markdown(tmp_path):

@@ -1,0 +1,147 @@
+"""A strategy's training step compiled for GPUs this machine does not have (`--target`, docs/GPU.md).
+
+JAX's CUDA plugin compiles without a driver (`JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1`): a topology of
+`--devices` GPUs of the target on `--nodes` hosts (`jax.experimental.topologies`, from the target's XLA
+configuration in jaxdp/assets/gpu/), a mesh over its devices, and the step lowered from shapes alone. No
+parameter is allocated anywhere: the model's parameters come from `nnx.eval_shape` of its init, the
+optimizer state from `jax.eval_shape` of the optimizer's, and each is a `ShapeDtypeStruct` with the
+`NamedSharding` the strategy's `init` gives it (`abstract_state`, from its layout row), so GPT-2 124M and
+Llama 3 8B compile on a CPU machine. XLA:GPU's own passes run (its combiners, its latency-hiding scheduler,
+its buffer assignment): the program, the schedule and `memory_analysis()` are the GPU's; no kernel runs.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+
+from ..core import data, targets
+from ..core.config import JIT_STRATEGIES
+from ..strategies.zero import layout as zero_layout
+
+REPLICATED = ("single", "dp", "ddp", "ddp-bucket", "ddp-ring")  # a full copy on every device (single: its one)
+
+
+def check(cfg) -> None:
+    """What a --target run cannot compile, in one line naming the fix (`targets.check_run`)."""
+    targets.check_run([cfg.strategy], cfg.model)
+
+
+def topology_mesh(target: str, devices: int, nodes: int):
+    """A one-axis `data` mesh over `devices` GPUs of `target` on `nodes` hosts (device k on host k // (N/K))."""
+    os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")  # no driver to check the CUDA libraries against
+    from jax.experimental import topologies
+
+    from .. import devices as devices_mod
+
+    topo = topologies.get_topology_desc(f"{target}x{devices}", "cuda", target_config=targets.config_text(target),
+                                        topology=f"1x{nodes}x{devices // nodes}")
+    found = sorted(topo.devices, key=lambda d: d.id)
+    return devices_mod.mesh(found)
+
+
+def abstract_problem(cfg):
+    """(problem, optimizer, options) of `cfg` as `jaxdp.train.prepare` builds them, the parameters as shapes."""
+    from flax import nnx
+
+    from .. import models, strategies, train
+
+    dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
+    model = nnx.eval_shape(lambda: models.build(cfg, dataset))
+    problem = models.from_module(model, models.cross_entropy)
+    optimizer, options = train.strategy_options(cfg)
+    return dataset, problem, optimizer, strategies.options(cfg.strategy, cfg.accum, **options)
+
+
+def _sds(leaf, sharding):
+    import jax
+
+    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+
+
+def abstract_state(name: str, problem, optimizer, mesh, opts):
+    """The train state `init` would place, as ShapeDtypeStructs with its shardings (no array made), and the
+    mesh the step runs on (hsdp's grid, the -jit strategies' typed mesh)."""
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from .. import canonical
+    from ..devices import AXIS, grid
+    from ..strategies import TrainState
+    from ..strategies.jit import layout as jit_layout
+
+    rep = NamedSharding(mesh, P())
+    if name in REPLICATED:
+        params = jax.tree.map(lambda p: _sds(p, rep), problem.params)
+        opt = jax.eval_shape(optimizer.init, params)
+        return TrainState(params, jax.tree.map(lambda a: _sds(a, rep), opt)), mesh
+    if name in JIT_STRATEGIES:
+        row, mesh = jit_layout.LAYOUTS[name], jit_layout.typed_mesh(mesh, opts.axis_type)
+        opt = jax.eval_shape(optimizer.init, problem.params)
+        place = {True: lambda tree: jit_layout.shardings(mesh, jit_layout.specs(tree, mesh.size, True)),
+                 False: lambda tree: jit_layout.shardings(mesh, jit_layout.specs(tree, mesh.size, False))}
+        return TrainState(jax.tree.map(_sds, problem.params, place[row.shards_params](problem.params)),
+                          jax.tree.map(_sds, opt, place[row.shards_opt_state](opt))), mesh
+    layout = zero_layout.of(name)
+    if name == "hsdp":
+        mesh = grid(mesh, opts.replicas, opts.hsdp_hosts)
+        rep = NamedSharding(mesh, P())
+    multiple = canonical.BLOCKS if opts.reduction == "canonical" else mesh.shape[AXIS]
+    sharded = NamedSharding(mesh, P(AXIS))
+
+    def flat(p):
+        padded = math.ceil(math.prod(p.shape) / multiple) * multiple
+        return jax.ShapeDtypeStruct((padded,), p.dtype, sharding=sharded) if p.shape else _sds(p, rep)
+
+    flats = jax.tree.map(flat, problem.params)
+    opt = jax.tree.map(lambda a: _sds(a, sharded if a.shape else rep), jax.eval_shape(optimizer.init, flats))
+    params = flats if layout.shards_params else jax.tree.map(lambda p: _sds(p, rep), problem.params)
+    return TrainState(params, opt), mesh
+
+
+def abstract_batch(cfg, dataset, name: str, mesh):
+    """Step 1's (x, y) as the strategy's `put_batch` places them, as ShapeDtypeStructs (the global batch of
+    token ids or features is read for its shape only: a few KiB)."""
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from .. import train
+    from ..devices import AXIS, batch_sharded
+
+    x, y = train.host_batch(cfg, dataset, 1)
+    if name in JIT_STRATEGIES:  # jit/step.put_batch: (accum, N, rows per device, ...) split on axis 1
+        n, sharding = mesh.size, NamedSharding(mesh, P(None, AXIS))
+        return tuple(jax.ShapeDtypeStruct((cfg.accum, n, a.shape[0] // (cfg.accum * n), *a.shape[1:]), a.dtype,
+                                          sharding=sharding) for a in (x, y))
+    return tuple(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=batch_sharded(mesh)) for a in (x, y))
+
+
+class TargetStep:
+    """`cfg`'s step compiled for its target: `program` (jax.stages.Compiled), `lowered`, the `problem` (shapes)
+    and `optimizer`, and the lowering and compile times."""
+    stats_program = None  # no running statistics (`check`): the train step is the only program
+
+    def __init__(self, cfg, target: str, nodes: int):
+        import jax
+
+        from .. import strategies
+
+        check(cfg)
+        dataset, self.problem, self.optimizer, opts = abstract_problem(cfg)
+        mesh = topology_mesh(target, cfg.devices, nodes)
+        strat = strategies.make(cfg.strategy, self.problem, self.optimizer, mesh, opts, return_grads=False)
+        state, mesh = abstract_state(cfg.strategy, self.problem, self.optimizer, mesh, opts)
+        batch = abstract_batch(cfg, dataset, cfg.strategy, mesh)
+        before = jax.config.values["jax_disable_most_optimizations"]  # the suite sets it for XLA:CPU
+        jax.config.update("jax_disable_most_optimizations", False)
+        try:
+            t0 = time.perf_counter()
+            self.lowered = strat.compiled_step.lower(state, *batch)
+            t1 = time.perf_counter()
+            self.program = self.lowered.compile()
+        finally:
+            jax.config.update("jax_disable_most_optimizations", before)
+        self.lower_s, self.compile_s = t1 - t0, time.perf_counter() - t1
+        self.cfg, self.target, self.nodes = cfg, targets.TARGETS[target], nodes

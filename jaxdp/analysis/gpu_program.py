@@ -1,0 +1,112 @@
+"""`jaxdp inspect --target`: the GPU program read as the CPU one is, plus what only its schedule shows.
+
+Added to `inspect`'s contract (docs/GPU.md): top-level `target` (name, description, devices, nodes,
+gpus_per_node, device_memory_bytes, lower_s, compile_s) and `fits` (the compiled peak within the GPU's
+memory); per collective `async`, `overlap_ops`, `overlap_flops` (`schedule.overlap`); `step_flops` (the
+step's matrix-product FLOPs per device), `overlap_flops` (those run while a collective is in flight, x
+trips), `collectives_in_loop` (collectives whose trips > 1: inside the accumulation loop), for the
+strategies that gather parameters `prefetch` (an all-gather with compute scheduled under it: the next
+unit gathered while this one computes); `combined` (collectives carrying several arrays: XLA:GPU's
+combiners merged them) and `bytes_by_kind` against `theory_by_kind`, with `difference` saying where the
+program's bytes leave the theory and why; per collective `inter_node` (a group spanning nodes: over
+InfiniBand); `projection` (`projection.project`: a projected step time and MFU, labelled as such).
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+
+from ..core.config import JIT_STRATEGIES
+from . import accounting, hlo, projection, schedule
+
+GATHERS_PARAMS = ("zero3", "hsdp", "fsdp-jit")
+SYNC = {"async": False, "overlap_ops": 0, "overlap_flops": 0.0}
+COMBINER_FLAGS = ("xla_gpu_all_reduce_combine_threshold_bytes, xla_gpu_all_gather_combine_threshold_bytes, "
+                  "xla_gpu_reduce_scatter_combine_threshold_bytes")
+
+
+def describe(out: dict, step) -> dict:
+    """`inspect`'s dictionary `out` of the target step `step` (`aot.TargetStep`), with the target's keys."""
+    cfg, text = step.cfg, step.program.as_text()
+    overlap = schedule.overlap(text)
+    found = hlo.collectives_in_order(text, cfg.devices)
+    per_node = cfg.devices // step.nodes
+    for op, c in zip(out["collectives"], found, strict=True):
+        op.update(overlap.get(c["name"], SYNC))
+        op["arrays"] = c["arrays"]
+        op["inter_node"] = any(len({d // per_node for d in g}) > 1 for g in c["groups"])
+    t = step.target
+    out["target"] = {"name": t.name, "description": t.description, "devices": cfg.devices, "nodes": step.nodes,
+                     "gpus_per_node": cfg.devices // step.nodes, "device_memory_bytes": t.memory_bytes,
+                     "lower_s": round(step.lower_s, 2), "compile_s": round(step.compile_s, 2)}
+    out["fits"] = out["peak_bytes"] <= t.memory_bytes
+    ops = out["collectives"]
+    out["step_flops"] = schedule.total_flops(text)
+    out["overlap_flops"] = sum(c["overlap_flops"] * (c["trips"] or 1) for c in ops)
+    out["collectives_in_loop"] = sum(1 for c in ops if (c["trips"] or 0) > 1)
+    if cfg.strategy in GATHERS_PARAMS:
+        out["prefetch"] = any(c["op"] == "all-gather" and c["overlap_flops"] > 0 for c in ops)
+    out["combined"] = sum(1 for c in ops if c["arrays"] > 1)
+    out["bytes_by_kind"], out["theory_by_kind"] = _by_kind(ops), _theory(cfg, step)
+    out["difference"] = difference(out)
+    psi = sum(int(math.prod(p.shape)) for p in jax.tree.leaves(step.problem.params))
+    out["projection"] = projection.project(out, t, text, psi, cfg)
+    return out
+
+
+def _by_kind(ops: list[dict]) -> dict:
+    kinds = {kind: 0.0 for kind in accounting.KINDS.values()}
+    for c in ops:
+        kind = accounting.KINDS.get(c["op"], c["op"])
+        kinds[kind] = kinds.get(kind, 0.0) + c["bytes_per_device"] * (c["trips"] or 1)
+    return kinds
+
+
+def _theory(cfg, step) -> dict:
+    shapes = [tuple(p.shape) for p in jax.tree.leaves(step.problem.params)]
+    out = accounting.theory_for(cfg, [math.prod(s) for s in shapes], accounting.root_sizes(step.problem), 0, shapes)
+    return {k: v for k, v in out.items() if k != "total"}
+
+
+def difference(r: dict) -> str:
+    """Where the GPU program's bytes differ from the theory, by kind, and the reason that applies."""
+    off = [k for k, v in r["bytes_by_kind"].items()
+           if abs(v - r["theory_by_kind"].get(k, 0.0)) > 1e-6 * max(1.0, r["theory_bytes_per_device"])]
+    merged = (f"; XLA:GPU's combiners merged arrays into {r['combined']} collective(s) (bytes unchanged, fewer "
+              f"launches; thresholds: {COMBINER_FLAGS})") if r["combined"] else ""
+    if not off:
+        return "bytes = theory" + merged
+    parts = ", ".join(f"{k} {r['bytes_by_kind'][k]:.0f} (theory {r['theory_by_kind'].get(k, 0.0):.0f})" for k in off)
+    why = {"zero3": "zero3's backward re-gather of a unit is removed where XLA keeps the forward's gathered "
+                    "parameters alive (or a gather is split)",
+           "hsdp": "as zero3's, on each shard group"}.get(r["strategy"], "")
+    if r["strategy"] in JIT_STRATEGIES:
+        why = "the partitioner chose these collectives from the shardings (jit/layout.py's theory is its model)"
+        if r["dtype"] == "bfloat16" and any(c["dtype"] in ("bf16", "mixed") for c in r["collectives"]):
+            why += ("; it moved the bf16 cast before the gathers and reduces the gradients in bf16 (collectives of "
+                    "dtype bf16 here), where the theory counts the fp32 master weights: about half the bytes")
+    why = why or "not explained here: compare the collectives with `jaxdp inspect` without --target"
+    return f"differs: {parts}: {why}" + merged
+
+
+def format_target(r: dict) -> str:
+    t = r["target"]
+    lines = [f"target: {t['devices']} x {t['description']} on {t['nodes']} node(s) of {t['gpus_per_node']} "
+             f"(compiled in {t['compile_s']:.1f} s; no kernel ran): peak {r['peak_bytes']} of "
+             f"{t['device_memory_bytes']} bytes: {'fits' if r['fits'] else 'DOES NOT FIT'}",
+             f"  {'#':>3} {'op':<19} {'async':>5} {'overlap ops':>11} {'overlap FLOPs':>14}"]
+    lines += [f"  {i:>3} {c['op']:<19} {'yes' if c['async'] else 'no':>5} {c['overlap_ops']:>11} "
+              f"{c['overlap_flops']:>14.3g}" for i, c in enumerate(r["collectives"])]
+    share = r["overlap_flops"] / r["step_flops"] if r["step_flops"] else 0.0
+    lines.append(f"matrix FLOPs per device per step {r['step_flops']:.3g}, {r['overlap_flops']:.3g} ({share:.0%}) "
+                 f"while a collective is in flight; collectives inside the accumulation loop: "
+                 f"{r['collectives_in_loop']}")
+    if "prefetch" in r:
+        lines.append(f"prefetch (a unit's all-gather overlapping compute): {'yes' if r['prefetch'] else 'no'}")
+    lines.append(f"bytes against theory: {r['difference']}")
+    p = r["projection"]
+    lines.append(f"PROJECTED (not measured: docs/GPU.md): step {p['step_s'] * 1e3:.2f} ms = compute "
+                 f"{p['compute_s'] * 1e3:.2f} ms + exposed communication {p['exposed_comm_s'] * 1e3:.2f} ms (of "
+                 f"{p['comm_s'] * 1e3:.2f} ms), MFU {p['mfu']:.1%}, {p['tokens_per_s']:.4g} rows or tokens/s")
+    return "\n".join(lines)

@@ -1,0 +1,98 @@
+"""Bench item 12, `gpu_projection`: every strategy compiled for 8 H100s (one node) and 16 (two nodes of 8) by
+XLA:GPU on this CPU machine (`--target`, docs/GPU.md), GPT-2 124M and Llama 3 8B in bf16 with fp32 master
+weights and AdamW: the compiled peak and `fits`, bytes against the theory, the compute under collectives,
+and a PROJECTED step time and MFU (`analysis/projection.py`) beside the published figures. Nothing runs on a
+GPU: the numbers are the compiler's program and a roofline over it. Skipped (with the reason) without the
+gpu-aot extra, and in --quick (its compiles take minutes).
+
+`python -m jaxdp.harness.bench.gpu_target OUT.json [models]` runs the full item alone (it takes about
+2 minutes per Llama 3 8B compile on 2 cores).
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+from ...core import atomic, targets
+from ...core.config import RunConfig
+
+STRATEGIES = ("dp", "ddp", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3", "hsdp", "ddp-jit", "zero1-jit",
+              "fsdp-jit")
+LARGE = ("ddp", "zero1", "zero2", "zero3", "hsdp", "fsdp-jit")  # Llama 3 8B: the memory-relevant ones
+MODELS = {  # rows per GPU: GPT-2 124M as llm.c trains it (B 8 x 1024 tokens per GPU), Llama 3 8B 1 x 2048
+    "gpt2-124m": (RunConfig(preset="gpt2-124m", dtype="bfloat16"), 8, STRATEGIES),
+    "llama3-8b": (RunConfig(preset="llama3-8b", dtype="bfloat16"), 1, LARGE),
+}
+PUBLISHED = ["llm.c GPT-2 124M on 8 H100: about 38% MFU (karpathy/llm.c discussions)",
+             "MaxText Llama2-70B on H100: 52.6% MFU (MaxText's published results)",
+             "PyTorch FSDP2 Llama 3.1 8B: 97% weak-scaling efficiency from 8 to 128 GPUs (torchtitan)"]
+
+
+def _row(cfg, nodes: int) -> dict:
+    from ...analysis import inspect
+
+    t0 = time.perf_counter()
+    r = inspect.inspect(cfg, target="h100", nodes=nodes)
+    p = r["projection"]
+    return {"model": cfg.model, "strategy": cfg.strategy, "devices": cfg.devices, "nodes": nodes,
+            "peak_bytes": r["peak_bytes"], "fits": r["fits"], "bytes_per_device": r["bytes_per_device"],
+            "theory_bytes_per_device": r["theory_bytes_per_device"], "difference": r["difference"],
+            "overlap_flops": r["overlap_flops"], "step_flops": r["step_flops"], "prefetch": r.get("prefetch"),
+            "collectives_in_loop": r["collectives_in_loop"], "projected_step_s": p["step_s"],
+            "projected_mfu": p["mfu"], "exposed_comm_s": p["exposed_comm_s"], "comm_s": p["comm_s"],
+            "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def cases(names=None) -> list:
+    """(config, nodes) of every row: each model's strategies on 8 GPUs (one node) and 16 (two), hsdp on two."""
+    out = []
+    for name in names or MODELS:
+        base, rows, strategies = MODELS[name]
+        for n, nodes in ((8, 1), (16, 2)):
+            for s in strategies:
+                extra = {"replicas": 2} if s == "hsdp" else {}
+                if s == "hsdp" and nodes == 1:
+                    continue  # hsdp's point is the second node: 2 replicas of 8
+                out.append((base.replace(strategy=s, devices=n, batch_size=rows * n, **extra), nodes))
+    return out
+
+
+def gpu_projection(quick: bool, say, names=None, written=None) -> dict:
+    """The item's result; `written(result)` after each row (the standalone run keeps what it has). --quick skips
+    it: the suite's `bench --quick` has no time to spare, and tests/jaxdp/analysis/test_gpu_target.py compiles
+    small steps for the target already."""
+    if not targets.extra_installed():
+        return {"skipped": f"needs the gpu-aot extra: {targets.INSTALL}"}
+    if quick:
+        return {"skipped": "--quick: compiled in the full run only (python -m jaxdp.harness.bench.gpu_target)"}
+    result = {"rows": [], "target": "h100", "projected": True, "published": PUBLISHED}
+    for cfg, nodes in cases(names):
+        say(f"gpu projection: {cfg.model} {cfg.strategy} on {cfg.devices} H100s ({nodes} node(s)), compiling")
+        result["rows"].append(_row(cfg.validate(), nodes))
+        if written:
+            written(result)
+    return result
+
+
+def section(results: dict) -> list:
+    """bench.md's table for item 12 (or the reason it was skipped)."""
+    item = results.get("gpu_projection", {})
+    if "skipped" in item:
+        return ["", "## 12. Compiled for H100s (XLA:GPU, no GPU): skipped", "", item["skipped"]]
+    rows = item.get("rows", [])
+    if not rows:
+        return []
+    lines = ["", "## 12. Compiled for H100s by XLA:GPU on this CPU machine; step time and MFU PROJECTED", "",
+             "| model | strategy | GPUs | nodes | peak GiB | fits | bytes / theory | overlap FLOPs | projected ms "
+             "| projected MFU |", "|---|---|---:|---:|---:|---|---:|---:|---:|---:|"]
+    for r in rows:
+        ratio = r["bytes_per_device"] / r["theory_bytes_per_device"] if r["theory_bytes_per_device"] else 0.0
+        lines.append(f"| {r['model']} | {r['strategy']} | {r['devices']} | {r['nodes']} | "
+                     f"{r['peak_bytes'] / 2**30:.1f} | {'yes' if r['fits'] else 'NO'} | {ratio:.3f} | "
+                     f"{r['overlap_flops']:.3g} | {1e3 * r['projected_step_s']:.1f} | {r['projected_mfu']:.1%} |")
+    return lines + ["", "Published, for scale: " + "; ".join(item["published"]) + "."]
+
+
+if __name__ == "__main__":
+    gpu_projection(False, lambda m: print(m, file=sys.stderr, flush=True), sys.argv[2:] or None,
+                   lambda result: atomic.write_json(sys.argv[1], result, indent=1))

@@ -27,9 +27,10 @@ Nine measurements (the keys of the result dictionary, written to bench.json by t
    strategies also appear in items 1 (against their torch twins), 4 and 5 (auto) of the full run.
 11. `nan_check`: the step with the fused non-finite check over without it, per strategy, and torch's optimizer
    hooks on one rank (`nan_check.py`).
-12. `gpu_projection`: every strategy compiled by XLA:GPU for 8 and 16 H100s (one and two nodes) on this CPU
-   machine, GPT-2 124M and Llama 3 8B: compiled peak and fits, bytes against theory, overlap, and a PROJECTED
-   step time and MFU (`gpu_target.py`, docs/GPU.md); skipped without the gpu-aot extra.
+12. `gpu_projection`: steps compiled by XLA:GPU for H100s on this CPU machine, GPT-2 124M and Llama 3 8B:
+   compiled peak and fits, bytes against theory, overlap, and a PROJECTED step time and MFU (`gpu_target.py`,
+   docs/GPU.md); the headline rows here, every strategy on 8 and 16 H100s with `python -m
+   jaxdp.harness.bench.gpu_target`; skipped without the gpu-aot extra and in --quick.
 
 Items 1-6, 8 and 9 run on simulated CPU devices (`--platform cpu`) on every machine: the "devices" share
 the machine's cores, and torch's ranks are processes (gloo) on the same cores, so times say how

@@ -17,7 +17,7 @@ def test_bench_quick_writes_valid_json_and_markdown(tmp_path):
     out = tmp_path / "bench"
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run([sys.executable, "-m", "jaxdp", "bench", "--quick", "--out", str(out)],
-                          capture_output=True, text=True, timeout=240, env=env)
+                          capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((out / "bench.json").read_text())
     table = (out / "bench.md").read_text()

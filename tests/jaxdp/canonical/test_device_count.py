@@ -2,7 +2,7 @@
 --strategy single` runs in a 1-device process, `--devices 4` in a 4-device one. test_canonical.py runs every
 case in one 8-device process, which cannot see what depends on the process's device count: XLA:CPU sizes
 its intra-op (Eigen) thread pool max(CPUs, devices), and Eigen's threaded matrix product blocks the
-summed dimension by the pool's size (docs/CANONICAL.md, "The process's thread pool"). On a machine with
+summed dimension by the pool's size (docs/CANONICAL.md, "The thread pool's size"). On a machine with
 fewer CPUs than devices, the 512 x 512 weight gradient of 6 rows per shard then differs by an ulp;
 `devices.request_fixed_threads` gives every process one pool size. A 1-device process runs `single`, an
 8-device one ddp at N = 8 (every strategy at every N within one process: test_canonical.py), both with the

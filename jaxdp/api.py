@@ -74,7 +74,8 @@ def setup_devices(n: int, platform: str = "auto", reduction: str = "native") -> 
     CPU devices). Call it first in the process, before any JAX computation: the count of simulated
     devices is fixed when JAX starts (asking for more afterwards is an error naming the fix).
     `reduction="canonical"`: also sets what `parallelize(reduction="canonical")` needs (no fused
-    multiply-adds on XLA:CPU: `jaxdp.devices.request_no_fma`)."""
+    multiply-adds on XLA:CPU: `jaxdp.devices.request_no_fma`; one size of XLA:CPU's intra-op thread pool in
+    every process: `jaxdp.devices.request_fixed_threads`)."""
     return devices_mod.setup(n, platform, reduction=reduction)
 
 

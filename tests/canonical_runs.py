@@ -2,14 +2,16 @@
 start with XLA:CPU's fused multiply-adds off (`jaxdp.devices.setup(..., reduction="canonical")`
 sets them off before JAX starts), which the rest of the suite's process does not have.
 
-    python -m tests.canonical_runs CASES.json OUT_DIR [--allow-fma]
+    python -m tests.canonical_runs CASES.json OUT_DIR [--allow-fma] [--devices=N] [--free-threads]
 
 CASES.json: a list of {"name", "config": RunConfig fields, "mutate": null | "algsimp" | "fold" | "bn-direct"}, run
 in order ("{out}" in a string field is OUT_DIR: a checkpoint folder, saved by one case, resumed by a later one).
 Writes OUT_DIR/<name>.npz (the trace's arrays). Mutations, to show the checks can fail:
 `algsimp` compiles with XLA's algebraic simplifier on; `fold` adds the devices' partial sums in a
 left fold instead of the tree; `bn-direct` leaves BatchNorm's statistics' share out of the gradient;
---allow-fma runs with fused multiply-adds (no flag).
+--allow-fma runs with fused multiply-adds (no flag). --devices=N: a process of N CPU devices (default 8);
+--free-threads leaves XLA:CPU's intra-op pool at its own size (max(CPUs, N): `devices.request_fixed_threads`
+not called).
 """
 from __future__ import annotations
 
@@ -57,7 +59,10 @@ def main(argv) -> None:
     if "--allow-fma" in argv:  # a mutation: the run proceeds without the flag
         devices.request_no_fma = lambda: None
         devices.no_fma_flag_set = lambda: True
-    devices.setup(8, "cpu", reduction="canonical")
+    if "--free-threads" in argv:
+        devices.request_fixed_threads = lambda: None
+    n = next((int(a.partition("=")[2]) for a in argv if a.startswith("--devices=")), 8)
+    devices.setup(n, "cpu", reduction="canonical")
     import jax
 
     from jaxdp import train

@@ -77,6 +77,7 @@ QUICK = {
     "tests/jaxdp/test_checkpoint.py": ("test_missing_and_corrupt_checkpoints",),
     "tests/jaxdp/canonical/test_canonical.py": ("test_bad_input_is_one_line_naming_the_fix",),
     "tests/jaxdp/canonical/test_definition.py": ALL,
+    "tests/jaxdp/test_devices.py": ALL,
     "tests/jaxdp/test_public_paths.py": ALL,
     "tests/jaxdp/analysis/test_hlo.py": (
         "test_trips_multiply_through_nested_loops",

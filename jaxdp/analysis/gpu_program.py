@@ -25,6 +25,12 @@ SYNC = {"async": False, "overlap_ops": 0, "overlap_flops": 0.0}
 COMBINER_FLAGS = ("xla_gpu_all_reduce_combine_threshold_bytes, xla_gpu_all_gather_combine_threshold_bytes, "
                   "xla_gpu_reduce_scatter_combine_threshold_bytes")
 
+DP_FIRST_HOP = ("XLA:GPU moved the bf16 gradients' widening to fp32 after the first hop of dp's reduce tree: the "
+                "N/2 leaf devices send their own gradients in bf16 (a collective-permute of dtype bf16 here; exact, "
+                "as the widening is), the later hops' fp32 sums stay fp32, while the theory counts fp32 on every "
+                "hop: 1 byte per such parameter per device less (an fp32-accumulated gradient, as GPT-2's tied "
+                "embedding's, stays fp32)")
+
 
 def describe(out: dict, step) -> dict:
     """`inspect`'s dictionary `out` of the target step `step` (`aot.TargetStep`), with the target's keys."""
@@ -81,6 +87,9 @@ def difference(r: dict) -> str:
     why = {"zero3": "zero3's backward re-gather of a unit is removed where XLA keeps the forward's gathered "
                     "parameters alive (or a gather is split)",
            "hsdp": "as zero3's, on each shard group"}.get(r["strategy"], "")
+    if r["strategy"] == "dp" and any(c["op"] == "collective-permute" and c["dtype"] in ("bf16", "mixed")
+                                     for c in r["collectives"]):
+        why = DP_FIRST_HOP
     if r["strategy"] in JIT_STRATEGIES:
         why = "the partitioner chose these collectives from the shardings (jit/layout.py's theory is its model)"
         if r["dtype"] == "bfloat16" and any(c["dtype"] in ("bf16", "mixed") for c in r["collectives"]):

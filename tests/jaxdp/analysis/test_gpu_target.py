@@ -85,6 +85,16 @@ def test_inspect_target_keys_and_bytes_against_theory(inspected, strategy):
     assert p["projected"] and p["step_s"] >= p["compute_s"] > 0 and 0 < p["mfu"] < 1
 
 
+def test_dps_first_hop_in_bf16_is_explained_only_when_the_program_sends_bf16():
+    """dp on the GPU program: XLA:GPU sends the leaves' bf16 gradients before widening them (docs/GPU.md)."""
+    sent = [{"op": "collective-permute", "dtype": "mixed"}, {"op": "collective-permute", "dtype": "f32"}]
+    r = {"strategy": "dp", "dtype": "bfloat16", "collectives": sent, "combined": 0, "theory_bytes_per_device": 10.0,
+         "bytes_by_kind": {"point-to-point": 9.0}, "theory_by_kind": {"point-to-point": 10.0}}
+    assert gpu_program.difference(r).endswith(gpu_program.DP_FIRST_HOP)
+    r["collectives"] = [dict(c, dtype="f32") for c in sent]  # all fp32 and still fewer bytes: not this reason
+    assert "not explained here" in gpu_program.difference(r)
+
+
 @needs_extra
 def test_a_difference_from_the_theory_is_named(inspected):
     r = json.loads(json.dumps(inspected["zero3"]))

@@ -112,10 +112,20 @@ def format_target(r: dict) -> str:
                  f"while a collective is in flight; collectives inside the accumulation loop: "
                  f"{r['collectives_in_loop']}")
     if "prefetch" in r:
-        lines.append(f"prefetch (a unit's all-gather overlapping compute): {'yes' if r['prefetch'] else 'no'}")
+        lines.append(f"prefetch (a unit's all-gather overlapping compute): {'yes' if r['prefetch'] else 'no'}"
+                     + prefetch_note(r))
     lines.append(f"bytes against theory: {r['difference']}")
     p = r["projection"]
     lines.append(f"PROJECTED (not measured: docs/GPU.md): step {p['step_s'] * 1e3:.2f} ms = compute "
                  f"{p['compute_s'] * 1e3:.2f} ms + exposed communication {p['exposed_comm_s'] * 1e3:.2f} ms (of "
                  f"{p['comm_s'] * 1e3:.2f} ms), MFU {p['mfu']:.1%}, {p['tokens_per_s']:.4g} rows or tokens/s")
     return "\n".join(lines)
+
+
+def prefetch_note(r: dict) -> str:
+    """Why no gather overlaps compute where XLA:GPU's combiner merged gathers (docs/GPU.md: measured on GPT-2 and
+    Llama with its threshold flipped); empty otherwise."""
+    if r.get("prefetch") is not False or not any(c["op"] == "all-gather" and c["arrays"] > 1 for c in r["collectives"]):
+        return ""
+    return (" (XLA:GPU's combiner merged gathers, and no merged gather runs under compute; a lower "
+            "xla_gpu_all_gather_combine_threshold_bytes keeps them per array: docs/GPU.md)")

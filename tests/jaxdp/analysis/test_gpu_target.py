@@ -95,6 +95,13 @@ def test_dps_first_hop_in_bf16_is_explained_only_when_the_program_sends_bf16():
     assert "not explained here" in gpu_program.difference(r)
 
 
+def test_no_prefetch_names_the_combiner_only_where_gathers_were_merged():
+    merged = {"prefetch": False, "collectives": [{"op": "all-gather", "arrays": 12}]}
+    assert "combine_threshold" in gpu_program.prefetch_note(merged)
+    assert gpu_program.prefetch_note({**merged, "prefetch": True}) == ""
+    assert gpu_program.prefetch_note({**merged, "collectives": [{"op": "all-gather", "arrays": 1}]}) == ""
+
+
 @needs_extra
 def test_a_difference_from_the_theory_is_named(inspected):
     r = json.loads(json.dumps(inspected["zero3"]))

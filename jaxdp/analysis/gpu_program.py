@@ -31,6 +31,15 @@ DP_FIRST_HOP = ("XLA:GPU moved the bf16 gradients' widening to fp32 after the fi
                 "hop: 1 byte per such parameter per device less (an fp32-accumulated gradient, as GPT-2's tied "
                 "embedding's, stays fp32)")
 
+ZERO3_BF16_GATHER = ("XLA:GPU moved the bf16 cast before the gathers that feed bf16 compute only: every forward "
+                     "gather (and a few backward re-gathers, as Llama's embedding table's) is bf16 (all-gathers of "
+                     "dtype bf16 here, half the bytes), the other re-gathers fp32, where the theory counts fp32 on "
+                     "all; in float32 the bytes = theory")
+
+
+def _sends_bf16(r: dict, op: str) -> bool:
+    return any(c["op"] == op and c["dtype"] in ("bf16", "mixed") for c in r["collectives"])
+
 
 def describe(out: dict, step) -> dict:
     """`inspect`'s dictionary `out` of the target step `step` (`aot.TargetStep`), with the target's keys."""
@@ -84,11 +93,10 @@ def difference(r: dict) -> str:
     if not off:
         return "bytes = theory" + merged
     parts = ", ".join(f"{k} {r['bytes_by_kind'][k]:.0f} (theory {r['theory_by_kind'].get(k, 0.0):.0f})" for k in off)
-    why = {"zero3": "zero3's backward re-gather of a unit is removed where XLA keeps the forward's gathered "
-                    "parameters alive (or a gather is split)",
-           "hsdp": "as zero3's, on each shard group"}.get(r["strategy"], "")
-    if r["strategy"] == "dp" and any(c["op"] == "collective-permute" and c["dtype"] in ("bf16", "mixed")
-                                     for c in r["collectives"]):
+    why = ""
+    if r["strategy"] in ("zero3", "hsdp") and _sends_bf16(r, "all-gather"):
+        why = ZERO3_BF16_GATHER + ("; on each shard group" if r["strategy"] == "hsdp" else "")
+    if r["strategy"] == "dp" and _sends_bf16(r, "collective-permute"):
         why = DP_FIRST_HOP
     if r["strategy"] in JIT_STRATEGIES:
         why = "the partitioner chose these collectives from the shardings (jit/layout.py's theory is its model)"

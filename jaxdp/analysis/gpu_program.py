@@ -25,6 +25,21 @@ SYNC = {"async": False, "overlap_ops": 0, "overlap_flops": 0.0}
 COMBINER_FLAGS = ("xla_gpu_all_reduce_combine_threshold_bytes, xla_gpu_all_gather_combine_threshold_bytes, "
                   "xla_gpu_reduce_scatter_combine_threshold_bytes")
 
+DP_FIRST_HOP = ("XLA:GPU moved the bf16 gradients' widening to fp32 after the first hop of dp's reduce tree: the "
+                "N/2 leaf devices send their own gradients in bf16 (a collective-permute of dtype bf16 here; exact, "
+                "as the widening is), the later hops' fp32 sums stay fp32, while the theory counts fp32 on every "
+                "hop: 1 byte per such parameter per device less (an fp32-accumulated gradient, as GPT-2's tied "
+                "embedding's, stays fp32)")
+
+ZERO3_BF16_GATHER = ("XLA:GPU moved the bf16 cast before the gathers that feed bf16 compute only: every forward "
+                     "gather (and a few backward re-gathers, as Llama's embedding table's) is bf16 (all-gathers of "
+                     "dtype bf16 here, half the bytes), the other re-gathers fp32, where the theory counts fp32 on "
+                     "all; in float32 the bytes = theory")
+
+
+def _sends_bf16(r: dict, op: str) -> bool:
+    return any(c["op"] == op and c["dtype"] in ("bf16", "mixed") for c in r["collectives"])
+
 
 def describe(out: dict, step) -> dict:
     """`inspect`'s dictionary `out` of the target step `step` (`aot.TargetStep`), with the target's keys."""
@@ -78,9 +93,11 @@ def difference(r: dict) -> str:
     if not off:
         return "bytes = theory" + merged
     parts = ", ".join(f"{k} {r['bytes_by_kind'][k]:.0f} (theory {r['theory_by_kind'].get(k, 0.0):.0f})" for k in off)
-    why = {"zero3": "zero3's backward re-gather of a unit is removed where XLA keeps the forward's gathered "
-                    "parameters alive (or a gather is split)",
-           "hsdp": "as zero3's, on each shard group"}.get(r["strategy"], "")
+    why = ""
+    if r["strategy"] in ("zero3", "hsdp") and _sends_bf16(r, "all-gather"):
+        why = ZERO3_BF16_GATHER + ("; on each shard group" if r["strategy"] == "hsdp" else "")
+    if r["strategy"] == "dp" and _sends_bf16(r, "collective-permute"):
+        why = DP_FIRST_HOP
     if r["strategy"] in JIT_STRATEGIES:
         why = "the partitioner chose these collectives from the shardings (jit/layout.py's theory is its model)"
         if r["dtype"] == "bfloat16" and any(c["dtype"] in ("bf16", "mixed") for c in r["collectives"]):
@@ -103,10 +120,20 @@ def format_target(r: dict) -> str:
                  f"while a collective is in flight; collectives inside the accumulation loop: "
                  f"{r['collectives_in_loop']}")
     if "prefetch" in r:
-        lines.append(f"prefetch (a unit's all-gather overlapping compute): {'yes' if r['prefetch'] else 'no'}")
+        lines.append(f"prefetch (a unit's all-gather overlapping compute): {'yes' if r['prefetch'] else 'no'}"
+                     + prefetch_note(r))
     lines.append(f"bytes against theory: {r['difference']}")
     p = r["projection"]
     lines.append(f"PROJECTED (not measured: docs/GPU.md): step {p['step_s'] * 1e3:.2f} ms = compute "
                  f"{p['compute_s'] * 1e3:.2f} ms + exposed communication {p['exposed_comm_s'] * 1e3:.2f} ms (of "
                  f"{p['comm_s'] * 1e3:.2f} ms), MFU {p['mfu']:.1%}, {p['tokens_per_s']:.4g} rows or tokens/s")
     return "\n".join(lines)
+
+
+def prefetch_note(r: dict) -> str:
+    """Why no gather overlaps compute where XLA:GPU's combiner merged gathers (docs/GPU.md: measured on GPT-2 and
+    Llama with its threshold flipped); empty otherwise."""
+    if r.get("prefetch") is not False or not any(c["op"] == "all-gather" and c["arrays"] > 1 for c in r["collectives"]):
+        return ""
+    return (" (XLA:GPU's combiner merged gathers, and no merged gather runs under compute; a lower "
+            "xla_gpu_all_gather_combine_threshold_bytes keeps them per array: docs/GPU.md)")

@@ -7,7 +7,7 @@ gpu-aot extra, and in --quick (its compiles take minutes).
 
 `jaxdp bench` (full) compiles the headline rows only (`IN_BENCH`: Llama 3 8B's ddp and zero3 on 8 H100s, the
 does-not-fit / fits pair, and GPT-2 124M's ddp on 8 beside llm.c's MFU), so that the whole bench stays within
-its 25 minutes on 2 cores; `python -m jaxdp.harness.bench.gpu_target OUT.json [models]` runs every row (32
+its 25 minutes on 2 cores; `python -m jaxdp.harness.bench.gpu_target OUT.json [models]` runs every row (42
 compiles: 1.5-2 minutes per GPT-2 124M compile, 2-4 per Llama 3 8B, on 2 shared cores; docs/BENCHMARKS.md).
 """
 from __future__ import annotations
@@ -20,10 +20,9 @@ from ...core.config import RunConfig
 
 STRATEGIES = ("dp", "ddp", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3", "hsdp", "ddp-jit", "zero1-jit",
               "fsdp-jit")
-LARGE = ("ddp", "zero1", "zero2", "zero3", "hsdp", "fsdp-jit")  # Llama 3 8B: the memory-relevant ones
 MODELS = {  # rows per GPU: GPT-2 124M as llm.c trains it (B 8 x 1024 tokens per GPU), Llama 3 8B 1 x 2048
     "gpt2-124m": (RunConfig(preset="gpt2-124m", dtype="bfloat16"), 8, STRATEGIES),
-    "llama3-8b": (RunConfig(preset="llama3-8b", dtype="bfloat16"), 1, LARGE),
+    "llama3-8b": (RunConfig(preset="llama3-8b", dtype="bfloat16"), 1, STRATEGIES),
 }
 IN_BENCH = {("llama", "ddp", 8), ("llama", "zero3", 8), ("gpt2", "ddp", 8)}  # (model, strategy, GPUs)
 PUBLISHED = ["llm.c GPT-2 124M on 8 H100: about 38% MFU (karpathy/llm.c discussions)",

@@ -175,7 +175,9 @@ class RunConfig:
         if self.model in ("gpt2", "llama") and self.data not in ("text", *TOKEN_DATA):
             raise ConfigError(f"model {self.model!r} trains on tokens: use --data text or --data tokens")
         if self.data in TOKEN_DATA and self.model not in ("gpt2", "llama"):
-            raise ConfigError(f"data {self.data!r} (token ids) is for --model gpt2 or llama")
+            own = {"gpt": "text", "cnn": "digits"}.get(self.model, "synthetic")
+            raise ConfigError(f"data {self.data!r} (token ids) is for --model gpt2 or llama; use --data {own} "
+                              f"for {self.model}")
         if self.model == "mlp" and self.data == "text":
             raise ConfigError("data 'text' is for --model gpt; use --data synthetic or digits for mlp")
         self._validate_transformer()

@@ -112,7 +112,8 @@ def test_preset_gives_gpt2_124m_on_token_data():
 @pytest.mark.parametrize("change,message", [
     (dict(data="synthetic"), "model 'gpt2' trains on tokens: use --data text or --data tokens"),
     (dict(d_model=10, n_head=4), "--d-model 10 must divide by --n-head 4"),
-    (dict(model="mlp", data="tokens"), r"data 'tokens' \(vocabulary 50304\) is for --model gpt2"),
+    (dict(model="mlp", data="tokens"),
+     r"data 'tokens' \(token ids\) is for --model gpt2 or llama; use --data synthetic for mlp"),
 ])
 def test_bad_gpt2_flags_name_the_fix(change, message):
     with pytest.raises(ConfigError, match=message):

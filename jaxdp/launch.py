@@ -35,6 +35,7 @@ def launch(argv: list[str], processes: int, timeout_s: float | None = None,
     coordinator = f"{ports.LOOPBACK}:{ports.free_port()}"
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", progress.ENV)}
     env.update({lifeline.ENV: str(os.getpid()), heartbeat.ENV_S: str(heartbeat_s)})
+    env.setdefault("PYTHONFAULTHANDLER", "1")  # a native crash prints each thread's Python stack first
     children, beats = [], heartbeat.Watch(processes, heartbeat_s)
     with progress.channel() as report:
         try:

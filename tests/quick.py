@@ -20,6 +20,7 @@ QUICK = {
         "test_the_layout_map_lists_every_module",
     ),
     "tests/house/test_tests_tree.py": ALL,
+    "tests/house/test_reruns.py": ALL,
     "tests/cli/test_entry_points.py": ALL,
     "tests/cli/test_exit_status.py": ("test_the_mapping", "test_bad_flag_is_2_and_every_help_has_the_table"),
     "tests/cli/test_bad_input.py": (

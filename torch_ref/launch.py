@@ -14,6 +14,7 @@ Under torchrun, `from_env()` reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import os
 import pickle
 import queue as queue_mod
@@ -124,6 +125,7 @@ def _entry(rank, world, port, platform, pg_timeout_s, results, report, beat, fn,
     (`jaxdp.core.lifeline`), beats (`beat`: the parent's pid, this rank's heartbeat file and interval), joins
     the parent's store on 127.0.0.1:`port`. Rank 0 reports its progress through the file `report`."""
     launcher, beat_path, heartbeat_s = beat
+    faulthandler.enable()  # a native crash (SIGSEGV in torch or gloo) prints every thread's Python stack first
     lifeline.bind_to(launcher)
     heartbeat.start(beat_path, heartbeat_s)
     os.environ.update(MASTER_ADDR=ports.LOOPBACK, MASTER_PORT=str(port), RANK=str(rank),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -24,6 +25,12 @@ from . import api, checkpoint, launch, models, optim, strategies
 from .models import cnn
 from .strategies import finite
 from .trace import Recorder
+
+# FSDP2 (torch 2.13) warns when a wrapped module returns a view, as nn.Linear and LayerNorm on a 3-D input do: an
+# in-place op on that output would skip the pre-backward hook. torch_ref's own models and loss never change an output
+# in place (their gradients equal single's: the parity suite), so their runs here go without it; a model a user gives
+# `torch_ref.parallelize` keeps the warning.
+VIEW_WARNING = r"FSDP2-wrapped module .* returned a view tensor"
 
 
 def versions() -> dict:
@@ -119,7 +126,9 @@ def train_rank(rank: int, world: int, cfg: RunConfig, init: dict[str, np.ndarray
     if recorder:
         result.meta = recorder.meta  # with what the Recorder declares (`broadcast_buffers`)
         recorder.init()  # every rank: a collective for sharded strategies
-    _train(cfg, place, dataset, model, optimizer, start, recorder, result)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=VIEW_WARNING, category=UserWarning)
+        _train(cfg, place, dataset, model, optimizer, start, recorder, result)
     if recorder:
         result.arrays = recorder.arrays
         recorder.close(write=False)

@@ -117,10 +117,10 @@ def all_reduce(flat, axis: str, gather=None, exchange=None):
     """The tree over the devices' flat partial sums, on every device: `combine_scatter` then an
     all-gather (`gather`, default lax.all_gather): the bytes of a reduce-scatter plus an all-gather."""
     n = lax.axis_size(axis)
-    padded = jnp.pad(flat, (0, -flat.size % n))
+    padded = flat if flat.size % n == 0 else jnp.pad(flat, (0, -flat.size % n))  # a copy: pack padded instead
     chunk = combine_scatter(padded, axis, exchange)
     full = gather(chunk) if gather else lax.all_gather(chunk, axis, tiled=True)
-    return full[:flat.size]
+    return full if full.size == flat.size else full[:flat.size]
 
 
 def leaf_squares(block_rows, axis: str | None):
@@ -152,15 +152,18 @@ def clip(grads, max_norm: float, axis: str | None = None, sharded: bool = False)
 
 
 def all_reduce_tree(values, axis: str, gather=None, exchange=None):
-    """`all_reduce` of a pytree: its leaves packed into one vector per dtype (one exchange each)."""
+    """`all_reduce` of a pytree: its leaves packed into one vector per dtype (one exchange each), zero-padded
+    to a multiple of N as it is packed (padding it afterwards would copy the whole vector once more)."""
     from ..collectives import pack, unpack
 
     leaves, treedef = jax.tree.flatten(values)
     out = list(leaves)
+    n = lax.axis_size(axis)
     for dtype in dict.fromkeys(a.dtype for a in leaves):
         index = [i for i, a in enumerate(leaves) if a.dtype == dtype]
         group = [leaves[i] for i in index]
-        reduced = unpack(all_reduce(pack(group), axis, gather, exchange), group)
+        size = sum(a.size for a in group)
+        reduced = unpack(all_reduce(pack(group, size + -size % n), axis, gather, exchange), group)
         for i, a in zip(index, reduced, strict=True):
             out[i] = a
     return jax.tree.unflatten(treedef, out)

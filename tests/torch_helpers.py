@@ -4,9 +4,11 @@ references run in the pytest process. Nothing here asserts: the test modules do.
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import functools
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -113,7 +115,9 @@ def world(n: int) -> torch_jobs.Results:
     from torch_ref.launch import launch
 
     jobs = [("train", cfg, init_for(init_key(cfg))) for cfg in train_configs(n)]
-    api_trace = os.path.join(tempfile.mkdtemp(prefix="torch_api_"), f"api-{n}.npz")
+    folder = tempfile.mkdtemp(prefix="torch_api_")
+    atexit.register(shutil.rmtree, folder, True)  # the session's, not the machine's
+    api_trace = os.path.join(folder, f"api-{n}.npz")
     jobs += [job for job in other_jobs(n, api_trace) if torch_jobs.wanted((job[0], n))]
     if not jobs:
         return torch_jobs.Results(n, {})

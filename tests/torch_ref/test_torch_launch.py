@@ -45,7 +45,8 @@ def test_torchrun_runs_the_same_entry_point(tmp_path):
     path = tmp_path / "fsdp.npz"
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                           "-m", "torch_ref", "train", "--strategy", "fsdp", *FLAGS, "--trace", str(path)],
-                         capture_output=True, text=True, timeout=240, cwd=REPO, env=_env(OMP_NUM_THREADS="1"))
+                         capture_output=True, text=True, timeout=240, cwd=REPO,
+                         env=_env(OMP_NUM_THREADS="1", TMPDIR=str(tmp_path)))  # torchrun's own folders: the test's
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.count("zero3 on 2 cpu rank(s)") == 1  # rank 0 alone prints and writes
     assert max(trace.diff(trace.load(path), as_trace(single(CFG)))["worst"].values()) < 1e-12
@@ -62,7 +63,8 @@ def test_torchrun_on_two_hosts_gives_each_host_one_shard_group(tmp_path):
     flags = ["-m", "torch_ref", "train", "--strategy", "hsdp", "--replicas", "2", "--devices", "4", *FLAGS,
              "--trace", str(path)]
     hosts = [subprocess.Popen([*argv, "--node-rank", str(h), *flags], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, cwd=REPO, env=_env(OMP_NUM_THREADS="1"))
+                              stderr=subprocess.PIPE, text=True, cwd=REPO,
+                              env=_env(OMP_NUM_THREADS="1", TMPDIR=str(tmp_path)))
              for h in (0, 1)]
     try:
         outs = [h.communicate(timeout=240) for h in hosts]

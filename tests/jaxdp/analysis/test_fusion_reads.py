@@ -56,3 +56,13 @@ def test_a_dynamic_update_slice_of_a_parameter_at_the_root_is_written_in_place()
     lines = ["  %p0 = f32[1000]{0} parameter(0)", "  %p1 = f32[500]{0} parameter(1)", "  %p2 = s32[] parameter(2)",
              "  ROOT %d = f32[1000]{0} dynamic-update-slice(%p0, %p1, %p2)"]
     assert fusion_reads.traffic(lines) == ([0.0, 500 * 4, 4], 500 * 4)
+
+
+def test_users_asking_for_the_same_elements_count_once_and_different_ones_add_up():
+    """g and g * g sliced to the same leaf read that leaf once; another leaf's slice reads its own elements."""
+    lines = ["  %p0 = f32[1000]{0} parameter(0)", "  %sq = f32[1000]{0} multiply(%p0, %p0)",
+             "  %s1 = f32[100]{0} slice(%p0), slice={[0:100]}", "  %s2 = f32[100]{0} slice(%sq), slice={[0:100]}",
+             "  %s3 = f32[100]{0} slice(%p0), slice={[500:600]}", "  %sum = f32[100]{0} add(%s1, %s2)",
+             "  %s1.clone = f32[100]{0} slice(%p0), slice={[0:100]}, metadata={op_name=\"a clone\"}",
+             "  ROOT %t = (f32[100]{0}, f32[100]{0}, f32[100]{0}) tuple(%sum, %s3, %s1.clone)"]
+    assert fusion_reads.traffic(lines) == ([200 * 4], 300 * 4)

@@ -88,6 +88,7 @@ QUICK = {
     "tests/jaxdp/analysis/test_inspect.py": ("test_inspect_ddp_bucket_lists_one_all_reduce_per_bucket_and_the_plan",),
     # --target (docs/GPU.md): two small steps compiled by XLA:GPU (12 s) and the schedule reader on hand-written HLO
     "tests/jaxdp/analysis/test_gpu_target.py": ALL,
+    "tests/jaxdp/analysis/test_fusion_reads.py": ALL,
     "tests/jaxdp/core/test_targets.py": ALL,
     "tests/jaxdp/harness/bench/test_gpu_target.py": ALL,
     "tests/jaxdp/models/test_gpt2.py": ("test_bad_gpt2_flags_name_the_fix",),

@@ -2,7 +2,8 @@
 
 XLA's `cost_analysis()` gives nothing for a program compiled for a topology (None in jaxlib 0.10.2), so the
 program is read instead (`schedule`): its matrix-product FLOPs per device, and its HBM traffic (each kernel of
-the scheduled program reads its operands and writes its result once: `hbm_bytes`). Then
+the scheduled program writes its result and reads what it uses of its operands once: a fusion the elements its
+computation draws from each, `fusion_reads`; `hbm_bytes`). Then
   compute  = max(FLOPs / peak FLOP/s, HBM bytes / HBM bandwidth)        (a roofline per step, not per kernel)
   comm     = sum over collectives of bytes sent per device x trips / link bandwidth, the link NVLink when
              every group of the collective lies within a node, InfiniBand when one crosses nodes
@@ -18,19 +19,18 @@ optimizer's elementwise FLOPs; so the projection is an upper bound on what the h
 """
 from __future__ import annotations
 
-import re
-
-from . import hlo, schedule
+from . import fusion_reads, hlo, schedule
 
 KERNEL_FREE = schedule.FREE + ("while", "conditional", "call", "after-all")
 
 
 def hbm_bytes(hlo_text: str) -> float:
     """Bytes the program's kernels read and write: for each instruction of the entry computation and of the
-    loops it runs (times their trips), its result and its operands' bytes (tuple plumbing, bitcasts and the
-    collectives' done halves free)."""
+    loops it runs (times their trips), `_kernel`'s bytes (tuple plumbing, bitcasts and the collectives' done
+    halves free)."""
     entry, comps = hlo.computations(hlo_text)
     memo: dict[str, float] = {}
+    fused: dict[str, tuple[list[float], float]] = {}
 
     def of(name: str, depth: int) -> float:
         if name in memo or depth > 32:
@@ -44,13 +44,26 @@ def hbm_bytes(hlo_text: str) -> float:
                 trips = hlo.trip_count(line) or 1
                 total += trips * sum(of(b.lstrip("%"), depth + 1) for b in body)
             elif op not in KERNEL_FREE and not op.endswith("-done"):
-                args = line.split(f" {op}(", 1)[1].split(")", 1)[0] if f" {op}(" in line else ""
-                operands = [shapes.get(a, "") for a in re.findall(r"%([^\s,)]+)", args)]
-                total += _bytes(shape) + sum(_bytes(s) for s in operands)
+                total += _kernel(op, shape, line, shapes, comps, fused)
         memo[name] = total
         return total
 
     return of(entry, 0)
+
+
+def _kernel(op: str, shape: str, line: str, shapes: dict[str, str], comps: dict, fused: dict) -> float:
+    """One kernel's bytes: a fusion's as `fusion_reads` reads its computation (memoised in `fused`); an unfused
+    dynamic-update-slice in place (its update read and written); anything else its result and operands whole."""
+    names = fusion_reads.operands(line, op)
+    if op == "fusion" and (called := hlo.CALLS.search(line)) and called.group(2).lstrip("%") in comps:
+        name = called.group(2).lstrip("%")
+        if name not in fused:
+            fused[name] = fusion_reads.traffic(comps[name])
+        reads, written = fused[name]
+        return written + sum(min(r, _bytes(shapes.get(a, ""))) for r, a in zip(reads, names, strict=False))
+    if op == "dynamic-update-slice" and len(names) > 1:
+        return 2 * _bytes(shapes.get(names[1], ""))
+    return _bytes(shape) + sum(_bytes(shapes.get(a, "")) for a in names)
 
 
 def _bytes(shape: str) -> float:

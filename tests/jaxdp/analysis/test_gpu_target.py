@@ -106,6 +106,15 @@ def test_no_prefetch_names_the_combiner_only_where_gathers_were_merged():
     assert gpu_program.prefetch_note({**merged, "collectives": [{"op": "all-gather", "arrays": 1}]}) == ""
 
 
+def test_copy_kernels_are_counted_and_ddp_ring_says_why():
+    assert gpu_program.copies(HLO) == {"count": 0, "bytes": 0}
+    copied = HLO.replace("  ROOT %out", "  %copy.1 = f32[16,4]{1,0} copy(%p1)\n  ROOT %out")
+    assert gpu_program.copies(copied) == {"count": 1, "bytes": 16 * 4 * 4}
+    r = {"strategy": "ddp", "copies": gpu_program.copies(copied)}
+    assert gpu_program.copies_note(r).startswith("copies: 1 arrays") and "ddp-ring" not in gpu_program.copies_note(r)
+    assert gpu_program.RING_COPIES in gpu_program.copies_note({**r, "strategy": "ddp-ring"})
+
+
 @needs_extra
 def test_a_difference_from_the_theory_is_named(inspected):
     r = json.loads(json.dumps(inspected["zero3"]))

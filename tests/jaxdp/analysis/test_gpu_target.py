@@ -159,3 +159,20 @@ def test_with_the_plugin_a_cpu_run_prints_nothing_and_picks_the_cpu():
     bare = subprocess.run([sys.executable, "-c", code.replace("import jaxdp, ", "import ")], env=env,
                           capture_output=True, text=True, timeout=120)
     assert bare.stdout == "cpu\n" and "cuDNN" in bare.stderr  # without jaxdp's setting: JAX's traceback
+
+
+def test_a_target_program_compiled_twice_with_a_persistent_cache_is_quiet():
+    """The suite sets a persistent compilation cache (conftest.py), as a user may: JAX then tries to read the
+    second compile of a target program back from it through a client it has not, and warned each time."""
+    import warnings
+
+    from jaxdp.analysis import aot
+
+    if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        pytest.skip("no persistent compilation cache in this session")
+    cfg = RunConfig(model="mlp", hidden=(8,), devices=8, batch_size=8, strategy="ddp").validate()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            aot.TargetStep(cfg, "h100", 1)
+    assert not [w for w in seen if aot.CACHE_READ in str(w.message)]

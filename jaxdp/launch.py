@@ -13,6 +13,7 @@ file: one that stops beating for `--heartbeat` seconds (stopped, frozen) is name
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -67,15 +68,24 @@ def launch(argv: list[str], processes: int, timeout_s: float | None = None,
 
 
 # gloo's connection notice, `[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected
-# peer ranks is : 1`, which the C++ library prints on every run, sometimes split in two lines.
-GLOO_NOTICE = (b"[Gloo] ", b"Expected number of connected peer ranks")
+# peer ranks is : 1`, which the C++ library prints on every run in pieces (one `<<` each), so that another
+# thread's newline may cut it anywhere between them: CI saw `[Gloo] Rank ` and `1 is connected to 1 peer
+# ranks. Expected ...` on two lines. A line made of those pieces only, in their order, is the notice's.
+GLOO_NOTICE = re.compile(rb"\s*(\[Gloo\]\s*)?(Rank\s*)?(\d+\s*)?(is connected to\s*)?(\d+\s*)?(peer ranks\.\s*)?"
+                         rb"(Expected number of connected peer ranks is :\s*)?(\d+\s*)?")
+
+
+def notice(line: bytes) -> bool:
+    """Whether a line of process 0's stdout is (a piece of) gloo's notice or blank (`jaxdp train` prints
+    neither: its lines are run summaries)."""
+    return GLOO_NOTICE.fullmatch(line) is not None
 
 
 def _relay(pipe) -> None:
-    """Process 0's stdout, less gloo's connection notice (GLOO_NOTICE) and the blank line its separate
-    newline sometimes leaves (`jaxdp train` itself prints none): not the user's business."""
+    """Process 0's stdout, less gloo's connection notice and the blank line its separate newline sometimes
+    leaves (`notice`): not the user's business."""
     for line in iter(pipe.readline, b""):
-        if not line.lstrip().startswith(GLOO_NOTICE) and line.strip():
+        if not notice(line):
             sys.stdout.buffer.write(line)
             sys.stdout.flush()
 

@@ -77,3 +77,17 @@ def test_a_killed_process_stops_the_run_quickly():
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
+
+
+def test_gloos_notice_is_dropped_in_any_of_its_pieces_and_nothing_else_is():
+    """Process 0's stdout as the launcher relays it: gloo prints its connection notice in pieces, and CI saw it
+    cut as `[Gloo] Rank ` + `1 is connected to 1 peer ranks. Expected ...`, which the old prefix test let
+    through into the user's output (and this file's first test failed on the extra line)."""
+    from jaxdp import launch
+
+    whole = b"[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1"
+    pieces = [whole[:i] for i in (7, 12, 13, 30, 43, 44)] + [whole[i:] for i in (12, 13, 30, 44, 89)]
+    assert all(launch.notice(p + b"\n") for p in [whole, *pieces, b"", b"   "])
+    ours = [b"ddp on 4 cpu device(s), mlp/synthetic, float64: 3 steps, loss 2.3824 -> 2.1366\n", b"Rank 1 failed\n",
+            b"connected\n"]
+    assert not any(launch.notice(line) for line in ours)

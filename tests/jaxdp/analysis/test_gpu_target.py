@@ -161,6 +161,7 @@ def test_with_the_plugin_a_cpu_run_prints_nothing_and_picks_the_cpu():
     assert bare.stdout == "cpu\n" and "cuDNN" in bare.stderr  # without jaxdp's setting: JAX's traceback
 
 
+@needs_extra
 def test_a_target_program_compiled_twice_with_a_persistent_cache_is_quiet():
     """The suite sets a persistent compilation cache (conftest.py), as a user may: JAX then tries to read the
     second compile of a target program back from it through a client it has not, and warned each time."""

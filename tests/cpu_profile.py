@@ -1,5 +1,5 @@
 """A pytest plugin for the suite's budget: each test's CPU seconds (this process and the children it
-waited for: spawned torch ranks, CLI subprocesses) and wall seconds, one line per test appended to the
+waited for: CLI subprocesses, torch ranks through their fork server) and wall seconds, one line per test appended to the
 file named by JAXDP_TEST_CPU, and a per-unit summary (units as conftest.py hands them to xdist's workers).
 
     JAXDP_TEST_CPU=/tmp/cpu.tsv python3 -m pytest -p tests.cpu_profile
@@ -18,9 +18,27 @@ import time
 import pytest
 
 
+def _servers() -> float:
+    """CPU seconds of this process's running fork servers (torch_ref's ranks are their children, reaped by
+    them: utime, stime, cutime, cstime of /proc/PID/stat), which RUSAGE_CHILDREN counts only once they exit."""
+    me, total = os.getpid(), 0.0
+    try:
+        children = open(f"/proc/{me}/task/{me}/children").read().split()
+    except OSError:
+        return 0.0
+    for pid in children:
+        try:
+            if b"forkserver" in open(f"/proc/{pid}/cmdline", "rb").read():
+                fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+                total += sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError):
+            continue
+    return total
+
+
 def _cpu() -> float:
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + _servers()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -1,6 +1,8 @@
 """Start N ranks on this machine with torch.distributed, or join a world that torchrun started.
 
-`launch(fn, n, *args)` spawns N processes (torch.multiprocessing, start method 'spawn'), gives them
+`launch(fn, n, *args)` starts N processes (torch.multiprocessing's 'forkserver': a server process imports
+torch and torch_ref once, `torch_ref.rank_server`, and forks each rank from it, with this process's
+environment), gives them
 a free port on 127.0.0.1, initialises the process group in each (gloo on CPU, nccl on GPU, with a
 timeout on every collective), runs `fn(rank, n, *args)` and returns every rank's return value.
 A rank that raises is reported to the parent, which waits a moment for the other ranks' errors,
@@ -19,16 +21,18 @@ import os
 import pickle
 import queue as queue_mod
 import signal as signal_mod
+import tempfile
 import time
 import traceback
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from jaxdp.core import heartbeat, lifeline, ports, progress
 from jaxdp.core.errors import ConfigError
 from jaxdp.core.ports import free_port  # noqa: F401  (torchrun-style tests pick a port with it)
+
+from . import fork_context
 
 GRACE_S = 2.0  # after the first error: how long to collect the others' before terminating them
 
@@ -120,13 +124,18 @@ def hsdp_grid(model, world: int) -> list[list[list[int]]]:
     return [[[int(k), int(k) // per_host] for k in row] for row in mesh.mesh.tolist()]
 
 
-def _entry(rank, world, port, platform, pg_timeout_s, results, report, beat, fn, args):
-    """Runs in each spawned process (Ctrl-C ignored: the parent answers it). It dies with the parent
-    (`jaxdp.core.lifeline`), beats (`beat`: the parent's pid, this rank's heartbeat file and interval), joins
-    the parent's store on 127.0.0.1:`port`. Rank 0 reports its progress through the file `report`."""
+def _entry(rank, world, port, platform, pg_timeout_s, results, report, beat, env, fn, args):
+    """Runs in each rank (Ctrl-C ignored: the launcher answers it). It takes the launcher's environment `env`
+    (the fork server's is the one it started with), dies with the launcher (`jaxdp.core.lifeline`), beats
+    (`beat`: the launcher's pid, this rank's heartbeat file and interval), joins the launcher's store on
+    127.0.0.1:`port`. Rank 0 reports its progress through the file `report`."""
+    signal_mod.signal(signal_mod.SIGINT, signal_mod.SIG_IGN)
     launcher, beat_path, heartbeat_s = beat
     faulthandler.enable()  # a native crash (SIGSEGV in torch or gloo) prints every thread's Python stack first
-    lifeline.bind_to(launcher)
+    lifeline.bind_to(launcher, through_server=True)
+    os.environ.clear()
+    os.environ.update(env)
+    tempfile.tempdir = None  # read from TMPDIR anew
     heartbeat.start(beat_path, heartbeat_s)
     os.environ.update(MASTER_ADDR=ports.LOOPBACK, MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
@@ -168,13 +177,14 @@ def launch(fn, nprocs: int, *args, platform: str = "auto", timeout_s: float = 36
     """Run `fn(rank, nprocs, *args)` on `nprocs` new processes; return [rank 0's value, ...]. On Ctrl-C
     (which the ranks ignore) the ranks are stopped and reaped, rank 0's progress becomes this process's
     (`jaxdp.core.progress`), and KeyboardInterrupt goes on up. A rank silent for `heartbeat_s`: RankStopped."""
-    ctx = mp.get_context("spawn")
+    ctx = fork_context.context()
     results = ctx.Queue()
     store, port = _store(pg_timeout_s)
     beats = heartbeat.Watch(nprocs, heartbeat_s)
     with progress.channel() as report:
         procs = [ctx.Process(target=_entry, args=(r, nprocs, port, platform, pg_timeout_s, results, report,
-                                                  (os.getpid(), beats.path(r), heartbeat_s), fn, args),
+                                                  (os.getpid(), beats.path(r), heartbeat_s), dict(os.environ),
+                                                  fn, args),
                              daemon=True, name=f"torch_ref-rank{r}") for r in range(nprocs)]
         ok = False
         try:

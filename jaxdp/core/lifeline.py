@@ -12,6 +12,11 @@ Two mechanisms, because neither is enough alone:
 
 The launcher passes its pid down (`ENV` for a `jaxdp` child, an argument for a spawned rank), so a
 worker started by hand on a cluster (no launcher) is left alone.
+
+A torch_ref rank is forked by a fork server the launcher started (multiprocessing's 'forkserver': torch is
+imported once, not once per rank), so its parent is that server, whose parent is the launcher
+(`bind_to(..., through_server=True)`). The server exits the moment the launcher dies (it watches a pipe
+whose other end only the launcher holds), and the rank dies with the server as above.
 """
 from __future__ import annotations
 
@@ -43,20 +48,35 @@ def _orphaned(launcher: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)  # at once, as the kernel would: no atexit, no checkpoint, no barrier
 
 
-def _watch(launcher: int) -> None:
-    while os.getppid() == launcher:
+def _watch(parent: int) -> None:
+    while os.getppid() == parent:
         time.sleep(POLL_S)
-    _orphaned(launcher)
+    _orphaned(parent)
 
 
-def bind_to(launcher: int | None) -> None:
-    """Make this worker die with process `launcher` (its parent); nothing when `launcher` is None."""
+def parent_of(pid: int) -> int | None:
+    """Process `pid`'s parent (Linux: /proc/PID/stat), or None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def bind_to(launcher: int | None, through_server: bool = False) -> None:
+    """Make this worker die with process `launcher`, its parent or (`through_server`) its parent's parent: a
+    fork server that exits with the launcher. Nothing when `launcher` is None."""
     if launcher is None:
         return
     _pdeathsig()
-    if os.getppid() != launcher:  # the launcher died before the kernel was told
+    parent = os.getppid()
+    if through_server and parent != launcher:
+        up = parent_of(parent)
+        if up is not None and up != launcher:  # the server's launcher is gone (or it is not ours)
+            _orphaned(launcher)
+    elif parent != launcher:  # the launcher died before the kernel was told
         _orphaned(launcher)
-    threading.Thread(target=_watch, args=(launcher,), daemon=True, name="jaxdp-lifeline").start()
+    threading.Thread(target=_watch, args=(parent,), daemon=True, name="jaxdp-lifeline").start()
 
 
 def from_env() -> int | None:

@@ -61,6 +61,11 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
+
+
 def _cleanup(launcher, pids=()) -> None:
     for pid in [launcher.pid, *pids]:
         try:
@@ -104,6 +109,7 @@ def test_a_killed_launcher_leaves_no_worker_and_listens_on_loopback(prog, tmp_pa
     try:
         pids = _workers(tmp_path, launcher)
         _training(launcher, ckpt)
+        pids += _children(launcher.pid)  # and the launcher's helpers: torch_ref's fork server, resource tracker
         sockets = {pid: _listening(pid) for pid in [launcher.pid, *pids]}
         assert any(sockets.values()), sockets  # the coordinator / the store: something listens
         assert all(_loopback(a) for found in sockets.values() for a, _ in found), sockets

@@ -121,20 +121,23 @@ def test_fsdp_is_an_alias_of_zero3():
     assert RunConfig(strategy="fsdp").validate("torch").strategy == "zero3"
 
 
-def _rank_pids(launcher_pid: int) -> list[int]:
-    """The spawned ranks among the launcher's children (not multiprocessing's resource tracker)."""
+def _children(pid: int) -> list[int]:
     try:
-        children = open(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read().split()
+        return [int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()]
     except OSError:
         return []
+
+
+def _rank_pids(launcher_pid: int) -> list[int]:
+    """The ranks: the children of the launcher's fork server (not multiprocessing's resource tracker)."""
     pids = []
-    for pid in map(int, children):
+    for server in _children(launcher_pid):
         try:
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+            cmd = open(f"/proc/{server}/cmdline", "rb").read()
         except OSError:
             continue
-        if b"spawn_main" in cmd:
-            pids.append(pid)
+        if b"forkserver" in cmd:
+            pids += _children(server)
     return sorted(pids)
 
 

@@ -1,6 +1,6 @@
 """Put on PYTHONPATH by tests/touched.py during the quick tier: every Python process the quick tests start
-(a CLI in a subprocess, a spawned torch rank) runs under cProfile and, at exit, writes what it touched to
-the session's folder, as the pytest processes do."""
+(a CLI in a subprocess, the fork server of torch ranks and each rank it forks) runs under cProfile and, at
+exit, writes what it touched to the session's folder, as the pytest processes do."""
 import os
 
 if os.environ.get("JAXDP_TESTS_TOUCHED_DIR"):
@@ -28,3 +28,12 @@ if os.environ.get("JAXDP_TESTS_TOUCHED_DIR"):
             pass
 
     atexit.register(_write)
+
+    def _forked():  # a torch rank forked by its fork server: multiprocessing ends it with os._exit, no atexit
+        from multiprocessing import util
+
+        util.Finalize(None, _write, exitpriority=0)
+
+    import multiprocessing.util
+
+    multiprocessing.util.register_after_fork(_profile, lambda _: _forked())

@@ -49,19 +49,13 @@ def _flat(tree, n):
 
 
 def _updates(optimizer, params, grads):
-    """The updates of `len(grads)` steps and the last state, in one compiled program (run op by op, the
-    probe compiled each operation on its own: about 60 programs, 5 of the 6 CPU-seconds a small ZeRO run
-    spent before its first step)."""
-    def steps(params, grads):
-        state = optimizer.init(params)
-        out = []
-        for g in grads:
-            updates, state = optimizer.update(g, state, params)
-            out.append(updates)
-            params = jax.tree.map(lambda p, u: p + u, params, updates)
-        return out, state
-
-    return jax.jit(steps)(params, grads)
+    state = optimizer.init(params)
+    out = []
+    for g in grads:
+        updates, state = optimizer.update(g, state, params)
+        out.append(updates)
+        params = jax.tree.map(lambda p, u: p + u, params, updates)
+    return out, state
 
 
 def check_elementwise(optimizer, params, n: int) -> None:

@@ -159,9 +159,15 @@ def _with_state(name: str, strat, stats_step, mesh: Mesh):
 
 def _check_canonical(problem, mesh: Mesh) -> None:
     """What reduction="canonical" needs before compiling; one line naming the fix."""
-    if mesh.devices.flat[0].platform == "cpu" and not devices_mod.no_fma_flag_set():
+    if mesh.devices.flat[0].platform != "cpu":
+        return
+    if not devices_mod.no_fma_flag_set():
         raise ConfigError(f"reduction='canonical' on CPU needs XLA_FLAGS={devices_mod.NO_FMA} set before JAX "
                           f"starts: call jaxdp.setup_devices(n, reduction='canonical') first in the process")
+    if not devices_mod.fixed_threads_set():  # the pool would be max(CPUs, devices): other bits for other N
+        raise ConfigError(f"reduction='canonical' on CPU needs {devices_mod.THREADS_ENV} set before JAX starts "
+                          f"(XLA:CPU's thread pool, sized by the process's device count otherwise, changes a matrix "
+                          f"product's bits): call jaxdp.setup_devices(n, reduction='canonical') first in the process")
 
 
 def _problem(loss_fn, params, loss) -> models.Problem:

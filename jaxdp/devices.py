@@ -63,6 +63,11 @@ THREADS_ENV = "PJRT_NPROC"  # XLA:CPU's intra-op (Eigen) pool: max(this, the pro
 CANONICAL_THREADS = 8  # reduction="canonical" compares N in {1, 2, 4, 8}: the pool no smaller than any of them
 
 
+def fixed_threads_set() -> bool:
+    """Was XLA:CPU's intra-op pool given its size (`THREADS_ENV`), as `request_fixed_threads` does?"""
+    return bool(os.environ.get(THREADS_ENV))
+
+
 def request_fixed_threads() -> None:
     """Give XLA:CPU's intra-op thread pool the same size in every process of this machine (before JAX
     starts): the client sizes it max(CPUs, devices), and Eigen's threaded matrix product blocks its

@@ -61,6 +61,7 @@ def main(argv) -> None:
         devices.no_fma_flag_set = lambda: True
     if "--free-threads" in argv:
         devices.request_fixed_threads = lambda: None
+        devices.fixed_threads_set = lambda: True  # and parallelize's check of it passed
     n = next((int(a.partition("=")[2]) for a in argv if a.startswith("--devices=")), 8)
     devices.setup(n, "cpu", reduction="canonical")
     import jax

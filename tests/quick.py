@@ -64,6 +64,7 @@ QUICK = {
         "test_every_step_equals_the_independent_reference[fsdp-x2-accum3]",
         "test_bad_arguments_are_one_line_naming_the_fix",
         "test_bad_batches_and_losses_fail_before_compiling",
+        "test_canonical_on_cpu_needs_fma_off_and_a_fixed_thread_pool",
     ),
     "tests/jaxdp/strategies/test_nonfinite.py": ("test_every_strategy_flags_a_nonfinite_gradient_with_a_finite_loss",),
     "tests/jaxdp/strategies/jit/test_jit.py": ("test_axis_type_is_refused_for_a_hand_written_strategy",),

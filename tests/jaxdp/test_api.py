@@ -161,6 +161,27 @@ def test_bad_arguments_are_one_line_naming_the_fix(kw, message):
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize(("fma_off", "threads", "message"), [
+    (False, "8", "needs XLA_FLAGS"),
+    (True, None, "needs PJRT_NPROC set before JAX starts"),
+    (True, "8", None),  # both, as setup_devices(n, reduction="canonical") gives them: accepted
+])
+def test_canonical_on_cpu_needs_fma_off_and_a_fixed_thread_pool(monkeypatch, fma_off, threads, message):
+    """Either missing, one line naming setup_devices, before anything compiles (this session has neither:
+    canonical's bits are checked in processes that start with both, tests/jaxdp/canonical/)."""
+    monkeypatch.setattr(jaxdp_devices, "no_fma_flag_set", lambda: fma_off)
+    monkeypatch.delenv(jaxdp_devices.THREADS_ENV, raising=False)
+    if threads:
+        monkeypatch.setenv(jaxdp_devices.THREADS_ENV, threads)
+    if message is None:
+        assert parallelize(reduction="canonical") is not None
+        return
+    with pytest.raises(ConfigError) as info:
+        parallelize(reduction="canonical")
+    text = str(info.value)
+    assert message in text and "jaxdp.setup_devices(n, reduction='canonical')" in text and "\n" not in text
+
+
 @pytest.mark.parametrize(("loss", "rows", "message"), [
     (lambda p, x, y: jnp.sum((forward(p, x) - y) ** 2, -1), 36, "the loss must be a scalar (the mean over the rows"),
     (loss_fn, 35, "a batch of 35 rows does not divide over 2 device(s) x accum 3 = 6; valid sizes near it: 30, 36"),

@@ -15,8 +15,10 @@ worker started by hand on a cluster (no launcher) is left alone.
 
 A torch_ref rank is forked by a fork server the launcher started (multiprocessing's 'forkserver': torch is
 imported once, not once per rank), so its parent is that server, whose parent is the launcher
-(`bind_to(..., through_server=True)`). The server exits the moment the launcher dies (it watches a pipe
-whose other end only the launcher holds), and the rank dies with the server as above.
+(`bind_to(..., through_server=True)`). The server binds itself to the launcher the same way when it starts
+(`torch_ref/rank_server.py`), and the rank binds itself to the server: a dead launcher takes the server, and
+the server its ranks. (multiprocessing's own rule, that the server exits once no process holds its "alive"
+pipe, does not: every rank holds that pipe.)
 """
 from __future__ import annotations
 

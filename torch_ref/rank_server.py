@@ -1,6 +1,6 @@
-"""The fork server's start-up: `torch_ref.launch` starts ranks with multiprocessing's 'forkserver', a process
-that imports `PRELOAD` once and forks every rank from itself (a rank starts in a fraction of a second, where
-'spawn' imported torch again in each: about 4 CPU-seconds a rank).
+"""The fork server's start-up: `torch_ref.launch` starts ranks with multiprocessing's 'forkserver', a
+process that imports this module (hence torch and torch_ref) once and forks every rank from itself (a rank
+starts in a fraction of a second, where 'spawn' imported torch again in each: about 4 CPU-seconds a rank).
 
 Importing this module is that start-up, and runs only in the server (`fork_context.PRELOAD` names it):
 the server is bound to its parent, the launcher (`jaxdp.core.lifeline`: the kernel kills it the instant the
@@ -16,9 +16,9 @@ from jaxdp.core import lifeline
 
 lifeline.bind_to(os.getppid())
 
-import torch  # noqa: E402  (after the binding: a launcher killed during this import takes the server too)
+# After the binding: a launcher killed during these imports takes the server too. Imported once here, they are
+# shared by every rank forked from this process.
+import torch  # noqa: E402,F401
 import torch.distributed  # noqa: E402,F401
 
 import torch_ref.train  # noqa: E402,F401
-
-PRELOAD = (torch, torch_ref.train)  # imported once here, shared by every rank forked from this process

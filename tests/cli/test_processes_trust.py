@@ -62,8 +62,11 @@ def _alive(pid: int) -> bool:
 
 
 def _children(pid: int) -> list[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return [int(c) for c in f.read().split()]
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except FileNotFoundError:
+        return []
 
 
 def _cleanup(launcher, pids=()) -> None:
@@ -78,13 +81,19 @@ def _cleanup(launcher, pids=()) -> None:
 def _listening(pid: int) -> list[tuple[str, int]]:
     """(address, port) of every TCP socket process `pid` listens on (/proc/PID/fd and /proc/PID/net/tcp*)."""
     inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except FileNotFoundError:  # a helper that has already exited listens on nothing
+        return []
+    for fd in fds:
         try:
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
         except OSError:
             continue
         if target.startswith("socket:["):
             inodes.add(target[8:-1])
+    if not inodes:
+        return []
     out = []
     for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
         with open(f"/proc/{pid}/net/{table}") as f:

@@ -71,8 +71,8 @@ def launch(argv: list[str], processes: int, timeout_s: float | None = None,
 # peer ranks is : 1`, which the C++ library prints on every run in pieces (one `<<` each), so that another
 # thread's newline may cut it anywhere between them: CI saw `[Gloo] Rank ` and `1 is connected to 1 peer
 # ranks. Expected ...` on two lines. A line made of those pieces only, in their order, is the notice's.
-GLOO_NOTICE = re.compile(rb"\s*(\[Gloo\]\s*)?(Rank\s*)?(\d+\s*)?(is connected to\s*)?(\d+\s*)?(peer ranks\.\s*)?"
-                         rb"(Expected number of connected peer ranks is :\s*)?(\d+\s*)?")
+GLOO_NOTICE = re.compile(rb"(?:\s*(\[Gloo\]\s*)?(Rank\s*)?(\d+\s*)?(is connected to\s*)?(\d+\s*)?(peer ranks\.\s*)?"
+                         rb"(Expected number of connected peer ranks is :\s*)?(\d+\s*)?){1,4}")  # up to 4 on a line
 
 
 def notice(line: bytes) -> bool:

@@ -87,7 +87,8 @@ def test_gloos_notice_is_dropped_in_any_of_its_pieces_and_nothing_else_is():
 
     whole = b"[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1"
     pieces = [whole[:i] for i in (7, 12, 13, 30, 43, 44)] + [whole[i:] for i in (12, 13, 30, 44, 89)]
-    assert all(launch.notice(p + b"\n") for p in [whole, *pieces, b"", b"   "])
+    both = whole + whole.replace(b"Rank 0", b"Rank 1")  # two ranks' notices on one line, no newline between (CI)
+    assert all(launch.notice(p + b"\n") for p in [whole, *pieces, both, both[:120], b"", b"   "])
     ours = [b"ddp on 4 cpu device(s), mlp/synthetic, float64: 3 steps, loss 2.3824 -> 2.1366\n", b"Rank 1 failed\n",
             b"connected\n"]
     assert not any(launch.notice(line) for line in ours)

@@ -16,7 +16,7 @@ import sys
 import tempfile
 
 from jaxdp import devices, train
-from jaxdp.core import argv, config, trace
+from jaxdp.core import argv, config, trace, xla_flags
 
 BOUND = 1e-12  # float64: what a different order of the same sums can change
 
@@ -34,7 +34,7 @@ def one_process(flags: list[str], path: str) -> None:
 
 def processes(flags: list[str], n: int, path: str) -> None:
     """`jaxdp train FLAGS --processes N`: N fresh processes, each with its own share of the devices."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # each process sets its own device count
+    env = xla_flags.for_child(os.environ)  # each process sets its own device count (and FMA)
     argv = [sys.executable, "-m", "jaxdp", "train", *flags, "--processes", str(n), "--trace", path]
     run = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
     if run.returncode:

@@ -15,7 +15,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .core import ports
+from .core import ports, xla_flags
 from .core.hsdp_hosts import grid_order
 
 AXIS = "data"
@@ -36,7 +36,7 @@ def request_cpu_devices(n: int) -> bool:
         return False
 
 
-NO_FMA = "--xla_cpu_max_isa=AVX"  # XLA:CPU emits no fused multiply-add: reduction="canonical" needs it
+NO_FMA = xla_flags.NO_FMA  # XLA:CPU emits no fused multiply-add: reduction="canonical" needs it
 
 
 def no_fma_flag_set() -> bool:

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-from .core import heartbeat, lifeline, ports, progress
+from .core import heartbeat, lifeline, ports, progress, xla_flags
 from .core.errors import EXIT_FAILED, EXIT_USAGE
 
 POLL_S = 0.2
@@ -34,7 +34,7 @@ def launch(argv: list[str], processes: int, timeout_s: float | None = None,
     Ctrl-C reaches the launcher alone (the children ignore SIGINT): it stops and reaps them, takes process
     0's progress report (`jaxdp.core.progress`) and raises KeyboardInterrupt for the command's one line."""
     coordinator = f"{ports.LOOPBACK}:{ports.free_port()}"
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", progress.ENV)}
+    env = {k: v for k, v in xla_flags.for_child(os.environ).items() if k != progress.ENV}
     env.update({lifeline.ENV: str(os.getpid()), heartbeat.ENV_S: str(heartbeat_s)})
     env.setdefault("PYTHONFAULTHANDLER", "1")  # a native crash prints each thread's Python stack first
     children, beats = [], heartbeat.Watch(processes, heartbeat_s)

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from jaxdp.core import heartbeat, ports
+from jaxdp.core import heartbeat, ports, xla_flags
 from jaxdp.core.errors import ConfigError
 
 RUN = ["--strategy", "ddp", "--hidden", "8,8", "--devices", "2", "--steps", "100000", "--batch-size", "8"]
@@ -27,7 +27,7 @@ WHO = {"jaxdp": "process", "torch_ref": "rank"}
 
 def _start(tmp_path, prog, extra=()):
     (tmp_path / "tmp").mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"TMPDIR": str(tmp_path / "tmp")}
+    env = xla_flags.for_child(os.environ) | {"TMPDIR": str(tmp_path / "tmp")}
     return subprocess.Popen([*LAUNCHERS[prog], *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, env=env)
 
@@ -237,7 +237,7 @@ def test_a_local_cluster_run_listens_only_on_its_coordinators_address(tmp_path):
     (jaxdp.devices.gloo_on), none on the hostname's address (gloo's default)."""
     port = ports.free_port()
     argv = [sys.executable, "-m", "jaxdp", "train", *RUN, "--coordinator", f"127.0.0.2:{port}", "--num-processes", "2"]
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = xla_flags.for_child(os.environ)
     procs = [subprocess.Popen([*argv, "--process-id", str(i)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               text=True, env=env) for i in range(2)]
     try:

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+from jaxdp.core import xla_flags
 from tests import REPO
 
 REPO = REPO
@@ -15,7 +16,7 @@ def test_port_example_names_the_planted_bug(tmp_path):
     argv = [sys.executable, os.path.join(REPO, "examples", "port_your_model.py"), "--plant-bug", "--quick",
             "--strategy", "zero3", "--devices", "2", "--accum", "2", "--out", str(out)]
     run = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                         env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+                         env=xla_flags.for_child(os.environ))
     assert run.returncode == 1, run.stdout + run.stderr[-3000:]  # a divergence: exit 1, as jaxdp diff
     assert "first divergence: step 2, param, norm/bias" in run.stdout, run.stdout
     first = json.loads((out / "diff.json").read_text())["first_divergence"]
@@ -32,7 +33,7 @@ def test_port_example_honest_run_passes_and_records_what_it_trains_with(tmp_path
     argv = [sys.executable, os.path.join(REPO, "examples", "port_your_model.py"), "--quick", "--strategy", "zero2",
             "--devices", "2", "--out", str(out)]
     run = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                         env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+                         env=xla_flags.for_child(os.environ))
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
     for side in ("jax", "torch"):
         meta = trace.load(str(out / f"{side}.npz")).meta

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from jaxdp import checkpoint, train
-from jaxdp.core import ckpt_folder, manifest
+from jaxdp.core import ckpt_folder, manifest, xla_flags
 from tests.conftest import BASE, run
 from tests.helpers import assert_bitwise_equal, resumed_steps
 
@@ -80,7 +80,7 @@ def test_sigkill_mid_training_resumes_from_the_last_complete_checkpoint(tmp_path
             "--lr", str(cfg.lr), "--weight-decay", str(cfg.weight_decay), "--dtype", "float64", "--seed", str(cfg.seed),
             "--checkpoint-dir", folder, "--checkpoint-every", "1"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+                            env=xla_flags.for_child(os.environ))
     try:
         deadline = time.monotonic() + 120
         while (

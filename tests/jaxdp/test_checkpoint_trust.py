@@ -21,7 +21,7 @@ import pytest
 
 from jaxdp import checkpoint as jax_checkpoint
 from jaxdp import train as jax_train
-from jaxdp.core import ckpt_folder, manifest
+from jaxdp.core import ckpt_folder, manifest, xla_flags
 from jaxdp.core.config import RunConfig
 from jaxdp.core.errors import ConfigError
 from jaxdp.harness import cli, torch_cli
@@ -245,7 +245,7 @@ def test_jax_two_processes_refuse_a_damaged_step_each_in_one_line(jax_ck, tmp_pa
     flip(os.path.join(folder, "2", largest_data_file(os.path.join(folder, "2"))), 0.5)
     argv = [sys.executable, "-m", "jaxdp", "train", *FLAGS, "--devices", "2", "--processes", "2", "--timeout", "120",
             "--checkpoint-dir", folder, "--resume"]
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = xla_flags.for_child(os.environ)
     out = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=env)
     refusals = [line for line in out.stderr.splitlines() if "is damaged" in line]
     # Process 0's exit can take the coordination service with it and abort process 1 (signal 6) first; the

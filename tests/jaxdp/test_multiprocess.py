@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from jaxdp.core import trace
+from jaxdp.core import trace, xla_flags
 from jaxdp.core.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES
 from tests.conftest import BASE, run
 
@@ -32,7 +32,7 @@ def _argv(cfg, strategies, extra=()):
 
 
 def _env():
-    return {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    return xla_flags.for_child(os.environ)
 
 
 def test_two_processes_equal_one_process_for_every_strategy(tmp_path):

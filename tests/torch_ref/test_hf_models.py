@@ -25,7 +25,10 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from jaxdp.core import trace  # noqa: E402
+from jaxdp.core import (
+    trace,  # noqa: E402
+    xla_flags,
+)
 from jaxdp.harness import cli_diff, divergence  # noqa: E402
 from tests import (
     REPO,
@@ -116,7 +119,7 @@ def test_port_example_names_the_planted_bug(tmp_path):
     argv = [sys.executable, os.path.join(REPO, "examples", "port_hf_model.py"), "--quick", "--plant-bug",
             "--out", str(tmp_path / "port")]
     run = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=tmp_path,
-                         env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+                         env=xla_flags.for_child(os.environ))
     assert run.returncode == 1, run.stdout + run.stderr[-3000:]
     assert "step 2, param, ln_f/scale" in run.stdout, run.stdout
     assert "step 2, param, norm/scale" in run.stdout, run.stdout

@@ -9,7 +9,7 @@ import sys
 import jax
 import pytest
 
-from jaxdp.core import trace
+from jaxdp.core import trace, xla_flags
 from jaxdp.harness import cli
 from tests.conftest import BASE, run
 
@@ -95,7 +95,7 @@ def test_train_in_a_fresh_process_writes_a_trace_equal_to_single(tmp_path):
     argv = [sys.executable, "-m", "jaxdp", "train", "--trace", str(path), "--hidden", "16,16"]
     for key in ("strategy", "devices", "steps", "batch_size", "optimizer", "lr", "weight_decay", "dtype", "seed"):
         argv += ["--" + key.replace("_", "-"), str(getattr(cfg, key))]
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = xla_flags.for_child(os.environ)
     out = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=env)
     assert out.returncode == 0, out.stderr
     assert "ddp-ring on 4 cpu device(s)" in out.stdout

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from jaxdp.core import trace
+from jaxdp.core import trace, xla_flags
 from jaxdp.harness import cli, parity
 from tests.helpers import as_trace, with_grads, with_update, with_value
 
@@ -19,7 +19,7 @@ def test_parity_command_prints_the_table_and_exits_zero():
     argv = [sys.executable, "-m", "jaxdp", "parity", "--strategies", "zero2,ddp-naive", "--devices", "2",
             "--steps", "3", "--batch-size", "8", "--hidden", "8", "--dtype", "float64", "--optimizer", "adam"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=300,
-                         env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+                         env=xla_flags.for_child(os.environ))
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
     assert any(line.startswith("zero2") and line.rstrip().endswith("ok") for line in lines), out.stdout

@@ -6,7 +6,8 @@ sets them off before JAX starts), which the rest of the suite's process does not
 
 CASES.json: a list of {"name", "config": RunConfig fields, "mutate": null | "algsimp" | "fold" | "bn-direct"}, run
 in order ("{out}" in a string field is OUT_DIR: a checkpoint folder, saved by one case, resumed by a later one).
-Writes OUT_DIR/<name>.npz (the trace's arrays). Mutations, to show the checks can fail:
+Writes OUT_DIR/<name>.npz (the trace's arrays) and prints each case's CPU seconds to stderr (shown when the
+test fails). Mutations, to show the checks can fail:
 `algsimp` compiles with XLA's algebraic simplifier on; `fold` adds the devices' partial sums in a
 left fold instead of the tree; `bn-direct` leaves BatchNorm's statistics' share out of the gradient;
 --allow-fma runs with fused multiply-adds (no flag). --devices=N: a process of N CPU devices (default 8);
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -75,11 +77,13 @@ def main(argv) -> None:
         # As `jaxdp train` runs it: float64 turns x64 on, other dtypes run without (with x64 on, some of
         # optax's float32 scalars are computed in float64: other bits, the same on every N).
         jax.config.update("jax_enable_x64", config.get("dtype") == "float64")
+        t0 = time.process_time()
         try:
             result = train.run(RunConfig(**config).validate(), record=True, progress=False)
         finally:
             _restore(saved)
         np.savez(out / f"{case['name']}.npz", **result.arrays)
+        print(f"{time.process_time() - t0:6.2f} {case['name']}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

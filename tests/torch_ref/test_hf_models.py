@@ -25,10 +25,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from jaxdp.core import (
-    trace,  # noqa: E402
-    xla_flags,
-)
+from jaxdp.core import trace, xla_flags  # noqa: E402
 from jaxdp.harness import cli_diff, divergence  # noqa: E402
 from tests import (
     REPO,

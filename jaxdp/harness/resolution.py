@@ -21,7 +21,8 @@ rounding r_k. The measured difference of one step's updates (du = p_k - p_(k-1),
      in one tensor is not common.
 
 What is left, x_i = max(|du_a - du_b - (U_a - U_b)_i - s V_i| - C_ARITH u M_i - (m's and A's terms), 0)
-(V: v's share of B's update), is storage only, and is judged
+(V: v's share of B's update; Adam with coupled decay also less C_SPLIT u T_i, jaxdp/harness/decay_split.py),
+is storage only, and is judged
   per element  x_i <= 2 ulp_i                                   ('resolved element')
   per tensor   sum x_i^2 <= sum ulp_i^2 / 3 + 16 sqrt(sum ulp_i^4)  ('resolved update')
 The tensor bound: each side's r is at most two roundings, each uniform in +-ulp/2 (variance ulp^2 / 12),
@@ -43,7 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core import trace as trace_mod
-from . import error_model
+from . import decay_split, error_model
 
 C_ARITH = 16  # unit roundoffs of the update's running magnitude (a handful of operations, with margin)
 MEASURES = ("resolved update", "resolved element")
@@ -108,6 +109,7 @@ def resolve(a: trace_mod.Trace, b: trace_mod.Trace) -> Resolution | None:
     env_a, env_b, w_a, w_b = {}, {}, {}, {}
     ra = error_model.replay(a, opt, names, envelope=env_a, weights=w_a)
     rb = error_model.replay(b, opt, names, envelope=env_b, weights=w_b)
+    split_a, split_b = (decay_split.envelope(t, opt, names) for t in (a, b))  # Adam's coupled decay, rounded apart
     out = Resolution(opt)
     for k in sorted(set(ra) & set(rb)):
         pairs = {n: (pa, pb) for n in names if (pa := _params(a, k, n)) is not None and (pb := _params(b, k, n))
@@ -130,6 +132,8 @@ def resolve(a: trace_mod.Trace, b: trace_mod.Trace) -> Resolution | None:
             loose = [(limit, b if s is None else a - b) for limit, s, a, b in
                      ((limit_v, s_v, by_v_a[n], by_v[n]), (limit_m, s_m, adam_a[n], adam[n]))]
             noise = C_ARITH * u * np.maximum(env_a[k][n], env_b[k][n]) + sum(lim * np.abs(x) for lim, x in loose)
+            noise = noise + decay_split.C_SPLIT * u * np.maximum(split_a.get(k, {}).get(n, 0.0),
+                                                                 split_b.get(k, {}).get(n, 0.0))
             expected = replayed[n] + (s_v or 0.0) * by_v[n] + (s_m or 0.0) * adam[n]
             found = judge_tensor(pa, pb, expected, noise, k, n)
             out.cells += found

@@ -21,7 +21,7 @@
   the suite's small steps 2.5x faster (101 programs of three ZeRO and DDP runs: 7.4 -> 2.9 CPU-s). It changes
   how elementwise work is fused, not what is communicated: tests/house/test_compile_flag.py checks, against a
   process at XLA's defaults, the same collectives in the same order and memory within 1%. The docs' figures
-  are measured by the CLI at XLA's defaults. The tests' child processes keep it (`jaxdp.core.xla_flags`), but
+  are measured by the CLI at XLA's defaults. The tests' child processes keep it (`jaxdp.core.xla_flags`), all but
   the canonical tests' production processes, whose claim is bitwise on the machine code users run."""
 import os
 import shutil

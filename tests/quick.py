@@ -106,6 +106,7 @@ QUICK = {
                                              "test_the_hook_is_lax_outside_canonical_batchnorm"),
     "tests/jaxdp/harness/test_divergence.py": ALL,
     "tests/jaxdp/harness/test_decay_split.py": ALL,  # the judge's coupled-decay term, both ways (9 s)
+    "tests/jaxdp/harness/test_common_scale.py": ALL,  # the judge's common factor, weighted, both ways (0.1 s)
     "tests/jaxdp/harness/test_error_model.py": ALL,
     "tests/jaxdp/harness/test_diff_api.py": ALL,
     "tests/jaxdp/harness/test_cli.py": (

@@ -16,9 +16,10 @@ rounding r_k. The measured difference of one step's updates (du = p_k - p_(k-1),
      step; optax: once), so |r_a - r_b| <= 2 ulp_i, ulp_i the spacing of the larger of p_k and p_(k-1);
   4. Adam's bias corrections 1 - beta^t: optax computes them in the run's dtype (float32 without x64:
      1 - 0.999 errs by 1.3e-5 relative, and beta's rounding grows with t), torch in float64, so a whole
-     step's updates may differ in v's share (and in m's) by one factor common to every tensor, fitted as the median
-     over the tensors and clamped to what that rounding can make (`common_scale`, `bias_limits`): a bug
-     in one tensor is not common.
+     step's updates may differ in v's share (and in m's) by one factor common to every tensor, fitted as a
+     median over the tensors weighted by how finely each one's storage resolves it (none above a third),
+     and clamped to what that rounding can make (`common_scale`, `bias_limits`): a bug in one tensor is
+     not common.
 
 What is left, x_i = max(|du_a - du_b - (U_a - U_b)_i - s V_i| - C_ARITH u M_i - (m's and A's terms), 0)
 (V: v's share of B's update; Adam with coupled decay also less C_SPLIT u T_i, jaxdp/harness/decay_split.py),
@@ -123,8 +124,9 @@ def resolve(a: trace_mod.Trace, b: trace_mod.Trace) -> Resolution | None:
         by_v_a = {n: adam_a[n] * w_a.get(k, {}).get(n, 0.0) for n in pairs}
         replayed = {n: ra[k][n] - rb[k][n] for n in pairs}
         residual = {n: _du(*pa) - _du(*pb) - replayed[n] for n, (pa, pb) in pairs.items()}
-        s_v = common_scale(limit_v, residual, by_v)  # v's correction first (the larger), then m's on what is left
-        s_m = common_scale(limit_m, {n: r - (s_v or 0.0) * by_v[n] for n, r in residual.items()}, adam)
+        ulps = {n: _ulp(*pa, *pb) for n, (pa, pb) in pairs.items()}
+        s_v = common_scale(limit_v, residual, by_v, ulps)  # v's correction first (the larger), then m's on what is left
+        s_m = common_scale(limit_m, {n: r - (s_v or 0.0) * by_v[n] for n, r in residual.items()}, adam, ulps)
         for n, (pa, pb) in pairs.items():
             # each factor is fitted on B's updates; where A's differ (elements the replay already explains),
             # it may sit on A's side instead: its limit times the difference. No fit (fewer than 3 tensors):
@@ -165,21 +167,53 @@ def bias_limits(opt, count: int, u: float) -> tuple[float, float]:
             u * (count + 1) * b2 ** count / (1 - b2 ** count) + 4 * u)
 
 
-def common_scale(limit: float, residual: dict, by_v: dict) -> float | None:
+def common_scale(limit: float, residual: dict, by_v: dict, ulps: dict | None = None) -> float | None:
     """The factor s by which v's bias correction moved every tensor's Adam update on one side: the update's
-    part set by v, A sqrt(v_hat) / (sqrt(v_hat) + eps), times s. Fitted as the median over the tensors of
-    each one's least-squares factor (a bug in one tensor moves its own factor, not the median; 3 tensors at
-    least, else None), clamped to `limit` (`bias_limits`); 0 for sgd and momentum."""
-    factors = []
-    for n, a in by_v.items():
-        weight = float(np.sum(a * a))
-        if weight > 0 and np.isfinite(weight) and np.isfinite(residual[n]).all():
-            factors.append(float(np.sum(residual[n] * a)) / weight)
+    part set by v, A sqrt(v_hat) / (sqrt(v_hat) + eps), times s. Fitted as a weighted median over the tensors
+    of each one's least-squares factor (3 tensors at least, else None), clamped to `limit` (`bias_limits`);
+    0 for sgd and momentum. Each tensor weighs by how well its storage roundoff (`ulps`, per element) lets it
+    resolve the factor, 1 / its factor's variance, capped at a third of the total, so that no tensor alone
+    (a bug in one tensor moves its own factor) sets the median. Unweighted, the median followed noise: in
+    float64, a BatchNorm scale near 1 resolves its update to 2e-13 relative and a bias near 2e-3 to 4e-16,
+    and a median of 3e-15 set by the noisy half moved the biases' expected updates by 7 of their ulps
+    (docs/PARITY.md, "the cnn's false alarm")."""
     if limit == 0:
         return 0.0
+    factors, weights = [], []
+    for n, a in by_v.items():
+        energy = float(np.sum(a * a))
+        if energy > 0 and np.isfinite(energy) and np.isfinite(residual[n]).all():
+            factors.append(float(np.sum(residual[n] * a)) / energy)
+            noise = float(np.sum(a * a * ulps[n] ** 2)) if ulps is not None else 0.0
+            weights.append(energy * energy / noise if noise > 0 else 1.0)
     if len(factors) < 3:
         return None
-    return float(np.clip(np.median(factors), -limit, limit))
+    weights = capped(np.asarray(weights) if ulps is not None else np.ones(len(factors)), 1 / 3)
+    order = np.argsort(factors)
+    cumulative = np.cumsum(weights[order])
+    median = float(np.asarray(factors)[order][int(np.searchsorted(cumulative, cumulative[-1] / 2))])
+    return float(np.clip(median, -limit, limit))
+
+
+def capped(weights: np.ndarray, share: float) -> np.ndarray:
+    """`weights` with none above `share` of the new total: the largest cut to the one level c at which the k
+    cut ones and the rest satisfy c = share (k c + rest)."""
+    w = np.where(np.isfinite(weights), weights, 0.0).astype(np.float64)
+    desc = np.sort(w)[::-1]
+    for k in range(len(w)):
+        rest = float(np.sum(desc[k:]))
+        if k == 0:
+            if desc[0] <= share * rest:
+                return w
+            continue
+        if share * k < 1 and desc[k - 1] >= (c := share * rest / (1 - share * k)) >= desc[k]:
+            return np.minimum(w, c)
+    return np.ones_like(w)  # no level: every tensor alike
+
+
+def _ulp(a0, a1, b0, b1) -> np.ndarray:
+    """Per element, the spacing of the largest of a tensor's four stored parameters (both sides, both steps)."""
+    return np.maximum.reduce([np.spacing(np.abs(v)).astype(np.float64) for v in (a0, a1, b0, b1)])
 
 
 def _params(t, k: int, name: str):
@@ -200,7 +234,7 @@ def judge_tensor(pa, pb, expected, noise, step: int, name: str) -> list[Finding]
         x = np.maximum(np.abs(du_a - du_b - np.nan_to_num(expected, nan=0.0, posinf=0.0, neginf=0.0))
                        - np.nan_to_num(noise, nan=0.0, posinf=0.0), 0.0)
         x = np.where(np.isfinite(du_a) & np.isfinite(du_b), x, np.nan)
-    ulp = np.maximum.reduce([np.spacing(np.abs(v)).astype(np.float64) for v in (a0, a1, b0, b1)])
+    ulp = _ulp(a0, a1, b0, b1)
     if not x.size:
         return []
     scale = float(np.linalg.norm(du_b)) or 1.0

@@ -23,11 +23,9 @@ nothing cancels (s ~ |g_eff|), T is about lr and the allowance grows by a quarte
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from . import error_model
+from . import error_model, recorded_steps
 
 C_SPLIT = 4  # unit roundoffs of T allowed: twice the 2 u two copies can differ by
 
@@ -44,33 +42,14 @@ def envelope(t, opt: error_model.Optimizer, names) -> dict:
         return {}
     b1, b2 = opt.betas
     state, split, out = {}, {}, {}
-    params = {n: np.asarray(t.arrays[f"init/{n}"], np.float64) for n in names}
-    for k in range(t.first_step, t.steps + 1):
-        keys = {n: f"step/{k}/grad/{n}" for n in names}
-        if not all(key in t.arrays and np.shape(t.arrays[key]) == params[n].shape for n, key in keys.items()):
-            break
-        grads = {n: np.asarray(t.arrays[key], np.float64) for n, key in keys.items()}
-        count = k - t.first_step + 1
+    for k, count, grads, params in recorded_steps.steps(t, names):
         error_model._update(opt, grads, params, state, count)  # state[n] = (m, v) after this step
-        coef = _clip_coefficient(opt, grads)
+        coef = recorded_steps.clip_coefficient(opt.clip_norm, grads)
         out[k] = {}
         with np.errstate(all="ignore"):
             for n in names:
-                g = grads[n] * coef
-                s = np.abs(g) + opt.weight_decay * np.abs(params[n])
+                s = np.abs(grads[n] * coef) + opt.weight_decay * np.abs(params[n])
                 split[n] = b1 * split.get(n, 0.0) + (1 - b1) * s
-                m, v = state[n]
+                v = state[n][1]
                 out[k][n] = split[n] * opt.lr / ((1 - b1 ** count) * (np.sqrt(v / (1 - b2 ** count)) + opt.eps))
-        after = {n: np.asarray(t.arrays.get(f"step/{k}/param/{n}", params[n]), np.float64) for n in names}
-        if any(after[n].shape != params[n].shape for n in names):
-            break
-        params = after
     return out
-
-
-def _clip_coefficient(opt: error_model.Optimizer, grads: dict) -> float:
-    """The factor `error_model._update` scales the step's gradients by (torch's clip_grad_norm_), 1 without."""
-    if opt.clip_norm <= 0:
-        return 1.0
-    norm = math.sqrt(sum(float(np.sum(g * g)) for g in grads.values()))
-    return min(opt.clip_norm / (norm + error_model.CLIP_EPS), 1.0)

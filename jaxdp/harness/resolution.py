@@ -184,11 +184,11 @@ def common_scale(limit: float, residual: dict, by_v: dict, ulps: dict | None = N
         energy = float(np.sum(a * a))
         if energy > 0 and np.isfinite(energy) and np.isfinite(residual[n]).all():
             factors.append(float(np.sum(residual[n] * a)) / energy)
-            noise = float(np.sum(a * a * ulps[n] ** 2)) if ulps is not None else 0.0
-            weights.append(energy * energy / noise if noise > 0 else 1.0)
+            noise = float(np.sum(a * a * ulps[n] ** 2)) if ulps is not None else 1.0
+            weights.append(energy * energy / noise if noise > 0 else math.inf)  # 0 (underflow): exact; inf: capped
     if len(factors) < 3:
         return None
-    weights = capped(np.asarray(weights) if ulps is not None else np.ones(len(factors)), 1 / 3)
+    weights = capped(np.asarray(weights), 1 / 3) if ulps is not None else np.ones(len(factors))  # None: plain
     order = np.argsort(factors)
     cumulative = np.cumsum(weights[order])
     median = float(np.asarray(factors)[order][int(np.searchsorted(cumulative, cumulative[-1] / 2))])
@@ -198,7 +198,11 @@ def common_scale(limit: float, residual: dict, by_v: dict, ulps: dict | None = N
 def capped(weights: np.ndarray, share: float) -> np.ndarray:
     """`weights` with none above `share` of the new total: the largest cut to the one level c at which the k
     cut ones and the rest satisfy c = share (k c + rest)."""
-    w = np.where(np.isfinite(weights), weights, 0.0).astype(np.float64)
+    w = np.where(np.isnan(weights), 0.0, weights).astype(np.float64)
+    finite = float(np.sum(w[np.isfinite(w)]))
+    w = np.where(np.isinf(w), 10 * finite + 1, w)  # past any level c the others can set (c <= their sum)
+    if not np.sum(w) > 0 or not np.isfinite(np.sum(w)):
+        return np.ones_like(w)
     desc = np.sort(w)[::-1]
     for k in range(len(w)):
         rest = float(np.sum(desc[k:]))

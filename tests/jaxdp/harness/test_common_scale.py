@@ -62,3 +62,13 @@ def test_no_tensor_weighs_more_than_a_third():
         c = resolution.capped(np.array(w), 1 / 3)
         assert c.max() <= c.sum() / 3 * (1 + 1e-12) and (c <= np.array(w)).all()
     assert (resolution.capped(np.array([1.0, 2, 3, 4, 5, 6, 7]), 1 / 3) == [1, 2, 3, 4, 5, 6, 7]).all()
+
+
+def test_a_tensor_resolved_beyond_float64_or_not_at_all_keeps_the_fit_finite():
+    assert (resolution.capped(np.array([np.inf, 1.0, 1.0, 1.0]), 1 / 3) <= 1.5).all()
+    assert (resolution.capped(np.array([np.inf, np.inf, np.inf]), 1 / 3) == 1).all()
+    assert (resolution.capped(np.array([0.0, 0.0, np.nan]), 1 / 3) == 1).all()
+    residual, by_v, ulps = tensors(4)
+    ulps["b1"] = np.zeros_like(ulps["b1"])  # its weight past float64
+    s = resolution.common_scale(LIMIT, residual, by_v, ulps)
+    assert np.isfinite(s) and abs(s) * 1e-3 < ULP["b"]

@@ -167,7 +167,7 @@ def bias_limits(opt, count: int, u: float) -> tuple[float, float]:
             u * (count + 1) * b2 ** count / (1 - b2 ** count) + 4 * u)
 
 
-def common_scale(limit: float, residual: dict, by_v: dict, ulps: dict | None = None) -> float | None:
+def common_scale(limit: float, residual: dict, by_v: dict, ulps: dict) -> float | None:
     """The factor s by which v's bias correction moved every tensor's Adam update on one side: the update's
     part set by v, A sqrt(v_hat) / (sqrt(v_hat) + eps), times s. Fitted as a weighted median over the tensors
     of each one's least-squares factor (3 tensors at least, else None), clamped to `limit` (`bias_limits`);
@@ -184,11 +184,11 @@ def common_scale(limit: float, residual: dict, by_v: dict, ulps: dict | None = N
         energy = float(np.sum(a * a))
         if energy > 0 and np.isfinite(energy) and np.isfinite(residual[n]).all():
             factors.append(float(np.sum(residual[n] * a)) / energy)
-            noise = float(np.sum(a * a * ulps[n] ** 2)) if ulps is not None else 1.0
+            noise = float(np.sum(a * a * ulps[n] ** 2))
             weights.append(energy * energy / noise if noise > 0 else math.inf)  # 0 (underflow): exact; inf: capped
     if len(factors) < 3:
         return None
-    weights = capped(np.asarray(weights), 1 / 3) if ulps is not None else np.ones(len(factors))  # None: plain
+    weights = capped(np.asarray(weights), 1 / 3)
     order = np.argsort(factors)
     cumulative = np.cumsum(weights[order])
     median = float(np.asarray(factors)[order][int(np.searchsorted(cumulative, cumulative[-1] / 2))])

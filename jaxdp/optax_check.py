@@ -15,6 +15,8 @@ from .core.config import ConfigError
 
 PROBE_DIM = 512  # a dimension above this is cut to it: shape thresholds (adafactor's 128) stay visible
 WHOLE = 1 << 20  # a parameter of at most this many elements is probed at its true shape (padding included)
+# The probe runs once on a few values: how fast its machine code is does not matter, how long it compiles does.
+PROBE_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 # State types of transformations known to be element-wise (not named in the error).
 ELEMENTWISE_STATES = {"EmptyState", "ScaleByAdamState", "ScaleByScheduleState", "TraceState", "ScaleByRmsState",
                       "ScaleByRStdDevState", "ScaleByBeliefState", "ScaleByLionState", "MaskedState",
@@ -49,13 +51,19 @@ def _flat(tree, n):
 
 
 def _updates(optimizer, params, grads):
-    state = optimizer.init(params)
-    out = []
-    for g in grads:
-        updates, state = optimizer.update(g, state, params)
-        out.append(updates)
-        params = jax.tree.map(lambda p, u: p + u, params, updates)
-    return out, state
+    """The optimizer's updates for `grads` in turn from `params`, and its last state: one program, compiled
+    with LLVM's optimisations off (PROBE_COMPILE). Run op by op, as it was, each operation compiled once per
+    shape: for 49 tensors with AdamW and clipping, 5.3 s of a ZeRO run's start against 2.4 s so (2-core CPU)."""
+    def run(params, grads):
+        state = optimizer.init(params)
+        out = []
+        for g in grads:
+            updates, state = optimizer.update(g, state, params)
+            out.append(updates)
+            params = jax.tree.map(lambda p, u: p + u, params, updates)
+        return out, state
+
+    return jax.jit(run).lower(params, grads).compile(compiler_options=PROBE_COMPILE)(params, grads)
 
 
 def check_elementwise(optimizer, params, n: int) -> None:

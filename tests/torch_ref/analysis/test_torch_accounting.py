@@ -59,6 +59,24 @@ def measured(n: int) -> dict:
     return {_key(c): accounting.summarise(c, [v[i] for v in views]) for i, c in enumerate(cfgs)}
 
 
+def measured_view(n: int, key) -> dict:
+    """`measured(n)[key]`, measured once more where the ranks' counts differ: seen in about 1 of 30 runs (zero1, N = 3,
+    the mlp and the cnn; not reproduced outside the suite's worlds), one rank's profiler missed or doubled an event
+    of gloo's asynchronous work. The assertions hold on the second measurement; a real difference between ranks
+    would repeat, and `ranks_differ` names its fields."""
+    got = measured(n)[key]
+    if "comm_per_rank" in got:
+        measured.cache_clear()
+        got = measured(n)[key]
+    return got
+
+
+def ranks_differ(got) -> dict:
+    """{rank: {field: bytes}} of the fields where a rank's communication differs from rank 0's."""
+    ranks = got.get("comm_per_rank", [])
+    return {r: {k: v for k, v in c.items() if v != ranks[0][k]} for r, c in enumerate(ranks) if c != ranks[0]}
+
+
 @functools.cache
 def shapes(cfg=CFG) -> list[tuple[int, ...]]:
     dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
@@ -79,16 +97,11 @@ KEYS = [(c.strategy, c.optimizer, c.clip_norm) for c in CONFIGS]
 @pytest.mark.parametrize("key", KEYS, ids=lambda k: "-".join(map(str, k)))
 def test_measured_communication_equals_theory(key, n):
     strategy, _, clip = key
-    got = measured(n)[key]
-    if "comm_per_rank" in got:
-        # Seen once in four full runs (zero1, N=3): one rank's profiler missed or doubled an event of
-        # gloo's asynchronous work. Measure the world once more; the assertions below are unchanged.
-        measured.cache_clear()
-        got = measured(n)[key]
+    got = measured_view(n, key)
     expected = accounting.theory(strategy, shapes(), n, ITEMSIZE, clip=clip > 0)
     for kind in (*accounting.KINDS, "total"):
         assert got["comm"][kind] == pytest.approx(expected[kind], rel=1e-12, abs=1e-9), (kind, got["comm"], expected)
-    assert "comm_per_rank" not in got  # per device by convention: every rank the same
+    assert "comm_per_rank" not in got, ranks_differ(got)  # per device by convention: every rank the same
     assert len(got["step_times"]) == 2 and all(t > 0 for t in got["step_times"])
 
 
@@ -151,13 +164,13 @@ def _assert_comm(got, expected):
 def test_cnn_batchnorm_communication_equals_theory(n, cfg):
     """What the process group ran for a cnn step equals `theory` with its BatchNorm term; without that
     term (the negative control) it does not."""
-    got = measured(n)[_key(cfg)]
+    got = measured_view(n, _key(cfg))
     bn = batchnorm(cfg)
     assert bn == accounting.BatchNormCount(sum(cfg.channels), 2, cfg.batchnorm == "sync")
     _assert_comm(got, accounting.theory(cfg.strategy, shapes(cfg), n, ITEMSIZE, accum=cfg.accum, batchnorm=bn))
     without = accounting.theory(cfg.strategy, shapes(cfg), n, ITEMSIZE, accum=cfg.accum)
     assert got["comm"]["total"] != pytest.approx(without["total"])
-    assert "comm_per_rank" not in got, (got.get("comm_per_rank"), got["comm_ops"], got.get("comm_groups"))
+    assert "comm_per_rank" not in got, (ranks_differ(got), got["comm"], got["comm_ops"])
 
 
 def test_backend_events_are_paired_with_their_process_group():

@@ -162,6 +162,21 @@ def as_trace(res) -> trace.Trace:
 
 
 # ---- in the spawned ranks -----------------------------------------------------------------------
+def train_jobs(rank: int, n: int, jobs: list) -> list:
+    """Each job (cfg, init, record) trained in turn: rank 0's RunResults in order (None elsewhere). A rank runs it
+    from here, not from a test module, which would import that module's imports (JAX) in every rank."""
+    from torch_ref.train import train_rank
+
+    return [train_rank(rank, n, cfg, init, record) for cfg, init, record in jobs]
+
+
+def loaded(rank: int, n: int, names: list) -> dict:
+    """{module: already imported} in a rank as it starts (tests/torch_ref/test_torch_launch.py)."""
+    import sys
+
+    return {name: name in sys.modules for name in names}
+
+
 def run_jobs(rank: int, n: int, jobs: list) -> list:
     from torch_ref.train import train_rank
 

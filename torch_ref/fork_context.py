@@ -7,6 +7,7 @@ launcher's environment from the launcher (`launch._entry`), not the server's.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from multiprocessing import forkserver
 from multiprocessing import util as mp_util
@@ -16,6 +17,16 @@ import torch.multiprocessing as mp
 from jaxdp.core import progress
 
 PRELOAD = ["torch_ref.rank_server"]  # the fork server's start-up: bound to its launcher, torch imported once
+OPTIONAL = ("transformers",)  # imported by the server too when the launcher has imported them (below)
+
+
+def preload() -> list[str]:
+    """`PRELOAD`, then the optional libraries the launcher has already imported, with their model modules
+    (`transformers.models.gpt2.modeling_gpt2`): a launcher that built a transformers model starts ranks that build
+    it, and each rank would import them again (about 1.2 CPU-s for transformers, up to 1 more per model)."""
+    loaded = [name for name in sys.modules if name in OPTIONAL
+              or name.startswith(tuple(f"{m}.models." for m in OPTIONAL)) and ".modeling_" in name]
+    return PRELOAD + sorted(loaded, key=lambda name: (name.count("."), name))
 
 
 def short_socket_folder() -> None:
@@ -33,10 +44,10 @@ def short_socket_folder() -> None:
 
 
 def context():
-    """The 'forkserver' context, its server started here (Ctrl-C left to this process) on `PRELOAD`
-    (`torch_ref.rank_server`); a server from an earlier launch is reused while it runs."""
+    """The 'forkserver' context, its server started here (Ctrl-C left to this process) on `preload()`
+    (`torch_ref.rank_server` first); a server from an earlier launch is reused while it runs."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
+    ctx.set_forkserver_preload(preload())
     short_socket_folder()
     with progress.sigint_left_to_this_process():
         forkserver.ensure_running()

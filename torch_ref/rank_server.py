@@ -19,6 +19,7 @@ lifeline.bind_to(os.getppid())
 # After the binding: a launcher killed during these imports takes the server too. Imported once here, they are
 # shared by every rank forked from this process.
 import torch  # noqa: E402,F401
+import torch._dynamo  # noqa: E402,F401  (torch.optim's first step imports it: 0.7-1.4 CPU-s a rank otherwise)
 import torch.distributed  # noqa: E402,F401
 
 import torch_ref.train  # noqa: E402,F401

@@ -12,8 +12,12 @@ dtype); labels are int32.
 """
 from __future__ import annotations
 
+import functools
+import gzip
+import importlib.util
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 
 import numpy as np
 
@@ -92,15 +96,36 @@ def token_stream(vocab: int = TOKENS_VOCAB, length: int = TOKENS_LENGTH) -> np.n
     return out
 
 
+DIGITS_SHAPE = (1797, 65)  # scikit-learn's digits.csv.gz: 64 pixels (0-16) and the label, per image
+
+
+@functools.cache
+def digits() -> tuple[np.ndarray, np.ndarray]:
+    """(pixels [1797, 64] float64 in 0..16, labels [1797] int32): `sklearn.datasets.load_digits`'s arrays,
+    read from the file scikit-learn ships, as it reads it, without importing scikit-learn (1.3 CPU-s and a
+    thread, paid by every torch rank that loads the digits); `load_digits` itself where the file is not
+    found or not the expected table."""
+    spec = importlib.util.find_spec("sklearn")
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    path = Path(folders[0], "datasets", "data", "digits.csv.gz") if folders else None
+    table = None
+    if path is not None and path.is_file():
+        with gzip.open(path, mode="rt", encoding="utf-8") as f:
+            table = np.loadtxt(f, delimiter=",")
+    if table is None or table.shape != DIGITS_SHAPE or not np.isin(table, np.arange(17)).all():
+        from sklearn.datasets import load_digits
+
+        found = load_digits()
+        return found.data.astype(np.float64), found.target.astype(np.int32)
+    return table[:, :-1], table[:, -1].astype(np.int32)
+
+
 def load(name: str, seed: int, seq_len: int = 32) -> Dataset:
     if name == "synthetic":
         return Dataset(name, seed, SYNTHETIC_FEATURES, SYNTHETIC_CLASSES)
     if name == "digits":
-        from sklearn.datasets import load_digits  # ships with scikit-learn, read from disk
-
-        digits = load_digits()
-        x = digits.data.astype(np.float64) / 16.0
-        return Dataset(name, seed, x.shape[1], 10, x, digits.target.astype(np.int32))
+        pixels, labels = digits()
+        return Dataset(name, seed, pixels.shape[1], 10, pixels / 16.0, labels.copy())
     if name == "text":
         text = text_corpus()
         vocab = "".join(sorted(set(text)))

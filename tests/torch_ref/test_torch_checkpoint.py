@@ -20,8 +20,8 @@ from jaxdp.core import ckpt_folder
 from jaxdp.harness import torch_run
 from tests import REPO
 from tests.helpers import assert_bitwise_equal, resumed_steps
-from tests.torch_helpers import BASE, init_for, init_key
-from torch_ref import checkpoint, train
+from tests.torch_helpers import BASE, init_for, init_key, train_jobs
+from torch_ref import checkpoint
 from torch_ref.launch import launch
 
 CFG = BASE.replace(devices=4, steps=6, optimizer="adamw", clip_norm=0.5, batch_size=24)
@@ -33,12 +33,6 @@ def steps_equal(resumed, full, first=4, exact=True, tol=1e-12):
     """The resumed run recorded exactly steps `first`..the last, each equal to the uninterrupted run's."""
     steps = resumed_steps(resumed, full, first, exact=exact, tol=tol)
     assert steps == set(range(first, resumed.cfg.steps + 1)), sorted(steps)
-
-
-# ---- in the spawned ranks -----------------------------------------------------------------------
-def run_jobs(rank, n, jobs):
-    """Each job: (cfg, init, record); returns rank 0's RunResults in order (None elsewhere)."""
-    return [train.train_rank(rank, n, cfg, init, record) for cfg, init, record in jobs]
 
 
 def _job(cfg, record=True):
@@ -61,7 +55,7 @@ def four(folder):
         dirs[s] = str(folder / s)
         jobs += [_job(cfg), _job(cfg.replace(steps=3, checkpoint_dir=dirs[s], checkpoint_every=3), record=False),
                  _job(cfg.replace(checkpoint_dir=dirs[s], resume=True))]
-    out = launch(run_jobs, 4, jobs, timeout_s=300, pg_timeout_s=60)[0]
+    out = launch(train_jobs, 4, jobs, timeout_s=300, pg_timeout_s=60)[0]
     return {s: (out[3 * i], out[3 * i + 2], dirs[s]) for i, s in enumerate(BIT_FOR_BIT)}
 
 
@@ -98,7 +92,7 @@ def two(four, killed):
     jobs = [_job(CFG.replace(strategy="zero3", devices=2, checkpoint_dir=four["zero3"][2], resume=True)),
             _job(KILLED.replace(steps=last + 2, checkpoint_dir=killed, resume=True)),
             _job(KILLED.replace(steps=last + 2))]
-    out = launch(run_jobs, 2, jobs, timeout_s=300, pg_timeout_s=60)[0]
+    out = launch(train_jobs, 2, jobs, timeout_s=300, pg_timeout_s=60)[0]
     return {"zero3": out[0], "killed": (last, out[1], out[2])}
 
 

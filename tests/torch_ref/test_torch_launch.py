@@ -141,6 +141,26 @@ def _rank_pids(launcher_pid: int) -> list[int]:
     return sorted(pids)
 
 
+def test_ranks_start_with_what_every_rank_imports_already_imported():
+    """The fork server imports once what each rank would import: torch._dynamo (torch.optim's first step imports
+    it: seen in a launcher without transformers, which imports it too), and transformers with its model modules
+    when the launcher has imported them (`fork_context.preload`)."""
+    import transformers  # noqa: F401
+    from transformers.models.gpt2 import modeling_gpt2  # noqa: F401
+
+    from torch_ref import fork_context
+
+    names = fork_context.preload()
+    assert names[:2] == ["torch_ref.rank_server", "transformers"], names
+    assert "transformers.models.gpt2.modeling_gpt2" in names
+    code = ("import sys; from torch_ref.launch import launch; from tests.torch_helpers import loaded; "
+            "print('transformers' in sys.modules, launch(loaded, 2, ['torch._dynamo', 'torch_ref.train'], "
+            "timeout_s=120, pg_timeout_s=60)[0])")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, cwd=REPO,
+                          env=_env())
+    assert proc.stdout.strip() == "False {'torch._dynamo': True, 'torch_ref.train': True}", proc.stderr[-2000:]
+
+
 def test_a_killed_rank_stops_the_run_quickly():
     """SIGKILL one rank mid-training: the launcher must notice, stop the other and exit non-zero
     within a bounded time, naming the dead rank (never a hang in the survivor's collective)."""

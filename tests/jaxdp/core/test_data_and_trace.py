@@ -34,6 +34,33 @@ def test_datasets_shapes():
     assert len(set(labels)) >= 5  # the teacher uses many classes
 
 
+def test_digits_are_scikit_learns_arrays_read_without_importing_it(monkeypatch):
+    """`data.digits` reads scikit-learn's file itself (no `import sklearn`, which costs every torch rank 1.3 CPU-s):
+    the same arrays as `load_digits`; a missing file or a table of another shape falls back to `load_digits`."""
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits
+
+    from tests import REPO
+
+    code = "import sys; from jaxdp.core import data; data.load('digits', 0); print('sklearn' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                          timeout=60).stdout.strip() == "False"
+    ref = load_digits()
+    for breaks in (None, "no file", "other shape"):
+        data.digits.cache_clear()
+        if breaks == "no file":
+            monkeypatch.setattr(data.importlib.util, "find_spec", lambda name: None)
+        if breaks == "other shape":
+            monkeypatch.setattr(data, "DIGITS_SHAPE", (1797, 66))
+        pixels, labels = data.digits()
+        assert pixels.dtype == np.float64 and labels.dtype == np.int32, breaks
+        assert np.array_equal(pixels, ref.data) and np.array_equal(labels, ref.target), breaks
+        monkeypatch.undo()
+    data.digits.cache_clear()
+
+
 def test_trace_round_trip_and_layout(tmp_path):
     res = run(BASE.replace(strategy="single", devices=1))
     trace.save(tmp_path / "t.npz", res.meta, res.arrays)

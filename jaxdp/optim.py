@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from .optax_check import Elementwise
+
 TORCH_CLIP_EPS = 1e-6
 MOMENTUM = 0.9
 
@@ -40,15 +42,16 @@ def clip_grad_norm(max_norm: float) -> optax.GradientTransformation:
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def make(name: str, lr: float, weight_decay: float = 0.0, clip_norm: float = 0.0) -> optax.GradientTransformation:
+def make(name: str, lr: float, weight_decay: float = 0.0, clip_norm: float = 0.0) -> Elementwise:
     """The optax chain for `--optimizer name`: the same under every strategy (ZeRO applies it to
-    the global sharded arrays, so clipping sees the whole gradient)."""
+    the global sharded arrays, so clipping sees the whole gradient). Element-wise parts only, so marked
+    `Elementwise`: ZeRO's probe of the optimizer (`jaxdp.optax_check`) is skipped for it."""
     parts = []
     if clip_norm > 0:
         parts.append(clip_grad_norm(clip_norm))
     if name == "adamw":
         parts.append(optax.adamw(lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=weight_decay))
-        return optax.chain(*parts)
+        return Elementwise(*optax.chain(*parts))
     if weight_decay > 0:
         parts.append(optax.add_decayed_weights(weight_decay))
     if name == "sgd":
@@ -59,7 +62,7 @@ def make(name: str, lr: float, weight_decay: float = 0.0, clip_norm: float = 0.0
         parts.append(optax.adam(lr, b1=0.9, b2=0.999, eps=1e-8))
     else:
         raise ValueError(f"unknown optimizer {name!r}; valid: sgd, momentum, adam, adamw")
-    return optax.chain(*parts)
+    return Elementwise(*optax.chain(*parts))
 
 
 def for_config(cfg) -> optax.GradientTransformation:

@@ -213,6 +213,28 @@ def test_a_shape_dependent_optimizer_is_named_under_zero_and_accepted_elsewhere(
     parallelize(optimizer=optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3)), strategy="zero2")
 
 
+def test_the_optimizers_jaxdp_builds_are_elementwise_so_zero_skips_their_probe(monkeypatch):
+    """`optim.make`'s optimizers are marked `Elementwise` and not probed by `parallelize`; that trust is this
+    test's: each of them, with weight decay and clipping, passes the probe on a (5, 7) kernel (padding over
+    N = 3, where a shape-reading one differs) and a 2-D bias; the same chain unmarked is probed."""
+    from jaxdp import optax_check, optim
+
+    params = {"kernel": np.ones((5, 7), np.float32), "bias": np.ones((1, 3), np.float32)}
+    for name in ("sgd", "momentum", "adam", "adamw"):
+        made = optim.make(name, 1e-2, weight_decay=0.1, clip_norm=0.5)
+        assert isinstance(made, optax_check.Elementwise), name
+        check_elementwise(optax.GradientTransformationExtraArgs(*made), params, 3)  # probed: passes
+    class Probed(Exception):
+        pass
+
+    def probe(*args):
+        raise Probed
+    monkeypatch.setattr(optax_check, "_updates", probe)
+    parallelize(optimizer=optim.make("adamw", 1e-3, clip_norm=1.0), strategy="zero2")  # not probed
+    with pytest.raises(Probed):
+        parallelize(optimizer=optax.chain(optax.adamw(1e-3)), strategy="zero2")
+
+
 @pytest.mark.parametrize("shape", [(256, 256), (5, 7)], ids=["factored-above-128", "padding-in-a-mean"])
 def test_the_probe_sees_the_true_shapes(shape):
     """Adafactor factors matrices whose dimensions reach 128, and scales by each parameter's RMS (the

@@ -131,6 +131,7 @@ QUICK = {
         "test_toy_model_is_not_projected",
         "test_criterion_boundary_is_compute_equal_to_communication",
         "test_compare_refuses_a_strategy_one_framework_lacks",
+        "test_local_batchnorm_is_a_finding_next_to_the_verdict_not_a_failure",  # the runner's own function
     ),
     # torch_ref in this process (a world of one)
     "tests/torch_ref/strategies/test_world_of_one.py": ALL,
@@ -170,6 +171,8 @@ QUICK = {
         "test_api_refuses_unknown_reductions_and_batchnorm",
     ),
     "tests/torch_ref/test_torch_checkpoint.py": ("test_cli_reports_checkpoint_errors_in_one_line",),
+    # a world of two from the fork server (torch_ref.fork_context, torch_ref.rank_server), in a child process
+    "tests/torch_ref/test_torch_launch.py": ("test_ranks_start_with_what_every_rank_imports_already_imported",),
 }
 
 

@@ -21,12 +21,11 @@ OPTIONAL = ("transformers",)  # imported by the server too when the launcher has
 
 
 def preload() -> list[str]:
-    """`PRELOAD`, then the optional libraries the launcher has already imported, with their model modules
-    (`transformers.models.gpt2.modeling_gpt2`): a launcher that built a transformers model starts ranks that build
-    it, and each rank would import them again (about 1.2 CPU-s for transformers, up to 1 more per model)."""
-    loaded = [name for name in sys.modules if name in OPTIONAL
-              or name.startswith(tuple(f"{m}.models." for m in OPTIONAL)) and ".modeling_" in name]
-    return PRELOAD + sorted(loaded, key=lambda name: (name.count("."), name))
+    """`PRELOAD`, then the optional libraries the launcher has already imported: a launcher that built a
+    transformers model starts ranks that build it, and each rank would import transformers again (about 1.2
+    CPU-s). Not its model modules: importing `modeling_utils` runs a torch operation that starts torch's
+    intra-op thread pool, and a pool started before the fork is one a rank with several threads may hang on."""
+    return PRELOAD + [name for name in OPTIONAL if name in sys.modules]
 
 
 def short_socket_folder() -> None:

@@ -143,16 +143,14 @@ def _rank_pids(launcher_pid: int) -> list[int]:
 
 def test_ranks_start_with_what_every_rank_imports_already_imported():
     """The fork server imports once what each rank would import: torch._dynamo (torch.optim's first step imports
-    it: seen in a launcher without transformers, which imports it too), and transformers with its model modules
-    when the launcher has imported them (`fork_context.preload`)."""
+    it: seen in a launcher without transformers, which imports it too), and transformers when the launcher has
+    imported it (`fork_context.preload`)."""
     import transformers  # noqa: F401
     from transformers.models.gpt2 import modeling_gpt2  # noqa: F401
 
     from torch_ref import fork_context
 
-    names = fork_context.preload()
-    assert names[:2] == ["torch_ref.rank_server", "transformers"], names
-    assert "transformers.models.gpt2.modeling_gpt2" in names
+    assert fork_context.preload() == ["torch_ref.rank_server", "transformers"]  # no model module: see preload
     code = ("import sys; from torch_ref.launch import launch; from tests.torch_helpers import loaded; "
             "print('transformers' in sys.modules, launch(loaded, 2, ['torch._dynamo', 'torch_ref.train'], "
             "timeout_s=120, pg_timeout_s=60)[0])")

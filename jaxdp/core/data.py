@@ -104,14 +104,17 @@ def digits() -> tuple[np.ndarray, np.ndarray]:
     """(pixels [1797, 64] float64 in 0..16, labels [1797] int32): `sklearn.datasets.load_digits`'s arrays,
     read from the file scikit-learn ships, as it reads it, without importing scikit-learn (1.3 CPU-s and a
     thread, paid by every torch rank that loads the digits); `load_digits` itself where the file is not
-    found or not the expected table."""
+    found, not readable, or not the expected table."""
     spec = importlib.util.find_spec("sklearn")
     folders = list(spec.submodule_search_locations or []) if spec else []
     path = Path(folders[0], "datasets", "data", "digits.csv.gz") if folders else None
     table = None
     if path is not None and path.is_file():
-        with gzip.open(path, mode="rt", encoding="utf-8") as f:
-            table = np.loadtxt(f, delimiter=",")
+        try:  # a file read like any other: unreadable or not numbers is the fallback below, not a crash
+            with gzip.open(path, mode="rt", encoding="utf-8") as f:
+                table = np.loadtxt(f, delimiter=",")
+        except (OSError, EOFError, ValueError, UnicodeDecodeError):
+            table = None
     if table is None or table.shape != DIGITS_SHAPE or not np.isin(table, np.arange(17)).all():
         from sklearn.datasets import load_digits
 

@@ -34,9 +34,9 @@ def test_datasets_shapes():
     assert len(set(labels)) >= 5  # the teacher uses many classes
 
 
-def test_digits_are_scikit_learns_arrays_read_without_importing_it(monkeypatch):
+def test_digits_are_scikit_learns_arrays_read_without_importing_it(monkeypatch, tmp_path):
     """`data.digits` reads scikit-learn's file itself (no `import sklearn`, which costs every torch rank 1.3 CPU-s):
-    the same arrays as `load_digits`; a missing file or a table of another shape falls back to `load_digits`."""
+    the same arrays as `load_digits`; a missing or damaged file, or a table of another shape, falls back to it."""
     import subprocess
     import sys
 
@@ -48,10 +48,18 @@ def test_digits_are_scikit_learns_arrays_read_without_importing_it(monkeypatch):
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                           timeout=60).stdout.strip() == "False"
     ref = load_digits()
-    for breaks in (None, "no file", "other shape"):
+    import gzip
+    import types
+
+    (tmp_path / "datasets" / "data").mkdir(parents=True)
+    (tmp_path / "datasets" / "data" / "digits.csv.gz").write_bytes(gzip.compress(b"1,2,x\n")[:-3])  # cut, not numbers
+    for breaks in (None, "no file", "other shape", "damaged file"):
         data.digits.cache_clear()
         if breaks == "no file":
             monkeypatch.setattr(data.importlib.util, "find_spec", lambda name: None)
+        if breaks == "damaged file":
+            damaged = types.SimpleNamespace(submodule_search_locations=[str(tmp_path)])
+            monkeypatch.setattr(data.importlib.util, "find_spec", lambda name, spec=damaged: spec)
         if breaks == "other shape":
             monkeypatch.setattr(data, "DIGITS_SHAPE", (1797, 66))
         pixels, labels = data.digits()

@@ -1,9 +1,9 @@
-"""The suite compiles with XLA:CPU's older fusion emitters (`FAST_COMPILE`, set by the root conftest.py: 2.5x faster
-compiles). It must change nothing the suite's checks read from a compiled step: the same collectives in the same
-order (kind, bytes, replica groups, times per step) and the same memory, temporaries within 1%, as a process at
-XLA's defaults compiles for the same configurations (zero3's per-unit gathers under accumulation, ddp-bucket's
-buckets, zero2's AdamW, hsdp's 2-D grid, fsdp-jit's partitioner). And the flag must do something (the programs'
-texts differ), or this check could not fail."""
+"""The suite compiles with XLA:CPU's older fusion emitters and one LLVM module per program (`FAST_COMPILE`, set by
+the root conftest.py: 2.5x faster compiles). It must change nothing the suite's checks read from a compiled step:
+the same collectives in the same order (kind, bytes, replica groups, times per step) and the same memory,
+temporaries within 1%, as a process at XLA's defaults compiles for the same configurations (zero3's per-unit
+gathers under accumulation, ddp-bucket's buckets, zero2's AdamW, hsdp's 2-D grid, fsdp-jit's partitioner). And the
+flags must do something (the programs' texts differ), or this check could not fail."""
 import json
 import os
 import subprocess

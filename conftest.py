@@ -20,7 +20,7 @@
   (`tests.FAST_COMPILE`; jaxlib 0.10, the pinned version, only: another version runs without it): XLA:CPU emits its
   fusions with the older loop emitters, which compile the suite's small steps 2.5x faster (101 programs of three
   ZeRO and DDP runs: 7.4 -> 2.9 CPU-s), and emits their machine code as one LLVM module on the compiling thread
-  instead of splitting it for a pool of threads (10-18% fewer CPU-seconds on JAX-bound test files, docs/TESTS.md:
+  instead of splitting it for a pool of threads (10-19% fewer CPU-seconds on JAX-bound test files, docs/TESTS.md:
   on 2 busy cores the pool's threads only add work). The second flag changes no HLO. The first changes
   how elementwise work is fused, not what is communicated: tests/house/test_compile_flag.py checks, against a
   process at XLA's defaults, the same collectives in the same order and memory within 1%. The docs' figures

@@ -3,7 +3,8 @@ the root conftest.py: 2.5x faster compiles). It must change nothing the suite's 
 the same collectives in the same order (kind, bytes, replica groups, times per step) and the same memory,
 temporaries within 1%, as a process at XLA's defaults compiles for the same configurations (zero3's per-unit
 gathers under accumulation, ddp-bucket's buckets, zero2's AdamW, hsdp's 2-D grid, fsdp-jit's partitioner). And the
-flags must do something (the programs' texts differ), or this check could not fail."""
+emitters' flag must do something (the programs' texts differ), or this check could not fail; the one-module flag
+changes no optimized HLO text (its sha256, compared for these five programs: docs/TESTS.md)."""
 import json
 import os
 import subprocess

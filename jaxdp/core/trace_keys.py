@@ -12,6 +12,7 @@ other string (`meta`, a user's own key, `step/x/loss`, `step/3/grad/` without a 
 format: `parse_key` returns None and the caller says so."""
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 WHOLE_STEP = ("loss", "x", "y")  # one array per step, no tensor name
@@ -40,6 +41,7 @@ class TraceKey(NamedTuple):
         return f"step/{self.step}/{self.kind}" + (f"/{self.name}" if self.name else "")
 
 
+@lru_cache(maxsize=1 << 16)  # the judge parses each key of a trace many times (about 9,000 calls a comparison)
 def parse_key(key: str) -> TraceKey | None:
     """`key` as a `TraceKey`, or None when it is outside the trace format (module docstring)."""
     head, _, rest = key.partition("/")

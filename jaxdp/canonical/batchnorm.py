@@ -2,11 +2,14 @@
 BatchNorm couples the shards of a micro-batch, with the same bits on every N dividing S.
 
 Each shard runs the model with the statistics *given* (`models.given`): its BatchNorm layers
-normalise with them and report their rows' partial sums. The statistics are the tree (`total`: the
-device's subtree, then across devices) of those partial sums, layer by layer (2L forward passes);
+normalise with them and report their rows' partial sums and inputs. The statistics are the tree (`total`: the
+device's subtree, then across devices) of those partial sums, layer by layer (L forward passes, each
+shard's input to the layer kept for its variance's partial sum);
 each shard's gradient is its own backward with the statistics held, plus the statistics' share,
-propagated back through them layer by layer in reverse (2L vector-Jacobian products per shard), the
-cotangents of the statistics summed over all shards by the same tree. Every per-shard computation is
+propagated back through them layer by layer in reverse (one vector-Jacobian product of a layer's two
+partial sums per shard: L in all; the variance's share through the mean, -2 sum (z - mean) times its
+cotangent, is zero over the micro-batch, so it is left out), the cotangents of the statistics summed over
+all shards by the same tree. Every per-shard computation is
 one program on the shard's rows and replicated values (`per_shard`: lax.map fenced by optimization
 barriers, as `reduce.shard_values`), every cross-shard sum is the tree: nothing depends on N.
 """
@@ -46,11 +49,12 @@ def per_shard(fn, xs, ys):
 
 
 def shard_program(loss_fn, shards: int):
-    """F(params, stats, x, y) -> (loss, partials): one shard's loss with BatchNorm's statistics given."""
+    """F(params, stats, x, y) -> (loss, partials, inputs): one shard's loss with BatchNorm's statistics given,
+    each layer's partial sums and its input z."""
     def run(params, stats, x, y):
         with given_mod.given(stats, shards) as record:
             loss = loss_fn(params, x, y)
-        return loss, tuple(record.partials)
+        return loss, tuple(record.partials), tuple(record.inputs)
     return run
 
 
@@ -84,14 +88,18 @@ def micro(loss_fn, params, xs, ys) -> Micro:
 
 
 def statistics(run: Micro):
-    """[(mean, var)] per layer: each the tree of the shards' partial sums / count, layer by layer."""
-    stats: list = [None] * len(run.counts)
+    """[(mean, var)] per layer, layer by layer: one pass over the shards gives each shard's sum z and its z
+    (kept: this device's activations at the layer), the tree of the sums / count the mean; then each kept z's
+    squared deviations from it, by the tree / count, the variance."""
+    stats: list = [None] * len(run.counts)  # None: not yet known (a placeholder in the forward, unused)
     for layer, count in enumerate(run.counts):
-        for q in (0, 1):  # the mean, then the squared deviations from it
-            part = per_shard(lambda x, y, layer=layer, q=q, held=tuple(stats):
-                             run.program(run.params, held, x, y)[1][layer][q], run.xs, run.ys)
-            value = total(part, run.axis) / count
-            stats[layer] = (value, jnp.ones_like(value)) if q == 0 else (stats[layer][0], value)
+        def first(x, y, layer=layer, held=tuple(stats)):
+            _, partials, inputs = run.program(run.params, held, x, y)
+            return partials[layer][0], inputs[layer]
+        sums, zs = per_shard(first, run.xs, run.ys)
+        mean = total(sums, run.axis) / count
+        squares = per_shard(lambda z, _, mean=mean: given_mod.squared_deviations(z, mean), zs, zs)
+        stats[layer] = (mean, total(squares, run.axis) / count)
     return tuple(stats)
 
 
@@ -102,7 +110,7 @@ def shard_values(loss_fn, params, xs, ys):
     stats = statistics(run)
 
     def direct(x, y):
-        (loss, partials), vjp = jax.vjp(lambda p, s: run.program(p, s, x, y), params, stats)
+        (loss, partials), vjp = jax.vjp(lambda p, s: run.program(p, s, x, y)[:2], params, stats)
         return (loss, *vjp((jnp.ones_like(loss), jax.tree.map(jnp.zeros_like, partials))))
 
     losses, grads, held = per_shard(direct, xs, ys)
@@ -111,18 +119,17 @@ def shard_values(loss_fn, params, xs, ys):
 
 def through_statistics(run: Micro, stats, grads, cotangent):
     """The shards' gradients `grads` plus the statistics' share: their cotangent (summed over all shards)
-    propagated back through each layer's variance, then mean, last layer first (module docstring)."""
+    propagated back through each layer's two partial sums at once, last layer first (module docstring)."""
     for layer in reversed(range(len(run.counts))):
-        for q in (1, 0):  # the variance's users come before it, the mean's include the variance
-            c = cotangent[layer][q] / run.counts[layer]
+        c = tuple(v / run.counts[layer] for v in cotangent[layer])  # (mean's, variance's)
 
-            def through(x, y, layer=layer, q=q, c=c):
-                _, vjp = jax.vjp(lambda p, s: run.program(p, s, x, y)[1][layer][q], run.params, stats)
-                return vjp(c)
+        def through(x, y, layer=layer, c=c):
+            _, vjp = jax.vjp(lambda p, s: run.program(p, s, x, y)[1][layer], run.params, stats)
+            return vjp(c)
 
-            g, h = per_shard(through, run.xs, run.ys)
-            grads = jax.tree.map(jnp.add, grads, g)
-            cotangent = jax.tree.map(jnp.add, cotangent, total(h, run.axis))
+        g, h = per_shard(through, run.xs, run.ys)
+        grads = jax.tree.map(jnp.add, grads, g)
+        cotangent = jax.tree.map(jnp.add, cotangent, total(h, run.axis))
     return grads
 
 

@@ -23,6 +23,7 @@ class Given:
     def __init__(self, stats, shards: int):
         self.stats, self.shards = stats, shards
         self.partials: list = []   # per layer: (sum z, sum (z - mean)^2), each [C]
+        self.inputs: list = []     # per layer: z (canonical's statistics keep it between their two passes)
         self.counts: list = []     # per layer: the micro-batch's count (rows x H x W over all shards)
 
     def take(self, xs, axes):
@@ -31,10 +32,16 @@ class Given:
         given = self.stats[layer] if self.stats is not None else None
         channels = (xs.shape[-1],)
         mean, var = given if given is not None else (jnp.zeros(channels, xs.dtype), jnp.ones(channels, xs.dtype))
-        self.partials.append((xs.sum(axes), jnp.square(xs - mean).sum(axes)))
+        self.partials.append((xs.sum(axes), squared_deviations(xs, mean)))
+        self.inputs.append(xs)
         count = xs.size // xs.shape[-1] * self.shards
         self.counts.append(count)
         return mean, var, count
+
+
+def squared_deviations(xs, mean):
+    """sum (z - mean)^2 per channel (the last axis) over every other axis: the variance's partial sum."""
+    return jnp.square(xs - mean).sum(tuple(range(xs.ndim - 1)))
 
 
 @contextmanager

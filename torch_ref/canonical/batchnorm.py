@@ -5,16 +5,17 @@ per micro-batch, with T = the canonical tree over all S shards (this rank's subt
 1. F_k(theta, sigma): shard k's forward in which BatchNorm layer l normalises with given statistics
    sigma_l = (mu_l, v_l) and reports (sum z, sum (z - mu_l)^2) over the shard's rows (`batchnorm.given`);
 2. statistics, layer by layer: mu_l = T(sum z) / count_l, then v_l = T(sum (z - mu_l)^2) / count_l
-   (2L forward passes, each stopped at layer l);
+   (L forward passes, each stopped at layer l, its z kept for v_l's partial sums);
 3. per shard one forward and backward with the final sigma: L_k, g_k = dL_k/dtheta, h_k = dL_k/dsigma;
    H = T(h_k);
-4. through the statistics in reverse, l = L..1, q = v_l then mu_l: c = H[q] / count_l; per shard the
-   vector-Jacobian product of q's partial sum with c gives (g', h'); g_k = g_k + g'; H = H + T(h');
+4. through the statistics in reverse, l = L..1: c = (H[mu_l], H[v_l]) / count_l; per shard the
+   vector-Jacobian product of both partial sums of layer l with c gives (g', h'); g_k = g_k + g'; H = H + T(h')
+   (v_l's share through mu_l, -2 sum (z - mu_l) times its cotangent, is zero over the micro-batch: left out);
 5. g_k and L_k go on as without BatchNorm (fold over micro-batches, the tree, / S, / A, clipping);
    the running statistics update once per micro-batch from the canonical mu_l, v_l.
-Every cross-shard sum is T, so every N gets the same bits. Cost per shard and micro-batch: 2L truncated
-forward passes, one forward and backward, 2L vector-Jacobian products (2L + 1 autograd calls over one
-retained graph), and 4L + 1 cross-rank sums of C or 2 sum(C) floats (an all-to-all and an all-gather each).
+Every cross-shard sum is T, so every N gets the same bits. Cost per shard and micro-batch: L truncated
+forward passes, one forward and backward, L vector-Jacobian products (L + 1 autograd calls over one
+retained graph), and 3L + 1 cross-rank sums of C or 2 sum(C) floats (an all-to-all and an all-gather each).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import batchnorm
+from ..models import given
 from ..tensors import flatten, micro_batches
 from . import reduce as C
 
@@ -81,25 +83,24 @@ class BatchNorms:
                 batchnorm.update_running(bn, mean.detach(), var.detach(), count)
 
     def statistics(self, module, xs) -> tuple[list, list]:
-        """sigma = [(mu_l, v_l)] as leaves requiring grad, and count_l, layer by layer (2L forward passes)."""
+        """sigma = [(mu_l, v_l)] as leaves requiring grad, and count_l, layer by layer: one forward pass per
+        layer (stopped there) gives each shard's sum z and its z, kept for v_l's partial sums."""
         sigma, counts = [], []
         for layer in range(len(self.layers)):
-            mean = None
-            for q in (0, 1):
-                sums = []
-                for x in xs:
-                    with torch.no_grad(), batchnorm.given(sigma + ([(mean, None)] if q else [])) as ctx:
-                        try:
-                            module(x)
-                        except batchnorm.Stop:
-                            pass
-                    self.check(ctx, layer + 1)
-                    sums.append(ctx.sums[layer][q])
-                count = ctx.counts[layer] * self.shards
-                value = total(sums, self.ring) / count
-                if q == 0:
-                    mean = value
-            sigma.append((mean.requires_grad_(), value.requires_grad_()))
+            sums, inputs = [], []
+            for x in xs:
+                with torch.no_grad(), batchnorm.given(sigma) as ctx:
+                    try:
+                        module(x)
+                    except batchnorm.Stop:
+                        pass
+                self.check(ctx, layer + 1)
+                sums.append(ctx.sums[layer][0])
+                inputs.append(ctx.inputs[layer])
+            count = ctx.counts[layer] * self.shards
+            mean = total(sums, self.ring) / count
+            squares = [given.squared_deviations(z - given.per_channel(mean, z)) for z in inputs]
+            sigma.append((mean.requires_grad_(), (total(squares, self.ring) / count).requires_grad_()))
             counts.append(count)
         return sigma, counts
 
@@ -117,24 +118,22 @@ class BatchNorms:
         return shards
 
     def through_statistics(self, shards: list[Shard], inputs: list, n: int, counts: list) -> None:
-        """Step 4: each shard's g_k gains the statistics' vector-Jacobian products, layer by layer in reverse
-        (`inputs`: the n parameters, then mu_1, v_1, mu_2, ...)."""
+        """Step 4: each shard's g_k gains the statistics' vector-Jacobian products, one per layer (both partial
+        sums at once), in reverse (`inputs`: the n parameters, then mu_1, v_1, mu_2, ...)."""
         leaves = inputs[n:]
         big_h = total([s.h for s in shards], self.ring)
         offsets = [0]
         for t in leaves:
             offsets.append(offsets[-1] + t.numel())
         for layer in reversed(range(len(self.layers))):
-            for q in (1, 0):  # v_l's users all come before it; mu_l's include v_l
-                j = 2 * layer + q
-                c = big_h[offsets[j]:offsets[j + 1]] / counts[layer]
-                hs = []
-                for s in shards:
-                    grads = torch.autograd.grad(s.sums[layer][q], inputs, grad_outputs=c, retain_graph=True,
-                                                materialize_grads=True)
-                    s.g = s.g + flatten(grads[:n])
-                    hs.append(flatten(grads[n:]))
-                big_h = big_h + total(hs, self.ring)
+            c = [big_h[offsets[j]:offsets[j + 1]] / counts[layer] for j in (2 * layer, 2 * layer + 1)]  # mu_l, v_l
+            hs = []
+            for s in shards:
+                grads = torch.autograd.grad(list(s.sums[layer]), inputs, grad_outputs=c, retain_graph=True,
+                                            materialize_grads=True)
+                s.g = s.g + flatten(grads[:n])
+                hs.append(flatten(grads[n:]))
+            big_h = big_h + total(hs, self.ring)
 
     def check(self, ctx: batchnorm.Given, calls: int) -> None:
         if len(ctx.layers) != calls or ctx.layers != self.layers[:calls]:

@@ -33,6 +33,11 @@ def normalise(bn: nn.modules.batchnorm._BatchNorm, centred: torch.Tensor, var: t
     return out * per_channel(bn.weight, centred) + per_channel(bn.bias, centred)
 
 
+def squared_deviations(centred: torch.Tensor) -> torch.Tensor:
+    """sum (z - mean)^2 per channel over every other dimension, from z - mean: the variance's partial sum."""
+    return centred.square().sum(dim=reduced_dims(centred))
+
+
 class Stop(Exception):
     """A `given` forward has reached the layer whose statistic is being computed: nothing after it matters."""
 
@@ -41,10 +46,11 @@ class Stop(Exception):
 class Given:
     """`stats`: (mean, var) per layer in call order, the last possibly (mean, None); filled by the forward:
     `sums` per layer called, (sum z,) or (sum z, sum (z - mean)^2) over this call's rows (N and every
-    dimension after C), z the layer's input in float32 or wider; `counts` (values per channel) and `layers`
-    (the modules, in call order)."""
+    dimension after C), z the layer's input in float32 or wider; `inputs` those z (canonical's statistics keep
+    them between their two passes); `counts` (values per channel) and `layers` (the modules, in call order)."""
     stats: list
     sums: list = dataclasses.field(default_factory=list)
+    inputs: list = dataclasses.field(default_factory=list)
     counts: list = dataclasses.field(default_factory=list)
     layers: list = dataclasses.field(default_factory=list)
 
@@ -75,11 +81,12 @@ def given_batch_norm(bn: nn.modules.batchnorm._BatchNorm, ctx: Given, x: torch.T
     mean, var = ctx.stats[len(ctx.sums)] if len(ctx.sums) < len(ctx.stats) else (None, None)
     ctx.counts.append(z.numel() // z.shape[1])
     ctx.layers.append(bn)
+    ctx.inputs.append(z)
     if mean is None:
         ctx.sums.append((z.sum(dim=dims),))
         raise Stop
     centred = z - per_channel(mean, z)
-    ctx.sums.append((z.sum(dim=dims), centred.square().sum(dim=dims)))
+    ctx.sums.append((z.sum(dim=dims), squared_deviations(centred)))
     if var is None:
         raise Stop
     return normalise(bn, centred, var).to(x.dtype)

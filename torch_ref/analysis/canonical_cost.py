@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from jaxdp.core import data
-from jaxdp.core.config import RunConfig
+from jaxdp.core.config import ConfigError, RunConfig
 from jaxdp.core.reduction import resolve_shards
 
 STRATEGIES = ("single", "dp", "ddp", "ddp-naive", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3")
@@ -147,8 +147,14 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     base = MODELS[args.model].replace(shards=args.shards)
     base = base.replace(batch_size=args.batch_size) if args.batch_size else base
-    rows = measure_canonical_cost([base.replace(strategy=s) for s in args.strategies], args.devices, args.repeats)
-    print(table(rows))
+    cfgs = [base.replace(strategy=s) for s in args.strategies]
+    try:  # every (configuration, N) before any world starts: bad input is one line naming the fix
+        for cfg in cfgs:
+            for n in args.devices:
+                cfg.replace(devices=n, reduction="canonical").validate("torch")
+    except ConfigError as err:
+        parser.error(str(err))
+    print(table(measure_canonical_cost(cfgs, args.devices, args.repeats)))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ temporaries come back, and a row says the ratio of what was measured (the worlds
 `measure_canonical_cost` adds; docs/CANONICAL.md has the table it gave)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from torch_ref.analysis import canonical_cost
@@ -27,3 +28,12 @@ def test_the_slowest_rank_counts():
     row = canonical_cost.row(cfg, 2, views)
     assert (row["native_step_s"], row["canonical_step_s"], row["ratio"]) == (2.0, 3.0, 1.5)
     assert row["temp_ratio"] == 3.0 and row["shards"] == 8
+
+
+def test_a_size_the_shards_cannot_take_is_one_line_before_any_world(monkeypatch, capsys):
+    """The cnn at its batch of 64 has S = 1, which N = 2 does not divide: argparse's one error line, exit 2."""
+    monkeypatch.setattr(canonical_cost, "measure_canonical_cost", lambda *a: pytest.fail("a world was started"))
+    with pytest.raises(SystemExit) as stop:
+        canonical_cost.main(["--model", "cnn", "--strategies", "ddp", "--devices", "1", "2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and "needs n to divide shards=1" in err[-1]

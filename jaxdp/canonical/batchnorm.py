@@ -98,7 +98,7 @@ def statistics(run: Micro):
             return partials[layer][0], inputs[layer]
         sums, zs = per_shard(first, run.xs, run.ys)
         mean = total(sums, run.axis) / count
-        squares = per_shard(lambda z, _, mean=mean: given_mod.squared_deviations(z, mean), zs, zs)
+        squares = per_shard(lambda z, _, mean=mean: given_mod.squared_deviations(z - mean), zs, run.ys)
         stats[layer] = (mean, total(squares, run.axis) / count)
     return tuple(stats)
 

@@ -32,16 +32,17 @@ class Given:
         given = self.stats[layer] if self.stats is not None else None
         channels = (xs.shape[-1],)
         mean, var = given if given is not None else (jnp.zeros(channels, xs.dtype), jnp.ones(channels, xs.dtype))
-        self.partials.append((xs.sum(axes), squared_deviations(xs, mean)))
+        self.partials.append((xs.sum(axes), squared_deviations(xs - mean)))
         self.inputs.append(xs)
         count = xs.size // xs.shape[-1] * self.shards
         self.counts.append(count)
         return mean, var, count
 
 
-def squared_deviations(xs, mean):
-    """sum (z - mean)^2 per channel (the last axis) over every other axis: the variance's partial sum."""
-    return jnp.square(xs - mean).sum(tuple(range(xs.ndim - 1)))
+def squared_deviations(centred):
+    """sum (z - mean)^2 per channel (the last axis) over every other axis, from z - mean: the variance's partial
+    sum (torch_ref/models/given.py's twin)."""
+    return jnp.square(centred).sum(tuple(range(centred.ndim - 1)))
 
 
 @contextmanager

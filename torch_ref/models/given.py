@@ -34,7 +34,8 @@ def normalise(bn: nn.modules.batchnorm._BatchNorm, centred: torch.Tensor, var: t
 
 
 def squared_deviations(centred: torch.Tensor) -> torch.Tensor:
-    """sum (z - mean)^2 per channel over every other dimension, from z - mean: the variance's partial sum."""
+    """sum (z - mean)^2 per channel (dim 1) over every other dimension, from z - mean: the variance's partial sum
+    (jaxdp/models/given.py's twin)."""
     return centred.square().sum(dim=reduced_dims(centred))
 
 

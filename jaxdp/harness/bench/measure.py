@@ -28,9 +28,20 @@ def _torch_rank(rank: int, n: int, jobs: list) -> list:
     return out
 
 
+def timed_as(strategies) -> dict:
+    """{-jit strategy: its torch twin} for the -jit strategies among `strategies` whose twin is there too:
+    torch_ref runs a -jit name as its twin (`torch_ref.strategies.TWINS`), the same torch program."""
+    from torch_ref.strategies import TWINS
+
+    asked = set(strategies)
+    return {name: TWINS[name] for name in sorted(asked) if TWINS.get(name) in asked}
+
+
 def run_torch(cfgs: list, n: int) -> dict:
     """{strategy: {"step_times", "losses"}} for configs of one device count: a spawned gloo world of
-    n ranks runs them all (one spawn per world); n = 1 runs in this process."""
+    n ranks runs them all (one spawn per world); n = 1 runs in this process. A -jit strategy whose torch
+    twin (`torch_ref.strategies.TWINS`: the same torch program) is also asked for is not run again: it
+    gets the twin's figures, marked `"timed_as": twin`."""
     import torch
 
     from torch_ref import launch
@@ -38,15 +49,18 @@ def run_torch(cfgs: list, n: int) -> dict:
 
     from ... import models
 
-    jobs = [(c, models.initial_arrays(c, data.load(c.data, c.seed, c.seq_len))) for c in cfgs]
+    twin_of = timed_as(c.strategy for c in cfgs)
+    jobs = [(c, models.initial_arrays(c, data.load(c.data, c.seed, c.seq_len))) for c in cfgs
+            if c.strategy not in twin_of]
     if n == 1:
         out = {}
         for cfg, init in jobs:
             res = train_rank(0, 1, cfg, init, False, device=torch.device("cpu"))
             out[cfg.strategy] = {"step_times": list(res.step_times), "losses": list(res.losses)}
-        return out
-    per_rank = launch.launch(_torch_rank, n, jobs, platform="cpu", timeout_s=900, pg_timeout_s=120)
-    return {cfg.strategy: r for (cfg, _), r in zip(jobs, per_rank[0], strict=False)}
+    else:
+        per_rank = launch.launch(_torch_rank, n, jobs, platform="cpu", timeout_s=900, pg_timeout_s=120)
+        out = {cfg.strategy: r for (cfg, _), r in zip(jobs, per_rank[0], strict=False)}
+    return out | {name: {**out[twin], "timed_as": twin} for name, twin in twin_of.items()}
 
 
 def run_jax(cfg: RunConfig) -> dict:
@@ -56,7 +70,8 @@ def run_jax(cfg: RunConfig) -> dict:
 
 def _entry(cfg: RunConfig, res: dict) -> dict:
     return {"strategy": cfg.strategy, "devices": cfg.devices, **timing(res["step_times"]),
-            "loss_first": res["losses"][0], "loss_last": res["losses"][-1]}
+            "loss_first": res["losses"][0], "loss_last": res["losses"][-1],
+            **({"timed_as": res["timed_as"]} if "timed_as" in res else {})}
 
 
 def time_strategies(p: Plan, say) -> dict:

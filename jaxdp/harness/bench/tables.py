@@ -47,7 +47,8 @@ def step_time_table(times: dict) -> list:
                          "jax_over_torch": ratio(j["median_step_s"], t["median_step_s"]),
                          "jax_p25_p75": [j["p25_step_s"], j["p75_step_s"]],
                          "torch_p25_p75": [t["p25_step_s"], t["p75_step_s"]],
-                         "loss_last": {"jax": j["loss_last"], "torch": t["loss_last"]}})
+                         "loss_last": {"jax": j["loss_last"], "torch": t["loss_last"]},
+                         **({"torch_timed_as": t["timed_as"]} if "timed_as" in t else {})})
     return rows
 
 

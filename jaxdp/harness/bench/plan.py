@@ -65,7 +65,7 @@ def plan(quick: bool) -> Plan:
               "gpt2": _gpt2(base, 2, 4, 128, 64, 8)}  # batch 8: the 50257-way logits dominate its step
     strategies = tuple(s for s in JAX_ALL if s != "single")
     hand = tuple(s for s in HAND if s != "single")
-    # the models users port: compiled at N = 8 (the mlp's rows give N = 2 to 16; their tests, every N up to 4)
+    # the models users port: compiled at N = 8 (the mlp's rows give N = 2 to 16; docs/BENCHMARKS.md, the cuts)
     ported = (("cnn", models["cnn"], hand, (8,)), ("gpt2", models["gpt2"], hand, (8,)),
               ("llama", _llama(base, 2, 4, 2, 128, 64, 32), hand, (8,)))
     comm_model = base.replace(model="mlp", data="synthetic", hidden=(1024, 1024), batch_size=256)

@@ -34,6 +34,9 @@ from jax import lax
 from ..core.reduction import BLOCKS
 
 COMPILER_OPTIONS = {"xla_disable_hlo_passes": "algsimp"}
+PIECES = 4  # combine_scatter: the exchange in up to this many pieces, received one at a time
+MIN_PIECE_BYTES = 1 << 18  # ... none smaller than this (a small model keeps one all-to-all)
+ALONE_BYTES = 1 << 20  # all_reduce_tree: a leaf this large is reduced on its own, not packed
 
 
 def tree(stacked):
@@ -104,13 +107,29 @@ def combine(partial, axis: str):
     return tree(gathered)
 
 
+def piece_bounds(length: int, row_bytes: int) -> list[tuple[int, int]]:
+    """[start, stop) columns of up to PIECES pieces of an [N, length] exchange, none under
+    MIN_PIECE_BYTES (`row_bytes`: the bytes of one column, N elements)."""
+    pieces = max(1, min(PIECES, length * row_bytes // MIN_PIECE_BYTES))
+    edges = [length * i // pieces for i in range(pieces + 1)]
+    return list(zip(edges[:-1], edges[1:], strict=True))
+
+
 def combine_scatter(flat, axis: str, exchange=None):
     """This device's chunk of the tree over the devices' flat partial sums (flat.size % N == 0): device
-    i sends chunk j to device j (an all-to-all, or `exchange`), then each adds its N chunks by the tree."""
+    i sends chunk j to device j (an all-to-all, or `exchange`), then each adds its N chunks by the tree.
+    Exchanged in up to PIECES pieces of columns, one after the other (each piece's input is fenced
+    behind the previous piece's sum), so that one piece's [N, L / PIECES] is received at a time
+    instead of a whole [N, L]: the same elements, the same tree, the same bytes."""
     n = lax.axis_size(axis)
     chunks = flat.reshape(n, -1)
-    received = exchange(chunks) if exchange else lax.all_to_all(chunks, axis, 0, 0)
-    return tree(received)
+    parts = []
+    for start, stop in piece_bounds(chunks.shape[1], n * chunks.dtype.itemsize):
+        source = chunks if not parts else lax.optimization_barrier((chunks, parts[-1]))[0]
+        piece = source[:, start:stop]
+        received = exchange(piece) if exchange else lax.all_to_all(piece, axis, 0, 0)
+        parts.append(tree(received))
+    return parts[0] if len(parts) == 1 else jnp.concatenate(parts)
 
 
 def all_reduce(flat, axis: str, gather=None, exchange=None):
@@ -152,15 +171,21 @@ def clip(grads, max_norm: float, axis: str | None = None, sharded: bool = False)
 
 
 def all_reduce_tree(values, axis: str, gather=None, exchange=None):
-    """`all_reduce` of a pytree: its leaves packed into one vector per dtype (one exchange each), zero-padded
-    to a multiple of N as it is packed (padding it afterwards would copy the whole vector once more)."""
+    """`all_reduce` of a pytree: each leaf of at least ALONE_BYTES whose size N divides on its own
+    (packing it would copy it: a gradient-sized temporary); the other leaves packed into one vector
+    per dtype (one exchange each), zero-padded to a multiple of N as it is packed (padding it
+    afterwards would copy the whole vector once more). Every element meets the same tree either way."""
     from ..collectives import pack, unpack
 
     leaves, treedef = jax.tree.flatten(values)
     out = list(leaves)
     n = lax.axis_size(axis)
-    for dtype in dict.fromkeys(a.dtype for a in leaves):
-        index = [i for i, a in enumerate(leaves) if a.dtype == dtype]
+    alone = [i for i, a in enumerate(leaves) if a.size * a.dtype.itemsize >= ALONE_BYTES and a.size % n == 0]
+    for i in alone:
+        out[i] = all_reduce(leaves[i].reshape(-1), axis, gather, exchange).reshape(leaves[i].shape)
+    rest = [i for i in range(len(leaves)) if i not in alone]
+    for dtype in dict.fromkeys(leaves[i].dtype for i in rest):
+        index = [i for i in rest if leaves[i].dtype == dtype]
         group = [leaves[i] for i in index]
         size = sum(a.size for a in group)
         reduced = unpack(all_reduce(pack(group, size + -size % n), axis, gather, exchange), group)

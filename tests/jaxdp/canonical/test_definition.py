@@ -80,3 +80,47 @@ def test_the_packed_vector_is_padded_as_it_is_packed():
                          in_specs=P("d"), out_specs=P(), check_vma=False)
     hlo = jax.jit(body).lower(leaves).compile().as_text()
     assert "jit(_pad)" not in hlo and "all_to_all" in hlo
+
+
+def _four_devices_values(shape):
+    """[4, *shape] float32 values whose sum over the leading axis depends on the association: the tree's
+    ((1e8 + 1) + (-1e8 + 1)) is 0, a left fold's 1 (and scaled rows elsewhere)."""
+    rng = np.random.default_rng(1)
+    v = (rng.standard_normal((4, *shape)) * 10.0 ** rng.integers(-6, 6, (4, *shape))).astype(np.float32)
+    v.reshape(4, -1)[:, ::7] = np.array([1e8, 1.0, -1e8, 1.0], np.float32)[:, None]
+    return v
+
+
+def test_large_leaves_alone_and_in_pieces_give_the_trees_bits():
+    """`all_reduce_tree` reduces a leaf of at least ALONE_BYTES on its own (no copy into the pack) and
+    `combine_scatter` exchanges it in PIECES pieces, one at a time (docs/CANONICAL.md, "Memory"):
+    each element still gets the tree over the 4 devices, bit for bit, with the all-to-all's default
+    exchange and with ddp-ring's ppermutes. A psum (another association) is caught."""
+    import jax
+    from jax import lax
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    from jaxdp.canonical import reduce
+
+    mesh = Mesh(np.array(jax.devices()[:4]), ("d",))
+    values = {"w": _four_devices_values((512, 1024)), "b": _four_devices_values((3, 5))}  # w: 2 MiB
+    w_bytes = values["w"][0].nbytes
+    assert w_bytes >= reduce.ALONE_BYTES and w_bytes >= reduce.PIECES * reduce.MIN_PIECE_BYTES
+    want = canonical.tree(jax.tree.map(jnp.asarray, values))
+    ring = lambda chunks: canonical.ppermute_exchange(chunks, "d")  # noqa: E731
+    for sync in (lambda t: canonical.all_reduce_tree(t, "d"),
+                 lambda t: canonical.all_reduce_tree(t, "d", exchange=ring),
+                 lambda t: jax.tree.map(lambda a: lax.psum(a, "d"), t)):
+        body = jax.shard_map(lambda t, sync=sync: sync(jax.tree.map(lambda a: a[0], t)), mesh=mesh,
+                             in_specs=P("d"), out_specs=P(), check_vma=False)
+        program = jax.jit(body).lower(values).compile()
+        got = program(values)
+        equal = all(np.array_equal(np.asarray(got[k]), np.asarray(want[k])) for k in values)
+        if "all-reduce" in program.as_text():  # the broken one
+            assert not equal
+        else:
+            assert equal
+    hlo = jax.jit(jax.shard_map(lambda t: canonical.all_reduce_tree(jax.tree.map(lambda a: a[0], t), "d"), mesh=mesh,
+                                in_specs=P("d"), out_specs=P(), check_vma=False)).lower(values).compile().as_text()
+    assert hlo.count("all-to-all(") == reduce.PIECES + 1 and hlo.count("all-gather(") == 2  # w's 4 pieces; b packed

@@ -30,7 +30,8 @@ def unit_value_and_grad(problem, gather_leaf=None, reshard_after_forward: bool =
     program for all is the only way zero3 gives `single`'s bits."""
     shapes = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), problem.params)
     return unit_vjp.unit_value_and_grad(problem, shapes, gather_leaf or (lambda p, shape: p), reshard_after_forward,
-                                        ties=gather_leaf is not None)  # nothing gathered: no copy of each parameter
+                                        ties=gather_leaf is not None,  # nothing gathered: no copy of each parameter
+                                        fold=True)
 
 
 def shard_values_of(problem, gather_leaf=None, reshard_after_forward: bool = True):

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from . import units as unit_lib
+from .dot_fold import fold_dot_transposes
 
 SAVE = jax.checkpoint_policies.dots_saveable  # residuals: matmul outputs (+ inputs); the rest recomputed
 
@@ -51,6 +52,29 @@ def tie(tree, dep):
         return tree
     first = sum(jnp.ravel(d)[0].astype(jnp.float32) for d in leaves)
     return jax.tree.map(lambda a: a + first.astype(a.dtype) * 0, tree)
+
+
+UINT = {2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
+
+
+def bits_tie(tree, dep):
+    """`tie` in the integers, for canonical's program (fold=True): each float leaf's bits plus 0 x (the bits
+    of dep's first elements), so the leaf's bits come out unchanged whatever dep holds (NaN included).
+    The edge survives because canonical compiles without the simplifier (which would fold an integer x 0).
+    Measured: with `tie`'s float + 0.0 and the folded products, GPT's zero3 bias gradients differed from
+    `single`'s in the last bit (docs/CANONICAL.md, "What had to be fixed in the compiler")."""
+    leaves = jax.tree.leaves(dep)
+    if not leaves:
+        return tree
+    first = sum(jnp.ravel(d)[0].astype(jnp.float32) for d in leaves)
+    zero = jax.lax.bitcast_convert_type(first, jnp.uint32) * jnp.uint32(0)
+
+    def one(a):
+        if not jnp.issubdtype(a.dtype, jnp.floating):
+            return a
+        u = UINT[a.dtype.itemsize]
+        return jax.lax.bitcast_convert_type(jax.lax.bitcast_convert_type(a, u) + zero.astype(u), a.dtype)
+    return jax.tree.map(one, tree)
 
 
 def regather_after(dy, mark):
@@ -84,15 +108,19 @@ def with_params(saved, full):
     return treedef.unflatten([params[r.i] if isinstance(r, _Slot) else r for r in leaves])
 
 
-def fsdp_unit(apply, gather, reduce_scatter, *, reshard_after_forward: bool, sync: bool, ties: bool = True):
+def fsdp_unit(apply, gather, reduce_scatter, *, reshard_after_forward: bool, sync: bool, ties: bool = True,
+              fold: bool = False):
     """`run(shards, sink, x) -> y`: the unit `apply(full params, x)` on gathered parameters.
 
     sync=True: the gradient of `shards` is the unit's reduce-scattered gradient (sink is None).
     sync=False (no_sync, for accumulation): the gradient goes out unreduced as the gradient of
     `sink`, a zero tree shaped like the full parameters; `shards` gets a zero gradient.
     ties=False (nothing to gather: `gather` is the identity): no `tie`, which would copy every parameter.
+    fold=True: backward's transposed weight-gradient products computed in the weight's layout
+    (`dot_fold`: canonical's per-shard program, compiled without the simplifier that would do it),
+    and the ties made in the integers (`bits_tie`).
     """
-    tied = tie if ties else (lambda tree, dep: tree)
+    tied = (bits_tie if fold else tie) if ties else (lambda tree, dep: tree)
     remat_apply = jax.checkpoint(apply, policy=SAVE)
 
     @jax.custom_vjp
@@ -112,9 +140,10 @@ def fsdp_unit(apply, gather, reduce_scatter, *, reshard_after_forward: bool, syn
         if reshard_after_forward:
             full = gather(tied(shards, regather_after(dy, mark)))  # gathered again, in this micro-batch's backward
             dy = tied(dy, full)  # uses every gathered leaf: the whole unit, as FSDP gathers it
-            dfull, dx = with_params(saved, full)(dy)
+            vjp_fn = with_params(saved, full)
         else:
-            dfull, dx = saved(dy)
+            vjp_fn = saved
+        dfull, dx = (fold_dot_transposes(vjp_fn) if fold else vjp_fn)(dy)
         if not sync:
             return jax.tree.map(jnp.zeros_like, shards), dfull, dx
         dshards = reduce_scatter(dfull)
@@ -164,7 +193,7 @@ def without_shared(unit, shared) -> tuple[unit_lib.Unit, bool]:
 
 
 def unit_loss(problem, shapes, gather_leaf, scatter_leaf, reshard_after_forward: bool, sync: bool,
-              ties: bool = True):
+              ties: bool = True, fold: bool = False):
     """`(loss(parts, sinks, x, y), groups, group_shapes)`: the model's loss run unit by unit on the
     param shards split by group (`parts`); see `strategies/zero/fsdp.unit_grads`."""
     if not problem.units:
@@ -182,7 +211,7 @@ def unit_loss(problem, shapes, gather_leaf, scatter_leaf, reshard_after_forward:
 
     own_shapes = group_shapes[len(groups) - len(units):]
     runs = [fsdp_unit(unit.apply, gatherer(shape), scatter, reshard_after_forward=reshard_after_forward,
-                      sync=sync, ties=ties) for unit, shape in zip(units, own_shapes, strict=True)]
+                      sync=sync, ties=ties, fold=fold) for unit, shape in zip(units, own_shapes, strict=True)]
     if shared:
         runs.insert(0, root_gather(gatherer(group_shapes[0]), scatter, sync=sync, ties=ties))
 
@@ -197,12 +226,13 @@ def unit_loss(problem, shapes, gather_leaf, scatter_leaf, reshard_after_forward:
     return loss, groups, group_shapes
 
 
-def unit_value_and_grad(problem, shapes, gather_leaf, reshard_after_forward: bool, ties: bool = True):
+def unit_value_and_grad(problem, shapes, gather_leaf, reshard_after_forward: bool, ties: bool = True,
+                        fold: bool = False):
     """`(param shards, x, y) -> (loss, full local gradient)` unit by unit, gathering each unit forward
     and backward and reducing nothing (no_sync): the per-shard program of `reduction="canonical"`
     (ties=False: `gather_leaf` is the identity, the parameters are not copied)."""
     loss, groups, group_shapes = unit_loss(problem, shapes, gather_leaf, None, reshard_after_forward, sync=False,
-                                           ties=ties)
+                                           ties=ties, fold=fold)
 
     def value_and_grad(param_shards, x, y):
         parts = unit_lib.split(param_shards, groups)

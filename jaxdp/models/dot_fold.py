@@ -1,0 +1,97 @@
+"""A weight gradient computed in its own layout: `fold_dot_transposes(f)` is `f` with every
+`transpose(dot_general(a, b))` that only swaps the product's two free-dimension groups computed as
+`dot_general(b, a)` instead, which gives the transposed result directly.
+
+Why: JAX's transpose rule for a matmul's right operand (the weight of `x @ W`) computes `dy^T x`
+and then transposes it to W's shape. XLA's algebraic simplifier folds that transpose into the product;
+`reduction="canonical"` compiles with the simplifier off (docs/CANONICAL.md), so the transpose stays
+a strided copy of every weight gradient, read again by whatever consumes it (measured on the bench's
+mlp at N = 4: the all-reduce's slices of the transposed 1024 x 1024 gradient were the step's
+costliest operations). Applied to canonical's per-shard backward only: the same program on every
+device and every N, so the bits stay the same across N (they may differ from the unfolded program's
+in the last place: the product's terms are the same, their order is the kernel's).
+
+The rewrite is evaluated on the traced jaxpr, recursing into `jit` and `checkpoint` bodies (inlined);
+every other equation is bound as it was.
+"""
+from __future__ import annotations
+
+import jax
+from jax import lax
+from jax.extend import core
+
+INLINED = ("pjit", "jit", "closed_call", "core_call", "remat2", "checkpoint")
+
+
+def fold_dot_transposes(f):
+    """`f`, its transposed matmul products computed directly (see the module)."""
+    def folded(*args):
+        closed, shape = jax.make_jaxpr(f, return_shape=True)(*args)
+        out = _eval(closed.jaxpr, closed.consts, jax.tree.leaves(args))
+        return jax.tree.unflatten(jax.tree.structure(shape), out)
+    return folded
+
+
+def _swapped(dot, transpose) -> tuple | None:
+    """The dimension numbers of dot_general(rhs, lhs) equal to `transpose(dot_general(lhs, rhs))`, or None
+    when the transpose is not that (batch dimensions, or another permutation)."""
+    (lc, rc), (lb, rb) = dot.params["dimension_numbers"]
+    if lb or rb:
+        return None
+    lhs, rhs = (v.aval.ndim for v in dot.invars)
+    n_left = lhs - len(lc)
+    n_right = rhs - len(rc)
+    want = tuple(range(n_left, n_left + n_right)) + tuple(range(n_left))
+    return ((rc, lc), ((), ())) if tuple(transpose.params["permutation"]) == want else None
+
+
+def _foldable(jaxpr) -> dict:
+    """{transpose eqn index: its dot eqn}: transposes of a dot result used by nothing else."""
+    uses: dict = {}
+    for eqn in jaxpr.eqns:
+        for v in eqn.invars:
+            if isinstance(v, core.Var):
+                uses[v] = uses.get(v, 0) + 1
+    for v in jaxpr.outvars:
+        if isinstance(v, core.Var):
+            uses[v] = uses.get(v, 0) + 1
+    made = {eqn.outvars[0]: eqn for eqn in jaxpr.eqns if eqn.primitive is lax.dot_general_p}
+    folds = {}
+    for i, eqn in enumerate(jaxpr.eqns):
+        src = eqn.invars[0] if eqn.primitive is lax.transpose_p else None
+        if isinstance(src, core.Var) and src in made and uses[src] == 1 and _swapped(made[src], eqn):
+            folds[i] = made[src]
+    return folds
+
+
+def _eval(jaxpr, consts, args) -> list:
+    env = dict(zip(jaxpr.constvars, consts, strict=True)) | dict(zip(jaxpr.invars, args, strict=True))
+
+    def read(v):
+        return v.val if isinstance(v, core.Literal) else env[v]
+
+    folds = _foldable(jaxpr)
+    skipped = {id(dot) for dot in folds.values()}
+    for i, eqn in enumerate(jaxpr.eqns):
+        if id(eqn) in skipped:
+            continue
+        if i in folds:
+            dot = folds[i]
+            lhs, rhs = (read(v) for v in dot.invars)
+            params = dict(dot.params, dimension_numbers=_swapped(dot, eqn))
+            if isinstance(params.get("precision"), tuple):
+                params["precision"] = params["precision"][::-1]
+            outs = [lax.dot_general_p.bind(rhs, lhs, **params)]
+        elif eqn.primitive.name in INLINED and "jaxpr" in eqn.params:
+            sub = eqn.params["jaxpr"]
+            inner, sub_consts = (sub.jaxpr, sub.consts) if isinstance(sub, core.ClosedJaxpr) else (sub, ())
+            outs = _eval(inner, sub_consts, [read(v) for v in eqn.invars])
+        else:
+            bound = eqn.primitive.get_bind_params(eqn.params)  # JAX 0.10, 0.11: params (older: subfuns too)
+            subfuns, params = bound if isinstance(bound, tuple) else ((), bound)
+            with eqn.ctx.manager:
+                outs = eqn.primitive.bind(*subfuns, *(read(v) for v in eqn.invars), **params)
+            outs = outs if eqn.primitive.multiple_results else [outs]
+        for v, val in zip(eqn.outvars, outs, strict=True):
+            env[v] = val
+    return [read(v) for v in jaxpr.outvars]

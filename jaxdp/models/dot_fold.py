@@ -34,9 +34,10 @@ def fold_dot_transposes(f):
 
 def _swapped(dot, transpose) -> tuple | None:
     """The dimension numbers of dot_general(rhs, lhs) equal to `transpose(dot_general(lhs, rhs))`, or None
-    when the transpose is not that (batch dimensions, or another permutation)."""
+    when the transpose is not that (batch dimensions, another permutation, or an output sharding given
+    for the unswapped product)."""
     (lc, rc), (lb, rb) = dot.params["dimension_numbers"]
-    if lb or rb:
+    if lb or rb or dot.params.get("out_sharding") is not None:
         return None
     lhs, rhs = (v.aval.ndim for v in dot.invars)
     n_left = lhs - len(lc)

@@ -74,6 +74,7 @@ QUICK = {
         "test_library_refuses_replicas_that_do_not_divide_and_other_strategies",
     ),
     "tests/jaxdp/strategies/zero/test_zero_layout.py": ALL,
+    "tests/jaxdp/models/test_dot_fold.py": ALL,  # canonical's folded weight-gradient products (3 s)
     "tests/jaxdp/test_collectives.py": (
         "test_pack_is_concatenate_and_pad_and_unpack_inverts_it",
         "test_collectives_benchmark_runs_every_op_size_and_n",

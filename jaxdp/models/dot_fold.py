@@ -19,6 +19,7 @@ from __future__ import annotations
 import jax
 from jax import lax
 from jax.extend import core
+from jax.sharding import NamedSharding, PartitionSpec
 
 INLINED = ("pjit", "jit", "closed_call", "core_call", "remat2", "checkpoint")
 
@@ -34,16 +35,23 @@ def fold_dot_transposes(f):
 
 def _swapped(dot, transpose) -> tuple | None:
     """The dimension numbers of dot_general(rhs, lhs) equal to `transpose(dot_general(lhs, rhs))`, or None
-    when the transpose is not that (batch dimensions, another permutation, or an output sharding given
-    for the unswapped product)."""
+    when the transpose is not that (batch dimensions, another permutation, or an output sharding that is
+    not a NamedSharding: under shard_map it is one, of the manual mesh, permuted with the result)."""
     (lc, rc), (lb, rb) = dot.params["dimension_numbers"]
-    if lb or rb or dot.params.get("out_sharding") is not None:
+    sharding = dot.params.get("out_sharding")
+    if lb or rb or not (sharding is None or isinstance(sharding, NamedSharding)):
         return None
     lhs, rhs = (v.aval.ndim for v in dot.invars)
     n_left = lhs - len(lc)
     n_right = rhs - len(rc)
     want = tuple(range(n_left, n_left + n_right)) + tuple(range(n_left))
     return ((rc, lc), ((), ())) if tuple(transpose.params["permutation"]) == want else None
+
+
+def _permuted(sharding, permutation) -> NamedSharding:
+    """`sharding` (of the unswapped product) for its transpose by `permutation`."""
+    spec = tuple(sharding.spec) + (None,) * (len(permutation) - len(sharding.spec))
+    return NamedSharding(sharding.mesh, PartitionSpec(*(spec[i] for i in permutation)))
 
 
 def _foldable(jaxpr) -> dict:
@@ -82,6 +90,8 @@ def _eval(jaxpr, consts, args) -> list:
             params = dict(dot.params, dimension_numbers=_swapped(dot, eqn))
             if isinstance(params.get("precision"), tuple):
                 params["precision"] = params["precision"][::-1]
+            if params.get("out_sharding") is not None:
+                params["out_sharding"] = _permuted(params["out_sharding"], eqn.params["permutation"])
             outs = [lax.dot_general_p.bind(rhs, lhs, **params)]
         elif eqn.primitive.name in INLINED and "jaxpr" in eqn.params:
             sub = eqn.params["jaxpr"]

@@ -72,3 +72,19 @@ def test_other_transposes_and_shared_products_are_left_alone():
         assert _primitives(got) == _primitives(jax.make_jaxpr(f)(a, b).jaxpr)
         for u, v in zip(jax.tree.leaves(f(a, b)), jax.tree.leaves(fold_dot_transposes(f)(a, b)), strict=True):
             assert np.array_equal(u, v)
+
+
+def test_under_shard_map_the_product_keeps_its_sharding_and_is_folded():
+    """Under `shard_map` JAX gives each product an `out_sharding` of the manual mesh: the folded product gets
+    it permuted, and the compiled per-device program has no transpose of the weight gradient either (a
+    fold that skipped sharded products left every canonical step with N > 1 unfolded, unseen)."""
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:2]), ("d",))
+
+    def transposes(f):
+        body = jax.shard_map(f, mesh=mesh, in_specs=(P(), P("d"), P("d")), out_specs=(P(), P("d")), check_vma=False)
+        hlo = jax.jit(body).lower(*_args(rows=12)).compile(compiler_options=NO_ALGSIMP).as_text()
+        return sum(" transpose(" in line and "[24,40]" in line for line in hlo.splitlines())
+    assert transposes(_layer_vjp) >= 1 and transposes(fold_dot_transposes(_layer_vjp)) == 0

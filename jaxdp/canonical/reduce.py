@@ -23,8 +23,8 @@ a broadcast becomes a multiplication by a reciprocal in the 1-device program onl
 softmax), so canonical steps compile with it disabled (`COMPILER_OPTIONS`); LLVM's fused
 multiply-adds depend on fusion (Adam's moments), so the process runs without them
 (`jaxdp.devices.request_no_fma`); and the per-shard program is the model unit by unit for every
-strategy (`step.unit_value_and_grad`), as zero3 must run it, its weight gradients' transposes folded
-into their products by hand (`models.dot_fold`: the simplifier's work, done the same on every N).
+strategy (`step.unit_value_and_grad`), as zero3 must run it (`models.dot_fold`, which folds its weight
+gradients' transposes by hand, is off: it broke GPT-2's bits across N, docs/CANONICAL.md).
 """
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ def unit_value_and_grad(problem, gather_leaf=None, reshard_after_forward: bool =
     shapes = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), problem.params)
     return unit_vjp.unit_value_and_grad(problem, shapes, gather_leaf or (lambda p, shape: p), reshard_after_forward,
                                         ties=gather_leaf is not None,  # nothing gathered: no copy of each parameter
-                                        fold=False)  # off: breaks gpt2 bits across N (docs/CANONICAL.md)
+                                        fold=True)  # weight gradients in their own layout: models/dot_fold.py
 
 
 def shard_values_of(problem, gather_leaf=None, reshard_after_forward: bool = True):

@@ -35,7 +35,8 @@ from tests.pairwise import pairwise
 
 BASE = RunConfig(model="mlp", data="synthetic", hidden=(16, 16), steps=2, batch_size=48, lr=0.05,
                  optimizer="adamw", weight_decay=0.01, seed=3, reduction="canonical", shards=8)
-GPT = BASE.replace(model="gpt", data="text", n_layer=1, d_model=16, n_head=2, seq_len=8, batch_size=24)
+GPT = BASE.replace(model="gpt", data="text", n_layer=1, d_model=64, n_head=2, seq_len=32, batch_size=16)  # width 64
+# and 32 tokens: the size at which an unfenced recomputation (models/dot_fold.py) changed the bits on 1 device
 VARIANTS = {  # name -> RunConfig changes
     "dp": {"strategy": "dp"}, "ddp": {"strategy": "ddp"}, "ddp-pmap": {"strategy": "ddp-pmap"},
     "ddp-bucket": {"strategy": "ddp-bucket", "bucket_mb": 0.001}, "ddp-ring": {"strategy": "ddp-ring"},

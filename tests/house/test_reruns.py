@@ -1,5 +1,6 @@
 """The suite's one rerun rule (pyproject.toml: `reruns`, `only_rerun`): a test whose torch rank was killed by
-SIGSEGV or SIGBUS (a native crash in torch or gloo, not in our code) runs once more; every other failure, a
+SIGSEGV or SIGBUS (a native crash in torch or gloo, not in our code), or whose world's ranks could not connect
+(gloo's connectFullMesh), runs once more; every other failure, a
 wrong value or a rank's Python error included, fails the first time. Run on the repository's own settings."""
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ def test_a_crash_once_is_run_again():
     if _first("crash"):
         raise RankError("rank 1 failed: killed by signal 11 (SIGSEGV); then rank 2: RuntimeError: Connection reset")
 
+def test_a_world_that_could_not_connect_once_is_run_again():
+    if _first("mesh"):
+        raise RankError("rank 0 failed: RuntimeError: Gloo connectFullMesh failed with [pair.cc:553] Connection closed")
+
 def test_a_crash_every_time_fails():
     raise RankError("rank 0 failed: killed by signal 7 (SIGBUS)")
 
@@ -47,5 +52,5 @@ def test_only_a_native_crash_of_a_rank_is_run_again(tmp_path):
                            str(tmp_path), "-n", "0", "-p", "no:cacheprovider", "-q", str(tmp_path)],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     last = proc.stdout.strip().splitlines()[-1]
-    assert "4 failed, 1 passed, 2 rerun" in last, proc.stdout[-3000:]
+    assert "4 failed, 2 passed, 3 rerun" in last, proc.stdout[-3000:]
     assert "FAILED test_cases.py::test_a_crash_every_time_fails" in proc.stdout

@@ -1,6 +1,6 @@
 """Processes you can trust (docs/RELIABILITY.md, "Processes"), in both launchers (`jaxdp train --processes 2`,
 `python -m torch_ref train --devices 2`): a launcher killed by SIGKILL leaves no worker behind (all gone
-within 5 s, no checkpoint written after the kill), and while it runs every socket of the run listens on
+within 5 s, no checkpoint written later than 0.1 s after the kill), and while it runs every socket of the run listens on
 loopback only; a stopped (SIGSTOP) worker is named within a --heartbeat interval, not its peer, status 3;
 a coordinator port already taken is one line, status 2, before any work. Each test starts real processes
 under a timeout; the workers' pids come from their heartbeat files (jaxdp.core.heartbeat), in a TMPDIR of
@@ -109,6 +109,13 @@ def _loopback(address: str) -> bool:
     return address.startswith("127.") or address in ("::1", "::ffff:127.0.0.1") or address.startswith("::ffff:127.")
 
 
+# The kill reaches the workers through the kernel (PDEATHSIG: launcher -> torch's fork server -> ranks), each hop
+# when the next process is scheduled: all were gone 0.4-51 ms after the launcher was reaped (3 runs of each
+# launcher, 2026-11-28), and once, in a fresh .ci/run on 2 loaded cores, rank 0's marker write landed in that
+# window. A file written later than this is an orphan's (before the fix: 13-85 files, for seconds).
+DYING_S = 0.1
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize("prog", ["jaxdp", "torch_ref"])
 def test_a_killed_launcher_leaves_no_worker_and_listens_on_loopback(prog, tmp_path):
@@ -130,7 +137,7 @@ def test_a_killed_launcher_leaves_no_worker_and_listens_on_loopback(prog, tmp_pa
             time.sleep(0.05)
         assert not any(map(_alive, pids)), f"orphans: {[p for p in pids if _alive(p)]}"
         time.sleep(1.0)
-        late = [p for p in ckpt.rglob("*") if p.stat().st_mtime > killed_at]
+        late = [p for p in ckpt.rglob("*") if p.stat().st_mtime > killed_at + DYING_S]
         assert not late, f"written after the launcher's death: {late}"
     finally:
         _cleanup(launcher, pids)

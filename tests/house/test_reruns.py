@@ -46,7 +46,7 @@ def test_a_kill_once_fails():
 '''
 
 
-def test_only_a_native_crash_of_a_rank_is_run_again(tmp_path):
+def test_only_a_native_crash_or_an_unconnected_world_is_run_again(tmp_path):
     (tmp_path / "test_cases.py").write_text(CASES)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-c", os.path.join(REPO, "pyproject.toml"), "--rootdir",
                            str(tmp_path), "-n", "0", "-p", "no:cacheprovider", "-q", str(tmp_path)],

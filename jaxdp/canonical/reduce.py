@@ -23,8 +23,8 @@ a broadcast becomes a multiplication by a reciprocal in the 1-device program onl
 softmax), so canonical steps compile with it disabled (`COMPILER_OPTIONS`); LLVM's fused
 multiply-adds depend on fusion (Adam's moments), so the process runs without them
 (`jaxdp.devices.request_no_fma`); and the per-shard program is the model unit by unit for every
-strategy (`step.unit_value_and_grad`), as zero3 must run it (`models.dot_fold`, which folds its weight
-gradients' transposes by hand, is off: it broke GPT-2's bits across N, docs/CANONICAL.md).
+strategy (`step.unit_value_and_grad`), as zero3 must run it, with its weight gradients' transposes folded
+by hand (`models.dot_fold`; a checkpoint's body inlined behind its own barrier, docs/CANONICAL.md).
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ from ..core.reduction import BLOCKS
 COMPILER_OPTIONS = {"xla_disable_hlo_passes": "algsimp"}
 PIECES = 4  # combine_scatter: the exchange in up to this many pieces, received one at a time
 MIN_PIECE_BYTES = 1 << 18  # ... none smaller than this (a small model keeps one all-to-all)
+PAIRED_BYTES = 1 << 20  # streamed_tree: a gradient this large adds its lowest level in unrolled pairs
 ALONE_BYTES = 1 << 20  # all_reduce_tree: a leaf this large is reduced on its own, not packed
 
 
@@ -82,11 +83,18 @@ def streamed_tree(leaf, k: int, like):
     without stacking them: each subtree is a scan over its two halves, adding each half's sum to a
     carry that starts at -0.0, the identity of IEEE addition (-0.0 + x == x for every x, +0.0 and
     NaN included), so the association is the tree's (same bits) while at most log2(k) + 1 partial sums
-    are alive (the scans' carries) instead of k stacked values, and `leaf` is traced once."""
+    are alive (the scans' carries) instead of k stacked values, and `leaf` is traced once. A gradient
+    of at least PAIRED_BYTES adds its lowest level as unrolled pairs, `leaf(2j) + leaf(2j + 1)` (`leaf`
+    traced twice): no carry to fill and no add of -0.0 there, k / 2 of the k - 1 extra passes (the
+    same association, so the same bits; a small model keeps the single trace: half the compile)."""
+    paired = sum(s.size * s.dtype.itemsize for s in jax.tree.leaves(like)) >= PAIRED_BYTES
+
     def subtree(start, size):
         if size == 1:
             return leaf(start)
         half = size // 2
+        if size == 2 and paired:
+            return jax.tree.map(jnp.add, leaf(start), leaf(start + 1))
 
         def body(acc, h):
             return jax.tree.map(jnp.add, acc, subtree(start + h * half, half)), None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jaxdp import canonical
 
@@ -42,23 +43,30 @@ def test_the_canonical_step_runs_in_a_fresh_process(tmp_path):
     assert np.isfinite(np.load(out)["step/1/loss"]).all()
 
 
-def test_streamed_tree_is_the_tree_bit_for_bit():
-    """`streamed_tree` (a device's shards added as they finish, nested scans from -0.0) has the tree's
-    association: the same bits as stacking the leaves and `tree`, and not a left fold's."""
+@pytest.mark.parametrize("paired", [False, True], ids=["scans", "paired"])
+def test_streamed_tree_is_the_tree_bit_for_bit(monkeypatch, paired):
+    """`streamed_tree` (a device's shards added as they finish, nested scans from -0.0; a large gradient's
+    lowest level as unrolled pairs, `PAIRED_BYTES`) has the tree's association: the same bits as stacking
+    the leaves and `tree`, and not a left fold's."""
     import jax
 
+    monkeypatch.setattr(canonical.reduce, "PAIRED_BYTES", 0 if paired else 1 << 62)
     rng = np.random.default_rng(0)
-    for k in (1, 2, 8):
+    for k in (1, 2, 4, 8):
         leaves = (rng.standard_normal((k, 5)) * 10.0 ** rng.integers(-8, 8, (k, 5))).astype(np.float32)
         leaves[:, 0] = -0.0  # -0.0 + -0.0 stays -0.0: the carry's start is the identity
         leaves[:, 1] = np.resize(np.array([1e8, 1.0, -1e8, 1.0], np.float32), k)  # tree 0, a left fold 1
         stacked = (jnp.asarray(leaves), jnp.asarray(leaves[:, 1]))
         like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), stacked)
-        got = jax.jit(lambda s, k=k, like=like: canonical.streamed_tree(
-            lambda i: jax.tree.map(lambda a: a[i], s), k, like))(stacked)
+        program = jax.jit(lambda s, k=k, like=like: canonical.streamed_tree(
+            lambda i: jax.tree.map(lambda a: a[i], s), k, like))
+        got = program(stacked)
         want = canonical.tree(stacked)
         assert all(np.array_equal(np.asarray(g), np.asarray(w)) for g, w in zip(got, want, strict=True))
         assert np.signbit(np.asarray(got[0])[0])
+        levels = k.bit_length() - 1  # one scan per level (nested); the pairs' level unrolled
+        scans = program.lower(stacked).as_text().count("stablehlo.while")
+        assert scans == (max(levels - 1, 0) if paired else levels), (k, scans)
         if k >= 4:
             fold = leaves[0].copy()
             for row in leaves[1:]:

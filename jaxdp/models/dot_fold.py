@@ -49,6 +49,25 @@ def _swapped(dot, transpose) -> tuple | None:
     return ((rc, lc), ((), ())) if tuple(transpose.params["permutation"]) == want else None
 
 
+def _merged(a, b, dims) -> tuple:
+    """(a, b, dims) with the contracted dimensions merged into one when both operands contract the same
+    count of leading dimensions (a [B, T, m] and b [B, T, n], contracted over B, T: a weight's gradient
+    over a sequence's tokens): a reshape of a row-major array, free, and a 2-D product, which XLA:CPU
+    runs on the operands as they lie. Left 3-D, the compiler's dot canonicalization transposes the
+    operand whose contracted dimensions lead (a strided copy, fused into its producer: on GPT, backward's
+    recomputed GELU, then written element by element; measured in docs/CANONICAL.md)."""
+    (ac, bc), batch = dims
+    lead = tuple(range(len(ac)))
+    if len(ac) < 2 or tuple(ac) != lead or tuple(bc) != lead or a.shape[:len(ac)] != b.shape[:len(bc)]:
+        return a, b, dims
+    rows = 1
+    for d in a.shape[:len(ac)]:
+        rows *= d
+    a = a.reshape(rows, *a.shape[len(ac):])
+    b = b.reshape(rows, *b.shape[len(bc):])
+    return a, b, (((0,), (0,)), batch)
+
+
 def _permuted(sharding, permutation) -> NamedSharding:
     """`sharding` (of the unswapped product) for its transpose by `permutation`."""
     spec = tuple(sharding.spec) + (None,) * (len(permutation) - len(sharding.spec))
@@ -112,7 +131,8 @@ def _eval(jaxpr, consts, args) -> list:
                 params["precision"] = params["precision"][::-1]
             if params.get("out_sharding") is not None:
                 params["out_sharding"] = _permuted(params["out_sharding"], eqn.params["permutation"])
-            outs = [lax.dot_general_p.bind(rhs, lhs, **params)]
+            a, b, params["dimension_numbers"] = _merged(rhs, lhs, params["dimension_numbers"])
+            outs = [lax.dot_general_p.bind(a, b, **params)]
         elif eqn.primitive.name in INLINED and "jaxpr" in eqn.params:
             sub = eqn.params["jaxpr"]
             inner, sub_consts = (sub.jaxpr, sub.consts) if isinstance(sub, core.ClosedJaxpr) else (sub, ())

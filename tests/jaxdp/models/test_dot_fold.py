@@ -98,3 +98,25 @@ def test_a_checkpoints_recomputation_keeps_its_barrier():
     def barriers(f):
         return jax.jit(f).lower(*_args()).as_text().count("optimization_barrier")
     assert barriers(_layer_vjp) >= 1 and barriers(fold_dot_transposes(_layer_vjp)) == barriers(_layer_vjp)
+
+
+def test_a_weight_gradient_over_tokens_is_a_2d_product_with_no_transposed_copy(monkeypatch):
+    """x [B, T, m] @ W: the weight's gradient contracts B and T. Folded, the two are merged into one (a
+    reshape) and the compiled product reads the activations as they lie; left 3-D, XLA's dot
+    canonicalization transposes the recomputed activation into a [m, B, T] copy (on GPT: backward's
+    GELU, written element by element; docs/CANONICAL.md). The values are the plain backward's."""
+    from jaxdp.models import dot_fold
+
+    w, _, _ = _args()
+    keys = jax.random.split(jax.random.key(1), 2)
+    x, dy = jax.random.normal(keys[0], (2, 6, 24)), jax.random.normal(keys[1], (2, 6, 40))
+
+    def transposed(f):
+        hlo = jax.jit(f).lower(w, x, dy).compile(compiler_options=NO_ALGSIMP).as_text()
+        return sum(" transpose(" in line and ("[24,2,6]" in line or "[24,12]" in line) for line in hlo.splitlines())
+    assert transposed(fold_dot_transposes(_layer_vjp)) == 0
+    want, got = jax.jit(_layer_vjp)(w, x, dy), jax.jit(fold_dot_transposes(_layer_vjp))(w, x, dy)
+    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
+        assert a.shape == b.shape and np.allclose(a, b, rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(dot_fold, "_merged", lambda a, b, dims: (a, b, dims))
+    assert transposed(fold_dot_transposes(_layer_vjp)) >= 1

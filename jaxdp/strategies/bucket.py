@@ -63,15 +63,20 @@ def bucketed_all_reduce_mean(grads, buckets, n: int):
 
 def canonical_buckets(values, buckets):
     """(loss, grads) added by the canonical tree, bucket by bucket in the same order (`after` keeps
-    them apart), the loss after the last bucket."""
+    them apart), the loss after the last bucket. A bucket's gradients go through `all_reduce_tree` (a
+    large one on its own, the rest packed), not one packed vector: each element meets the same tree
+    either way, so the bits are the same, without copying a large gradient into the pack and out."""
     loss, grads = values
     named = flat_names(grads)
-    reduced, flat = {}, None
+    reduced, done = {}, None
     for bucket in buckets:
-        packed = pack([named[name] for name in bucket])
-        flat = canonical.all_reduce(packed if flat is None else after(packed, flat), AXIS)
-        reduced.update(zip(bucket, unpack(flat, [named[name] for name in bucket]), strict=True))
-    loss = canonical.combine(after(loss.reshape(1), flat)[0], AXIS)
+        leaves = [named[name] for name in bucket]
+        if done is not None:
+            leaves[0] = after(leaves[0].reshape(-1), done).reshape(leaves[0].shape)
+        out = canonical.all_reduce_tree(leaves, AXIS)
+        reduced.update(zip(bucket, out, strict=True))
+        done = out[-1].reshape(-1)
+    loss = canonical.combine(after(loss.reshape(1), done)[0], AXIS)
     return loss, jax.tree.unflatten(jax.tree.structure(grads), [reduced[name] for name in named])
 
 

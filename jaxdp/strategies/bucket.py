@@ -46,9 +46,11 @@ def plan_buckets(nbytes: dict[str, int], order, capacity_bytes: float) -> list[l
 
 def after(x, done):
     """`x` unchanged, but computed from `done`: a collective on it can neither run before nor be
-    merged with the one that produced `done`. Adds 0 * (a 0/1 value): XLA does not simplify a float
-    multiply by zero (NaN * 0 is NaN), and a 0/1 value is never NaN, so the result is x exactly."""
-    return x + (done[0] > 0).astype(x.dtype) * 0
+    merged with the one that produced `done`. Subtracts 0 x (a 0/1 value): XLA does not simplify a
+    float multiply by zero (NaN * 0 is NaN), a 0/1 value is never NaN, and x - 0.0 is x for every x,
+    signed zeros included (x + 0.0 is not: -0.0 + 0.0 is +0.0, which turned a gradient's -0.0 into
+    +0.0 in the canonical buckets, where `single` keeps it)."""
+    return x - (done[0] > 0).astype(x.dtype) * 0
 
 
 def bucketed_all_reduce_mean(grads, buckets, n: int):

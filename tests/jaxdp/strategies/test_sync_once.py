@@ -95,6 +95,17 @@ def test_accumulation_communicates_once_per_step(strategy):
     assert one and sorted((c["op"], c["elements"]) for c in three) == sorted((c["op"], c["elements"]) for c in one)
 
 
+def test_the_edge_between_buckets_leaves_every_value_as_it_was():
+    """`bucket.after(x, done)` orders a bucket's collective behind the previous one by adding a zero that
+    depends on it: that zero must be -0.0, the identity of IEEE addition. A +0.0 turned a gradient's -0.0
+    into +0.0 before the canonical tree, where `single` (no edge) keeps -0.0 (a product with a zero).
+    (Subnormals are left out: XLA:CPU flushes them in every add, the tree's own included.)"""
+    x = jnp.array([-0.0, 0.0, 1.5, -2.0, jnp.inf, -jnp.inf, jnp.nan, 3e-38], jnp.float32)
+    for done in (jnp.array([1.0]), jnp.array([-1.0]), jnp.array([jnp.nan])):
+        got = np.asarray(jax.jit(bucket.after)(x, done))
+        assert np.array_equal(got.view(np.uint32), np.asarray(x).view(np.uint32)), (done, got)
+
+
 def test_buckets_follow_reverse_layer_order_and_capacity():
     nbytes = {"a": 40, "b": 8, "c": 100, "d": 8, "e": 8}
     assert plan_buckets(nbytes, ["a", "b", "c", "d", "e"], 20) == [["e", "d"], ["c"], ["b"], ["a"]]

@@ -69,8 +69,10 @@ def killed(folder):
             "--lr", str(KILLED.lr), "--weight-decay", str(KILLED.weight_decay), "--dtype", "float64",
             "--seed", str(KILLED.seed), "--platform", "cpu",
             "--checkpoint-dir", ck, "--checkpoint-every", "1"]
+    tmp = folder / "tmp"  # the launcher's heartbeat and progress files: SIGKILL leaves them, here and not in /tmp
+    tmp.mkdir()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                            cwd=REPO)
+                            cwd=REPO, env=os.environ | {"TMPDIR": str(tmp)})
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None and len(

@@ -72,9 +72,8 @@ def canonical_buckets(values, buckets):
     named = flat_names(grads)
     reduced, done = {}, None
     for bucket in buckets:
-        leaves = [named[name] for name in bucket]
-        if done is not None:
-            leaves[0] = after(leaves[0].reshape(-1), done).reshape(leaves[0].shape)
+        leaves = [named[name] if done is None else after(named[name].reshape(-1), done).reshape(named[name].shape)
+                  for name in bucket]  # every leaf: a large one goes through its own collectives
         out = canonical.all_reduce_tree(leaves, AXIS)
         reduced.update(zip(bucket, out, strict=True))
         done = out[-1].reshape(-1)

@@ -122,6 +122,7 @@ def run_cases(rank: int, n: int, cases: list, checkpoints: str) -> dict:
     out = {case: train_case(rank, n, case) for case in cases}
     if n == 2:
         out["errors"] = errors(rank, n)
+        out["gathers"] = gathers(rank, n)
     out["resumed"] = resumed(rank, n, checkpoints, RESUMED) if n in (2, 4) else None
     return out if rank == 0 else {}
 
@@ -169,6 +170,26 @@ def resumed(rank: int, n: int, directory: str, case: tuple) -> dict:
 
 
 REFUSED = [(3, ROWS), (1, ROWS), (8, 12)]  # (shards, rows per micro-batch) that canonical refuses at N = 2
+
+
+def gathers(rank: int, n: int) -> dict:
+    """zero3's parameter all-gathers in one step (FSDP2's `FSDP::all_gather (unit)` events; Net has 3 units,
+    each sharded on its own), native and canonical (S = 4: 2 shards per rank at N = 2), and whether any unit
+    is left gathered after the step."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.profiler import ProfilerActivity, profile
+
+    out = {}
+    for reduction in ("native", "canonical"):
+        model, opt = parallelized("zero3", 1, "adamw", reduction, SHARDS)
+        xs, ys = (torch.from_numpy(my_rows(a, rank, n, 1)) for a in batch(1, 1))
+        torch_ref.train_step(model, opt, xs, ys, F.cross_entropy)  # FSDP2's lazy initialisation
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            torch_ref.train_step(model, opt, xs, ys, F.cross_entropy)
+        out[reduction] = sum(e.name.startswith("FSDP::all_gather (") for e in prof.events())
+        out[f"{reduction} left gathered"] = any(g.is_unsharded for m in model.modules() if isinstance(m, FSDPModule)
+                                                for g in m._get_fsdp_state()._fsdp_param_groups)
+    return out
 
 
 def errors(rank: int, n: int) -> list[str]:

@@ -101,7 +101,7 @@ def row(cfg: RunConfig, n: int, views: list[dict]) -> dict:
     temp = views[0]["temp_bytes"]
     micro = cfg.batch_size // cfg.accum
     return {"model": cfg.model, "strategy": cfg.strategy, "devices": n,
-            "shards": resolve_shards(cfg.shards or None, micro, n), "native_step_s": native,
+            "shards": resolve_shards(cfg.shards or None, micro, n, cfg.tokens_per_row()), "native_step_s": native,
             "canonical_step_s": canonical, "ratio": canonical / native, "native_temp_bytes": temp[0],
             "canonical_temp_bytes": temp[1], "temp_ratio": temp[1] / max(temp[0], 1)}
 
@@ -151,6 +151,8 @@ def main(argv=None) -> None:
     try:  # every (configuration, N) before any world starts: bad input is one line naming the fix
         for cfg in cfgs:
             for n in args.devices:
+                if n > 1 and cfg.strategy == "single":
+                    continue  # measured at N = 1 only
                 cfg.replace(devices=n, reduction="canonical").validate("torch")
     except ConfigError as err:
         parser.error(str(err))

@@ -64,10 +64,18 @@ class Folds:
     """This rank's `local` shards of `accum` micro-batches: `add(i, value)` in order (micro-batch major,
     shard i minor); `partial()`, after the last, is the subtree over this rank's shards, flat."""
 
-    def __init__(self, local: int, accum: int = 1):
-        self.local, self.accum, self.count = local, accum, 0
+    def __init__(self, local: int, accum: int = 1, spare: list | None = None):
+        self.local, self.accum, self.count, self.spare = local, accum, 0, spare
         self.acc: dict = {}       # shard i -> its fold over the micro-batches so far (accum > 1)
         self.levels: list = []    # levels[k]: the sum of 2^k completed adjacent folds, or None
+
+    def plus(self, left, right):
+        """`plus`, and an `Owned` operand whose buffer the sum did not go into is handed to `spare` (a
+        list its owner allocates from again: a recycled buffer has its pages, a fresh one faults them)."""
+        out = plus(left, right)
+        if self.spare is not None and isinstance(right, Owned) and out is not right:
+            self.spare.append(right.flat)
+        return out
 
     def add(self, i: int, value) -> None:
         if i != self.count % self.local:
@@ -75,7 +83,7 @@ class Folds:
         last = self.count >= (self.accum - 1) * self.local  # the last micro-batch: shard i's fold completes
         self.count += 1
         if i in self.acc:
-            value = plus(self.acc.pop(i), value)
+            value = self.plus(self.acc.pop(i), value)
         if last:
             self.push(value)
         else:
@@ -85,7 +93,7 @@ class Folds:
         """A completed fold, the next in shard order: carried up the counter (left + right)."""
         k = 0
         while k < len(self.levels) and self.levels[k] is not None:
-            value, self.levels[k] = plus(self.levels[k], value), None
+            value, self.levels[k] = self.plus(self.levels[k], value), None
             k += 1
         if k == len(self.levels):
             self.levels.append(None)
@@ -94,7 +102,7 @@ class Folds:
     def pending(self, select) -> Folds:
         """A copy holding `select(value)` of every value so far (ddp: one bucket's elements), to be
         completed by its own `add`s."""
-        out = Folds(self.local, self.accum)
+        out = Folds(self.local, self.accum, self.spare)
         out.count = self.count
         out.acc = {i: select(v) for i, v in self.acc.items()}
         out.levels = [None if v is None else select(v) for v in self.levels]

@@ -18,6 +18,7 @@ kernels).
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 import torch.distributed as dist
@@ -196,14 +197,28 @@ class UnitReduce:
 
     def __init__(self, local: int, accum: int, shards: int, columns=None):
         self.local, self.accum, self.shards, self.columns = local, accum, shards, columns
-        self.input, self.folds, self.count, self.allocated = None, Folds(local, accum), 0, 0
+        self.spare: list = []  # input buffers the folds have summed into another one: handed out again
+        self.input, self.folds, self.count, self.allocated = None, Folds(local, accum, self.spare), 0, 0
 
     def allocate(self, size, *, dtype, device):
-        buffer = torch.zeros(*size, dtype=dtype, device=device)
-        if self.allocated % 2 == 0:  # the input (the output comes second)
-            self.input = buffer
+        """The input (FSDP2 asks for it first; `chunk_cat` writes every element of it, padding included):
+        a spare buffer of the step when one fits, else a new one. The output (second): at a group of one
+        on a 1-D mesh FSDP2 copies the input into it, so the input itself (a copy onto itself is none);
+        otherwise zeros (under hsdp FSDP2 all-reduces it across the replicas before the hook)."""
         self.allocated += 1
-        return buffer
+        if self.allocated % 2 == 1:
+            self.input = self._recycled(size, dtype, device)
+            return self.input
+        if self.columns is None and tuple(size) == tuple(self.input.shape):
+            return self.input
+        return torch.zeros(*size, dtype=dtype, device=device)
+
+    def _recycled(self, size, dtype, device) -> torch.Tensor:
+        numel = math.prod(size)
+        for j, t in enumerate(self.spare):
+            if t.numel() == numel and t.dtype == dtype and t.device == torch.device(device):
+                return self.spare.pop(j).view(*size)
+        return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor, input_tensor, group=None, op=None, async_op=False):
         return None
@@ -214,4 +229,5 @@ class UnitReduce:
         if self.count == self.local * self.accum:
             total = tree_scatter(self.folds.partial(), columns=self.columns)
             reduce_output.copy_(finish(total, self.shards, self.accum))
-            self.folds, self.count = Folds(self.local, self.accum), 0
+            self.spare.clear()  # nothing is held from one step to the next
+            self.folds, self.count = Folds(self.local, self.accum, self.spare), 0

@@ -64,8 +64,8 @@ def worlds(tmp_path_factory) -> dict:
     plan = {n: [c for c in CASES + CNN_CASES + HSDP_CASES if c[1] == n] + (negative if n == 4 else []) for n in (2, 4)}
     out.update(launch.launch(R.run_worlds, 4, plan, checkpoints, timeout_s=300, pg_timeout_s=240)[0])
     for n in plan:
-        out.update({k: v for k, v in out[n].items() if k not in ("resumed", "errors")})
-    out["errors"] = out[2]["errors"]
+        out.update({k: v for k, v in out[n].items() if k not in ("resumed", "errors", "gathers")})
+    out["errors"], out["gathers"] = out[2]["errors"], out[2]["gathers"]
     return out
 
 
@@ -127,6 +127,13 @@ def test_cnn_canonical_is_the_batchnorm_gradient(single, monkeypatch):
     monkeypatch.setattr(canonical_bn.BatchNorms, "through_statistics", lambda *a: None)
     mutant = R.train_case(0, 1, ("single", 1, 3, "adamw", 0.0, "canonical", R.SHARDS, "cnn64"))
     assert relative_errors({k: native[k] for k in native if "/grad/" in k}, mutant) > 1e-3
+
+
+def test_zero3_gathers_each_unit_once_per_step(worlds):
+    """Canonical zero3 runs a step's shards with every unit gathered once (`zero3.gathered_once`), not once per
+    shard's forward and backward, and leaves none gathered; native (reshard after forward) gathers twice."""
+    assert worlds["gathers"] == {"native": 6, "native left gathered": False,
+                                 "canonical": 3, "canonical left gathered": False}
 
 
 def relative_errors(ref: dict, got: dict) -> float:

@@ -29,7 +29,9 @@ reduce-scatter runs on FSDP2's layout into the DTensor gradients (`canonical_gra
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 
 import torch
 import torch.distributed as dist
@@ -112,7 +114,8 @@ def make(model, optimizer, opts, name: str = "zero3", replicas: int | None = Non
     return make_strategy(name, model, model, built, opts.accum,
                          no_sync=lambda: common.no_sync(model.set_requires_gradient_sync),
                          full_grads=full_grads, full_params=full_params, wrapped=model,
-                         canonical_parts=CANONICAL._replace(twin=twin))
+                         canonical_parts=CANONICAL._replace(twin=twin, backward=functools.partial(
+                             backward, reshard_after_forward=opts.reshard_after_forward)))
 
 
 def twin_of(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -132,7 +135,8 @@ def install_units(c) -> None:
             unit = C.UnitReduce(c.local, c.par.accum, c.s, columns)
             module.set_custom_reduce_scatter(unit)
             module.set_all_reduce_hook(unit.hook)
-            module.set_gradient_divide_factor(1.0)  # FSDP2 divides by nothing: the tree's /S and /A are all
+            if c.world > 1:  # FSDP2 divides by nothing: the tree's /S and /A are all (at a world of one it
+                module.set_gradient_divide_factor(1.0)  # divides by nothing unless given a factor, even 1.0)
             c.units.append(unit)
 
 
@@ -149,16 +153,41 @@ def shard_columns(model) -> list[int] | None:
     return columns
 
 
-def backward(c, x, y, loss_fn) -> torch.Tensor:
-    """Canonical: each shard's backward through FSDP2 (its gathers, its post-backward: `UnitReduce`)."""
+def backward(c, x, y, loss_fn, reshard_after_forward: bool = True) -> torch.Tensor:
+    """Canonical: each shard's backward through FSDP2 (its post-backward: `UnitReduce`), every unit
+    gathered once per step: kept unsharded from the first shard's forward to the last shard's backward
+    (`gathered_once`), then put back as FSDP2 had it (`reshard_after_forward`, the strategy's option)."""
     model, losses, last = c.par.model, C.Folds(c.local, c.par.accum), c.par.accum * c.local - 1
-    for k, (_, i, xs, ys) in enumerate(C.shards_of(x, y, c.par.accum, c.local)):
-        loss = C.scalar(loss_fn(model(xs), ys))
-        loss.backward()
-        losses.add(i, loss.detach())
-        if k != last:
-            model.zero_grad(set_to_none=True)  # a shard's output is not a gradient until the last
+    with gathered_once(model, reshard_after_forward, last > 0) as last_backward:
+        for k, (_, i, xs, ys) in enumerate(C.shards_of(x, y, c.par.accum, c.local)):
+            loss = C.scalar(loss_fn(model(xs), ys))
+            if k == last:
+                last_backward()
+            loss.backward()
+            losses.add(i, loss.detach())
+            if k != last:  # a shard's output is not a gradient until the last (the sharded parameters':
+                for p in c.params:  # while the units are gathered, `model.parameters()` are the unsharded ones)
+                    p.grad = None
     return losses.partial()
+
+
+@contextlib.contextmanager
+def gathered_once(model, reshard_after_forward: bool, several: bool):
+    """Within: no unit reshards after its forward or backward (each is all-gathered once, by the first
+    shard's forward), until the callable it yields is called (before the last backward: every unit
+    reshards after it). After: each unit reshards after forward as `reshard_after_forward` says, the
+    root never (FSDP2's own defaults)."""
+    if not several:
+        yield lambda: None
+        return
+    model.set_reshard_after_forward(False)
+    model.set_reshard_after_backward(False)
+    try:
+        yield lambda: model.set_reshard_after_backward(True)
+    finally:
+        model.set_reshard_after_backward(True)
+        model.set_reshard_after_forward(reshard_after_forward)
+        model.set_reshard_after_forward(False, recurse=False)
 
 
 def backward_bn(c, x, y, loss_fn) -> torch.Tensor:

@@ -8,6 +8,10 @@ def _f(x, spec=".2f", none="-"):
     return none if x is None else format(x, spec)
 
 
+def _x(x):
+    return "-" if x is None else f"{x:.2f}x"
+
+
 def _ms(x):
     return _f(None if x is None else 1e3 * x, ".1f")
 
@@ -227,7 +231,24 @@ def reduction_section(results: dict) -> list:
         if fma:
             line += f" {_ms(r.get('native_fma_step_s'))} | {_f(r.get('no_fma_cost'))}x |"
         lines.append(line)
-    return lines + _stats_bytes(red["rows"])
+    return lines + _stats_bytes(red["rows"]) + _torch_rows(red.get("torch_rows"))
+
+
+def _torch_rows(rows: list | None) -> list:
+    """Item 9's torch_ref rows, each beside the jaxdp row's ratio for the same model, strategy and N."""
+    if not rows:
+        return []
+    lines = ["", "torch_ref, the same rows (`torch_ref.analysis.canonical_cost`: one world per N, both modes "
+             "interleaved in each rank, one intra-op thread, the slowest rank's median; temporaries: rank 0's "
+             "largest rise within a step, MiB), beside jaxdp's ratio:", "",
+             "| model | strategy | N | S | native ms | canonical ms | torch canonical/native | "
+             "jaxdp canonical/native | native temp MiB | canonical temp MiB |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['strategy']} | {r['devices']} | {r['shards']} | {_ms(r['native_step_s'])} | "
+                     f"{_ms(r['canonical_step_s'])} | {_f(r['ratio'])}x | {_x(r.get('jaxdp_ratio'))} | "
+                     f"{r['native_temp_bytes'] / 2**20:.1f} | {r['canonical_temp_bytes'] / 2**20:.1f} |")
+    return lines
 
 
 def _bn_model(bn: dict | None) -> str:

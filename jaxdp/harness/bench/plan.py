@@ -118,6 +118,16 @@ def reduction_runs(p: Plan):
                 yield label, reduction_models(p)[label], strategy, coll, n
 
 
+def torch_reduction_runs(p: Plan):
+    """Item 9's torch side: (model label, RunConfig, strategy, N) of every row whose strategy torch_ref has
+    (once per strategy: torch has no `--collectives`), in the jaxdp rows' order."""
+    seen = set()
+    for label, base, strategy, _, n in reduction_runs(p):
+        if strategy in FRAMEWORK_STRATEGIES["torch"] and (label, strategy, n) not in seen:
+            seen.add((label, strategy, n))
+            yield label, base, strategy, n
+
+
 def reduction_configs(base: RunConfig, strategy: str, collectives: str | None, n: int, modes: tuple) -> list:
     """Item 9's pair: `base` in each mode (its --shards for canonical only: native takes none)."""
     extra = {} if collectives is None else {"collectives": collectives}
@@ -137,6 +147,9 @@ def every_config(p: Plan):
     for _, base, strategy, coll, n in reduction_runs(p):
         for c in reduction_configs(base, strategy, coll, n, ("native", "canonical")):
             yield "reduction", "jax", c
+    for _, base, strategy, n in torch_reduction_runs(p):
+        for c in reduction_configs(base, strategy, None, n, ("native", "canonical")):
+            yield "reduction", "torch", c
     for _, c in jit_configs(p):
         yield "jit", "jax", c
 

@@ -9,7 +9,9 @@ the median step time and the ratio canonical / native. From each compiled progra
 device sends per step (`accounting.communication` on its HLO) and its temporaries
 (`memory_analysis()`). In the full run a second child, started without the flag, times `native`
 alone (same configurations): the flag's own cost, `native_step_s` / `native_fma_step_s` (two
-processes, not interleaved). The cnn with sync BatchNorm gets rows of its own (`"model": "cnn"`):
+processes, not interleaved). Then torch_ref's side (`reduction_torch.py`: the rows whose strategy torch_ref
+has, by its own `canonical_cost`, each beside the jaxdp row's ratio).
+The cnn with sync BatchNorm gets rows of its own (`"model": "cnn"`):
 its timed call is the running statistics' program then the train step, and its bytes are both
 programs' (also apart: `*_train_bytes`, `*_stats_bytes`). Also runnable alone:
 `python -m jaxdp.harness.bench.reduction [--quick] --out DIR` (writes reduction.json and reduction.md).
@@ -31,6 +33,7 @@ from ...core import atomic
 from ...core.config import RunConfig
 from ...core.reduction import resolve_shards
 from .plan import Plan, plan, reduction_configs, reduction_models, reduction_runs
+from .reduction_torch import side_by_side, torch_rows
 from .tables import jsonable, ratio
 
 WARMUP_CALLS = 2
@@ -171,7 +174,8 @@ def reduction_benchmark(p: Plan, say) -> dict:
         fma_rows = run_child(p.quick, fma=True, modes=("native",))
     m = p.reduction_model
     bn = p.reduction_bn_model
-    return {"rows": table(rows, fma_rows, models(p)),
+    jax_rows = table(rows, fma_rows, models(p))
+    return {"rows": jax_rows, "torch_rows": side_by_side(torch_rows(p, say), jax_rows),
             "setup": {"xla_flags": devices.NO_FMA, "fma_reference": fma_rows is not None,
                       "repeats": p.reduction_repeats, "warmup_calls": WARMUP_CALLS, "statistic": "median",
                       "model": {f: getattr(m, f) for f in ("model", "hidden", "batch_size", "accum", "dtype",

@@ -136,3 +136,22 @@ def test_table_merges_the_fma_reference_and_markdown_shows_it(quick):
     assert "| cnn | ddp | 2 | 4 |" in text and "cnn channels 2,4, sync BatchNorm" in text
     assert text.count("| 2.00x |") == 2 and text.count("| 4.00x |") == 1  # the no-FMA cost column
     assert f"| ddp | 2 | {merged[-1]['native_stats_bytes']:.0f} | {merged[-1]['canonical_stats_bytes']:.0f} |" in text
+
+
+def test_torch_rows_stand_beside_the_jaxdp_rows(quick):
+    """Item 9's torch side (`reduction_torch`): torch_ref's canonical / native for every quick row whose
+    strategy torch_ref has (zero1 once: torch has no --collectives), each with the jaxdp row's ratio, and
+    a table of its own in the markdown."""
+    from jaxdp.harness.bench import reduction_torch
+
+    rows = reduction_torch.side_by_side(reduction_torch.torch_rows(plan(True), print), quick)
+    assert [(r["framework"], r["model"], r["strategy"], r["devices"], r["shards"]) for r in rows] == [
+        ("torch", "mlp", "ddp", 2, 4), ("torch", "mlp", "zero1", 2, 4), ("torch", "cnn", "ddp", 2, 4)]
+    for r, j in zip(rows, quick, strict=True):
+        assert r["native_step_s"] > 0 and r["canonical_step_s"] > 0 and r["native_temp_bytes"] > 0, r
+        assert math.isclose(r["ratio"], r["canonical_step_s"] / r["native_step_s"])
+        assert r["jaxdp_ratio"] == j["ratio"]  # the same model, strategy and N
+    text = "\n".join(reduction_section({"reduction": {"rows": [], "torch_rows": rows, "setup": {
+        "fma_reference": False, "repeats": 3, "warmup_calls": 2, "note": "n", "model": {
+            "hidden": (16,), "batch_size": 16, "accum": 1, "dtype": "float32", "optimizer": "adamw"}}}}))
+    assert "torch_ref, the same rows" in text and f"| {rows[1]['jaxdp_ratio']:.2f}x |" in text

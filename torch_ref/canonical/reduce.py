@@ -107,8 +107,14 @@ def all_reduce(flat: torch.Tensor, ring: bool = False) -> torch.Tensor:
     n = dist.get_world_size() if dist.is_initialized() else 1
     if n == 1:
         return flat
-    chunk = tree_scatter(torch.nn.functional.pad(flat, (0, -flat.numel() % n)), p2p_all_to_all if ring else None)
+    chunk = tree_scatter(padded(flat, n), p2p_all_to_all if ring else None)
     return (ring_all_gather if ring else all_gather)(chunk.contiguous())[:flat.numel()]
+
+
+def padded(flat: torch.Tensor, n: int) -> torch.Tensor:
+    """`flat` zero-padded to a multiple of n; itself where n divides it (a pad of nothing is still a copy),
+    so only for a value that is then read, never written."""
+    return flat if flat.numel() % n == 0 else torch.nn.functional.pad(flat, (0, -flat.numel() % n))
 
 
 def pairsum(rows: torch.Tensor) -> torch.Tensor:

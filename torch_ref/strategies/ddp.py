@@ -93,7 +93,8 @@ def bucket_hook(c, bucket):  # (no annotations: DDP checks them, and these are s
     folds = c.folds.pending(functools.partial(bucket_part, c, bucket.parameters()))
     folds.add(c.local - 1, bucket.buffer())
     future = torch.futures.Future()
-    future.set_result(C.finish(C.all_reduce(folds.partial()), c.s, c.par.accum))
+    total = C.all_reduce(folds.partial())  # N > 1: a fresh all-gathered buffer, divided in place; N = 1: the
+    future.set_result((C.finish_ if c.world > 1 else C.finish)(total, c.s, c.par.accum))  # folds' own sum
     return future
 
 

@@ -53,8 +53,7 @@ def grads(shard: FlatShard, n: int) -> None:
 
 def canonical_grads(shard: FlatShard, c, grads: torch.Tensor) -> None:
     """`grads` under reduction="canonical": the canonical reduce-scatter of the padded flat layout."""
-    padded = torch.nn.functional.pad(grads, (0, -grads.numel() % c.world))
-    shard.main_param.grad = C.finish(C.tree_scatter(padded), c.s, c.par.accum)
+    shard.main_param.grad = C.finish(C.tree_scatter(C.padded(grads, c.world)), c.s, c.par.accum)
 
 
 def canonical_update(shard: FlatShard, c, clip_norm: float) -> None:

@@ -93,8 +93,12 @@ def bucket_hook(c, bucket):  # (no annotations: DDP checks them, and these are s
     folds = c.folds.pending(functools.partial(bucket_part, c, bucket.parameters()))
     folds.add(c.local - 1, bucket.buffer())
     future = torch.futures.Future()
-    total = C.all_reduce(folds.partial())  # N > 1: a fresh all-gathered buffer, divided in place; N = 1: the
-    future.set_result((C.finish_ if c.world > 1 else C.finish)(total, c.s, c.par.accum))  # folds' own sum
+    # DDP reads the hook's result by offsets into its storage (as_strided), so the result must begin its
+    # storage: at N > 1 the all-gathered buffer does (divided in place); at N = 1 it is the folds' own sum,
+    # a view into the middle of a buffer for every bucket but the first (measured: those came back wrong).
+    total = C.all_reduce(folds.partial())
+    own = c.world > 1 and total.storage_offset() == 0
+    future.set_result((C.finish_ if own else C.finish)(total, c.s, c.par.accum))
     return future
 
 

@@ -220,9 +220,13 @@ class UnitReduce:
         return torch.zeros(*size, dtype=dtype, device=device)
 
     def _recycled(self, size, dtype, device) -> torch.Tensor:
+        """A spare of `size` on a CPU (no streams: its last reader, an add in the hook, is done), else new.
+        On a GPU the hook runs on FSDP2's reduce stream, so a spare may still be read there: never reused."""
+        if torch.device(device).type != "cpu":
+            self.spare.clear()  # (not kept alive either)
         numel = math.prod(size)
         for j, t in enumerate(self.spare):
-            if t.numel() == numel and t.dtype == dtype and t.device == torch.device(device):
+            if t.numel() == numel and t.dtype == dtype:
                 return self.spare.pop(j).view(*size)
         return torch.empty(*size, dtype=dtype, device=device)
 

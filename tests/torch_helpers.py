@@ -223,7 +223,23 @@ def ring_errors(rank: int, n: int, sizes) -> dict:
         errors[("reduce_scatter", size)] = rel(collectives.ring_reduce_scatter(x), shard)
         errors[("all_gather", size)] = rel(collectives.ring_all_gather(x), all_gather(x))
         errors[("shapes", size)] = (tuple(collectives.ring_all_reduce(x.reshape(1, -1)).shape) == (1, size))
+        errors[("root_tree", size)] = root_tree_exact(x, n)
     return errors
+
+
+def root_tree_exact(x: torch.Tensor, n: int) -> bool:
+    """`reduce_to_root` on rank 0 is bitwise the canonical tree over the ranks' values (N a power of two),
+    or the left fold ((x0 + x1) + x2) at N = 3; the other ranks get None."""
+    from torch_ref import collectives
+    from torch_ref.canonical.reduce import tree
+
+    rows = [torch.empty_like(x) for _ in range(n)]
+    dist.all_gather(rows, x)
+    got = collectives.reduce_to_root(x.clone())
+    if dist.get_rank() != 0:
+        return got is None
+    want = tree(torch.stack(rows)) if n & (n - 1) == 0 else (rows[0] + rows[1]) + rows[2]
+    return bool(torch.equal(got, want))
 
 
 def _strategy_and_batch(rank, n, cfg, init):

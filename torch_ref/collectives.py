@@ -89,3 +89,23 @@ def ring_all_reduce(x: torch.Tensor, group=None) -> torch.Tensor:
     `dist.all_reduce(x, op=SUM)` up to the order of the additions."""
     summed = ring_all_gather(ring_reduce_scatter(x, group), group)
     return summed[:x.numel()].reshape(x.shape)
+
+
+def reduce_to_root(x: torch.Tensor) -> torch.Tensor | None:
+    """Sum `x` onto rank 0 by a binomial tree, in place: in the round with stride k, rank i (i = k mod
+    2k) sends its partial sum to rank i-k, which adds it on the right (`x += received`). With N a
+    power of two this is the tree over rank order of `canonical.reduce.tree` (left + right, adjacent
+    pairs, level by level), holding one received buffer instead of N gathered ones. Rank 0 gets the
+    sum; a rank that has sent returns None."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    received, stride = None, 1
+    while stride < n:
+        if rank % (2 * stride) == stride:
+            dist.send(x, rank - stride)
+            return None
+        if rank + stride < n:
+            received = torch.empty_like(x) if received is None else received
+            dist.recv(received, rank + stride)
+            x += received
+        stride *= 2
+    return x

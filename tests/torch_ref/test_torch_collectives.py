@@ -1,5 +1,6 @@
 """The ring collectives (isend/irecv) equal the built-in ones, for N = 1..4 and sizes not divisible
-by N. Sums are reordered, so float64 agrees to ~1e-16 relative; the test allows 1e-13."""
+by N. Sums are reordered, so float64 agrees to ~1e-16 relative; the test allows 1e-13. `reduce_to_root`
+(canonical dp's sum on the server) is bitwise the canonical tree over the ranks."""
 from __future__ import annotations
 
 import pytest
@@ -14,7 +15,7 @@ def test_ring_collectives_equal_the_built_ins(n):
     assert len(per_rank) == n
     for rank, errors in enumerate(per_rank):
         for (op, size), err in errors.items():
-            if op == "shapes":
+            if op in ("shapes", "root_tree"):
                 assert err is True, (rank, size)
             else:
                 assert err < 1e-13, (n, rank, op, size, err)

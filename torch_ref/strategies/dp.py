@@ -7,8 +7,9 @@ one from the factory, only the server's ever steps or holds state); the new para
 removed. The traced gradient is true on rank 0; the global loss is broadcast with the parameters
 (one more scalar).
 
-Canonical: every rank's partial sums are *gathered* to the server, which runs the tree across ranks,
-clips and steps (`canonical_sync`, `canonical_update`); the new parameters are broadcast from it.
+Canonical: the ranks' partial sums meet on the server by the binomial tree (`collectives.reduce_to_root`,
+the canonical tree across ranks, as jaxdp's dp); the server clips and steps (`canonical_sync`,
+`canonical_update`); the new parameters are broadcast from it.
 """
 from __future__ import annotations
 
@@ -19,19 +20,19 @@ from .. import optim
 from ..canonical import reduce as C
 from ..canonical.step import Parts, clip_, plain_backward
 from ..checkpoint import ModelOptimizer
+from ..collectives import reduce_to_root
 from .common import Strategy, grads_of, make_strategy
 
 SERVER = 0
 
 
 def canonical_sync(c, grads: torch.Tensor) -> None:
-    """The partial sums are gathered to the server, which runs the tree across ranks."""
+    """The partial sums meet on the server by the binomial tree (`reduce_to_root`: the canonical tree
+    across ranks, N a power of two), as jaxdp's dp: one received buffer per rank, not N on the server."""
     if c.world > 1:
-        gathered = [torch.empty_like(grads) for _ in range(c.world)] if c.rank == SERVER else None
-        dist.gather(grads, gathered, dst=SERVER)
-        grads = C.tree(torch.stack(gathered)) if c.rank == SERVER else None
+        grads = reduce_to_root(grads)
     if c.rank == SERVER:
-        C.set_grads(c.params, C.finish(grads, c.s, c.par.accum))
+        C.set_grads(c.params, C.finish_(grads, c.s, c.par.accum))  # the sum is this step's own
 
 
 def canonical_update(c, clip_norm: float) -> None:

@@ -2,11 +2,13 @@
 tests/jaxdp/canonical/test_memory.py: compiled in a process started for canonical (fused multiply-adds
 off before JAX starts, which the test session's process is not).
 
-    python -m tests.canonical_memory STRATEGY[:old] ...
+    python -m tests.canonical_memory STRATEGY[:old|:inline] ...
 
-Prints one JSON line per argument: {"strategy", "old", "native", "canonical"} (bytes). `:old` compiles
-canonical as it was before issue 40's part 4 (every leaf packed, the exchange in one piece): the
-broken run the test must catch.
+Prints one JSON line per argument: {"strategy", "old", "native", "canonical"} (bytes), and
+"entry_copies": the canonical program's copies of a parameter at its entry (`copy(%param...)`: XLA's
+copies of donated arrays). `:old` compiles canonical as it was before issue 40's part 4 (every leaf
+packed, the exchange in one piece, the update inline): the broken run the bound must catch; `:inline`
+only the update inline (`common.update_apart` off): the broken run the copies' check must catch.
 """
 from __future__ import annotations
 
@@ -24,16 +26,25 @@ def main(argv) -> None:
     from jaxdp.canonical import reduce
     from jaxdp.core.config import RunConfig
     from jaxdp.harness.bench import reduction
+    from jaxdp.strategies import common
+    from jaxdp.strategies.zero import step
 
     mlp = RunConfig(optimizer="adamw", dtype="float32", platform="cpu", seed=0, lr=1e-3, model="mlp",
                     data="synthetic", hidden=(1024, 1024), batch_size=256)  # item 9's mlp: default S = 4
-    now = reduce.ALONE_BYTES, reduce.PIECES
+    now = reduce.ALONE_BYTES, reduce.PIECES, common.update_apart
+
+    def inline(update, current, loss, apart):
+        return update()
     for arg in argv:
-        strategy, _, old = arg.partition(":")
+        strategy, _, mode = arg.partition(":")
         native, canonical = reduction.configs(mlp, strategy, None, N, ("native", "canonical"))
-        reduce.ALONE_BYTES, reduce.PIECES = (float("inf"), 1) if old else now
-        temps = [accounting.step_memory(accounting.compile_step(c).program)["temp_bytes"] for c in (native, canonical)]
-        row = {"strategy": strategy, "old": bool(old), "native": temps[0], "canonical": temps[1]}
+        reduce.ALONE_BYTES, reduce.PIECES = (float("inf"), 1) if mode == "old" else now[:2]
+        common.update_apart = step.update_apart = inline if mode else now[2]
+        programs = [accounting.compile_step(c).program for c in (native, canonical)]
+        temps = [accounting.step_memory(p)["temp_bytes"] for p in programs]
+        text = programs[1].as_text()
+        row = {"strategy": strategy, "old": mode == "old", "native": temps[0], "canonical": temps[1],
+               "entry_copies": text[text.index("ENTRY"):].count(" copy(%param")}
         print(json.dumps(row), flush=True)
 
 

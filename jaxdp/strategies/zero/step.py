@@ -23,7 +23,7 @@ from jax.sharding import PartitionSpec as P
 from ... import canonical
 from ...devices import AXIS, REPLICA, batch_spec
 from .. import finite
-from ..common import Strategy, TrainState, compile_options, put_sharded
+from ..common import Strategy, TrainState, compile_options, put_sharded, update_apart
 from . import flat
 from .flat import COLLECTIVES, host_unshard, my_shard, unpad
 
@@ -53,7 +53,8 @@ def make_strategy(layout, native_grads, canonical_grads, name: str | None = None
         rows = batch_spec(mesh)
         sharded_grads = jax.shard_map(device_grads, mesh=mesh, in_specs=(layout.param_spec, rows, rows),
                                       out_specs=(P(), P(AXIS), layout.grad_spec, P(AXIS)), check_vma=False)
-        program = train_step(layout, optimizer, mesh, comm, shapes, sharded_grads, return_grads, opts.nan_check)
+        program = train_step(layout, optimizer, mesh, comm, shapes, sharded_grads, return_grads, opts.nan_check,
+                             apart=opts.reduction == "canonical")
         jit_step = jax.jit(program, donate_argnums=0, compiler_options=compile_options(opts))
 
         def step(state, x, y):
@@ -71,15 +72,19 @@ def make_strategy(layout, native_grads, canonical_grads, name: str | None = None
     return make
 
 
-def train_step(layout, optimizer, mesh, comm, shapes, sharded_grads, return_grads, check: bool = True):
-    """`(state, x, y) -> (state, metrics)`: the sync, the update on the flat arrays, and (when the layout
-    gathers after the update) the full parameters rebuilt from everyone's updated shard."""
+def train_step(layout, optimizer, mesh, comm, shapes, sharded_grads, return_grads, check: bool = True,
+               apart: bool = False):
+    """`(state, x, y) -> (state, metrics)`: the sync, the update on the flat arrays (`apart`: in a
+    computation of its own, `common.update_apart`), and (when the layout gathers after the update) the full
+    parameters rebuilt from everyone's updated shard."""
     gather = jax.shard_map(lambda f: jax.tree.map(lambda s, shape: unpad(comm.all_gather(s), shape), f, shapes),
                            mesh=mesh, in_specs=P(AXIS), out_specs=P(), check_vma=False)
 
     def step(state, x, y):
         loss, grad_flat, grads_out, param_flat = sharded_grads(state.params, x, y)
-        param_flat, opt_state = flat.apply_global_update(optimizer, grad_flat, state.opt_state, param_flat)
+        param_flat, opt_state = update_apart(
+            lambda: flat.apply_global_update(optimizer, grad_flat, state.opt_state, param_flat),
+            (param_flat, state.opt_state), loss, apart)
         params = gather(param_flat) if layout.gathers_after_update else param_flat
         metrics = {"loss": loss, "grads": grads_out} if return_grads else {"loss": loss}
         if check:  # each device's part of the flat shards, reduced where it lies (no collective)

@@ -1,17 +1,18 @@
 """Canonical BatchNorm statistics (docs/CANONICAL.md, "BatchNorm statistics"): a model whose sync
 BatchNorm couples the shards of a micro-batch, with the same bits on every N dividing S.
 
-Each shard runs the model with the statistics *given* (`models.given`): its BatchNorm layers
-normalise with them and report their rows' partial sums and inputs. The statistics are the tree (`total`: the
-device's subtree, then across devices) of those partial sums, layer by layer (L forward passes, each
-shard's input to the layer kept for its variance's partial sum);
-each shard's gradient is its own backward with the statistics held, plus the statistics' share,
-propagated back through them layer by layer in reverse (one vector-Jacobian product of a layer's two
-partial sums per shard: L in all; the variance's share through the mean, -2 sum (z - mean) times its
-cotangent, is zero over the micro-batch, so it is left out), the cotangents of the statistics summed over
-all shards by the same tree. Every per-shard computation is
-one program on the shard's rows and replicated values (`per_shard`: lax.map fenced by optimization
-barriers, as `reduce.shard_values`), every cross-shard sum is the tree: nothing depends on N.
+Each shard runs the model with the statistics *given* (`models.given`), cut into segments at its
+BatchNorm layers: segment j runs from layer j-1's input (given in place of the forward's own) to layer
+j's input, the last to the loss (`segment`). Forward (`forward`): layer by layer, each shard's input to
+the layer from its input to the one before, kept; the statistics are the tree (`total`: the device's
+subtree, then across devices) of their partial sums. Backward (`shard_values`): each segment's
+vector-Jacobian product, last first, per shard; before segment j's, the statistics' cotangents so far
+are summed over all shards by the same tree and their share (`share`) added to the cotangent of layer
+j's input (the variance's share through the mean, -2 sum (z - mean) times its cotangent, is zero over the
+micro-batch, so it is left out). A shard's forward runs twice (the statistics', then each segment's again
+in its product) and its backward once. Every per-shard computation is one program on the shard's rows
+and replicated values (`per_shard`: lax.map fenced by optimization barriers, as `reduce.shard_values`),
+every cross-shard sum is the tree: nothing depends on N.
 """
 from __future__ import annotations
 
@@ -49,10 +50,11 @@ def per_shard(fn, xs, ys):
 
 
 def shard_program(loss_fn, shards: int):
-    """F(params, stats, x, y) -> (loss, partials, inputs): one shard's loss with BatchNorm's statistics given,
-    each layer's partial sums and its input z."""
-    def run(params, stats, x, y):
-        with given_mod.given(stats, shards) as record:
+    """F(params, stats, x, y, inputs=None) -> (loss, partials, inputs): one shard's loss with BatchNorm's
+    statistics given (and layer l's input where `inputs` has one: a segment starting there), each layer's
+    partial sums and its input z."""
+    def run(params, stats, x, y, given_inputs=None):
+        with given_mod.given(stats, shards, given_inputs) as record:
             loss = loss_fn(params, x, y)
         return loss, tuple(record.partials), tuple(record.inputs)
     return run
@@ -87,50 +89,76 @@ def micro(loss_fn, params, xs, ys) -> Micro:
     return Micro(shard_program(loss_fn, shards), shards, counts, params, xs, ys, axis)
 
 
-def statistics(run: Micro):
-    """[(mean, var)] per layer, layer by layer: one pass over the shards gives each shard's sum z and its z
-    (kept: this device's activations at the layer), the tree of the sums / count the mean; then each kept z's
-    squared deviations from it, by the tree / count, the variance."""
+def segment(run: Micro, j: int):
+    """Segment j of one shard's forward, a function of (params, stats, z, x, y): from layer j-1's input z
+    (j = 0: from the data) to layer j's input (j = L: to the loss); what comes before layer j-1 is
+    unused (`given_mod.given`'s inputs)."""
+    last = len(run.counts)
+
+    def fn(params, stats, z, x, y):
+        loss, _, inputs = run.program(params, stats, x, y, None if j == 0 else {j - 1: z})
+        return loss if j == last else inputs[j]
+    return fn
+
+
+def forward(run: Micro):
+    """(stats, zs): [(mean, var)] per layer and each layer's input z for this device's shards (stacked
+    [k, ...]), segment by segment: each shard's z of layer l from its z of layer l-1, the tree of its sums
+    / count the mean, then the tree of its squared deviations from it / count the variance."""
     stats: list = [None] * len(run.counts)  # None: not yet known (a placeholder in the forward, unused)
+    zs: list = []
     for layer, count in enumerate(run.counts):
-        def first(x, y, layer=layer, held=tuple(stats)):
-            _, partials, inputs = run.program(run.params, held, x, y)
-            return partials[layer][0], inputs[layer]
-        sums, zs = per_shard(first, run.xs, run.ys)
+        def first(x, yz, layer=layer, held=tuple(stats)):
+            z = segment(run, layer)(run.params, held, yz[1], x, yz[0])
+            return z.sum(tuple(range(z.ndim - 1))), z
+        sums, z = per_shard(first, run.xs, (run.ys, zs[-1] if zs else run.ys))
         mean = total(sums, run.axis) / count
-        squares = per_shard(lambda z, _, mean=mean: given_mod.squared_deviations(z - mean), zs, run.ys)
+        squares = per_shard(lambda z, _, mean=mean: given_mod.squared_deviations(z - mean), z, run.ys)
         stats[layer] = (mean, total(squares, run.axis) / count)
-    return tuple(stats)
+        zs.append(z)
+    return tuple(stats), zs
+
+
+def statistics(run: Micro):
+    """[(mean, var)] per layer of one micro-batch (`forward`)."""
+    return forward(run)[0]
 
 
 def shard_values(loss_fn, params, xs, ys):
     """`reduce.shard_values` for a model with BatchNorm: (losses [k], gradients [k, ...]) of the k
-    shards here, each gradient with the statistics' share, of one micro-batch (module docstring)."""
+    shards here, each gradient with the statistics' share, of one micro-batch (module docstring): the
+    forward segment by segment (`forward`), then each segment's vector-Jacobian product, last first, the
+    statistics' cotangent summed over all shards by the tree before the segment that made them."""
     run = micro(loss_fn, params, xs, ys)
-    stats = statistics(run)
+    stats, zs = forward(run)
+    last = len(run.counts)
+    losses, grads, held, dz = None, None, None, None
+    for j in reversed(range(last + 1)):
+        c = None if j == last else tuple(v / run.counts[j] for v in total(held[j], run.axis))
 
-    def direct(x, y):
-        (loss, partials), vjp = jax.vjp(lambda p, s: run.program(p, s, x, y)[:2], params, stats)
-        return (loss, *vjp((jnp.ones_like(loss), jax.tree.map(jnp.zeros_like, partials))))
+        def back(x, rest, j=j, c=c):
+            y, z_in, z_out, d_out = rest
+            wrt = (params, stats) if j == 0 else (params, stats, z_in)
+            out, vjp = jax.vjp(lambda p, s, *z: segment(run, j)(p, s, *(z or (None,)), x, y), *wrt)
+            d = jnp.ones_like(out) if j == last else d_out + share(z_out, stats[j][0], c)
+            return (out, *vjp(d)) if j == last else vjp(d)
+        rest = (ys, zs[j - 1] if j else ys, zs[j] if j < last else ys, ys if dz is None else dz)
+        values = per_shard(back, xs, rest)
+        if j == last:
+            losses, values = values[0], values[1:]
+        g, h, *dz = values
+        dz = dz[0] if dz else None
+        grads = g if grads is None else jax.tree.map(jnp.add, grads, g)
+        held = h if held is None else jax.tree.map(jnp.add, held, h)
+    return losses, grads
 
-    losses, grads, held = per_shard(direct, xs, ys)
-    return losses, through_statistics(run, stats, grads, total(held, run.axis))
 
-
-def through_statistics(run: Micro, stats, grads, cotangent):
-    """The shards' gradients `grads` plus the statistics' share: their cotangent (summed over all shards)
-    propagated back through each layer's two partial sums at once, last layer first (module docstring)."""
-    for layer in reversed(range(len(run.counts))):
-        c = tuple(v / run.counts[layer] for v in cotangent[layer])  # (mean's, variance's)
-
-        def through(x, y, layer=layer, c=c):
-            _, vjp = jax.vjp(lambda p, s: run.program(p, s, x, y)[1][layer], run.params, stats)
-            return vjp(c)
-
-        g, h = per_shard(through, run.xs, run.ys)
-        grads = jax.tree.map(jnp.add, grads, g)
-        cotangent = jax.tree.map(jnp.add, cotangent, total(h, run.axis))
-    return grads
+def share(z, mean, c):
+    """The statistics' share of layer input z's cotangent: the vector-Jacobian product of the layer's partial
+    sums (sum z, sum (z - mean)^2), mean held, with c = their cotangents over all shards / count (the
+    variance's share through the mean, -2 sum (z - mean) c_var, is zero over the micro-batch: left out)."""
+    _, vjp = jax.vjp(lambda z: (z.sum(tuple(range(z.ndim - 1))), given_mod.squared_deviations(z - mean)), z)
+    return vjp(c)[0]
 
 
 def running_statistics(problem, params, state, x, accum: int, local_shards: int):

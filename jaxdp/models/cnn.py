@@ -63,7 +63,7 @@ class BatchNorm(nnx.Module):
         axes = tuple(range(x.ndim - 1))
         stats_dtype = jnp.promote_types(x.dtype, jnp.float32)  # bf16 activations: statistics in fp32
         xs = x.astype(stats_dtype)
-        mean, var, count = self.statistics(xs, axes)
+        xs, mean, var, count = self.statistics(xs, axes)
         new_mean = (1 - MOMENTUM) * self.mean[...] + MOMENTUM * mean
         new_var = (1 - MOMENTUM) * self.var[...] + MOMENTUM * var * (count / max(count - 1, 1))  # unbiased
         self.mean[...], self.var[...] = new_mean.astype(self.mean.dtype), new_var.astype(self.var.dtype)
@@ -71,8 +71,8 @@ class BatchNorm(nnx.Module):
         return y.astype(self.dtype)
 
     def statistics(self, xs, axes):
-        """(mean, biased variance, count) of the micro-batch: this device's rows, over the `data` axis
-        (`sync`), or given (canonical: `given.given`)."""
+        """(z, mean, biased variance, count) of the micro-batch: this device's rows, over the `data` axis
+        (`sync`), or given (canonical: `given.given`, which may also give z, the input)."""
         record = given.current()
         if record is not None:
             if self.mode != "sync":
@@ -85,7 +85,7 @@ class BatchNorm(nnx.Module):
         mean = lax.pmean(mean, AXIS) if sync else mean
         var = jnp.square(xs - mean).mean(axes)  # biased: what normalises
         var = lax.pmean(var, AXIS) if sync else var
-        return mean, var, count
+        return xs, mean, var, count
 
 
 class CNN(nnx.Module):

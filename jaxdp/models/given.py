@@ -5,8 +5,9 @@ Inside `given(stats, shards)`, every BatchNorm layer (jaxdp/models/cnn.py) norma
 statistics it is given, `stats[l] = (mean, var)` for the l-th layer called (None: a placeholder, zeros
 and ones), instead of its rows' own, and reports its rows' partial sums `(sum z, sum (z - mean)^2)`
 per channel, z its input in float32 or wider. Its running statistics are updated from the given ones,
-with the micro-batch's count (its rows' count x `shards`). Used at trace time only: the context is a
-Python value, read while JAX traces the forward.
+with the micro-batch's count (its rows' count x `shards`). `inputs={l: z}` replaces layer l's input by z
+(a segment of the forward that starts at layer l: what comes before it is then unused, and the compiler
+drops it). Used at trace time only: the context is a Python value, read while JAX traces the forward.
 """
 from __future__ import annotations
 
@@ -20,15 +21,17 @@ _current: list = []  # the innermost active `Given` last
 class Given:
     """The given statistics of one forward and what its BatchNorm layers report, in call order."""
 
-    def __init__(self, stats, shards: int):
-        self.stats, self.shards = stats, shards
+    def __init__(self, stats, shards: int, inputs: dict | None = None):
+        self.stats, self.shards, self.given_inputs = stats, shards, inputs or {}
         self.partials: list = []   # per layer: (sum z, sum (z - mean)^2), each [C]
         self.inputs: list = []     # per layer: z (canonical's statistics keep it between their two passes)
         self.counts: list = []     # per layer: the micro-batch's count (rows x H x W over all shards)
 
     def take(self, xs, axes):
-        """(mean, var, count) for the next layer on input `xs`; records its partial sums."""
+        """(z, mean, var, count) for the next layer on input `xs` (z: `xs`, or the input given for the layer);
+        records its partial sums."""
         layer = len(self.partials)
+        xs = self.given_inputs.get(layer, xs)
         given = self.stats[layer] if self.stats is not None else None
         channels = (xs.shape[-1],)
         mean, var = given if given is not None else (jnp.zeros(channels, xs.dtype), jnp.ones(channels, xs.dtype))
@@ -36,7 +39,7 @@ class Given:
         self.inputs.append(xs)
         count = xs.size // xs.shape[-1] * self.shards
         self.counts.append(count)
-        return mean, var, count
+        return xs, mean, var, count
 
 
 def squared_deviations(centred):
@@ -46,9 +49,10 @@ def squared_deviations(centred):
 
 
 @contextmanager
-def given(stats, shards: int):
-    """Run a forward with BatchNorm's statistics given (module docstring); yields the `Given`."""
-    record = Given(stats, shards)
+def given(stats, shards: int, inputs: dict | None = None):
+    """Run a forward with BatchNorm's statistics given, and inputs where `inputs` has them (module docstring);
+    yields the `Given`."""
+    record = Given(stats, shards, inputs)
     _current.append(record)
     try:
         yield record

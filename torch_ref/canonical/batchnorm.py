@@ -50,12 +50,11 @@ def total(values: list, ring: bool = False) -> torch.Tensor:
 
 
 @dataclass
-class Shard:
-    """One shard's final pass: the BatchNorm partial sums (its graph kept), g_k, h_k and L_k."""
-    sums: list
-    g: torch.Tensor
-    h: torch.Tensor
-    loss: torch.Tensor
+class Segment:
+    """Layer l's input z for each shard of one micro-batch, each with its graph from `starts` (the leaves that
+    stand for layer l-1's inputs; l = 0: None, from the data). `z` itself is the next segment's start."""
+    starts: list
+    z: list
 
 
 @dataclass
@@ -74,69 +73,83 @@ class BatchNorms:
         running statistics update from its canonical statistics."""
         for xm, ym in micro_batches(x, y, accum):
             xs, ys = xm.chunk(local), ym.chunk(local)
-            sigma, counts = self.statistics(module, xs)
-            shards = self.backward(module, params, xs, ys, loss_fn, sigma, counts)
-            for i, s in enumerate(shards):
-                yield i, s.g, s.loss
+            sigma, counts, segments = self.statistics(module, xs)
+            for i, (g, loss) in enumerate(self.backward(module, params, xs, ys, loss_fn, sigma, counts, segments)):
+                yield i, g, loss
             self.last = sigma
             for bn, (mean, var), count in zip(self.running, sigma, counts, strict=True):
                 batchnorm.update_running(bn, mean.detach(), var.detach(), count)
 
-    def statistics(self, module, xs) -> tuple[list, list]:
-        """sigma = [(mu_l, v_l)] as leaves requiring grad, and count_l, layer by layer: one forward pass per
-        layer (stopped there) gives each shard's sum z and its z, kept for v_l's partial sums."""
-        sigma, counts = [], []
+    def statistics(self, module, xs) -> tuple[list, list, list]:
+        """sigma = [(mu_l, v_l)] as leaves requiring grad, count_l, and the forward's `Segment`s, layer by layer:
+        each shard's forward from layer l-1's input (a leaf) to layer l's, its graph kept, gives the shard's sum
+        z and z; the tree of the sums / count is mu_l, of the squared deviations v_l."""
+        sigma, counts, segments = [], [], []
+        starts = [None] * len(xs)
         for layer in range(len(self.layers)):
-            sums, inputs = [], []
-            for x in xs:
-                with torch.no_grad(), batchnorm.given(sigma) as ctx:
+            sums, zs = [], []
+            for x, start in zip(xs, starts, strict=True):
+                with batchnorm.given(sigma, None if start is None else {layer - 1: start}) as ctx:
                     try:
                         module(x)
                     except batchnorm.Stop:
                         pass
                 self.check(ctx, layer + 1)
-                sums.append(ctx.sums[layer][0])
-                inputs.append(ctx.inputs[layer])
+                sums.append(ctx.sums[layer][0].detach())
+                zs.append(ctx.inputs[layer])
             count = ctx.counts[layer] * self.shards
             mean = total(sums, self.ring) / count
-            squares = [given.squared_deviations(z - given.per_channel(mean, z)) for z in inputs]
+            squares = [given.squared_deviations(z.detach() - given.per_channel(mean, z)) for z in zs]
             sigma.append((mean.requires_grad_(), (total(squares, self.ring) / count).requires_grad_()))
             counts.append(count)
-        return sigma, counts
+            segments.append(Segment(starts, zs))
+            starts = [z.detach().requires_grad_() for z in zs]
+        return sigma, counts, segments
 
-    def backward(self, module, params, xs, ys, loss_fn, sigma, counts) -> list[Shard]:
-        """Steps 3 and 4 of the definition for this rank's shards of one micro-batch."""
-        inputs = [*params, *(t for pair in sigma for t in pair)]
-        shards = []
-        for x, y in zip(xs, ys, strict=True):
-            with batchnorm.given(sigma) as ctx:
-                loss = C.scalar(loss_fn(module(x), y))
-            self.check(ctx, len(self.layers))
-            grads = torch.autograd.grad(loss, inputs, retain_graph=True, materialize_grads=True)
-            shards.append(Shard(ctx.sums, flatten(grads[:len(params)]), flatten(grads[len(params):]), loss.detach()))
-        self.through_statistics(shards, inputs, len(params), counts)
-        return shards
-
-    def through_statistics(self, shards: list[Shard], inputs: list, n: int, counts: list) -> None:
-        """Step 4: each shard's g_k gains the statistics' vector-Jacobian products, one per layer (both partial
-        sums at once), in reverse (`inputs`: the n parameters, then mu_1, v_1, mu_2, ...)."""
-        leaves = inputs[n:]
-        big_h = total([s.h for s in shards], self.ring)
+    def backward(self, module, params, xs, ys, loss_fn, sigma, counts, segments) -> list:
+        """(g_k, L_k) of this rank's shards: the last segment's forward to the loss, then each segment's
+        vector-Jacobian product, last first, the statistics' cotangent summed over all shards by the tree before
+        the segment that made them (docstring, step 4)."""
+        leaves = [t for pair in sigma for t in pair]
         offsets = [0]
         for t in leaves:
             offsets.append(offsets[-1] + t.numel())
-        for layer in reversed(range(len(self.layers))):
-            c = [big_h[offsets[j]:offsets[j + 1]] / counts[layer] for j in (2 * layer, 2 * layer + 1)]  # mu_l, v_l
-            hs = []
-            for s in shards:
-                grads = torch.autograd.grad(list(s.sums[layer]), inputs, grad_outputs=c, retain_graph=True,
-                                            materialize_grads=True)
-                s.g = s.g + flatten(grads[:n])
-                hs.append(flatten(grads[n:]))
-            big_h = big_h + total(hs, self.ring)
+        last = len(self.layers)
+        starts = [z.detach().requires_grad_() for z in segments[-1].z]
+        outputs, losses = [], []
+        for x, y, start in zip(xs, ys, starts, strict=True):
+            with batchnorm.given(sigma, {last - 1: start}) as ctx:
+                loss = C.scalar(loss_fn(module(x), y))
+            self.check(ctx, last)
+            outputs.append(loss)
+            losses.append(loss.detach())
+        d = [torch.ones_like(loss) for loss in outputs]
+        grads, held = [0] * len(xs), [0] * len(xs)
+        for layer in reversed(range(last + 1)):
+            ins = starts if layer == last else segments[layer].starts
+            outs = outputs if layer == last else segments[layer].z
+            if layer < last:
+                big_h = total(held, self.ring)
+                c = [big_h[offsets[j]:offsets[j + 1]] / counts[layer] for j in (2 * layer, 2 * layer + 1)]
+                d = [dz + share(z.detach(), sigma[layer][0].detach(), c) for dz, z in zip(d, outs, strict=True)]
+            for k, (out, start) in enumerate(zip(outs, ins, strict=True)):
+                wrt = [*params, *leaves, *([] if start is None else [start])]
+                got = torch.autograd.grad(out, wrt, grad_outputs=d[k], materialize_grads=True)
+                grads[k] = grads[k] + flatten(got[:len(params)])
+                held[k] = held[k] + flatten(got[len(params):len(params) + len(leaves)])
+                d[k] = got[-1] if start is not None else None
+        return list(zip(grads, losses, strict=True))
 
     def check(self, ctx: batchnorm.Given, calls: int) -> None:
         if len(ctx.layers) != calls or ctx.layers != self.layers[:calls]:
             raise C.CanonicalError(f"reduction='canonical' needs each of the model's {len(self.layers)} BatchNorm "
                                    f"layers called once per forward, in registration order; this forward called "
                                    f"{len(ctx.layers)}; use reduction='native' for this model")
+
+
+def share(z: torch.Tensor, mean: torch.Tensor, c: list) -> torch.Tensor:
+    """The statistics' share of layer input z's cotangent: the vector-Jacobian product of the layer's partial sums
+    (sum z, sum (z - mean)^2), mean held, with c = their cotangents over all shards / count (the variance's share
+    through the mean, -2 sum (z - mean) c_var, is zero over the micro-batch: left out)."""
+    centred = z - given.per_channel(mean, z)
+    return given.per_channel(c[0], z) + 2 * centred * given.per_channel(c[1], z)

@@ -54,6 +54,7 @@ class Given:
     inputs: list = dataclasses.field(default_factory=list)
     counts: list = dataclasses.field(default_factory=list)
     layers: list = dataclasses.field(default_factory=list)
+    given_inputs: dict = dataclasses.field(default_factory=dict)  # layer -> its input z, replacing the forward's
 
 
 _GIVEN: list[Given] = []  # the innermost active `Given` last
@@ -65,9 +66,10 @@ def current() -> Given | None:
 
 
 @contextlib.contextmanager
-def given(stats: list):
-    """Every torch_ref BatchNorm forward inside normalises with `stats` (`Given`); yields the `Given` it fills."""
-    ctx = Given(list(stats))
+def given(stats: list, inputs: dict | None = None):
+    """Every torch_ref BatchNorm forward inside normalises with `stats` (`Given`), layer l's input replaced by
+    `inputs[l]` where given (a segment of the forward from layer l); yields the `Given` it fills."""
+    ctx = Given(list(stats), given_inputs=dict(inputs or {}))
     _GIVEN.append(ctx)
     try:
         yield ctx
@@ -77,7 +79,7 @@ def given(stats: list):
 
 def given_batch_norm(bn: nn.modules.batchnorm._BatchNorm, ctx: Given, x: torch.Tensor) -> torch.Tensor:
     """`bn` on `x` (N, C, *) with the context's next given statistics (`Given`); raises `Stop` past them."""
-    z = x.to(torch.promote_types(x.dtype, torch.float32))
+    z = ctx.given_inputs.get(len(ctx.sums), x.to(torch.promote_types(x.dtype, torch.float32)))
     dims = reduced_dims(z)
     mean, var = ctx.stats[len(ctx.sums)] if len(ctx.sums) < len(ctx.stats) else (None, None)
     ctx.counts.append(z.numel() // z.shape[1])

@@ -32,6 +32,7 @@ QUICK = {
         "test_a_taken_port_is_refused",
         "test_a_killed_launcher_leaves_no_worker_and_listens_on_loopback[jaxdp]",
     ),
+    "tests/torch_ref/canonical/test_torch_segments.py": ALL,  # canonical BatchNorm by segments, 3 s
     "tests/jaxdp/harness/bench/test_bench_canonical.py": ALL,
     "tests/jaxdp/harness/bench/test_plan.py": ALL,
     # jaxdp.core: numpy only, synthetic traces

@@ -67,6 +67,7 @@ class BatchNorms:
     shards: int = 0
     ring: bool = False
     last: list = field(default_factory=list)  # the last micro-batch's statistics
+    free: dict = field(default_factory=dict)  # segment j -> whether it runs from an empty batch (`prefix_free`)
 
     def shard_grads(self, module, params, x, y, loss_fn, accum: int, local: int):
         """(i, g_k, L_k) of this rank's shard i of every micro-batch, in order; after each micro-batch the
@@ -89,11 +90,7 @@ class BatchNorms:
         for layer in range(len(self.layers)):
             sums, zs = [], []
             for x, start in zip(xs, starts, strict=True):
-                with batchnorm.given(sigma, None if start is None else {layer - 1: start}) as ctx:
-                    try:
-                        module(x)
-                    except batchnorm.Stop:
-                        pass
+                _, ctx = self.segment(module, x, sigma, start, layer)
                 self.check(ctx, layer + 1)
                 sums.append(ctx.sums[layer][0].detach())
                 zs.append(ctx.inputs[layer])
@@ -118,8 +115,8 @@ class BatchNorms:
         starts = [z.detach().requires_grad_() for z in segments[-1].z]
         outputs, losses = [], []
         for x, y, start in zip(xs, ys, starts, strict=True):
-            with batchnorm.given(sigma, {last - 1: start}) as ctx:
-                loss = C.scalar(loss_fn(module(x), y))
+            out, ctx = self.segment(module, x, sigma, start, last)
+            loss = C.scalar(loss_fn(out, y))
             self.check(ctx, last)
             outputs.append(loss)
             losses.append(loss.detach())
@@ -140,6 +137,28 @@ class BatchNorms:
                 d[k] = got[-1] if start is not None else None
         return list(zip(grads, losses, strict=True))
 
+    def segment(self, module, x, sigma, start, j: int):
+        """Segment j's forward on one shard from `start` (layer j-1's input; None: from x): (the model's output,
+        or None where layer j stopped it, and the `given` context). Its rows are x's, or none where the layers
+        before segment j matter only through `start` (`prefix_free`): they then run on an empty batch."""
+        rows = x if start is None or not self.prefix_free(module, x, sigma, start, j) else x[:0]
+        return run_given(module, rows, sigma, None if start is None else {j - 1: start})
+
+    def prefix_free(self, module, x, sigma, start, j: int) -> bool:
+        """Whether segment j's output depends on the layers before it only through its start: its forward
+        from an empty batch gives the same bits as from x. Checked once per segment, without gradients; where
+        not (a skip connection around a BatchNorm, a batch statistic of earlier activations), the segment runs
+        those layers again from x."""
+        if j not in self.free:
+            with torch.no_grad():
+                full = segment_output(*run_given(module, x, sigma, {j - 1: start.detach()}), j)
+                try:
+                    empty = segment_output(*run_given(module, x[:0], sigma, {j - 1: start.detach()}), j)
+                    self.free[j] = empty.shape == full.shape and bool(torch.equal(empty, full))
+                except (RuntimeError, ValueError, IndexError):  # a shape the empty batch broke: not free
+                    self.free[j] = False
+        return self.free[j]
+
     def check(self, ctx: batchnorm.Given, calls: int) -> None:
         if len(ctx.layers) != calls or ctx.layers != self.layers[:calls]:
             raise C.CanonicalError(f"reduction='canonical' needs each of the model's {len(self.layers)} BatchNorm "
@@ -153,3 +172,18 @@ def share(z: torch.Tensor, mean: torch.Tensor, c: list) -> torch.Tensor:
     through the mean, -2 sum (z - mean) c_var, is zero over the micro-batch: left out)."""
     centred = z - given.per_channel(mean, z)
     return given.per_channel(c[0], z) + 2 * centred * given.per_channel(c[1], z)
+
+
+def run_given(module, rows, sigma, inputs):
+    """`module(rows)` with the statistics `sigma` and the layers' `inputs` given: (its output, or None where a
+    layer stopped the forward, and the `given` context)."""
+    with batchnorm.given(sigma, inputs) as ctx:
+        try:
+            return module(rows), ctx
+        except batchnorm.Stop:
+            return None, ctx
+
+
+def segment_output(out, ctx, j: int) -> torch.Tensor:
+    """What segment j gives: the model's output (the last segment), else layer j's input."""
+    return out if out is not None else ctx.inputs[j]

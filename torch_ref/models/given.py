@@ -3,9 +3,10 @@
 
 Inside `given(stats)`, every torch_ref BatchNorm layer (torch_ref/batchnorm.py) normalises with the
 statistics it is given, `stats[l] = (mean, var)` for the l-th layer of the forward (call order), instead of
-its rows' own, appends its per-channel partial sums over this call's rows to the context, and touches no
-running statistic; a layer past the given ones (or given a mean only) reports what it can and stops the
-forward (`Stop`). Also the per-channel arithmetic both forms share (`normalise`, `reduced_dims`, `per_channel`).
+its rows' own, and touches no running statistic; the first layer past the given ones reports its input's
+per-channel sum over this call's rows and stops the forward (`Stop`); `given(stats, {l: z})` gives layer l
+the input z in place of the forward's own (a segment of the forward starting there). Also the per-channel
+arithmetic both forms share (`normalise`, `reduced_dims`, `per_channel`).
 """
 from __future__ import annotations
 
@@ -45,10 +46,11 @@ class Stop(Exception):
 
 @dataclasses.dataclass
 class Given:
-    """`stats`: (mean, var) per layer in call order, the last possibly (mean, None); filled by the forward:
-    `sums` per layer called, (sum z,) or (sum z, sum (z - mean)^2) over this call's rows (N and every
-    dimension after C), z the layer's input in float32 or wider; `inputs` those z (canonical's statistics keep
-    them between their two passes); `counts` (values per channel) and `layers` (the modules, in call order)."""
+    """`stats`: (mean, var) per layer in call order; filled by the forward: `sums` per layer called, () for a
+    layer given its statistics, (sum z,) over this call's rows (N and every dimension after C) for the first
+    one not given, which stops the forward; z the layer's input in float32 or wider (`given_inputs[l]` in place
+    of the forward's own where given); `inputs` those z; `counts` (values per channel) and `layers` (the
+    modules, in call order)."""
     stats: list
     sums: list = dataclasses.field(default_factory=list)
     inputs: list = dataclasses.field(default_factory=list)
@@ -80,16 +82,12 @@ def given(stats: list, inputs: dict | None = None):
 def given_batch_norm(bn: nn.modules.batchnorm._BatchNorm, ctx: Given, x: torch.Tensor) -> torch.Tensor:
     """`bn` on `x` (N, C, *) with the context's next given statistics (`Given`); raises `Stop` past them."""
     z = ctx.given_inputs.get(len(ctx.sums), x.to(torch.promote_types(x.dtype, torch.float32)))
-    dims = reduced_dims(z)
     mean, var = ctx.stats[len(ctx.sums)] if len(ctx.sums) < len(ctx.stats) else (None, None)
     ctx.counts.append(z.numel() // z.shape[1])
     ctx.layers.append(bn)
     ctx.inputs.append(z)
     if mean is None:
-        ctx.sums.append((z.sum(dim=dims),))
+        ctx.sums.append((z.sum(dim=reduced_dims(z)),))
         raise Stop
-    centred = z - per_channel(mean, z)
-    ctx.sums.append((z.sum(dim=dims), squared_deviations(centred)))
-    if var is None:
-        raise Stop
-    return normalise(bn, centred, var).to(x.dtype)
+    ctx.sums.append(())
+    return normalise(bn, z - per_channel(mean, z), var).to(x.dtype)

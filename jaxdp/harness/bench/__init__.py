@@ -59,7 +59,7 @@ from .gpu import gpu_throughput
 from .gpu_target import gpu_projection
 from .jit import jit_vs_hand
 from .markdown import markdown
-from .measure import inspect_all, time_strategies
+from .measure import start_inspect, time_strategies
 from .nan_check import nan_check_benchmark
 from .plan import Plan, plan
 from .reduction import reduction_benchmark
@@ -75,10 +75,18 @@ def run(quick: bool = False, out: str | None = None, progress=None) -> dict:
     omp = _passive_omp()
     devices.setup(max(p.time_ns), "cpu")  # before JAX initialises: the count is then fixed
     t0 = time.perf_counter()
-    times = time_strategies(p, say)
-    inspected = inspect_all(p, say)
+    clock: dict = {}
+    times = _timed(clock, "items 1-3", time_strategies, p, say)
     say(f"collectives: ring vs XLA built-ins, {p.coll_sizes_mb} MB, N = {p.time_ns}")
-    coll = collectives_benchmark(p.coll_sizes_mb, p.time_ns, p.coll_repeats)
+    coll = _timed(clock, "item 8", collectives_benchmark, p.coll_sizes_mb, p.time_ns, p.coll_repeats)
+    measured = {"gpu_throughput": _timed(clock, "item 7", gpu_throughput, p, say),
+                "reduction": _timed(clock, "item 9", reduction_benchmark, p, say),
+                "jit_vs_hand": _timed(clock, "item 10", jit_vs_hand, p, say),
+                "nan_check": _timed(clock, "item 11", nan_check_benchmark, p, say)}
+    # untimed from here: items 4-5's compile child runs beside item 12's compiles (2 cores, one each)
+    child = start_inspect(p, say)
+    projection = _timed(clock, "item 12", gpu_projection, quick, say)
+    inspected = _timed(clock, "items 4-5 (after item 12)", child.result)
     results = {
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "quick": quick,
@@ -90,16 +98,25 @@ def run(quick: bool = False, out: str | None = None, progress=None) -> dict:
         "communication": {"rows": tables.communication_table(inspected)},
         "memory": {"rows": tables.memory_table(inspected)},
         "compile": {"rows": tables.compile_table(inspected, times)},
-        "gpu_throughput": gpu_throughput(p, say),
+        "gpu_throughput": measured["gpu_throughput"],
         "collectives": {"rows": coll},
-        "reduction": reduction_benchmark(p, say),
-        "jit_vs_hand": jit_vs_hand(p, say),
-        "nan_check": nan_check_benchmark(p, say),
-        "gpu_projection": gpu_projection(quick, say),
+        "reduction": measured["reduction"],
+        "jit_vs_hand": measured["jit_vs_hand"],
+        "nan_check": measured["nan_check"],
+        "gpu_projection": projection,
     }
     results["goals"] = goals(results)
     results["wall_s"] = time.perf_counter() - t0
+    results["item_s"] = {k: round(v, 1) for k, v in clock.items()}
     return tables.jsonable(results)
+
+
+def _timed(clock: dict, item: str, fn, *args):
+    """fn(*args), its wall seconds recorded in `clock[item]` (the bench's `item_s`)."""
+    t0 = time.perf_counter()
+    out = fn(*args)
+    clock[item] = time.perf_counter() - t0
+    return out
 
 
 def write(results: dict, out: str) -> str:

@@ -44,7 +44,8 @@ def _header(results: dict) -> list:
     lines = [f"# jaxdp bench{' (--quick)' if results.get('quick') else ''}", "",
              f"Machine: {m['cpu']}, {m['cores']} cores, {m['system']}; Python {m['python']}, JAX {v.get('jax')}, "
              f"jaxlib {v.get('jaxlib')}, flax {v.get('flax')}, optax {v.get('optax')}, torch {v.get('torch')}, "
-             f"numpy {v.get('numpy')}. Run {results['created']}, {results['wall_s']:.0f} s.", "",
+             f"numpy {v.get('numpy')}. Run {results['created']}, {results['wall_s']:.0f} s"
+             + "".join(f"; {k} {t:.0f} s" for k, t in results.get("item_s", {}).items()) + ".", "",
              f"Items 1-6 on {s['platform']}. Each timed run: {s['steps_per_run']} steps, {s['excluded']} excluded, "
              f"{s['statistic']} of {s['timed_steps']}. Models: "
              + "; ".join(f"`{k}` " + _model_text(c) for k, c in s["models"].items()) + ".", "",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 
 from ... import devices, train
 from ...analysis import accounting
@@ -112,19 +113,39 @@ def inspect(cfg: RunConfig) -> dict:
             **({"stats_comm": acc["stats_comm"], "stats_theory": acc["stats_theory"]} if "stats_comm" in acc else {})}
 
 
-def inspect_all(p: Plan, say) -> dict:
+class Inspection:
     """Items 4-5 need up to 16 simulated devices, and the device count of a process is fixed at
     first use; a process with 16 CPU devices runs `single` ~25% slower than one with 1 (profiled),
-    so these compiles run in a child process and the timed runs keep only the devices they use."""
+    so these compiles run in a child process and the timed runs keep only the devices they use.
+    Started by `start_inspect`; `result()` waits for it (at most 30 minutes) and reads its JSON."""
+
+    def __init__(self, p: Plan):
+        code = (f"import json, sys; from jaxdp.harness.bench import measure; "
+                f"json.dump(measure.child({p.quick!r}), sys.stdout)")
+        self.err = tempfile.TemporaryFile("w+")  # a file, not a pipe: its progress lines never block it
+        self.proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=self.err,
+                                     text=True, process_group=0)  # Ctrl-C reaches the bench alone, which reaps it
+
+    def result(self) -> dict:
+        try:
+            out, _ = self.proc.communicate(timeout=1800)
+        except BaseException:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+        finally:
+            self.err.seek(0)
+            err = self.err.read()
+            self.err.close()
+        if self.proc.returncode:
+            raise RuntimeError(f"bench: the compile child failed:\n{err[-4000:]}")
+        return json.loads(out)
+
+
+def start_inspect(p: Plan, say) -> Inspection:
     say(f"bench: compiling {len(p.comm_strategies)} strategies on {', '.join(map(str, p.comm_ns))} devices "
         f"(HLO bytes, memory) in a child process")
-    code = (f"import json, sys; from jaxdp.harness.bench import measure; "
-            f"json.dump(measure.child({p.quick!r}), sys.stdout)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800,
-                          process_group=0)  # Ctrl-C reaches the bench alone, which kills and reaps the child
-    if proc.returncode:
-        raise RuntimeError(f"bench: the compile child failed:\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout)
+    return Inspection(p)
 
 
 def child(quick: bool) -> dict:

@@ -145,8 +145,8 @@ def _memory(results: dict, ns: list) -> list:
 def _compile(results: dict, ns: list) -> list:
     rows = results["compile"]["rows"]
     lines = ["", "## 6. Compilation time", "",
-             "JAX step, lowering + XLA compile (s), by N (compiled in 2 child processes beside item 12's compiles, "
-             "3 compiles on the 2 cores: these read high; the first steps below ran alone):", "",
+             "JAX step, lowering + XLA compile (s), by N (compiled in a child process beside item 12's "
+             "compiles: these read high; the first steps below ran alone):", "",
              "| strategy | " + " | ".join(f"N={n}" for n in ns) + " |", "|---|" + "---:|" * len(ns)]
     compiled = _main([r for r in rows if r["source"] == "compile"], results)
     for strat, per_n in _by(compiled, lambda r: (r["strategy"], r["devices"]),

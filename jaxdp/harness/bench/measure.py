@@ -116,13 +116,12 @@ def inspect(cfg: RunConfig) -> dict:
 class Inspection:
     """Items 4-5 need up to 16 simulated devices, and the device count of a process is fixed at
     first use; a process with 16 CPU devices runs `single` ~25% slower than one with 1 (profiled),
-    so these compiles run in child processes and the timed runs keep only the devices they use.
-    One child, part `part` of `parts` (`child`), started by `start_inspect`; `result()` waits for it
-    (at most 30 minutes) and reads its JSON."""
+    so these compiles run in a child process and the timed runs keep only the devices they use.
+    Started by `start_inspect`; `result()` waits for it (at most 30 minutes) and reads its JSON."""
 
-    def __init__(self, p: Plan, part: int = 0, parts: int = 1):
+    def __init__(self, p: Plan):
         code = (f"import json, sys; from jaxdp.harness.bench import measure; "
-                f"json.dump(measure.child({p.quick!r}, {part}, {parts}), sys.stdout)")
+                f"json.dump(measure.child({p.quick!r}), sys.stdout)")
         self.err = tempfile.TemporaryFile("w+")  # a file, not a pipe: its progress lines never block it
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=self.err,
                                      text=True, process_group=0)  # Ctrl-C reaches the bench alone, which reaps it
@@ -143,42 +142,19 @@ class Inspection:
         return json.loads(out)
 
 
-class Inspections:
-    """Items 4-5's compiles in `parts` children started together, each every parts-th run (`child`):
-    `result()` is their union."""
-
-    def __init__(self, p: Plan, parts: int):
-        self.children = [Inspection(p, i, parts) for i in range(parts)]
-        self.keys = [inspect_key(prefix, cfg) for _, prefix, cfg in comm_runs(p)]
-
-    def result(self) -> dict:
-        out: dict = {}
-        for c in self.children:
-            out |= c.result()
-        return {k: out[k] for k in self.keys}  # the plan's order, as one child gave it
-
-
-def start_inspect(p: Plan, say, parts: int = 2) -> Inspections:
-    """Items 4-5's compiles started in `parts` child processes (the full bench: 2, beside item 12's compiles,
-    one per core; what the timed items run is over by then)."""
+def start_inspect(p: Plan, say) -> Inspection:
     say(f"bench: compiling {len(p.comm_strategies)} strategies on {', '.join(map(str, p.comm_ns))} devices "
-        f"(HLO bytes, memory) in {parts} child processes")
-    return Inspections(p, parts)
+        f"(HLO bytes, memory) in a child process")
+    return Inspection(p)
 
 
-def inspect_key(prefix: str, cfg: RunConfig) -> str:
-    """Items 4-5's key of a run: the comm model's "strategy@N", the others' prefixed with their label."""
-    return f"{prefix}{cfg.strategy}@{cfg.devices}"
-
-
-def child(quick: bool, part: int = 0, parts: int = 1) -> dict:
-    """In a child process: every `parts`-th strategy and N of items 4-5 from `part` (all: 0 of 1), with enough
-    simulated devices."""
+def child(quick: bool) -> dict:
+    """In the child process: every strategy of items 4-5 at every N, with enough simulated devices."""
     p = plan(quick)
     devices.setup(max(p.comm_ns + tuple(n for *_, ns in p.model_comm for n in ns)), "cpu")
     out = {}
-    for model, prefix, cfg in list(comm_runs(p))[part::parts]:  # keys: the comm model's "strategy@N", others prefixed
+    for model, prefix, cfg in comm_runs(p):  # keys: the comm model's "strategy@N", others prefixed
         name, n = cfg.strategy, cfg.devices
         print(f"bench: compiling {model} {name} on {n} devices (HLO bytes, memory)", file=sys.stderr, flush=True)
-        out[inspect_key(prefix, cfg)] = {"model": model, "strategy": name, "devices": n, **inspect(cfg.validate("jax"))}
+        out[f"{prefix}{name}@{n}"] = {"model": model, "strategy": name, "devices": n, **inspect(cfg.validate("jax"))}
     return jsonable(out)

@@ -33,6 +33,7 @@ QUICK = {
         "test_a_killed_launcher_leaves_no_worker_and_listens_on_loopback[jaxdp]",
     ),
     "tests/torch_ref/canonical/test_torch_segments.py": ALL,  # canonical BatchNorm by segments, 3 s
+    "tests/jaxdp/harness/bench/test_inspect_child.py": ALL,  # the compile child dies with the bench, 2 s
     "tests/jaxdp/harness/bench/test_bench_canonical.py": ALL,
     "tests/jaxdp/harness/bench/test_plan.py": ALL,
     # jaxdp.core: numpy only, synthetic traces

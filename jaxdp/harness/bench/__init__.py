@@ -85,8 +85,11 @@ def run(quick: bool = False, out: str | None = None, progress=None) -> dict:
                 "nan_check": _timed(clock, "item 11", nan_check_benchmark, p, say)}
     # untimed from here: items 4-5's compile child runs beside item 12's compiles (2 cores, one each)
     child = start_inspect(p, say)
-    projection = _timed(clock, "item 12", gpu_projection, quick, say)
-    inspected = _timed(clock, "items 4-5 (after item 12)", child.result)
+    try:
+        projection = _timed(clock, "item 12", gpu_projection, quick, say)
+        inspected = _timed(clock, "items 4-5 (after item 12)", child.result)
+    finally:
+        child.stop()  # item 12 failed or was interrupted: no compile child left behind
     results = {
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "quick": quick,

@@ -3,6 +3,7 @@ steps on up to 16 simulated devices, in a child process (items 4-6)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -117,21 +118,26 @@ class Inspection:
     """Items 4-5 need up to 16 simulated devices, and the device count of a process is fixed at
     first use; a process with 16 CPU devices runs `single` ~25% slower than one with 1 (profiled),
     so these compiles run in a child process and the timed runs keep only the devices they use.
-    Started by `start_inspect`; `result()` waits for it (at most 30 minutes) and reads its JSON."""
+    Started by `start_inspect`, bound to this process (`lifeline`: it dies with it); `result()` waits for it
+    (at most 30 minutes) and reads its JSON; `stop()` kills it if it still runs."""
 
     def __init__(self, p: Plan):
-        code = (f"import json, sys; from jaxdp.harness.bench import measure; "
-                f"json.dump(measure.child({p.quick!r}), sys.stdout)")
+        code = (f"import json, sys; from jaxdp.core import lifeline; lifeline.bind_to({os.getpid()}); "
+                f"from jaxdp.harness.bench import measure; json.dump(measure.child({p.quick!r}), sys.stdout)")
         self.err = tempfile.TemporaryFile("w+")  # a file, not a pipe: its progress lines never block it
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=self.err,
                                      text=True, process_group=0)  # Ctrl-C reaches the bench alone, which reaps it
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
     def result(self) -> dict:
         try:
             out, _ = self.proc.communicate(timeout=1800)
         except BaseException:
-            self.proc.kill()
-            self.proc.wait()
+            self.stop()
             raise
         finally:
             self.err.seek(0)

@@ -121,21 +121,21 @@ class BatchNorms:
             outputs.append(loss)
             losses.append(loss.detach())
         d = [torch.ones_like(loss) for loss in outputs]
-        grads, held = [0] * len(xs), [0] * len(xs)
+        grads, held = [[None] * len(params) for _ in xs], [[None] * len(leaves) for _ in xs]
         for layer in reversed(range(last + 1)):
             ins = starts if layer == last else segments[layer].starts
             outs = outputs if layer == last else segments[layer].z
             if layer < last:
-                big_h = total(held, self.ring)
+                big_h = total([dense(h, leaves) for h in held], self.ring)
                 c = [big_h[offsets[j]:offsets[j + 1]] / counts[layer] for j in (2 * layer, 2 * layer + 1)]
                 d = [dz + share(z.detach(), sigma[layer][0].detach(), c) for dz, z in zip(d, outs, strict=True)]
             for k, (out, start) in enumerate(zip(outs, ins, strict=True)):
                 wrt = [*params, *leaves, *([] if start is None else [start])]
-                got = torch.autograd.grad(out, wrt, grad_outputs=d[k], materialize_grads=True)
-                grads[k] = grads[k] + flatten(got[:len(params)])
-                held[k] = held[k] + flatten(got[len(params):len(params) + len(leaves)])
-                d[k] = got[-1] if start is not None else None
-        return list(zip(grads, losses, strict=True))
+                got = torch.autograd.grad(out, wrt, grad_outputs=d[k], allow_unused=True)
+                accumulate(grads[k], got[:len(params)])
+                accumulate(held[k], got[len(params):len(params) + len(leaves)])
+                d[k] = None if start is None else torch.zeros_like(start) if got[-1] is None else got[-1]
+        return [(dense(g, params), loss) for g, loss in zip(grads, losses, strict=True)]
 
     def segment(self, module, x, sigma, start, j: int):
         """Segment j's forward on one shard from `start` (layer j-1's input; None: from x): (the model's output,
@@ -166,12 +166,24 @@ class BatchNorms:
                                    f"{len(ctx.layers)}; use reduction='native' for this model")
 
 
+def accumulate(sums: list, got) -> None:
+    """sums[j] += got[j] for each tensor autograd gave (None: the segment does not reach it), in place of adding
+    zeros: each gradient is the sum, last segment first, of the segments that reach its tensor."""
+    for j, g in enumerate(got):
+        if g is not None:
+            sums[j] = g if sums[j] is None else sums[j] + g
+
+
+def dense(sums: list, like: list) -> torch.Tensor:
+    """The sums flat, in order, zeros for a tensor no segment reached."""
+    return flatten([torch.zeros_like(t) if g is None else g for g, t in zip(sums, like, strict=True)])
+
+
 def share(z: torch.Tensor, mean: torch.Tensor, c: list) -> torch.Tensor:
     """The statistics' share of layer input z's cotangent: the vector-Jacobian product of the layer's partial sums
     (sum z, sum (z - mean)^2), mean held, with c = their cotangents over all shards / count (the variance's share
     through the mean, -2 sum (z - mean) c_var, is zero over the micro-batch: left out)."""
-    centred = z - given.per_channel(mean, z)
-    return given.per_channel(c[0], z) + 2 * centred * given.per_channel(c[1], z)
+    return torch.addcmul(given.per_channel(c[0], z), z - given.per_channel(mean, z), given.per_channel(2 * c[1], z))
 
 
 def run_given(module, rows, sigma, inputs):

@@ -99,6 +99,16 @@ class Folds:
             self.levels.append(None)
         self.levels[k] = value
 
+    def own(self) -> None:
+        """Every value held as autograd's tensors copied into a flat buffer of its own, and theirs let go (ddp:
+        each bucket then reads a view of it, and the step never holds both)."""
+        self.acc = {i: self._owned(v) for i, v in self.acc.items()}
+        self.levels = [None if v is None else self._owned(v) for v in self.levels]
+
+    @staticmethod
+    def _owned(value) -> Owned:
+        return value if isinstance(value, Owned) else Owned(flat(value))
+
     def pending(self, select) -> Folds:
         """A copy holding `select(value)` of every value so far (ddp: one bucket's elements), to be
         completed by its own `add`s."""

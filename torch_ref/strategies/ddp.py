@@ -58,12 +58,15 @@ def backward(c, x, y, loss_fn) -> torch.Tensor:
     par, last = c.par, c.par.accum * c.local - 1
     losses, c.folds = C.Folds(c.local, par.accum), C.Folds(c.local, par.accum)
     for k, (_, i, xs, ys) in enumerate(C.shards_of(x, y, par.accum, c.local)):
+        if k == last:
+            c.folds.own()  # each bucket's hook then reads views of the held sums, not copies of them
         loss = C.scalar(loss_fn((par.model if k == last else par.module)(xs), ys))
         losses.add(i, loss.detach())
         if k == last:
             loss.backward()  # DDP's reducer: its buckets go through bucket_hook
         else:
             c.folds.add(i, C.grad_of(loss, c.params))
+    c.folds = None  # the held sums, done with: not kept through the update
     return losses.partial()
 
 
@@ -83,6 +86,7 @@ def backward_bn(c, x, y, loss_fn) -> torch.Tensor:
     pieces = last_g.split(c.sizes())
     torch.autograd.backward([p.view_as(p) for p in c.params], [t.view_as(p) for p, t in
                                                                zip(c.params, pieces, strict=True)])
+    c.folds = None
     return losses.partial()
 
 
@@ -97,7 +101,7 @@ def bucket_hook(c, bucket):  # (no annotations: DDP checks them, and these are s
     # storage: at N > 1 the all-gathered buffer does (divided in place); at N = 1 it is the folds' own sum,
     # a view into the middle of a buffer for every bucket but the first (measured: those came back wrong).
     total = C.all_reduce(folds.partial())
-    own = c.world > 1 and total.storage_offset() == 0
+    own = total.storage_offset() == 0
     future.set_result((C.finish_ if own else C.finish)(total, c.s, c.par.accum))
     return future
 

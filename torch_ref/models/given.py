@@ -5,8 +5,9 @@ Inside `given(stats)`, every torch_ref BatchNorm layer (torch_ref/batchnorm.py) 
 statistics it is given, `stats[l] = (mean, var)` for the l-th layer of the forward (call order), instead of
 its rows' own, and touches no running statistic; the first layer past the given ones reports its input's
 per-channel sum over this call's rows and stops the forward (`Stop`); `given(stats, {l: z})` gives layer l
-the input z in place of the forward's own (a segment of the forward starting there). Also the per-channel
-arithmetic both forms share (`normalise`, `reduced_dims`, `per_channel`).
+the input z in place of the forward's own (a segment of the forward starting there); it normalises as torch's
+CPU kernel does, z * scale + shift (`affine`). Also the per-channel arithmetic both forms share (`normalise`, the
+native sync form's, `reduced_dims`, `per_channel`).
 """
 from __future__ import annotations
 

@@ -294,3 +294,14 @@ def bucket_launches(rank, n, cfg, init) -> dict:
     return {"launches": [b.launches for b in buckets], "sizes": [len(b.params) for b in buckets],
             "elements": [b.grad_data.numel() for b in buckets], "launched": launched,
             "all_reduces": [int(np.prod(e.input_shapes[0])) if e.input_shapes else None for e in ran]}
+
+
+class world_of_one:
+    """A gloo process group of one rank in this process, for the duration (none may exist already)."""
+
+    def __enter__(self):
+        assert not dist.is_initialized()
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+    def __exit__(self, *_):
+        dist.destroy_process_group()

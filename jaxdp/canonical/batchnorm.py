@@ -50,13 +50,12 @@ def per_shard(fn, xs, ys):
 
 
 def shard_program(loss_fn, shards: int):
-    """F(params, stats, x, y, inputs=None) -> (loss, partials, inputs): one shard's loss with BatchNorm's
-    statistics given (and layer l's input where `inputs` has one: a segment starting there), each layer's
-    partial sums and its input z."""
+    """F(params, stats, x, y, inputs=None) -> (loss, inputs): one shard's loss with BatchNorm's statistics
+    given (and layer l's input where `inputs` has one: a segment starting there) and each layer's input z."""
     def run(params, stats, x, y, given_inputs=None):
         with given_mod.given(stats, shards, given_inputs) as record:
             loss = loss_fn(params, x, y)
-        return loss, tuple(record.partials), tuple(record.inputs)
+        return loss, tuple(record.inputs)
     return run
 
 
@@ -96,7 +95,7 @@ def segment(run: Micro, j: int):
     last = len(run.counts)
 
     def fn(params, stats, z, x, y):
-        loss, _, inputs = run.program(params, stats, x, y, None if j == 0 else {j - 1: z})
+        loss, inputs = run.program(params, stats, x, y, None if j == 0 else {j - 1: z})
         return loss if j == last else inputs[j]
     return fn
 

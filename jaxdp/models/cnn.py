@@ -78,7 +78,7 @@ class BatchNorm(nnx.Module):
             if self.mode != "sync":
                 raise ConfigError("reduction='canonical' needs sync BatchNorm: local statistics are per device, so "
                                   "they depend on N; use batchnorm='sync' (--batchnorm sync) or reduction='native'")
-            return record.take(xs, axes)
+            return record.take(xs)
         sync = self.mode == "sync" and data_axis_bound()
         count = xs.size // xs.shape[-1] * (lax.axis_size(AXIS) if sync else 1)
         mean = xs.mean(axes)

@@ -11,7 +11,6 @@ import math
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -20,7 +19,7 @@ from jaxdp.core import trace
 from jaxdp.core.spread import is_spread
 from jaxdp.harness import cli_diff, divergence, parity
 from tests import torch_bn_ranks as R
-from tests.torch_helpers import world
+from tests.torch_helpers import world, world_of_one
 from torch_ref import batchnorm
 from torch_ref.trace import Recorder
 
@@ -63,7 +62,7 @@ def test_a_converted_layer_is_torchs_in_a_world_of_one(source, shape):
     for mode in (True, False, True):
         plain.train(mode), twin.train(mode)
         assert torch.equal(twin(x), plain(x)) and torch.equal(twin.running_var, plain.running_var)
-    with _world_of_one():
+    with world_of_one():
         ref = plain(x)
         out = batchnorm.sync_batch_norm(twin, x)
     assert torch.allclose(out, ref, rtol=0, atol=1e-13)
@@ -163,14 +162,3 @@ def test_a_parameter_perturbed_on_one_rank_is_caught_by_its_spread():
     row = parity.judge(t, _single_run(1), check_config=False)
     assert row.failures[0].startswith("spread: a: parameter head/bias differs across ranks by up to 0.001 at step 2")
     assert row.failures[1].startswith("spread: a: buffer norm/var is not finite on some rank at step 3")
-
-
-class _world_of_one:
-    """A gloo process group of one rank in this process, for the duration (none may exist already)."""
-
-    def __enter__(self):
-        assert not dist.is_initialized()
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-
-    def __exit__(self, *_):
-        dist.destroy_process_group()

@@ -13,9 +13,10 @@ per micro-batch, with T = the canonical tree over all S shards (this rank's subt
    (v_l's share through mu_l, -2 sum (z - mu_l) times its cotangent, is zero over the micro-batch: left out);
 5. g_k and L_k go on as without BatchNorm (fold over micro-batches, the tree, / S, / A, clipping);
    the running statistics update once per micro-batch from the canonical mu_l, v_l.
-Every cross-shard sum is T, so every N gets the same bits. Cost per shard and micro-batch: L truncated
-forward passes, one forward and backward, L vector-Jacobian products (L + 1 autograd calls over one
-retained graph), and 3L + 1 cross-rank sums of C or 2 sum(C) floats (an all-to-all and an all-gather each).
+Every cross-shard sum is T, so every N gets the same bits. Cost per shard and micro-batch (since the segments,
+`BatchNorms.backward`): the forward once, segment by segment (each segment's layers before its start again, on no
+rows where they matter only through it), the backward in L + 1 `autograd.grad` calls, one per segment, and 3L
+cross-rank sums of C or 2 sum(C) floats (an all-to-all and an all-gather each).
 """
 from __future__ import annotations
 

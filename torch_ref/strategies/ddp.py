@@ -99,7 +99,8 @@ def bucket_hook(c, bucket):  # (no annotations: DDP checks them, and these are s
     future = torch.futures.Future()
     # DDP reads the hook's result by offsets into its storage (as_strided), so the result must begin its
     # storage: at N > 1 the all-gathered buffer does (divided in place); at N = 1 it is the folds' own sum,
-    # a view into the middle of a buffer for every bucket but the first (measured: those came back wrong).
+    # divided in place for the first bucket (its view begins the buffer), copied for the others (views into the
+    # middle of a buffer: measured, those came back wrong in place).
     total = C.all_reduce(folds.partial())
     own = total.storage_offset() == 0
     future.set_result((C.finish_ if own else C.finish)(total, c.s, c.par.accum))

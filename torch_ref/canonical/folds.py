@@ -118,9 +118,12 @@ class Folds:
         out.levels = [None if v is None else select(v) for v in self.levels]
         return out
 
-    def partial(self) -> torch.Tensor:
-        """The subtree over this rank's shards (every shard of every micro-batch added)."""
+    def partial(self, read_only: bool = False) -> torch.Tensor:
+        """The subtree over this rank's shards (every shard of every micro-batch added), flat: a buffer the step
+        owns, or with `read_only` (a caller that only reads it) a single flat tensor not ours as it is, uncopied."""
         done = [v for v in self.levels if v is not None]
         if self.count != self.local * self.accum or len(done) != 1:
             raise ValueError(f"{self.count} of {self.local * self.accum} shard values added")
+        if read_only and torch.is_tensor(done[0]):
+            return done[0].reshape(-1)
         return flat(done[0])

@@ -101,7 +101,7 @@ def bucket_hook(c, bucket):  # (no annotations: DDP checks them, and these are s
     # storage: at N > 1 the all-gathered buffer does (divided in place); at N = 1 it is the folds' own sum,
     # divided in place for the first bucket (its view begins the buffer), copied for the others (views into the
     # middle of a buffer: measured, those came back wrong in place).
-    total = C.all_reduce(folds.partial())
+    total = C.all_reduce(folds.partial(read_only=c.world > 1))  # N > 1: only read (the result is a new buffer)
     own = total.storage_offset() == 0
     future.set_result((C.finish_ if own else C.finish)(total, c.s, c.par.accum))
     return future

@@ -121,7 +121,7 @@ class RunConfig:
         "N dividing --shards: docs/CANONICAL.md)", REDUCTIONS)
     shards: int = _flag(
         0, "canonical: shards per micro-batch, a power of two that --devices divides; S is the largest N you will "
-        "compare (0: the largest power of two dividing batch/accum, at most 64, that keeps >= 64 rows or >= 256 "
+        "compare (0: the largest power of two dividing batch/accum, at most 64, that keeps >= 64 rows or >= 512 "
         "tokens per shard)")
     nan_check: bool = _flag(True, "stop with the step and tensor on a NaN or Inf loss, gradient or parameter")
     checkpoint_dir: str = _flag("", "directory for checkpoints (orbax in jaxdp, torch.distributed.checkpoint in "

@@ -6,7 +6,8 @@ from .errors import ConfigError
 
 BLOCKS = 64          # the most shards (and devices) canonical supports; also the norm's block count
 MIN_SHARD_ROWS = 64  # the default S keeps shards at least this many rows...
-MIN_SHARD_TOKENS = 256  # ...or at least this many tokens (rows x tokens per row, for a token model)
+MIN_SHARD_TOKENS = 512  # ...or at least this many tokens (rows x tokens per row, for a token model): at 256,
+# torch_ref's gpt paid eager PyTorch's fixed cost per shard (1.06-1.55x native; docs/CANONICAL.md)
 REDUCTIONS = ("native", "canonical")
 
 

@@ -69,7 +69,7 @@ def plan(quick: bool) -> Plan:
     ported = (("cnn", models["cnn"], hand, (8,)), ("gpt2", models["gpt2"], hand, (8,)),
               ("llama", _llama(base, 2, 4, 2, 128, 64, 32), hand, (8,)))
     comm_model = base.replace(model="mlp", data="synthetic", hidden=(1024, 1024), batch_size=256)
-    # item 9 at the default S (the mlp's 4 at batch 256: every strategy at N = 4, ddp at 2; the gpt's 8)
+    # item 9 at the default S (the mlp's 4 at batch 256: every strategy at N = 4, ddp at 2; the gpt's 4)
     # and at S = 16 (a quarter of the work per shard), kept to ~25 rows for the full bench's time
     few, ddp = (("single", None), ("ddp", None), ("zero3", "xla")), (("ddp", None),)
     more = (("mlp", comm_model, ddp, (2,)), ("gpt", models["gpt"], few, (4,)), ("gpt", models["gpt"], ddp, (2,)),

@@ -1,5 +1,5 @@
 """canonical's default shard count (jaxdp/core/reduction.py, one rule for both frameworks): the largest
-power of two dividing the micro-batch, at most 64, keeping >= 64 rows or >= 256 tokens per shard; a
+power of two dividing the micro-batch, at most 64, keeping >= 64 rows or >= 512 tokens per shard; a
 bad S or an N that does not divide it is one line naming the fix."""
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ from jaxdp.core.errors import ConfigError
 from jaxdp.core.reduction import default_shards, resolve_shards, row_tokens
 
 
-def test_default_shards_keep_64_rows_or_256_tokens_per_shard():
+def test_default_shards_keep_64_rows_or_512_tokens_per_shard():
     assert [default_shards(r) for r in (1, 8, 48, 127, 128, 256, 512, 4096, 8192)] == [1, 1, 1, 1, 2, 4, 8, 64, 64]
-    # token rows: 64 tokens per row need 4 rows per shard; 1024 need 1
-    assert [default_shards(r, 64) for r in (4, 8, 32, 24)] == [1, 2, 8, 4]
+    # token rows: 64 tokens per row need 8 rows per shard; 1024 need 1
+    assert [default_shards(r, 64) for r in (8, 16, 32, 24)] == [1, 2, 4, 2]
     assert default_shards(16, 1024) == 16 and default_shards(256, 1024) == 64
     for rows, tokens in ((256, 1), (32, 64), (96, 16)):
         s = default_shards(rows, tokens)
-        assert rows % s == 0 and (rows // s >= 64 or rows // s * tokens >= 256)
-        assert s == 64 or rows % (2 * s) or (rows // (2 * s) < 64 and rows // (2 * s) * tokens < 256)
+        assert rows % s == 0 and (rows // s >= 64 or rows // s * tokens >= 512)
+        assert s == 64 or rows % (2 * s) or (rows // (2 * s) < 64 and rows // (2 * s) * tokens < 512)
 
 
 def test_row_tokens_counts_token_ids_only():

@@ -52,14 +52,14 @@ import time
 from ... import devices, train
 from ...core import atomic
 from ...core.timing import WARMUP_STEPS
-from . import measure, tables
+from . import tables
 from .collectives import collectives_benchmark
 from .goals import goals
 from .gpu import gpu_throughput
 from .gpu_target import gpu_projection
 from .jit import jit_vs_hand
 from .markdown import markdown
-from .measure import PARTS, start_inspect, time_strategies
+from .measure import start_inspect, time_strategies
 from .nan_check import nan_check_benchmark
 from .plan import Plan, plan
 from .reduction import reduction_benchmark
@@ -83,17 +83,13 @@ def run(quick: bool = False, out: str | None = None, progress=None) -> dict:
                 "reduction": _timed(clock, "item 9", reduction_benchmark, p, say),
                 "jit_vs_hand": _timed(clock, "item 10", jit_vs_hand, p, say),
                 "nan_check": _timed(clock, "item 11", nan_check_benchmark, p, say)}
-    # untimed from here: items 4-5's early compile child runs beside item 12's compiles (2 cores, one each),
-    # the late one on the core item 12 leaves (`measure.PARTS`)
-    children = [start_inspect(p, say, PARTS[0])]
+    # untimed from here: items 4-5's compile child runs beside item 12's compiles (2 cores, one each)
+    child = start_inspect(p, say)
     try:
         projection = _timed(clock, "item 12", gpu_projection, quick, say)
-        children.append(start_inspect(p, say, PARTS[1]))
-        inspected = _timed(clock, "items 4-5 (after item 12)",
-                           lambda: measure.merged(p, [c.result() for c in children]))
+        inspected = _timed(clock, "items 4-5 (after item 12)", child.result)
     finally:
-        for c in children:
-            c.stop()  # item 12 failed or was interrupted: no compile child left behind
+        child.stop()  # item 12 failed or was interrupted: no compile child left behind
     results = {
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "quick": quick,

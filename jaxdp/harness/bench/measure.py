@@ -119,12 +119,11 @@ class Inspection:
     first use; a process with 16 CPU devices runs `single` ~25% slower than one with 1 (profiled),
     so these compiles run in a child process and the timed runs keep only the devices they use.
     Started by `start_inspect`, bound to this process (`lifeline`: it dies with it); `result()` waits for it
-    (at most 30 minutes) and reads its JSON; `stop()` kills it if it still runs. `part`: the runs it compiles
-    (`PARTS`; None: all)."""
+    (at most 30 minutes) and reads its JSON; `stop()` kills it if it still runs."""
 
-    def __init__(self, p: Plan, part: str | None = None):
+    def __init__(self, p: Plan):
         code = (f"import json, sys; from jaxdp.core import lifeline; lifeline.bind_to({os.getpid()}); "
-                f"from jaxdp.harness.bench import measure; json.dump(measure.child({p.quick!r}, {part!r}), sys.stdout)")
+                f"from jaxdp.harness.bench import measure; json.dump(measure.child({p.quick!r}), sys.stdout)")
         self.err = tempfile.TemporaryFile("w+")  # a file, not a pipe: its progress lines never block it
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=self.err,
                                      text=True, process_group=0)  # Ctrl-C reaches the bench alone, which reaps it
@@ -149,36 +148,18 @@ class Inspection:
         return json.loads(out)
 
 
-PARTS = ("early", "late")
-"""Items 4-5's runs in two children: "early" (three runs in four) compiles beside item 12 (one core each),
-"late" (the fourth) starts when item 12 ends, on the core it leaves (one child alone left a core idle for
-a fifth of the full bench; the split evens the two cores' work when item 12 takes about half the child's)."""
-
-
-def start_inspect(p: Plan, say, part: str | None = None) -> Inspection:
+def start_inspect(p: Plan, say) -> Inspection:
     say(f"bench: compiling {len(p.comm_strategies)} strategies on {', '.join(map(str, p.comm_ns))} devices "
-        f"(HLO bytes, memory) in a child process{'' if part is None else f' ({part} part)'}")
-    return Inspection(p, part)
+        f"(HLO bytes, memory) in a child process")
+    return Inspection(p)
 
 
-def in_part(index: int, part: str | None) -> bool:
-    """Whether run `index` of `comm_runs` is `part`'s (`PARTS`; None: every run's)."""
-    return part is None or (index % 4 == 3) == (part == PARTS[1])
-
-
-def merged(p: Plan, results: list[dict]) -> dict:
-    """The children's results as one, in `comm_runs` order."""
-    both = {k: v for r in results for k, v in r.items()}
-    return {key: both[key] for key in (f"{prefix}{cfg.strategy}@{cfg.devices}" for _, prefix, cfg in comm_runs(p))}
-
-
-def child(quick: bool, part: str | None = None) -> dict:
-    """In the child process: `part`'s strategies of items 4-5 at every N, with enough simulated devices."""
+def child(quick: bool) -> dict:
+    """In the child process: every strategy of items 4-5 at every N, with enough simulated devices."""
     p = plan(quick)
     devices.setup(max(p.comm_ns + tuple(n for *_, ns in p.model_comm for n in ns)), "cpu")
     out = {}
-    runs = [run for i, run in enumerate(comm_runs(p)) if in_part(i, part)]
-    for model, prefix, cfg in runs:  # keys: the comm model's "strategy@N", others prefixed
+    for model, prefix, cfg in comm_runs(p):  # keys: the comm model's "strategy@N", others prefixed
         name, n = cfg.strategy, cfg.devices
         print(f"bench: compiling {model} {name} on {n} devices (HLO bytes, memory)", file=sys.stderr, flush=True)
         out[f"{prefix}{name}@{n}"] = {"model": model, "strategy": name, "devices": n, **inspect(cfg.validate("jax"))}

@@ -39,21 +39,3 @@ def test_a_refused_run_in_the_plan_fails_the_check():
     with pytest.raises(ConfigError, match="needs n to divide shards"):
         for _, _, cfg in every_config(wide):
             cfg.validate("jax")
-
-
-@pytest.mark.parametrize("quick", [False, True])
-def test_items_4_5_two_children_take_every_run_once_and_merge_in_order(quick):
-    """The early child (beside item 12) and the late one (after it) split items 4-5's runs, three in four
-    to the early one; their results merge back in `comm_runs` order (the tables' row order)."""
-    from jaxdp.harness.bench import measure
-    from jaxdp.harness.bench.plan import comm_runs
-
-    p = plan(quick)
-    keys = [f"{prefix}{cfg.strategy}@{cfg.devices}" for _, prefix, cfg in comm_runs(p)]
-    parts = {part: [k for i, k in enumerate(keys) if measure.in_part(i, part)] for part in measure.PARTS}
-    assert sorted(parts["early"] + parts["late"]) == sorted(keys) and len(set(keys)) == len(keys)
-    assert len(parts["early"]) >= 3 * len(parts["late"]) and (quick or parts["late"])
-    results = [{k: i for i, k in enumerate(parts[part])} for part in reversed(measure.PARTS)]
-    assert list(measure.merged(p, results)) == keys
-    with pytest.raises(KeyError):  # a run neither child returned is not silently dropped
-        measure.merged(p, results[:1])

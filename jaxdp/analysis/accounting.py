@@ -58,6 +58,22 @@ def bytes_on(tree, device) -> int:
     return total
 
 
+def declared_bytes_on(out_info, device) -> int | None:
+    """Bytes on `device` of a lowered step's outputs `out_info` (`Lowered.out_info`), from the shardings the
+    program declares (what its compiled form must return: `bytes_on` of a run gives the same, tested for every
+    strategy); None where one is left to the compiler."""
+    if out_info is None:
+        return None
+    total = 0
+    for leaf in jax.tree.leaves(out_info):
+        sharding = getattr(leaf, "sharding", None)
+        if not isinstance(sharding, jax.sharding.Sharding):
+            return None
+        if device in sharding.device_set:
+            total += math.prod(sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
+    return total
+
+
 def step_memory(compiled) -> dict:
     """What a compiled step needs on one device, from `compiled.memory_analysis()`:
     state_bytes = its arguments (train state + batch shard), temp_bytes = its temporaries, and
@@ -105,23 +121,24 @@ def step_batch(cfg, par, dataset, step: int) -> tuple:
     return tuple(data.micro_major(a, len(par.mesh.local_devices), cfg.accum) for a in (x, y))
 
 
-def compile_step(cfg, return_grads: bool = False) -> CompiledStep:
+def compile_step(cfg, return_grads: bool = False, lower_only: bool = False) -> CompiledStep:
     """Build `cfg`'s run (`train.prepare`), place the initial state and step 1's batch, then lower and
     compile the jitted step, timing each; with running statistics (BatchNorm), also compile their
-    forward-only program (`strategies.stats`), which the train step runs without (`batch_stats` None)."""
+    forward-only program (`strategies.stats`), which the train step runs without (`batch_stats` None).
+    `lower_only`: `program` is the lowered step (jax.stages.Lowered), nothing compiled."""
     devices, dataset, problem, optimizer, strategy = train.prepare(cfg, return_grads)
     state = strategy.init(problem.params)
     host = step_batch(cfg, strategy, dataset, 1)
     batch = strategy.put_batch(*host)
     stats_program, stats_sizes = None, ()
     if state.batch_stats is not None:
-        stats_program = _compile_stats(strategy, state, batch[0], host, cfg)
+        stats_program = None if lower_only else _compile_stats(strategy, state, batch[0], host, cfg)
         stats_sizes = tuple(statistics_inputs(problem, host[0]))
         state = state._replace(batch_stats=None)  # as parallelize's step passes it
     t0 = time.perf_counter()
     lowered = strategy.compiled_step.lower(state, *batch)
     t1 = time.perf_counter()
-    program = lowered.compile()
+    program = lowered if lower_only else lowered.compile()
     return CompiledStep(devices, problem, optimizer, strategy, state, batch, program, t1 - t0,
                         time.perf_counter() - t1, stats_program, stats_sizes)
 
@@ -138,11 +155,13 @@ def memory(cfg, trains: CompiledStep | None = None) -> dict:
     """Measure one step of `cfg` on device 0 of its mesh and set it next to the formula. The arrays
     come from a program that also returns the gradient; `temp_bytes` and `peak_bytes` (`step_memory`)
     from the step that trains (`trains`, compiled here when not given)."""
-    c = compile_step(cfg, return_grads=True)
+    c = compile_step(cfg, return_grads=True, lower_only=True)
     device = c.devices[0]
-    measured = {"params": bytes_on(c.state.params, device), "opt_state": bytes_on(c.state.opt_state, device)}
-    _, metrics = c.program(c.state, *c.batch)
-    measured["grads"] = bytes_on(metrics["grads"], device)
+    measured = {"params": bytes_on(c.state.params, device), "opt_state": bytes_on(c.state.opt_state, device),
+                "grads": declared_bytes_on(getattr(c.program, "out_info", (None, {}))[1].get("grads"), device)}
+    if measured["grads"] is None:  # a sharding left to the compiler: compile and run the step to see it
+        _, metrics = c.program.compile()(c.state, *c.batch)
+        measured["grads"] = bytes_on(metrics["grads"], device)
 
     step = step_memory((trains or compile_step(cfg)).program)
     return {"strategy": cfg.strategy, "devices": cfg.devices, **formula_for(cfg, c.problem, c.optimizer),

@@ -12,8 +12,8 @@ Nine measurements (the keys of the result dictionary, written to bench.json by t
    theory (`accounting.theory`), for N = 2, 4, 8, 16; rows with `model` `cnn` (sync BatchNorm: its
    statistics' all-reduces in the theory, and its running statistics' own program as
    `stats_measured_bytes` / `stats_theory_bytes`) and `gpt2` (tied wte, counted once) besides the mlp.
-5. `memory`: per-device state bytes (parameters, gradient, optimizer state) against N, measured
-   from the arrays' shards on device 0, next to the ZeRO formula.
+5. `memory`: per-device state bytes (parameters, gradient, optimizer state) against N on device 0
+   (the gradient's from the lowered step's declared output sharding), next to the ZeRO formula.
 6. `compile`: lowering + compilation time of each JAX step, and the first step of each framework.
 7. `gpu_throughput`: on a GPU only: tokens/s, TFLOP/s and MFU of a bf16 `gpt` on one device.
 8. `collectives`: the hand-written ring all-reduce, reduce-scatter and all-gather timed alone

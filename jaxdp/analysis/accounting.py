@@ -62,8 +62,6 @@ def declared_bytes_on(out_info, device) -> int | None:
     """Bytes on `device` of a lowered step's outputs `out_info` (`Lowered.out_info`), from the shardings the
     program declares (what its compiled form must return: `bytes_on` of a run gives the same, tested for every
     strategy); None where one is left to the compiler."""
-    if out_info is None:
-        return None
     total = 0
     for leaf in jax.tree.leaves(out_info):
         sharding = getattr(leaf, "sharding", None)
@@ -152,16 +150,18 @@ def _compile_stats(par, state, x, host, cfg):
 
 
 def memory(cfg, trains: CompiledStep | None = None) -> dict:
-    """Measure one step of `cfg` on device 0 of its mesh and set it next to the formula. The arrays
-    come from a program that also returns the gradient; `temp_bytes` and `peak_bytes` (`step_memory`)
-    from the step that trains (`trains`, compiled here when not given)."""
+    """Measure one step of `cfg` on device 0 of its mesh and set it next to the formula: parameters and optimizer
+    state from the placed arrays, the gradient from the output shardings a step that also returns it declares
+    when lowered (`declared_bytes_on`; compiled and run only where one is left to the compiler); `temp_bytes`
+    and `peak_bytes` (`step_memory`) from the step that trains (`trains`, compiled here when not given)."""
     c = compile_step(cfg, return_grads=True, lower_only=True)
     device = c.devices[0]
-    measured = {"params": bytes_on(c.state.params, device), "opt_state": bytes_on(c.state.opt_state, device),
-                "grads": declared_bytes_on(getattr(c.program, "out_info", (None, {}))[1].get("grads"), device)}
-    if measured["grads"] is None:  # a sharding left to the compiler: compile and run the step to see it
+    grads = declared_bytes_on(c.program.out_info[1]["grads"], device)
+    if grads is None:
         _, metrics = c.program.compile()(c.state, *c.batch)
-        measured["grads"] = bytes_on(metrics["grads"], device)
+        grads = bytes_on(metrics["grads"], device)
+    measured = {"params": bytes_on(c.state.params, device), "grads": grads,
+                "opt_state": bytes_on(c.state.opt_state, device)}
 
     step = step_memory((trains or compile_step(cfg)).program)
     return {"strategy": cfg.strategy, "devices": cfg.devices, **formula_for(cfg, c.problem, c.optimizer),

@@ -10,9 +10,10 @@ as both halves of a subtree exist. So it holds log2(S/N) + 1 sums at accumulatio
 running folds at accumulation A > 1, which the definition needs until the last micro-batch).
 
 Values are gradients as autograd hands them (a list of tensors, `grads`) or flat tensors; sums are
-written into flat buffers this class allocated (`Owned`), in place from then on: element-wise addition
-rounds each element alone, so `a.add_(b)`, `torch.add(a, b, out=c)` and `a + b` are the same bits. A
-tensor it did not allocate (autograd's, DDP's bucket) is only read.
+written into flat buffers this class allocated (`Owned`), or into gradients handed over as the caller's alone
+(`OwnedList`: taken from `.grad`), in place from then on: element-wise addition rounds each element alone, so
+`a.add_(b)`, `torch.add(a, b, out=c)` and `a + b` are the same bits. Any other tensor (autograd.grad's outputs,
+which may alias one another or be expanded, DDP's bucket) is only read.
 """
 from __future__ import annotations
 
@@ -27,17 +28,33 @@ class Owned:
         self.flat = flat
 
 
+class OwnedList(Owned):
+    """Per-parameter gradients that are the caller's alone, dense and unaliased (moved out of `.grad`: autograd's
+    AccumulateGrad copies any gradient another tensor shares), added into in place as an `Owned` buffer is."""
+    __slots__ = ("tensors",)
+
+    def __init__(self, tensors):
+        self.tensors = list(tensors)
+
+
+def one_flat(value) -> bool:
+    """Whether `value` is an `Owned` flat buffer (not an `OwnedList`)."""
+    return isinstance(value, Owned) and not isinstance(value, OwnedList)
+
+
 def parts(value) -> list:
     """A value's tensors: [t] for a tensor (an `Owned`'s flat buffer), the list itself for a list."""
+    if isinstance(value, OwnedList):
+        return value.tensors
     if isinstance(value, Owned):
         return [value.flat]
     return [value] if torch.is_tensor(value) else list(value)
 
 
 def plus(left, right):
-    """left + right, element-wise, with left's association: into the buffer of whichever side is `Owned`
+    """left + right, element-wise, with left's association: into the buffers of whichever side is `Owned`
     (left first), else into a new flat one. Either side may be flat or per parameter."""
-    raw = [parts(v) for v in (left, right) if not isinstance(v, Owned)]
+    raw = [parts(v) for v in (left, right) if not one_flat(v)]
     shapes = [t.shape for t in max(raw, key=len)] if raw else [left.flat.shape]
     out = left if isinstance(left, Owned) else right if isinstance(right, Owned) else Owned(
         torch.empty(sum(s.numel() for s in shapes), dtype=parts(left)[0].dtype, device=parts(left)[0].device))
@@ -49,7 +66,7 @@ def plus(left, right):
 def _cut(value, shapes) -> list:
     """A value's tensors shaped as `shapes`: views of a flat one, else its own (already so)."""
     ts = parts(value)
-    if len(ts) == len(shapes) and not isinstance(value, Owned):
+    if len(ts) == len(shapes) and not one_flat(value):
         return ts
     flat, = ts
     return [v.view(s) for v, s in zip(flat.split([s.numel() for s in shapes]), shapes, strict=True)]
@@ -57,7 +74,7 @@ def _cut(value, shapes) -> list:
 
 def flat(value) -> torch.Tensor:
     """A value as one flat tensor this step owns: an `Owned`'s buffer, else a copy."""
-    return value.flat if isinstance(value, Owned) else torch.cat([t.reshape(-1) for t in parts(value)])
+    return value.flat if one_flat(value) else torch.cat([t.reshape(-1) for t in parts(value)])
 
 
 class Folds:
@@ -73,7 +90,7 @@ class Folds:
         """`plus`, and an `Owned` operand whose buffer the sum did not go into is handed to `spare` (a
         list its owner allocates from again: a recycled buffer has its pages, a fresh one faults them)."""
         out = plus(left, right)
-        if self.spare is not None and isinstance(right, Owned) and out is not right:
+        if self.spare is not None and one_flat(right) and out is not right:
             self.spare.append(right.flat)
         return out
 
@@ -107,7 +124,7 @@ class Folds:
 
     @staticmethod
     def _owned(value) -> Owned:
-        return value if isinstance(value, Owned) else Owned(flat(value))
+        return value if one_flat(value) else Owned(flat(value))
 
     def pending(self, select) -> Folds:
         """A copy holding `select(value)` of every value so far (ddp: one bucket's elements), to be

@@ -20,12 +20,15 @@ FSDP2 scales the gradients by 1/N itself. Accumulation turns gradient sync off
 locally and are reduce-scattered once per step. torch.nn.utils.clip_grad_norm_ on DTensor gradients
 computes the whole norm.
 
-Canonical: FSDP2's own backward per shard, each unit's reduce-scatter replaced by the canonical one
-after the step's last shard backward (`install_units`, `canonical.UnitReduce`); clipping by the
-canonical norm of the gathered gradient. With BatchNorm, FSDP2 cannot run canonical_bn's many passes
-over one graph: they run on a plain twin of the model (a deepcopy taken before FSDP2 shards it)
-holding the gathered parameters (one all-gather per parameter per step), and the canonical
-reduce-scatter runs on FSDP2's layout into the DTensor gradients (`canonical_grads`).
+Canonical: FSDP2's own forward and backward per shard. One shard a step: each unit's reduce-scatter
+replaced by the canonical one (`install_units`, `canonical.UnitReduce`). Several (S > N, or accumulation):
+every unit gathered once, by the first shard's forward, and held to the last backward, FSDP2's gradient
+sync off (its post-backward reduces nothing: FSDP2's per-unit reduce per shard cost 1.1x of the gpt's
+step at N = 1), each shard's unsharded gradients moved out of `.grad` and folded, then the canonical
+reduce-scatter of FSDP2's layout (`canonical_grads`); clipping by the canonical norm of the gathered
+gradient. With BatchNorm, FSDP2 cannot run canonical_bn's many passes over one graph: they run on a
+plain twin of the model (a deepcopy taken before FSDP2 shards it) holding the gathered parameters (one
+all-gather per parameter per step), and `canonical_grads` gives the DTensor gradients.
 """
 from __future__ import annotations
 
@@ -46,6 +49,7 @@ from ... import models
 from ...canonical import batchnorm as canonical_bn
 from ...canonical import reduce as C
 from ...canonical import step as canonical_step
+from ...canonical.folds import OwnedList
 from ...models import cnn, gpt2, llama
 from ...models import units as shared_units
 from .. import common
@@ -125,9 +129,9 @@ def twin_of(model: torch.nn.Module) -> torch.nn.Module | None:
 
 
 def install_units(c) -> None:
-    """Canonical without BatchNorm, on the first step: every FSDP2 unit's reduce-scatter and all-reduce hook
-    replaced by a `UnitReduce` (with BatchNorm, FSDP2's own backward and reduce-scatter are not used)."""
-    if c.bn is not None:
+    """Canonical without BatchNorm and one shard a step, on the first step: every FSDP2 unit's reduce-scatter
+    and all-reduce hook replaced by a `UnitReduce` (with BatchNorm, or several shards, FSDP2 reduces nothing)."""
+    if c.bn is not None or c.par.accum * c.local > 1:  # (several shards: `gathered_backward`, no FSDP2 reduction)
         return
     c.units, columns = [], shard_columns(c.par.model)
     for module in c.par.model.modules():
@@ -154,37 +158,66 @@ def shard_columns(model) -> list[int] | None:
 
 
 def backward(c, x, y, loss_fn, reshard_after_forward: bool = True) -> torch.Tensor:
-    """Canonical: each shard's backward through FSDP2 (its post-backward: `UnitReduce`), every unit
-    gathered once per step: kept unsharded from the first shard's forward to the last shard's backward
-    (`gathered_once`), then put back as FSDP2 had it (`reshard_after_forward`, the strategy's option)."""
-    model, losses, last = c.par.model, C.Folds(c.local, c.par.accum), c.par.accum * c.local - 1
-    with gathered_once(model, reshard_after_forward, last > 0) as last_backward:
-        for k, (_, i, xs, ys) in enumerate(C.shards_of(x, y, c.par.accum, c.local)):
-            loss = C.scalar(loss_fn(model(xs), ys))
-            if k == last:
-                last_backward()
-            loss.backward()
-            losses.add(i, loss.detach())
-            if k != last:  # a shard's output is not a gradient until the last (the sharded parameters':
-                for p in c.params:  # while the units are gathered, `model.parameters()` are the unsharded ones)
-                    p.grad = None
+    """Canonical: one shard a step (`one_backward`: FSDP2's backward, its reduce-scatter a `UnitReduce`), or
+    several (`gathered_backward`: every unit gathered once, FSDP2's backward with its reduction off, each
+    shard's unsharded gradient folded here, the canonical reduce-scatter into FSDP2's layout after the last)."""
+    if c.par.accum * c.local == 1:
+        return one_backward(c, x, y, loss_fn)
+    return gathered_backward(c, x, y, loss_fn, reshard_after_forward)
+
+
+def one_backward(c, x, y, loss_fn) -> torch.Tensor:
+    """The step's only shard through FSDP2 as native runs it (each unit gathered for its forward and its
+    backward as `reshard_after_forward` says), its reduce-scatter the canonical one (`install_units`)."""
+    losses = C.Folds(1)
+    for _, i, xs, ys in C.shards_of(x, y, 1, 1):
+        loss = C.scalar(loss_fn(c.par.model(xs), ys))
+        loss.backward()
+        losses.add(i, loss.detach())
     return losses.partial()
 
 
+def gathered_backward(c, x, y, loss_fn, reshard_after_forward: bool) -> torch.Tensor:
+    """Several shards: every unit gathered by the first shard's forward and held to the end (`held_gathered`);
+    each shard's backward through FSDP2 with gradient sync off (no reduce-scatter, no all-reduce: FSDP2's
+    per-unit post-backward reduces nothing) leaves the unsharded gradients, which are folded here (`Folds`, the
+    definition's association); after the last, every unit resharded and `canonical_grads` (the tree's
+    reduce-scatter of FSDP2's layout) gives the DTensor gradients."""
+    model = c.par.model
+    grads, losses = C.Folds(c.local, c.par.accum), C.Folds(c.local, c.par.accum)
+    with held_gathered(model, reshard_after_forward):
+        for _, i, xs, ys in C.shards_of(x, y, c.par.accum, c.local):
+            loss = C.scalar(loss_fn(model(xs), ys))
+            loss.backward()
+            grads.add(i, OwnedList(taken(p) for p in model.parameters()))  # unsharded while held
+            losses.add(i, loss.detach())
+    canonical_grads(c, grads.partial())
+    return losses.partial()
+
+
+def taken(p: torch.Tensor) -> torch.Tensor:
+    """p's gradient, moved out of `.grad` (zeros where the loss does not reach p)."""
+    g = torch.zeros_like(p) if p.grad is None else p.grad
+    p.grad = None
+    return g
+
+
 @contextlib.contextmanager
-def gathered_once(model, reshard_after_forward: bool, several: bool):
+def held_gathered(model, reshard_after_forward: bool):
     """Within: no unit reshards after its forward or backward (each is all-gathered once, by the first
-    shard's forward), until the callable it yields is called (before the last backward: every unit
-    reshards after it). After: each unit reshards after forward as `reshard_after_forward` says, the
-    root never (FSDP2's own defaults)."""
-    if not several:
-        yield lambda: None
-        return
+    shard's forward) and FSDP2 reduces no gradient. After: every unit resharded, FSDP2's reduction on again,
+    each unit resharding after forward as `reshard_after_forward` says and after backward, the root never
+    (FSDP2's own defaults)."""
     model.set_reshard_after_forward(False)
     model.set_reshard_after_backward(False)
+    model.set_requires_gradient_sync(False)
     try:
-        yield lambda: model.set_reshard_after_backward(True)
+        yield
     finally:
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
+        model.set_requires_gradient_sync(True)
         model.set_reshard_after_backward(True)
         model.set_reshard_after_forward(reshard_after_forward)
         model.set_reshard_after_forward(False, recurse=False)
@@ -201,17 +234,22 @@ def backward_bn(c, x, y, loss_fn) -> torch.Tensor:
 
 
 def canonical_grads(c, grads: torch.Tensor) -> None:
-    """Canonical with BatchNorm: the canonical reduce-scatter of FSDP2's layout (each parameter's dim-0
-    chunks of ceil(rows / N), rank-major, as its reduce-scatter takes them): this rank's chunks as the
-    DTensor grads."""
-    params, rows = list(c.par.model.parameters()), []
-    for p, g in zip(params, grads.split(c.sizes()), strict=True):
-        g = g.reshape(p.shape[0], -1) if p.dim() else g.reshape(1, 1)
-        rows.append(torch.nn.functional.pad(g, (0, 0, 0, -g.shape[0] % c.world)).reshape(c.world, -1))
-    mine = C.finish(C.tree_scatter(torch.cat(rows, dim=1).reshape(-1)), c.s, c.par.accum)
-    for p, piece in zip(params, mine.split([r.shape[1] for r in rows]), strict=True):
+    """Several shards, or BatchNorm: the canonical reduce-scatter of FSDP2's layout (each parameter's dim-0
+    chunks of ceil(rows / K) over the K ranks of the mesh's shard dimension, rank-major, as its reduce-scatter
+    takes them; hsdp: rank d gets its column's chunk) of `grads`, this rank's flat partial sums (a buffer of the
+    step's own): this rank's chunks, finished in place, as the DTensor gradients (views of one buffer)."""
+    params = list(c.par.model.parameters())
+    mesh = params[0].device_mesh
+    chunks = mesh.size(mesh.ndim - 1)  # the shard dimension's ranks (hsdp: a column's)
+    rows = [g.reshape(p.shape[0], -1) if p.dim() else g.reshape(1, 1)
+            for p, g in zip(params, grads.split(c.sizes()), strict=True)]
+    if chunks > 1:  # (one chunk: the layout is the flat order itself)
+        rows = [torch.nn.functional.pad(g, (0, 0, 0, -g.shape[0] % chunks)).reshape(chunks, -1) for g in rows]
+        grads = torch.cat(rows, dim=1).reshape(-1)
+    mine = C.finish_(C.tree_scatter(grads, columns=shard_columns(c.par.model)), c.s, c.par.accum)
+    for p, piece in zip(params, mine.split([r.numel() // chunks for r in rows]), strict=True):
         local = p.to_local()
-        p.grad = DTensor.from_local(piece[:local.numel()].view_as(local).clone(), p.device_mesh, p.placements,
+        p.grad = DTensor.from_local(piece[:local.numel()].view_as(local), p.device_mesh, p.placements,
                                     shape=p.shape, stride=p.stride(), run_check=False)
 
 

@@ -136,6 +136,7 @@ def _setup(p: Plan, omp: str) -> dict:
             "platform": "cpu (simulated devices share the cores; torch ranks are gloo processes on the same cores)",
             "steps_per_run": p.steps, "excluded": f"first step (compile) + {WARMUP_STEPS} warm-up",
             "timed_steps": p.steps - 1 - WARMUP_STEPS, "statistic": "median",
+            "steps_of": {label: steps for label, steps in p.steps_of},
             "models": {k: {f: getattr(c, f) for f in MODEL_FIELDS} for k, c in p.models.items()},
             "comm_model": {f: getattr(p.comm_model, f)
                            for f in ("model", "hidden", "batch_size", "dtype", "optimizer")},

@@ -47,7 +47,9 @@ def _header(results: dict) -> list:
              f"numpy {v.get('numpy')}. Run {results['created']}, {results['wall_s']:.0f} s"
              + "".join(f"; {k} {t:.0f} s" for k, t in results.get("item_s", {}).items()) + ".", "",
              f"Items 1-6 on {s['platform']}. Each timed run: {s['steps_per_run']} steps, {s['excluded']} excluded, "
-             f"{s['statistic']} of {s['timed_steps']}. Models: "
+             f"{s['statistic']} of {s['timed_steps']}"
+             + "".join(f" ({k}: {n} steps, {s['statistic']} of {n - s['steps_per_run'] + s['timed_steps']})"
+                       for k, n in s.get("steps_of", {}).items()) + ". Models: "
              + "; ".join(f"`{k}` " + _model_text(c) for k, c in s["models"].items()) + ".", "",
              "## Goals", "", "| item | goal | status | detail |", "|---|---|---|---|"]
     for g in results["goals"]:

@@ -12,9 +12,9 @@ as zero3; clip_grad_norm_ on the DTensor gradients (Replicate, Shard(0)) compute
 algorithm). `hsdp_hosts` ("shard", the default: a host holds whole rows, so FSDP2's all-gathers stay in a
 host; "replica": whole columns) orders the mesh over torchrun's host-major ranks (`jaxdp.core.hsdp_hosts`),
 checked against the hosts (WORLD_SIZE / LOCAL_WORLD_SIZE) before any collective.
-`reduction="canonical"`: zero3's (`canonical.UnitReduce`, or with several shards a rank `zero3.canonical_grads`), its
-all-to-all over all N ranks, rank d getting its shard column's chunk (`zero3.shard_columns`): single's bits for any
-R x S (N dividing the shards).
+`reduction="canonical"`: zero3's (`canonical.UnitReduce` with one shard a rank, `zero3.canonical_grads` with several),
+its all-to-all over all N ranks, rank d getting its shard column's chunk (`zero3.shard_columns`): single's bits for
+any R x S (N dividing the shards).
 """
 from __future__ import annotations
 

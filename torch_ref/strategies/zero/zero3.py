@@ -189,7 +189,9 @@ def gathered_backward(c, x, y, loss_fn, reshard_after_forward: bool) -> torch.Te
         for _, i, xs, ys in C.shards_of(x, y, c.par.accum, c.local):
             loss = C.scalar(loss_fn(model(xs), ys))
             loss.backward()
-            grads.add(i, OwnedList(taken(p) for p in model.parameters()))  # unsharded while held
+            # unsharded while held; `.grad` itself: `apply_fsdp` gives FSDP2 no MixedPrecisionPolicy, whose reduce
+            # dtype would have FSDP2 move each gradient out of `.grad` into an accumulator of its own
+            grads.add(i, OwnedList(taken(p) for p in model.parameters()))
             losses.add(i, loss.detach())
     canonical_grads(c, grads.partial())
     return losses.partial()

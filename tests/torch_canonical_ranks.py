@@ -174,8 +174,9 @@ REFUSED = [(3, ROWS), (1, ROWS), (8, 12)]  # (shards, rows per micro-batch) that
 
 def gathers(rank: int, n: int) -> dict:
     """zero3's parameter all-gathers in one step (FSDP2's `FSDP::all_gather (unit)` events; Net has 3 units,
-    each sharded on its own), native and canonical (S = 4: 2 shards per rank at N = 2), and whether any unit
-    is left gathered after the step."""
+    each sharded on its own), native and canonical (S = 4: 2 shards per rank at N = 2), FSDP2's own gradient
+    reductions (`FSDP::post_backward_reduce` events: canonical with several shards runs none, `zero3.held_gathered`),
+    and whether any unit is left gathered after the step."""
     from torch.distributed.fsdp import FSDPModule
     from torch.profiler import ProfilerActivity, profile
 
@@ -187,6 +188,7 @@ def gathers(rank: int, n: int) -> dict:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             torch_ref.train_step(model, opt, xs, ys, F.cross_entropy)
         out[reduction] = sum(e.name.startswith("FSDP::all_gather (") for e in prof.events())
+        out[f"{reduction} reduces"] = sum(e.name.startswith("FSDP::post_backward_reduce") for e in prof.events())
         out[f"{reduction} left gathered"] = any(g.is_unsharded for m in model.modules() if isinstance(m, FSDPModule)
                                                 for g in m._get_fsdp_state()._fsdp_param_groups)
     return out

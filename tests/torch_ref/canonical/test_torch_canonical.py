@@ -131,9 +131,10 @@ def test_cnn_canonical_is_the_batchnorm_gradient(single, monkeypatch):
 
 def test_zero3_gathers_each_unit_once_per_step(worlds):
     """Canonical zero3 runs a step's shards with every unit gathered once (`zero3.held_gathered`), not once per
-    shard's forward and backward, and leaves none gathered; native (reshard after forward) gathers twice."""
-    assert worlds["gathers"] == {"native": 6, "native left gathered": False,
-                                 "canonical": 3, "canonical left gathered": False}
+    shard's forward and backward, leaves none gathered, and runs none of FSDP2's per-unit gradient reductions (the
+    canonical reduce-scatter replaces them); native (reshard after forward) gathers twice and reduces each unit."""
+    assert worlds["gathers"] == {"native": 6, "native left gathered": False, "native reduces": 3,
+                                 "canonical": 3, "canonical left gathered": False, "canonical reduces": 0}
 
 
 def relative_errors(ref: dict, got: dict) -> float:

@@ -3,11 +3,14 @@
 The definition (docs/CANONICAL.md, "BatchNorm statistics (sync)"; jaxdp/canonical/batchnorm.py is the JAX twin):
 per micro-batch, with T = the canonical tree over all S shards (this rank's subtree, then across ranks),
 1. F_k(theta, sigma): shard k's forward in which BatchNorm layer l normalises with given statistics
-   sigma_l = (mu_l, v_l) and reports (sum z, sum (z - mu_l)^2) over the shard's rows (`batchnorm.given`);
+   sigma_l = (mu_l, v_l), as z * a_l + b_l with a_l = w_l / sqrt(v_l + eps), b_l = beta_l - mu_l a_l computed
+   once per micro-batch (`leaf_affine`), and reports (sum z, sum (z - mu_l)^2) over the shard's rows
+   (`batchnorm.given`);
 2. statistics, layer by layer: mu_l = T(sum z) / count_l, then v_l = T(sum (z - mu_l)^2) / count_l
    (L forward passes, each stopped at layer l, its z kept for v_l's partial sums);
-3. per shard one forward and backward with the final sigma: L_k, g_k = dL_k/dtheta, h_k = dL_k/dsigma;
-   H = T(h_k);
+3. per shard one forward and backward with the final sigma: L_k, g_k = dL_k/dtheta, and the cotangents of
+   (a_l, b_l), from which h_k = dL_k/dsigma and layer l's weight and bias gradients (`through_affine`, the
+   affine's vector-Jacobian product, on all of a rank's shards at once, row by row); H = T(h_k);
 4. through the statistics in reverse, l = L..1: c = (H[mu_l], H[v_l]) / count_l; per shard the
    vector-Jacobian product of both partial sums of layer l with c gives (g', h'); g_k = g_k + g'; H = H + T(h')
    (v_l's share through mu_l, -2 sum (z - mu_l) times its cotangent, is zero over the micro-batch: left out);
@@ -75,61 +78,63 @@ class BatchNorms:
         running statistics update from its canonical statistics."""
         for xm, ym in micro_batches(x, y, accum):
             xs, ys = xm.chunk(local), ym.chunk(local)
-            sigma, counts, segments = self.statistics(module, xs)
-            for i, (g, loss) in enumerate(self.backward(module, params, xs, ys, loss_fn, sigma, counts, segments)):
+            sigma, affines, counts, segments = self.statistics(module, xs)
+            grads = self.backward(module, params, xs, ys, loss_fn, sigma, affines, counts, segments)
+            for i, (g, loss) in enumerate(grads):
                 yield i, g, loss
             self.last = sigma
             for bn, (mean, var), count in zip(self.running, sigma, counts, strict=True):
-                batchnorm.update_running(bn, mean.detach(), var.detach(), count)
+                batchnorm.update_running(bn, mean, var, count)
 
-    def statistics(self, module, xs) -> tuple[list, list, list]:
-        """sigma = [(mu_l, v_l)] as leaves requiring grad, count_l, and the forward's `Segment`s, layer by layer:
-        each shard's forward from layer l-1's input (a leaf) to layer l's, its graph kept, gives the shard's sum
-        z and z; the tree of the sums / count is mu_l, of the squared deviations v_l."""
-        sigma, counts, segments = [], [], []
+    def statistics(self, module, xs) -> tuple[list, list, list, list]:
+        """sigma = [(mu_l, v_l)], the affine leaves [(a_l, b_l)] (requiring grad) the forwards normalise with,
+        count_l, and the forward's `Segment`s, layer by layer: each shard's forward from layer l-1's input (a leaf)
+        to layer l's, its graph kept, gives the shard's sum z and z; the tree of the sums / count is mu_l, of the
+        squared deviations v_l."""
+        sigma, affines, counts, segments = [], [], [], []
         starts = [None] * len(xs)
-        for layer in range(len(self.layers)):
+        for layer, bn in enumerate(self.layers):
             sums, zs = [], []
             for x, start in zip(xs, starts, strict=True):
-                _, ctx = self.segment(module, x, sigma, start, layer)
+                _, ctx = self.segment(module, x, affines, start, layer)
                 self.check(ctx, layer + 1)
                 sums.append(ctx.sums[layer][0].detach())
                 zs.append(ctx.inputs[layer])
             count = ctx.counts[layer] * self.shards
             mean = total(sums, self.ring) / count
             squares = [given.squared_deviations(z.detach() - given.per_channel(mean, z)) for z in zs]
-            sigma.append((mean.requires_grad_(), (total(squares, self.ring) / count).requires_grad_()))
+            sigma.append((mean, total(squares, self.ring) / count))
+            affines.append(leaf_affine(bn, *sigma[-1]))
             counts.append(count)
             segments.append(Segment(starts, zs))
             starts = [z.detach().requires_grad_() for z in zs]
-        return sigma, counts, segments
+        return sigma, affines, counts, segments
 
-    def backward(self, module, params, xs, ys, loss_fn, sigma, counts, segments) -> list:
+    def backward(self, module, params, xs, ys, loss_fn, sigma, affines, counts, segments) -> list:
         """(g_k, L_k) of this rank's shards: the last segment's forward to the loss, then each segment's
         vector-Jacobian product, last first, the statistics' cotangent summed over all shards by the tree before
         the segment that made them (docstring, step 4)."""
-        leaves = [t for pair in sigma for t in pair]
-        offsets = [0]
-        for t in leaves:
-            offsets.append(offsets[-1] + t.numel())
+        leaves = [t for pair in affines for t in pair]
         last = len(self.layers)
         starts = [z.detach().requires_grad_() for z in segments[-1].z]
         outputs, losses = [], []
         for x, y, start in zip(xs, ys, starts, strict=True):
-            out, ctx = self.segment(module, x, sigma, start, last)
+            out, ctx = self.segment(module, x, affines, start, last)
             loss = C.scalar(loss_fn(out, y))
             self.check(ctx, last)
             outputs.append(loss)
             losses.append(loss.detach())
         d = [torch.ones_like(loss) for loss in outputs]
         grads, held = [[None] * len(params) for _ in xs], [[None] * len(leaves) for _ in xs]
+        index = {id(p): j for j, p in enumerate(params)}
         for layer in reversed(range(last + 1)):
             ins = starts if layer == last else segments[layer].starts
             outs = outputs if layer == last else segments[layer].z
             if layer < last:
-                big_h = total([dense(h, leaves) for h in held], self.ring)
-                c = [big_h[offsets[j]:offsets[j + 1]] / counts[layer] for j in (2 * layer, 2 * layer + 1)]
-                d = [dz + share(z.detach(), sigma[layer][0].detach(), c) for dz, z in zip(d, outs, strict=True)]
+                c = self.through_affine(layer, sigma[layer], affines[layer], held, grads, index) / counts[layer]
+                mean, c_mean, c_var = (given.per_channel(v, outs[0]) for v in (sigma[layer][0], *c.chunk(2)))
+                c = (c_mean, 2 * c_var)
+                d = [dz + share(z.detach(), mean, c) for dz, z in zip(d, outs, strict=True)]
             for k, (out, start) in enumerate(zip(outs, ins, strict=True)):
                 wrt = [*params, *leaves, *([] if start is None else [start])]
                 got = torch.autograd.grad(out, wrt, grad_outputs=d[k], allow_unused=True)
@@ -138,23 +143,38 @@ class BatchNorms:
                 d[k] = None if start is None else torch.zeros_like(start) if got[-1] is None else got[-1]
         return [(dense(g, params), loss) for g, loss in zip(grads, losses, strict=True)]
 
-    def segment(self, module, x, sigma, start, j: int):
+    def through_affine(self, layer: int, stats: tuple, pair: tuple, held: list, grads: list, index: dict):
+        """Layer `layer`'s (a, b) cotangents of every shard (`held`) through the affine's vector-Jacobian product
+        (`affine_vjp`, all shards' rows at once): each shard's weight and bias gradients added to `grads`; returns
+        H_l = T([d mu_l, d v_l]) over all shards (every rank)."""
+        bn, rows = self.layers[layer], []
+        for j, leaf in enumerate(pair):
+            rows.append(torch.stack([leaf.new_zeros(leaf.shape) if h[2 * layer + j] is None else h[2 * layer + j]
+                                     for h in held]))
+        d_mean, d_var, d_weight, d_bias = affine_vjp(bn, *stats, pair[0].detach(), *rows)
+        for p, rows_p in ((bn.weight, d_weight), (bn.bias, d_bias)):
+            if p is not None and p.requires_grad:
+                for k, g in enumerate(grads):
+                    accumulate_one(g, index[id(p)], rows_p[k])
+        return C.all_reduce(C.tree(torch.cat([d_mean, d_var], dim=1)), ring=self.ring)
+
+    def segment(self, module, x, affines, start, j: int):
         """Segment j's forward on one shard from `start` (layer j-1's input; None: from x): (the model's output,
         or None where layer j stopped it, and the `given` context). Its rows are x's, or none where the layers
         before segment j matter only through `start` (`prefix_free`): they then run on an empty batch."""
-        rows = x if start is None or not self.prefix_free(module, x, sigma, start, j) else x[:0]
-        return run_given(module, rows, sigma, None if start is None else {j - 1: start})
+        rows = x if start is None or not self.prefix_free(module, x, affines, start, j) else x[:0]
+        return run_given(module, rows, affines, None if start is None else {j - 1: start})
 
-    def prefix_free(self, module, x, sigma, start, j: int) -> bool:
+    def prefix_free(self, module, x, affines, start, j: int) -> bool:
         """Whether segment j's output depends on the layers before it only through its start: its forward
         from an empty batch gives the same bits as from x. Checked once per segment, without gradients; where
         not (a skip connection around a BatchNorm, a batch statistic of earlier activations), the segment runs
         those layers again from x."""
         if j not in self.free:
             with torch.no_grad():
-                full = segment_output(*run_given(module, x, sigma, {j - 1: start.detach()}), j)
+                full = segment_output(*run_given(module, x, affines, {j - 1: start.detach()}), j)
                 try:
-                    empty = segment_output(*run_given(module, x[:0], sigma, {j - 1: start.detach()}), j)
+                    empty = segment_output(*run_given(module, x[:0], affines, {j - 1: start.detach()}), j)
                     self.free[j] = empty.shape == full.shape and bool(torch.equal(empty, full))
                 except (RuntimeError, ValueError, IndexError):  # a shape the empty batch broke: not free
                     self.free[j] = False
@@ -165,6 +185,28 @@ class BatchNorms:
             raise C.CanonicalError(f"reduction='canonical' needs each of the model's {len(self.layers)} BatchNorm "
                                    f"layers called once per forward, in registration order; this forward called "
                                    f"{len(ctx.layers)}; use reduction='native' for this model")
+
+
+def leaf_affine(bn, mean: torch.Tensor, var: torch.Tensor) -> tuple:
+    """(a, b), the per-channel affine BatchNorm layer `bn` applies with statistics (mean, var)
+    (`given.affine`), computed without a graph, as leaves requiring grad: every shard's forward reads them, and
+    `affine_vjp` carries their cotangents to the statistics and the layer's weight and bias."""
+    with torch.no_grad():
+        return tuple(t.requires_grad_() for t in given.affine(bn, mean, var))
+
+
+def affine_vjp(bn, mean, var, scale, d_scale, d_shift) -> tuple:
+    """The vector-Jacobian product of a = w / sqrt(v + eps) (w = 1 without weight), b = beta - mu a, for rows of
+    cotangents (d_scale, d_shift) [k, C]: (d mu, d v, d w, d beta), each [k, C], every row on its own (the same
+    bits for a shard in any stack)."""
+    inv = torch.rsqrt(var + bn.eps)
+    d_a = d_scale - mean * d_shift  # a's total: its own and through b = beta - mu a
+    d_inv = d_a if bn.weight is None else d_a * bn.weight.detach()
+    return -scale * d_shift, d_inv * (-0.5 * inv ** 3), d_a * inv, d_shift
+
+
+def accumulate_one(sums: list, j: int, g) -> None:
+    sums[j] = g if sums[j] is None else sums[j] + g
 
 
 def accumulate(sums: list, got) -> None:
@@ -180,17 +222,18 @@ def dense(sums: list, like: list) -> torch.Tensor:
     return flatten([torch.zeros_like(t) if g is None else g for g, t in zip(sums, like, strict=True)])
 
 
-def share(z: torch.Tensor, mean: torch.Tensor, c: list) -> torch.Tensor:
+def share(z: torch.Tensor, mean: torch.Tensor, c: tuple) -> torch.Tensor:
     """The statistics' share of layer input z's cotangent: the vector-Jacobian product of the layer's partial sums
-    (sum z, sum (z - mean)^2), mean held, with c = their cotangents over all shards / count (the variance's share
+    (sum z, sum (z - mean)^2), mean held, with c = (c_mean, 2 c_var), their cotangents over all shards / count
+    (`mean` and `c` shaped per channel against z, once per layer: the same for every shard; the variance's share
     through the mean, -2 sum (z - mean) c_var, is zero over the micro-batch: left out)."""
-    return torch.addcmul(given.per_channel(c[0], z), z - given.per_channel(mean, z), given.per_channel(2 * c[1], z))
+    return torch.addcmul(c[0], z - mean, c[1])
 
 
-def run_given(module, rows, sigma, inputs):
-    """`module(rows)` with the statistics `sigma` and the layers' `inputs` given: (its output, or None where a
-    layer stopped the forward, and the `given` context)."""
-    with batchnorm.given(sigma, inputs) as ctx:
+def run_given(module, rows, affines, inputs):
+    """`module(rows)` with each BatchNorm layer's affine (`leaf_affine`) and the layers' `inputs` given: (its output,
+    or None where a layer stopped the forward, and the `given` context)."""
+    with batchnorm.given([], inputs, affine=affines) as ctx:
         try:
             return module(rows), ctx
         except batchnorm.Stop:

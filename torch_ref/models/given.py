@@ -58,6 +58,7 @@ class Given:
     counts: list = dataclasses.field(default_factory=list)
     layers: list = dataclasses.field(default_factory=list)
     given_inputs: dict = dataclasses.field(default_factory=dict)  # layer -> its input z, replacing the forward's
+    affine: list = dataclasses.field(default_factory=list)  # per layer (scale, shift), in place of `affine(stats[l])`
 
 
 _GIVEN: list[Given] = []  # the innermost active `Given` last
@@ -69,10 +70,11 @@ def current() -> Given | None:
 
 
 @contextlib.contextmanager
-def given(stats: list, inputs: dict | None = None):
-    """Every torch_ref BatchNorm forward inside normalises with `stats` (`Given`), layer l's input replaced by
-    `inputs[l]` where given (a segment of the forward from layer l); yields the `Given` it fills."""
-    ctx = Given(list(stats), given_inputs=dict(inputs or {}))
+def given(stats: list, inputs: dict | None = None, affine: list | None = None):
+    """Every torch_ref BatchNorm forward inside normalises with `stats` (`Given`), or with the per-channel
+    `affine[l]` = (scale, shift) where given (canonical: computed once per micro-batch), layer l's input replaced
+    by `inputs[l]` where given (a segment of the forward from layer l); yields the `Given` it fills."""
+    ctx = Given(list(stats), given_inputs=dict(inputs or {}), affine=list(affine or []))
     _GIVEN.append(ctx)
     try:
         yield ctx
@@ -82,18 +84,18 @@ def given(stats: list, inputs: dict | None = None):
 
 def given_batch_norm(bn: nn.modules.batchnorm._BatchNorm, ctx: Given, x: torch.Tensor) -> torch.Tensor:
     """`bn` on `x` (N, C, *) with the context's next given statistics (`Given`); raises `Stop` past them."""
-    z = ctx.given_inputs.get(len(ctx.sums), x.to(torch.promote_types(x.dtype, torch.float32)))
-    mean, var = ctx.stats[len(ctx.sums)] if len(ctx.sums) < len(ctx.stats) else (None, None)
+    layer = len(ctx.sums)
+    z = ctx.given_inputs[layer] if layer in ctx.given_inputs else x.to(torch.promote_types(x.dtype, torch.float32))
     ctx.counts.append(z.numel() // z.shape[1])
     ctx.layers.append(bn)
     ctx.inputs.append(z)
-    if mean is None:
+    if layer >= max(len(ctx.stats), len(ctx.affine)):
         ctx.sums.append((z.sum(dim=reduced_dims(z)),))
         raise Stop
     ctx.sums.append(())
     if z.numel() == 0:  # a segment's layers before its start run on no rows (canonical): nothing to normalise
         return z.to(x.dtype)
-    scale, shift = affine(bn, mean, var)
+    scale, shift = ctx.affine[layer] if layer < len(ctx.affine) else affine(bn, *ctx.stats[layer])
     return torch.addcmul(per_channel(shift, z), z, per_channel(scale, z)).to(x.dtype)
 
 

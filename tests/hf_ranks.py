@@ -22,6 +22,8 @@ PREFIX = {"gpt2": "transformer.", "llama": "model.", "bert": "bert."}
 # The strategies per world size: zero3 everywhere (FSDP2 with the default units: the shared-parameter
 # case), and the others spread over N = 2 and 4.
 STRATEGIES = {1: ("zero3",), 2: ("ddp", "zero3"), 4: ("zero2", "zero3")}
+# GPT-2 (its tied head) under reduction="canonical" at S = 4: zero3 runs 4, 2 and 1 shards a rank at N = 1, 2, 4
+CANONICAL, SHARDS = "zero3:canonical", 4
 
 
 def hf_model(name: str) -> torch.nn.Module:
@@ -49,12 +51,15 @@ def meta(name: str, strategy: str, n: int) -> dict:
 
 
 def record(name: str, strategy: str, rank: int, n: int) -> dict:
-    """One run; rank 0's trace arrays (the others: {})."""
+    """One run ("STRATEGY:canonical": with reduction="canonical", S = SHARDS); rank 0's trace arrays (the
+    others: {})."""
     import torch_ref
 
+    strategy, _, reduction = strategy.partition(":")
+    extra = {"reduction": "canonical", "shards": SHARDS} if reduction else {}
     model, optimizer = torch_ref.parallelize(
         hf_model(name), strategy=strategy,
-        optimizer=lambda ps: torch.optim.AdamW(ps, lr=LR, weight_decay=WEIGHT_DECAY))
+        optimizer=lambda ps: torch.optim.AdamW(ps, lr=LR, weight_decay=WEIGHT_DECAY), **extra)
     rows = slice(rank * BATCH // n, (rank + 1) * BATCH // n)
     with torch_ref.trace.Recorder(None, meta(name, strategy, n), model, strip_prefix=PREFIX[name]) as rec:
         rec.init()
@@ -67,5 +72,7 @@ def record(name: str, strategy: str, rank: int, n: int) -> dict:
 
 
 def run_cases(rank: int, n: int) -> dict:
-    """Every model under every strategy of world size n: {(model, strategy): arrays}."""
-    return {(name, s): record(name, s, rank, n) for name in MODELS for s in STRATEGIES[n]}
+    """Every model under every strategy of world size n, and GPT-2 under canonical zero3: {(model, strategy):
+    arrays}."""
+    out = {(name, s): record(name, s, rank, n) for name in MODELS for s in STRATEGIES[n]}
+    return out | {("gpt2", CANONICAL): record("gpt2", CANONICAL, rank, n)}

@@ -11,6 +11,9 @@ gradient), AdamW, float64, through `torch_ref.parallelize` with no name map and 
   float32 in examples/port_hf_model.py, smoke-tested here: transformers computes rotary angles in
   float32 whatever the model's dtype.)
 - The same verdict fails on a wrong run: one tensor's step-2 update off by 1e-6 relative.
+- GPT-2 under `reduction="canonical"` zero3 (S = 4: four, two and one shards a rank at N = 1, 2, 4; FSDP2's
+  gradient sync off where a rank has several, `zero3.held_gathered`): every array bitwise `single`'s canonical
+  trace, the tied head included; native zero3 is not.
 """
 from __future__ import annotations
 
@@ -64,6 +67,20 @@ def traced(name: str, n: int, strategy: str) -> trace.Trace:
 def test_transformers_model_under_a_strategy_equals_single(name, n, strategy):
     report = divergence.compare(traced(name, n, strategy), single(name))
     assert report.ok, cli_diff.text(report)
+
+
+@functools.cache
+def single_canonical() -> dict:
+    return hf_ranks.record("gpt2", "single:canonical", 0, 1)
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_gpt2_canonical_zero3_is_single_bit_for_bit(n):
+    ref = single_canonical()
+    got, native = world(n)[("gpt2", hf_ranks.CANONICAL)], world(n)[("gpt2", "zero3")]
+    assert ref.keys() == got.keys() and any("wte" in k for k in ref)
+    assert [k for k in ref if not np.array_equal(ref[k], got[k])] == []
+    assert any(not np.array_equal(ref[k], native[k]) for k in ref if "/grad/" in k)
 
 
 def test_a_wrong_update_is_caught():

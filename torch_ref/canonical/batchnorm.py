@@ -206,6 +206,7 @@ def affine_vjp(bn, mean, var, scale, d_scale, d_shift) -> tuple:
 
 
 def accumulate_one(sums: list, j: int, g) -> None:
+    """sums[j] += g (sums[j] None: g itself)."""
     sums[j] = g if sums[j] is None else sums[j] + g
 
 
@@ -214,7 +215,7 @@ def accumulate(sums: list, got) -> None:
     zeros: each gradient is the sum, last segment first, of the segments that reach its tensor."""
     for j, g in enumerate(got):
         if g is not None:
-            sums[j] = g if sums[j] is None else sums[j] + g
+            accumulate_one(sums, j, g)
 
 
 def dense(sums: list, like: list) -> torch.Tensor:

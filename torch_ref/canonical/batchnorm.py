@@ -3,14 +3,15 @@
 The definition (docs/CANONICAL.md, "BatchNorm statistics (sync)"; jaxdp/canonical/batchnorm.py is the JAX twin):
 per micro-batch, with T = the canonical tree over all S shards (this rank's subtree, then across ranks),
 1. F_k(theta, sigma): shard k's forward in which BatchNorm layer l normalises with given statistics
-   sigma_l = (mu_l, v_l), as z * a_l + b_l with a_l = w_l / sqrt(v_l + eps), b_l = beta_l - mu_l a_l computed
-   once per micro-batch (`leaf_affine`), and reports (sum z, sum (z - mu_l)^2) over the shard's rows
-   (`batchnorm.given`);
+   sigma_l = (mu_l, v_l), by torch's BatchNorm in eval mode with sigma_l as its running statistics and stand-ins
+   (w_l, beta_l) for its weight and bias (`given.leaf_affine`, once per micro-batch), and reports (sum z,
+   sum (z - mu_l)^2) over the shard's rows (`batchnorm.given`);
 2. statistics, layer by layer: mu_l = T(sum z) / count_l, then v_l = T(sum (z - mu_l)^2) / count_l
    (L forward passes, each stopped at layer l, its z kept for v_l's partial sums);
 3. per shard one forward and backward with the final sigma: L_k, g_k = dL_k/dtheta, and the cotangents of
-   (a_l, b_l), from which h_k = dL_k/dsigma and layer l's weight and bias gradients (`through_affine`, the
-   affine's vector-Jacobian product, on all of a rank's shards at once, row by row); H = T(h_k);
+   the stand-ins, which are layer l's weight and bias gradients, d w_l = sum g (z - mu_l) r_l (r_l = (v_l +
+   eps)^-1/2) and d beta_l = sum g, from which h_k = dL_k/dsigma = (-w_l r_l d beta_l, -w_l r_l^2 d w_l / 2)
+   (`through_affine`, on all of a rank's shards at once, row by row); H = T(h_k);
 4. through the statistics in reverse, l = L..1: c = (H[mu_l], H[v_l]) / count_l; per shard the
    vector-Jacobian product of both partial sums of layer l with c gives (g', h'); g_k = g_k + g'; H = H + T(h')
    (v_l's share through mu_l, -2 sum (z - mu_l) times its cotangent, is zero over the micro-batch: left out);
@@ -26,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from .. import batchnorm
 from ..models import given
@@ -87,7 +89,7 @@ class BatchNorms:
                 batchnorm.update_running(bn, mean, var, count)
 
     def statistics(self, module, xs) -> tuple[list, list, list, list]:
-        """sigma = [(mu_l, v_l)], the affine leaves [(a_l, b_l)] (requiring grad) the forwards normalise with,
+        """sigma = [(mu_l, v_l)], the stand-ins [(w_l, beta_l)] (leaves requiring grad) the forwards normalise with,
         count_l, and the forward's `Segment`s, layer by layer: each shard's forward from layer l-1's input (a leaf)
         to layer l's, its graph kept, gives the shard's sum z and z; the tree of the sums / count is mu_l, of the
         squared deviations v_l."""
@@ -96,7 +98,7 @@ class BatchNorms:
         for layer, bn in enumerate(self.layers):
             sums, zs = [], []
             for x, start in zip(xs, starts, strict=True):
-                _, ctx = self.segment(module, x, affines, start, layer)
+                _, ctx = self.segment(module, x, (sigma, affines), start, layer)
                 self.check(ctx, layer + 1)
                 sums.append(ctx.sums[layer][0].detach())
                 zs.append(ctx.inputs[layer])
@@ -104,7 +106,7 @@ class BatchNorms:
             mean = total(sums, self.ring) / count
             squares = [given.squared_deviations(z.detach() - given.per_channel(mean, z)) for z in zs]
             sigma.append((mean, total(squares, self.ring) / count))
-            affines.append(leaf_affine(bn, *sigma[-1]))
+            affines.append(given.leaf_affine(bn, mean))
             counts.append(count)
             segments.append(Segment(starts, zs))
             starts = [z.detach().requires_grad_() for z in zs]
@@ -119,7 +121,7 @@ class BatchNorms:
         starts = [z.detach().requires_grad_() for z in segments[-1].z]
         outputs, losses = [], []
         for x, y, start in zip(xs, ys, starts, strict=True):
-            out, ctx = self.segment(module, x, affines, start, last)
+            out, ctx = self.segment(module, x, (sigma, affines), start, last)
             loss = C.scalar(loss_fn(out, y))
             self.check(ctx, last)
             outputs.append(loss)
@@ -132,9 +134,9 @@ class BatchNorms:
             outs = outputs if layer == last else segments[layer].z
             if layer < last:
                 c = self.through_affine(layer, sigma[layer], affines[layer], held, grads, index) / counts[layer]
-                mean, c_mean, c_var = (given.per_channel(v, outs[0]) for v in (sigma[layer][0], *c.chunk(2)))
+                c_mean, c_var = c.chunk(2)
                 c = (c_mean, 2 * c_var)
-                d = [dz + share(z.detach(), mean, c) for dz, z in zip(d, outs, strict=True)]
+                d = [share(z.detach(), sigma[layer][0], c).add_(dz) for dz, z in zip(d, outs, strict=True)]
             for k, (out, start) in enumerate(zip(outs, ins, strict=True)):
                 wrt = [*params, *leaves, *([] if start is None else [start])]
                 got = torch.autograd.grad(out, wrt, grad_outputs=d[k], allow_unused=True)
@@ -144,37 +146,38 @@ class BatchNorms:
         return [(dense(g, params), loss) for g, loss in zip(grads, losses, strict=True)]
 
     def through_affine(self, layer: int, stats: tuple, pair: tuple, held: list, grads: list, index: dict):
-        """Layer `layer`'s (a, b) cotangents of every shard (`held`) through the affine's vector-Jacobian product
-        (`affine_vjp`, all shards' rows at once): each shard's weight and bias gradients added to `grads`; returns
-        H_l = T([d mu_l, d v_l]) over all shards (every rank)."""
+        """Layer `layer`'s stand-ins' cotangents of every shard (`held`): its weight and bias gradients, added to
+        each shard's `grads`, and through `stats_vjp` (all shards' rows at once) H_l = T([d mu_l, d v_l]) over all
+        shards (every rank)."""
         bn, rows = self.layers[layer], []
         for j, leaf in enumerate(pair):
             rows.append(torch.stack([leaf.new_zeros(leaf.shape) if h[2 * layer + j] is None else h[2 * layer + j]
                                      for h in held]))
-        d_mean, d_var, d_weight, d_bias = affine_vjp(bn, *stats, pair[0].detach(), *rows)
+        d_weight, d_bias = rows
         for p, rows_p in ((bn.weight, d_weight), (bn.bias, d_bias)):
             if p is not None and p.requires_grad:
                 for k, g in enumerate(grads):
                     accumulate_one(g, index[id(p)], rows_p[k])
+        d_mean, d_var = stats_vjp(bn, stats[1], pair[0].detach(), d_weight, d_bias)
         return C.all_reduce(C.tree(torch.cat([d_mean, d_var], dim=1)), ring=self.ring)
 
-    def segment(self, module, x, affines, start, j: int):
+    def segment(self, module, x, norms: tuple, start, j: int):
         """Segment j's forward on one shard from `start` (layer j-1's input; None: from x): (the model's output,
         or None where layer j stopped it, and the `given` context). Its rows are x's, or none where the layers
         before segment j matter only through `start` (`prefix_free`): they then run on an empty batch."""
-        rows = x if start is None or not self.prefix_free(module, x, affines, start, j) else x[:0]
-        return run_given(module, rows, affines, None if start is None else {j - 1: start})
+        rows = x if start is None or not self.prefix_free(module, x, norms, start, j) else x[:0]
+        return run_given(module, rows, norms, None if start is None else {j - 1: start})
 
-    def prefix_free(self, module, x, affines, start, j: int) -> bool:
+    def prefix_free(self, module, x, norms: tuple, start, j: int) -> bool:
         """Whether segment j's output depends on the layers before it only through its start: its forward
         from an empty batch gives the same bits as from x. Checked once per segment, without gradients; where
         not (a skip connection around a BatchNorm, a batch statistic of earlier activations), the segment runs
         those layers again from x."""
         if j not in self.free:
             with torch.no_grad():
-                full = segment_output(*run_given(module, x, affines, {j - 1: start.detach()}), j)
+                full = segment_output(*run_given(module, x, norms, {j - 1: start.detach()}), j)
                 try:
-                    empty = segment_output(*run_given(module, x[:0], affines, {j - 1: start.detach()}), j)
+                    empty = segment_output(*run_given(module, x[:0], norms, {j - 1: start.detach()}), j)
                     self.free[j] = empty.shape == full.shape and bool(torch.equal(empty, full))
                 except (RuntimeError, ValueError, IndexError):  # a shape the empty batch broke: not free
                     self.free[j] = False
@@ -187,22 +190,13 @@ class BatchNorms:
                                    f"{len(ctx.layers)}; use reduction='native' for this model")
 
 
-def leaf_affine(bn, mean: torch.Tensor, var: torch.Tensor) -> tuple:
-    """(a, b), the per-channel affine BatchNorm layer `bn` applies with statistics (mean, var)
-    (`given.affine`), computed without a graph, as leaves requiring grad: every shard's forward reads them, and
-    `affine_vjp` carries their cotangents to the statistics and the layer's weight and bias."""
-    with torch.no_grad():
-        return tuple(t.requires_grad_() for t in given.affine(bn, mean, var))
-
-
-def affine_vjp(bn, mean, var, scale, d_scale, d_shift) -> tuple:
-    """The vector-Jacobian product of a = w / sqrt(v + eps) (w = 1 without weight), b = beta - mu a, for rows of
-    cotangents (d_scale, d_shift) [k, C]: (d mu, d v, d w, d beta), each [k, C], every row on its own (the same
-    bits for a shard in any stack)."""
-    inv = torch.rsqrt(var + bn.eps)
-    d_a = d_scale - mean * d_shift  # a's total: its own and through b = beta - mu a
-    d_inv = d_a if bn.weight is None else d_a * bn.weight.detach()
-    return -scale * d_shift, d_inv * (-0.5 * inv ** 3), d_a * inv, d_shift
+def stats_vjp(bn, var, weight, d_weight, d_bias) -> tuple:
+    """(d mu, d v), each [k, C], of BatchNorm y = (z - mu) r w + beta (r = (v + eps)^-1/2) from rows [k, C] of its
+    weight's and bias's gradients, d w = sum g (z - mu) r and d beta = sum g (torch's kernel): d mu = -w r d beta,
+    d v = -w r^2 d w / 2; every row on its own (the same bits for a shard in any stack)."""
+    r = torch.rsqrt(var + bn.eps)
+    wr = weight * r
+    return -wr * d_bias, d_weight * (wr * (-0.5 * r))
 
 
 def accumulate_one(sums: list, j: int, g) -> None:
@@ -225,16 +219,19 @@ def dense(sums: list, like: list) -> torch.Tensor:
 
 def share(z: torch.Tensor, mean: torch.Tensor, c: tuple) -> torch.Tensor:
     """The statistics' share of layer input z's cotangent: the vector-Jacobian product of the layer's partial sums
-    (sum z, sum (z - mean)^2), mean held, with c = (c_mean, 2 c_var), their cotangents over all shards / count
-    (`mean` and `c` shaped per channel against z, once per layer: the same for every shard; the variance's share
-    through the mean, -2 sum (z - mean) c_var, is zero over the micro-batch: left out)."""
-    return torch.addcmul(c[0], z - mean, c[1])
+    (sum z, sum (z - mean)^2), mean held, with c = (c_mean, 2 c_var), their cotangents over all shards / count (each
+    [C], the same for every shard; the variance's share through the mean, -2 sum (z - mean) c_var, is zero over the
+    micro-batch: left out): c_mean + (z - mean) 2 c_var, in one per-channel pass, torch's BatchNorm kernel in eval
+    mode with unit variance and eps 0 (its scale is 2 c_var exactly): z * 2 c_var + (c_mean - mean * 2 c_var)."""
+    return F.batch_norm(z, mean, torch.ones_like(mean), c[1], c[0], False, 0.0, 0.0)
 
 
-def run_given(module, rows, affines, inputs):
-    """`module(rows)` with each BatchNorm layer's affine (`leaf_affine`) and the layers' `inputs` given: (its output,
-    or None where a layer stopped the forward, and the `given` context)."""
-    with batchnorm.given([], inputs, affine=affines) as ctx:
+def run_given(module, rows, norms: tuple, inputs):
+    """`module(rows)` with each BatchNorm layer's statistics and stand-ins given (`norms` = (sigma, the
+    `given.leaf_affine`s)) and the layers' `inputs`: (its output, or None where a layer stopped the forward, and
+    the `given` context)."""
+    sigma, affines = norms
+    with batchnorm.given(sigma, inputs, affine=affines) as ctx:
         try:
             return module(rows), ctx
         except batchnorm.Stop:

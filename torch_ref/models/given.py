@@ -5,9 +5,10 @@ Inside `given(stats)`, every torch_ref BatchNorm layer (torch_ref/batchnorm.py) 
 statistics it is given, `stats[l] = (mean, var)` for the l-th layer of the forward (call order), instead of
 its rows' own, and touches no running statistic; the first layer past the given ones reports its input's
 per-channel sum over this call's rows and stops the forward (`Stop`); `given(stats, {l: z})` gives layer l
-the input z in place of the forward's own (a segment of the forward starting there); it normalises as torch's
-CPU kernel does, z * scale + shift (`affine`). Also the per-channel arithmetic both forms share (`normalise`, the
-native sync form's, `reduced_dims`, `per_channel`).
+the input z in place of the forward's own (a segment of the forward starting there); it normalises by torch's
+own BatchNorm in eval mode, the given statistics as its running ones (one kernel each way), with the layer's
+weight and bias or stand-ins for them (`leaf_affine`). Also the per-channel arithmetic both forms share
+(`normalise`, the native sync form's, `reduced_dims`, `per_channel`).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import contextlib
 import dataclasses
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -58,7 +60,7 @@ class Given:
     counts: list = dataclasses.field(default_factory=list)
     layers: list = dataclasses.field(default_factory=list)
     given_inputs: dict = dataclasses.field(default_factory=dict)  # layer -> its input z, replacing the forward's
-    affine: list = dataclasses.field(default_factory=list)  # per layer (scale, shift), in place of `affine(stats[l])`
+    affine: list = dataclasses.field(default_factory=list)  # per layer (weight, bias), in place of the layer's own
 
 
 _GIVEN: list[Given] = []  # the innermost active `Given` last
@@ -71,9 +73,10 @@ def current() -> Given | None:
 
 @contextlib.contextmanager
 def given(stats: list, inputs: dict | None = None, affine: list | None = None):
-    """Every torch_ref BatchNorm forward inside normalises with `stats` (`Given`), or with the per-channel
-    `affine[l]` = (scale, shift) where given (canonical: computed once per micro-batch), layer l's input replaced
-    by `inputs[l]` where given (a segment of the forward from layer l); yields the `Given` it fills."""
+    """Every torch_ref BatchNorm forward inside normalises with `stats` (`Given`), as torch's BatchNorm in eval
+    mode with those statistics as its running ones, scaled by `affine[l]` = (weight, bias) where given (canonical:
+    `leaf_affine`) or by the layer's own; layer l's input replaced by `inputs[l]` where given (a segment of the
+    forward from layer l); yields the `Given` it fills."""
     ctx = Given(list(stats), given_inputs=dict(inputs or {}), affine=list(affine or []))
     _GIVEN.append(ctx)
     try:
@@ -89,22 +92,26 @@ def given_batch_norm(bn: nn.modules.batchnorm._BatchNorm, ctx: Given, x: torch.T
     ctx.counts.append(z.numel() // z.shape[1])
     ctx.layers.append(bn)
     ctx.inputs.append(z)
-    if layer >= max(len(ctx.stats), len(ctx.affine)):
+    if layer >= len(ctx.stats):
         ctx.sums.append((z.sum(dim=reduced_dims(z)),))
         raise Stop
     ctx.sums.append(())
     if z.numel() == 0:  # a segment's layers before its start run on no rows (canonical): nothing to normalise
         return z.to(x.dtype)
-    scale, shift = ctx.affine[layer] if layer < len(ctx.affine) else affine(bn, *ctx.stats[layer])
-    return torch.addcmul(per_channel(shift, z), z, per_channel(scale, z)).to(x.dtype)
+    weight, bias = ctx.affine[layer] if layer < len(ctx.affine) else (bn.weight, bn.bias)
+    if weight is not None and weight.dtype != z.dtype:
+        weight, bias = weight.to(z.dtype), bias.to(z.dtype)
+    mean, var = ctx.stats[layer]
+    return F.batch_norm(z, mean, var, weight, bias, False, 0.0, bn.eps).to(x.dtype)
 
 
-def affine(bn: nn.modules.batchnorm._BatchNorm, mean: torch.Tensor, var: torch.Tensor) -> tuple:
-    """Per channel (scale, shift) with normalise(z - mean) = z * scale + shift: scale = weight / sqrt(var + eps),
-    shift = bias - mean * scale, as torch's own CPU kernel applies BatchNorm (one fused multiply-add over z, and
-    its backward, in place of four element-wise passes each way: the canonical forward runs once per shard)."""
-    scale = torch.rsqrt(var + bn.eps)
-    if bn.weight is None:
-        return scale, -mean * scale
-    scale = scale * bn.weight
-    return scale, bn.bias - mean * scale
+def leaf_affine(bn: nn.modules.batchnorm._BatchNorm, like: torch.Tensor) -> tuple:
+    """Stand-ins for layer `bn`'s (weight, bias) in `like`'s dtype, detached leaves requiring grad (ones and zeros
+    without affine): a forward given them normalises with them, and `autograd.grad` gives their cotangents on
+    their own, those of the segment that used them (canonical: the statistics' cotangents come from them)."""
+    with torch.no_grad():
+        if bn.weight is None:
+            weight, bias = torch.ones_like(like), torch.zeros_like(like)
+        else:
+            weight, bias = bn.weight.to(like.dtype, copy=True), bn.bias.to(like.dtype, copy=True)
+    return weight.requires_grad_(), bias.requires_grad_()

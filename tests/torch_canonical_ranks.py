@@ -95,14 +95,22 @@ def fold(rows: torch.Tensor) -> torch.Tensor:
     return total
 
 
+def fold_(rows: torch.Tensor) -> torch.Tensor:
+    """`fold` added within `rows`, as `tree_` adds the tree (the same mutation on the in-place path)."""
+    for r in rows[1:]:
+        rows[0].add_(r)
+    return rows[0]
+
+
 def train_case(rank: int, n: int, case: tuple) -> dict:
     """case = (strategy, n, accum, optimizer, clip_norm, reduction, shards[, "cnn"]); reduction 'canonical-fold'
-    is canonical with the tree across ranks replaced by `fold`. Rank 0's trace arrays (loss, grads, params,
-    buffers: the cnn's BatchNorm running statistics)."""
+    is canonical with the tree across ranks replaced by `fold` (and `fold_`). Rank 0's trace arrays (loss, grads,
+    params, buffers: the cnn's BatchNorm running statistics)."""
     strategy, _, accum, optimizer, clip_norm, reduction, shards, *net = case
     net = net[0] if net else "mlp"
     model, opt = parallelized(strategy, accum, optimizer, reduction, shards, net)
-    tree, C.tree = C.tree, (fold if reduction == "canonical-fold" else C.tree)
+    mutated = reduction == "canonical-fold"
+    (tree, C.tree), (tree_, C.tree_) = (C.tree, fold if mutated else C.tree), (C.tree_, fold_ if mutated else C.tree_)
     try:
         with Recorder(None, {"strategy": strategy, "devices": n}, model) as rec:
             rec.init()
@@ -112,7 +120,7 @@ def train_case(rank: int, n: int, case: tuple) -> dict:
                 loss = torch_ref.train_step(model, opt, xs, ys, F.cross_entropy, clip_norm=clip_norm)
                 rec.step(k, loss)
     finally:
-        C.tree = tree
+        C.tree, C.tree_ = tree, tree_
     return rec.arrays
 
 

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from jaxdp.core import data, trace
 from jaxdp.core.config import ALL_STRATEGIES, FRAMEWORK_STRATEGIES, JIT_STRATEGIES, RunConfig
 
-from . import torch_api_ranks, torch_bn_ranks, torch_jobs
+from . import torch_api_ranks, torch_bn_ranks, torch_jobs, torch_reduce_ranks
 from .pairwise import pairwise
 
 # The JAX suite's problem (tests/conftest.py BASE) with a bucket small enough for several buckets.
@@ -139,6 +139,8 @@ def train_configs(n: int) -> list[RunConfig]:
 def other_jobs(n: int, api_trace: str) -> list[tuple]:
     """World n's jobs other than training runs, each `(name, *arguments)`."""
     jobs = [("ring", RING_SIZES)]
+    if n in (2, 4):  # tests/torch_ref/canonical/test_torch_reduce.py
+        jobs.append(("canonical_reduce",))
     if n in API_SIZES:  # tests/torch_ref/test_torch_api.py: its model through the library API
         jobs.append(("api", api_trace))
     if n == 4:  # hsdp 2 x 2 against zero3 (tests/torch_ref/strategies/test_torch_strategies.py)
@@ -186,6 +188,8 @@ def run_jobs(rank: int, n: int, jobs: list) -> list:
             out.append(train_rank(rank, n, job[1], job[2], record=True))
         elif job[0] == "ring":
             out.append(ring_errors(rank, n, job[1]))
+        elif job[0] == "canonical_reduce":
+            out.append(torch_reduce_ranks.run(rank, n))
         elif job[0] == "api":
             out.append(torch_api_ranks.run_cases(rank, n, job[1]))
         elif job[0] == "comm":

@@ -27,9 +27,9 @@ def reduce_scatter(flat: torch.Tensor) -> torch.Tensor:
     return shard
 
 
-def all_gather(shard: torch.Tensor) -> torch.Tensor:
-    """Every rank's shard, concatenated in rank order."""
-    flat = shard.new_empty(shard.numel() * dist.get_world_size())
+def all_gather(shard: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Every rank's shard, concatenated in rank order (into `out` where given: N * shard.numel(), flat)."""
+    flat = shard.new_empty(shard.numel() * dist.get_world_size()) if out is None else out
     _all_gather(flat, shard)
     return flat
 
@@ -68,15 +68,15 @@ def ring_reduce_scatter(x: torch.Tensor, group=None) -> torch.Tensor:
     return acc
 
 
-def ring_all_gather(chunk: torch.Tensor, group=None) -> torch.Tensor:
-    """Concatenate every rank's `chunk` in rank order (flat, N * chunk.numel() elements).
+def ring_all_gather(chunk: torch.Tensor, group=None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Concatenate every rank's `chunk` in rank order (flat, N * chunk.numel() elements; into `out` where given).
 
     Round s (0..N-2): rank i forwards the chunk it received last (its own in round 0) to i+1 and
     stores the one it receives, which came from rank (i-s-1) mod N.
     """
     n, me = dist.get_world_size(group), dist.get_rank(group)
     chunk = chunk.reshape(-1)
-    out = chunk.new_empty(n, chunk.numel())
+    out = chunk.new_empty(n, chunk.numel()) if out is None else out.view(n, chunk.numel())
     out[me] = chunk
     for s in range(n - 1):
         chunk = _exchange(chunk, group)

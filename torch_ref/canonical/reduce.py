@@ -72,15 +72,19 @@ def finish_(total: torch.Tensor, shards: int, accum: int) -> torch.Tensor:
     return total if accum == 1 else total.div_(accum)
 
 
-def tree_scatter(flat: torch.Tensor, exchange=None, columns=None) -> torch.Tensor:
+def tree_scatter(flat: torch.Tensor, exchange=None, columns=None, in_place: bool = False) -> torch.Tensor:
     """[L] (L a multiple of N) -> [L/N]: this rank's chunk, summed over the ranks by the tree.
     One all-to-all: each rank sends (N-1)/N of its partial sum, reduce-scatter's bytes. `columns` (hsdp:
-    rank d's shard column, for each d): [L] is S chunks and rank d gets chunk columns[d]."""
+    rank d's shard column, for each d): [L] is S chunks and rank d gets chunk columns[d]. `in_place`: the
+    tree added within the received [N, L/N] (`tree_`), the chunk its first row, a view: no level beside it,
+    and the caller frees it (`release`) when done."""
     n = dist.get_world_size() if dist.is_initialized() else 1
     if n == 1:
         return flat
     rows = flat.reshape(n, -1) if columns is None else flat.reshape(max(columns) + 1, -1)[torch.tensor(columns)]
     received = (exchange or all_to_all)(rows)  # row d goes to rank d
+    if in_place:
+        return tree_(received)
     total = tree(received)
     if total.untyped_storage().data_ptr() != received.untyped_storage().data_ptr():  # (one row: a view of it)
         release(received)
@@ -125,6 +129,53 @@ def all_reduce(flat: torch.Tensor, ring: bool = False) -> torch.Tensor:
     if send is not flat:  # our padded copy
         release(send)
     return (ring_all_gather if ring else all_gather)(chunk.contiguous())[:flat.numel()]
+
+
+def all_reduce_(flat: torch.Tensor, shards: int, accum: int, ring: bool = False) -> torch.Tensor:
+    """`finish_(all_reduce(flat))` written over `flat`, a partial sum the step owns, with one gradient-sized
+    temporary (the all-to-all's receive buffer, the tree added within it, freed before the all-gather) and this
+    rank's chunk: the chunk is finished (element-wise: the same bits as finishing the whole) and gathered into
+    `flat` itself, which the all-to-all has sent already. A length N does not divide is zero-padded in `flat`'s
+    own storage where `flat` ends it (`grown`: the padding's elements sum to zeros, left there), else padded
+    into a copy (`all_reduce`). N = 1: `finish_`."""
+    n = dist.get_world_size() if dist.is_initialized() else 1
+    if n == 1:
+        return finish_(flat, shards, accum)
+    whole = flat if flat.numel() % n == 0 else grown(flat, n)
+    if whole is None:
+        return flat.copy_(finish_(all_reduce(flat, ring), shards, accum))
+    total = tree_scatter(whole, p2p_all_to_all if ring else None, in_place=True)
+    chunk = finish_(total.clone(), shards, accum)
+    release(total)  # the receive buffer, before the all-gather (gloo's holds a vector of its own meanwhile)
+    (ring_all_gather if ring else all_gather)(chunk, out=whole)
+    return flat
+
+
+def grown(flat: torch.Tensor, n: int) -> torch.Tensor | None:
+    """`flat` zero-padded to a multiple of n within its own storage, grown at its end (the allocator moves it
+    once; no second buffer is held beside it), where `flat` is contiguous and ends that storage and the storage
+    can grow (torch's own: not NumPy's memory); else None.
+    Every tensor on the storage sees the move; `flat`'s elements keep their values."""
+    storage, size = flat.untyped_storage(), flat.element_size()
+    ends = (flat.storage_offset() + flat.numel()) * size == storage.nbytes()
+    if not (flat.is_contiguous() and ends and storage.resizable()):
+        return None
+    length = flat.numel() + -flat.numel() % n
+    storage.resize_((flat.storage_offset() + length) * size)
+    whole = flat.new_empty(0).set_(storage, flat.storage_offset(), (length,))
+    whole[flat.numel():] = 0
+    return whole
+
+
+def tree_(rows: torch.Tensor) -> torch.Tensor:
+    """`tree` over the leading axis, added within `rows` (the caller's own buffer): level by level, rows[i] +=
+    rows[i + step] for i a multiple of 2 step, the same pairs in the same order (the same bits); the sum is
+    rows[0], a view."""
+    step = 1
+    while step < rows.shape[0]:
+        rows[0::2 * step].add_(rows[step::2 * step])
+        step *= 2
+    return rows[0]
 
 
 def padded(flat: torch.Tensor, n: int) -> torch.Tensor:

@@ -110,9 +110,7 @@ def all_reduce_groups(c: Canonical, grads: torch.Tensor) -> None:
     """Every rank gets the full canonical gradient, reduced group by group (`Parts.groups`), written over
     this rank's partial sums (`grads`, the step's own; at N = 1 the reduction is the identity)."""
     for start, end in c.parts.groups(c):
-        total = C.finish_(C.all_reduce(grads[start:end], ring=c.parts.ring), c.s, c.par.accum)
-        if c.world > 1:
-            grads[start:end] = total
+        C.all_reduce_(grads[start:end], c.s, c.par.accum, ring=c.parts.ring)
     C.set_grads(c.params, grads)
 
 

@@ -1,5 +1,5 @@
-"""torch_ref's canonical all-reduce over the step's own partial sums (`canonical.reduce.all_reduce_`, what single,
-dp's, ddp-naive's, ddp-bucket's and ddp-ring's canonical step run): at N = 2 and 4, built-in and hand-written
+"""torch_ref's canonical all-reduce over the step's own partial sums (`canonical.reduce.all_reduce_`, what the
+canonical steps of single, ddp-naive, ddp-bucket and ddp-ring run): at N = 2 and 4, built-in and hand-written
 collectives, vectors N divides and does not (padded within their own storage, or into a copy where a vector is a
 view that does not end it), every element is the definition's
 (the tree over the ranks' values, / S, / A) bit for bit, where a left fold over the ranks is not (N = 4). Its

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-# float64 elements: 4 ranks divide none but the last (the fourth, 1 MiB + 24 B: the temporaries' case)
+# float64 elements: 2 and 4 divide 12, 100 and 2^17, neither 5 nor 2^17 + 3 (1 MiB + 24 B: the temporaries' case)
 SIZES = (5, 12, 100, (1 << 17) + 3, 1 << 17)
 SHARDS, ACCUM = 8, 3
 

@@ -2,15 +2,14 @@
 tests/jaxdp/canonical/test_memory.py: compiled in a process started for canonical (fused multiply-adds
 off before JAX starts, which the test session's process is not).
 
-    python -m tests.canonical_memory STRATEGY[@S][:old|:inline|:loose] ...
+    python -m tests.canonical_memory STRATEGY[@S][:old|:inline] ...
 
 Prints one JSON line per argument: {"strategy", "shards", "old", "native", "canonical"} (bytes), and
 "entry_copies": the canonical program's copies of a parameter at its entry (`copy(%param...)`: XLA's
 copies of donated arrays). `:old` compiles canonical as it was before issue 40's part 4 (every leaf
 packed, the exchange in one piece, the update inline): the broken run the bound must catch; `:inline`
-only the update inline (`common.update_apart` off): the broken run the copies' check must catch;
-`:loose` the parameters not held as one buffer through the shard loop (`step.held_once` off), the
-broken run of S = 16 (`@16`: 16 rows a shard).
+only the update inline (`common.update_apart` off): the broken run the copies' check must catch.
+`@16`: 16 rows a shard.
 """
 from __future__ import annotations
 
@@ -26,7 +25,6 @@ def main(argv) -> None:
     devices.setup(N, "cpu", reduction="canonical")
     from jaxdp.analysis import accounting
     from jaxdp.canonical import reduce
-    from jaxdp.canonical import step as canonical_step
     from jaxdp.core.config import RunConfig
     from jaxdp.harness.bench import reduction
     from jaxdp.strategies import common
@@ -34,7 +32,7 @@ def main(argv) -> None:
 
     mlp = RunConfig(optimizer="adamw", dtype="float32", platform="cpu", seed=0, lr=1e-3, model="mlp",
                     data="synthetic", hidden=(1024, 1024), batch_size=256)  # item 9's mlp: default S = 4
-    now = reduce.ALONE_BYTES, reduce.PIECES, common.update_apart, canonical_step.held_once
+    now = reduce.ALONE_BYTES, reduce.PIECES, common.update_apart
 
     def inline(update, current, loss, apart):
         return update()
@@ -45,11 +43,10 @@ def main(argv) -> None:
                                               ("native", "canonical"))
         reduce.ALONE_BYTES, reduce.PIECES = (float("inf"), 1) if mode == "old" else now[:2]
         common.update_apart = step.update_apart = inline if mode in ("old", "inline") else now[2]
-        canonical_step.held_once = (lambda params: params) if mode == "loose" else now[3]
         programs = [accounting.compile_step(c).program for c in (native, canonical)]
         temps = [accounting.step_memory(p)["temp_bytes"] for p in programs]
         text = programs[1].as_text()
-        row = {"strategy": strategy, "shards": canonical.shards, "old": mode in ("old", "loose"),
+        row = {"strategy": strategy, "shards": canonical.shards, "old": mode == "old",
                "native": temps[0], "canonical": temps[1],
                "entry_copies": text[text.index("ENTRY"):].count(" copy(%param")}
         print(json.dumps(row), flush=True)

@@ -18,12 +18,14 @@ from ..core.reduction import (
 from . import batchnorm, reduce, step
 from .reduce import (
     COMPILER_OPTIONS,
+    ONE_LENGTH_OPTIONS,
     all_reduce,
     all_reduce_tree,
     blocks,
     clip,
     combine,
     combine_scatter,
+    compiler_options,
     finish,
     global_norm,
     leaf_squares,
@@ -42,8 +44,9 @@ from .step import (
     unit_value_and_grad,
 )
 
-__all__ = ["BLOCKS", "COMPILER_OPTIONS", "MIN_SHARD_ROWS", "MIN_SHARD_TOKENS", "REDUCTIONS", "all_reduce",
-           "all_reduce_tree", "batchnorm", "blocks", "bn_shard_values", "clip", "combine", "combine_scatter",
+__all__ = ["BLOCKS", "COMPILER_OPTIONS", "MIN_SHARD_ROWS", "MIN_SHARD_TOKENS", "ONE_LENGTH_OPTIONS", "REDUCTIONS",
+           "all_reduce", "all_reduce_tree", "batchnorm", "blocks", "bn_shard_values", "clip", "combine",
+           "combine_scatter", "compiler_options",
            "default_shards", "finish", "global_norm", "leaf_squares", "local_partials", "pairsum",
            "ppermute_exchange", "reduce", "resolve_shards", "row_tokens", "shard_values", "shard_values_of", "step",
            "step_values", "streamed_partials", "streamed_tree", "tree", "unit_value_and_grad"]

@@ -28,17 +28,38 @@ by hand (`models.dot_fold`; a checkpoint's body inlined behind its own barrier, 
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from ..core.reduction import BLOCKS
 
-COMPILER_OPTIONS = {"xla_disable_hlo_passes": "algsimp"}
+COMPILER_OPTIONS = {"xla_disable_hlo_passes": "cse"}  # the simplifier on, common-subexpression elimination off
+ONE_LENGTH_OPTIONS = {"xla_disable_hlo_passes": "algsimp"}  # `compiler_options`: the simplifier off
+FENCED = True  # `finish` and `clip` behind optimization barriers (False: a mutation, tests/canonical_runs.py)
 PIECES = 4  # combine_scatter: the exchange in up to this many pieces, received one at a time
 MIN_PIECE_BYTES = 1 << 18  # ... none smaller than this (a small model keeps one all-to-all)
 PAIRED_BYTES = 1 << 20  # streamed_tree: a gradient this large adds its lowest level in unrolled pairs
 ALONE_BYTES = 1 << 20  # all_reduce_tree: a leaf this large is reduced on its own, not packed
+
+
+def compiler_options(params) -> dict:
+    """The compiler options of a canonical program for a model with parameters `params` (arrays or
+    shapes): COMPILER_OPTIONS, or ONE_LENGTH_OPTIONS when every parameter pads to one flat length (a
+    multiple of BLOCKS). The simplifier rewrites `x / broadcast(s)` into `x * broadcast(1 / s)` when the
+    scalar `s` has that one broadcast as its only user: an optimizer's per-step scalar (Adam's bias
+    correction) is broadcast once per distinct leaf shape, so the rewrite happens where every leaf has one
+    shape, and ZeRO's flat layout (one shape per padded length) can have one shape where the replicated
+    layout has several (docs/CANONICAL.md, "The simplifier on")."""
+    lengths = {-(-math.prod(p.shape) // BLOCKS) * BLOCKS for p in jax.tree.leaves(params) if len(p.shape)}
+    return ONE_LENGTH_OPTIONS if len(lengths) <= 1 else COMPILER_OPTIONS
+
+
+def fence(values):
+    """`values` behind an optimization barrier (FENCED): what is on either side is not rewritten together."""
+    return lax.optimization_barrier(values) if FENCED else values
 
 
 def tree(stacked):
@@ -107,7 +128,8 @@ def streamed_tree(leaf, k: int, like):
 def finish(total, shards: int, accum: int):
     """The global mean from the tree's sum: / S (exact), then / A."""
     total = jax.tree.map(lambda a: a / shards, total)
-    return total if accum == 1 else jax.tree.map(lambda a: a / accum, total)
+    total = total if accum == 1 else jax.tree.map(lambda a: a / accum, total)
+    return fence(total)  # its roundings its own: not merged with the clip's or the update's
 
 
 def combine(partial, axis: str):
@@ -175,8 +197,9 @@ def clip(grads, max_norm: float, axis: str | None = None, sharded: bool = False)
         return grads
     from ..optim import TORCH_CLIP_EPS
 
+    grads = fence(grads)  # the scaling below not merged with what made the gradient or what uses it
     coef = jnp.minimum(max_norm / (global_norm(grads, axis, sharded) + TORCH_CLIP_EPS), 1.0)
-    return jax.tree.map(lambda g: g * coef.astype(g.dtype), grads)
+    return fence(jax.tree.map(lambda g: g * coef.astype(g.dtype), grads))
 
 
 def all_reduce_tree(values, axis: str, gather=None, exchange=None):

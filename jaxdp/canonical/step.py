@@ -76,21 +76,12 @@ def local_partials(value_and_grad_fn, params, x, y, accum: int, local_shards: in
     return reduce.tree(acc)
 
 
-def held_once(params):
-    """The parameters as one buffer for the whole shard loop (an optimization barrier). Without it ddp's
-    program copied every parameter into the tree's loop besides the copy the update reads (the
-    partitioner's no-op copies at the `shard_map` edge, which the algebraic simplifier, off under canonical,
-    would remove): 16.9 -> 12.7 MiB of temporaries on the bench's mlp at S = 16, N = 4 (native 8.3)."""
-    return lax.optimization_barrier(params)
-
-
 def streamed_partials(value_and_grad, params, x, y, accum: int, local_shards: int):
     """`local_partials` (the same association, the same bits) with one shard's program
     (`value_and_grad(params, x, y)`, fenced) at a time: shard i folds its micro-batches in order, and
     the shards go through the tree as they finish (`reduce.streamed_tree`): log2(k) + 2
     gradient-sized buffers instead of k stacked ones."""
     xs, ys = _split(x, accum, local_shards), _split(y, accum, local_shards)
-    params = held_once(params)
 
     def one(j, i):
         return reduce.fenced(value_and_grad, params, xs[j, i], ys[j, i])

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from .. import canonical
+from .. import canonical, devices
 from ..core.reduction import resolve_shards, row_tokens
 from ..devices import AXIS, replicated
 from .common import to_numpy
@@ -50,11 +50,13 @@ def make(name: str, problem, mesh, accum: int, opts=None):
         return None
     is_canonical = opts is not None and opts.reduction == "canonical"
     if is_canonical:
+        if name == "single":  # ddp's program on its one device, as the step (strategies/single.py)
+            mesh = devices.mesh(mesh.devices.flat[:1])
         advance = canonical_advance(opts, mesh.size)
-        compiler_options = canonical.COMPILER_OPTIONS
+        compiler_options = canonical.reduce.compiler_options(problem.params)
     else:
         advance, compiler_options = plain_advance, None
-    if name == "single":
+    if name == "single" and not is_canonical:  # canonical's single is ddp's program on one device
         return jax.jit(lambda params, state, x: advance(problem, params, state, x, accum),
                        compiler_options=compiler_options)
     shapes = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), problem.params)

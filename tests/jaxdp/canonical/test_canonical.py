@@ -8,9 +8,11 @@ JAXDP_CANONICAL_FULL=1 runs the pairwise covering set instead (every pair of val
 dimensions: 52 checks, about 5 minutes on 2 cores, too long for the default suite).
 
 The checks are shown to fail: `native` at N = 1 and N = 4 is not bitwise equal (so equality is not a
-coincidence of the test), nor is canonical with the tree replaced by a left fold; with
-JAXDP_CANONICAL_FULL=1 also with XLA's algebraic simplifier left on (GPT), or with fused
-multiply-adds left on (Adam's moments): each compiler setting canonical makes is needed.
+coincidence of the test), nor is canonical with the tree replaced by a left fold, with XLA's
+common-subexpression elimination left on (GPT), with the simplifier on for a model whose parameters all pad
+to one length (the cnn), or with the mean's division and the clip unfenced (the mlp); with
+JAXDP_CANONICAL_FULL=1 also with fused multiply-adds left on (Adam's moments): each compiler setting
+canonical makes is needed.
 
 All runs happen in one subprocess (tests/canonical_runs.py): canonical needs XLA:CPU's fused
 multiply-adds off from the start of the process, which this test session does not have. Its
@@ -109,9 +111,15 @@ MUTANTS = {  # name -> (config, mutation, reference run): each must NOT be bitwi
     "fold-n4": (F32.replace(strategy="ddp", devices=4), "fold", "fold-n1"),
 }
 MUTANT_REFS = {"native-n1": (_single(MUTANTS["native-n4"][0]), None), "fold-n1": (_single(F32), "fold")}
-if FULL:  # each of canonical's two compiler settings is needed: without it, the check fails
-    MUTANTS["algsimp-gpt-n2"] = (GPT.replace(strategy="ddp", devices=2, dtype="float32"), "algsimp", "algsimp-gpt-n1")
-    MUTANT_REFS["algsimp-gpt-n1"] = (_single(MUTANTS["algsimp-gpt-n2"][0]), "algsimp")
+# Each of canonical's compiler settings is needed: without it, a check fails (docs/CANONICAL.md, "The simplifier
+# on"): CSE on (the GPT's softmax on 2 devices), the simplifier on for a model whose parameters all pad to one
+# length (the cnn's update under zero3), the mean and the clip unfenced (the mlp's, accumulation 3, under zero3).
+MUTATED = {"cse": (GPT.replace(strategy="ddp", devices=2, dtype="float32"), "gpt"),
+           "one-length": (CNN.replace(strategy="zero3", devices=8, dtype="bfloat16"), "cnn"),
+           "unfenced": (F32.replace(strategy="zero3", devices=4, accum=3), "mlp")}
+for _kind, (_cfg, _model) in MUTATED.items():
+    MUTANTS[f"{_kind}-{_model}"] = (_cfg, _kind, f"{_kind}-{_model}-single")
+    MUTANT_REFS[f"{_kind}-{_model}-single"] = (_single(_cfg), _kind)
 # BatchNorm's canonical gradient is BatchNorm's gradient: float64, against native single; leaving the
 # statistics' share out (`bn-direct`) must fail that.
 BN_F64 = _single(CNN.replace(dtype="float64", accum=3))
@@ -126,7 +134,9 @@ RESUME_RUNS = {"resume-save": (RESUME.replace(strategy="zero3", devices=4, steps
                "resume-single": (_single(RESUME), None)}
 # Two processes x 2 devices (jax.distributed) against single: zero2 and ddp, in one launch.
 PROCESSES = F32.replace(devices=4, accum=3)
-FMA_RUNS = {"fma-n2": F32.replace(strategy="ddp", devices=2), "fma-n1": _single(F32)} if FULL else {}
+# ddp-pmap: with `single` ddp's program on one device, ddp itself agrees with it under FMA (2026-12-06); ddp-pmap,
+# dp at N = 1 and the cnn's BatchNorm gradient under ddp-pmap and zero1-ring at N = 8 do not (7 of FULL's 65).
+FMA_RUNS = {"fma-n2": F32.replace(strategy="ddp-pmap", devices=2), "fma-n1": _single(F32)} if FULL else {}
 
 
 def _production_env() -> dict:

@@ -18,9 +18,11 @@ fold; a device that holds whole blocks (ZeRO's canonical layout pads to a multip
 its own and the upper levels run across devices.
 
 What the compiler had to be kept from doing (measured; docs/CANONICAL.md): XLA's algebraic
-simplifier rewrites a program differently when it is partitioned over several devices (a division by
-a broadcast becomes a multiplication by a reciprocal in the 1-device program only, inside GPT's
-softmax), so canonical steps compile with it disabled (`COMPILER_OPTIONS`); LLVM's fused
+simplifier rewrites a division by a broadcast scalar into a multiplication by its reciprocal when that
+broadcast is the scalar's only user, and which broadcasts are shared differs between programs (a
+partitioned program's CSE merged GPT's softmax's two), so canonical steps compile with CSE off
+(`COMPILER_OPTIONS`), `single` as ddp's program on one device, the mean and the clip fenced (`fence`),
+and the simplifier off for a model whose parameters all pad to one length (`compiler_options`); LLVM's fused
 multiply-adds depend on fusion (Adam's moments), so the process runs without them
 (`jaxdp.devices.request_no_fma`); and the per-shard program is the model unit by unit for every
 strategy (`step.unit_value_and_grad`), as zero3 must run it, with its weight gradients' transposes folded

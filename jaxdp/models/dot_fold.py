@@ -4,8 +4,9 @@
 
 Why: JAX's transpose rule for a matmul's right operand (the weight of `x @ W`) computes `dy^T x`
 and then transposes it to W's shape. XLA's algebraic simplifier folds that transpose into the product;
-`reduction="canonical"` compiles with the simplifier off (docs/CANONICAL.md), so the transpose stays
-a strided copy of every weight gradient, read again by whatever consumes it (measured on the bench's
+`reduction="canonical"` compiled with the simplifier off until 2026-12-06 (and still does for a model whose
+parameters all pad to one length, docs/CANONICAL.md), so the transpose stayed a strided copy of every
+weight gradient, read again by whatever consumes it (measured on the bench's
 mlp at N = 4: the all-reduce's slices of the transposed 1024 x 1024 gradient were the step's
 costliest operations). Applied to canonical's per-shard backward only: the same program on every
 device and every N, so the bits stay the same across N (they may differ from the unfolded program's

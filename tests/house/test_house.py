@@ -172,8 +172,8 @@ def test_no_import_hook_and_the_documented_paths_are_plain_modules():
 TWINNED = ("models", "analysis", "canonical", "strategies")
 NO_TWIN = {
     "models/unit_vjp.py": "one jax.custom_vjp per unit keeps XLA's compiled schedule; FSDP2's hooks run it eagerly",
-    "models/dot_fold.py": "does by hand what XLA's simplifier does when canonical turns it off; torch's autograd "
-                          "computes the weight gradient in its layout",
+    "models/dot_fold.py": "fixes the weight gradients' layout in canonical's per-shard program, as XLA's simplifier "
+                          "would; torch's autograd computes the weight gradient in its layout",
     "models/loop_conv.py": "a convolution backward XLA:CPU runs with Eigen inside a loop body; torch has no compiler",
     "analysis/hlo.py": "reads XLA's compiled program; torch has none (analysis/profiler.py reads what ran)",
     "analysis/inspect.py": "`jaxdp inspect` prints the compiled program's collectives; torch has no compiled program",

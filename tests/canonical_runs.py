@@ -4,14 +4,14 @@ sets them off before JAX starts), which the rest of the suite's process does not
 
     python -m tests.canonical_runs CASES.json OUT_DIR [--allow-fma] [--devices=N] [--free-threads]
 
-CASES.json: a list of {"name", "config": RunConfig fields, "mutate": null | "cse" | "one-length" | "unfenced" |
-"fold" | "bn-direct"}, run in order ("{out}" in a string field is OUT_DIR: a checkpoint folder, saved by one
-case, resumed by a later one). Writes OUT_DIR/<name>.npz (the trace's arrays) and prints each case's CPU seconds
-to stderr (shown when the test fails). Mutations, to show the checks can fail: `cse` compiles with XLA's
-common-subexpression elimination on; `one-length` with the algebraic simplifier on for a model whose parameters
-all pad to one length too (`canonical.reduce.compiler_options`); `unfenced` leaves out the barriers of the
-mean's division and of the clip (`canonical.reduce.fence`); `fold` adds the devices' partial sums in a left
-fold instead of the tree; `bn-direct` leaves BatchNorm's statistics' share out of the gradient;
+CASES.json: a list of {"name", "config": RunConfig fields, "mutate": null | "cse" | "simplifier" | "unfenced" |
+"fold" | "bn-direct"}, run in order ("{out}" in a string field is OUT_DIR: a checkpoint folder, saved by one case,
+resumed by a later one). Writes OUT_DIR/<name>.npz (the trace's arrays) and prints each case's CPU seconds to
+stderr (shown when the test fails). Mutations, to show the checks can fail: `cse` compiles with XLA's
+common-subexpression elimination on; `simplifier` with the algebraic simplifier on where a scalar of the
+optimizer's update has a lone broadcast too (`canonical.compiler.compiler_options`); `unfenced` leaves out the
+barriers of the mean's division and of the clip (`canonical.reduce.fence`); `fold` adds the devices' partial sums
+in a left fold instead of the tree; `bn-direct` leaves BatchNorm's statistics' share out of the gradient;
 --allow-fma runs with fused multiply-adds (no flag). --devices=N: a process of N CPU devices (default 8);
 --free-threads leaves XLA:CPU's intra-op pool at its own size (max(CPUs, N): `devices.request_fixed_threads`
 not called).
@@ -27,15 +27,15 @@ import numpy as np
 
 
 def _mutate(kind: str | None):
-    from jaxdp.canonical import batchnorm, reduce
+    from jaxdp.canonical import batchnorm, compiler, reduce
 
-    saved = (dict(reduce.COMPILER_OPTIONS), reduce.tree, batchnorm.share, reduce.compiler_options, reduce.FENCED)
+    saved = (dict(compiler.COMPILER_OPTIONS), reduce.tree, batchnorm.share, compiler.compiler_options, reduce.FENCED)
     if kind == "bn-direct":  # BatchNorm's statistics held constant in backward: their share left out
         batchnorm.share = lambda z, mean, c: 0 * z
     elif kind == "cse":  # no pass off: common-subexpression elimination back on
-        reduce.COMPILER_OPTIONS.clear()
-    elif kind == "one-length":  # the simplifier on for a model whose parameters pad to one length too
-        reduce.compiler_options = lambda params: reduce.COMPILER_OPTIONS
+        compiler.COMPILER_OPTIONS.clear()
+    elif kind == "simplifier":  # the simplifier on where a scalar of the update has a lone broadcast too
+        compiler.compiler_options = lambda params, optimizer=None: compiler.COMPILER_OPTIONS
     elif kind == "unfenced":  # the mean's division and the clip's scaling without their barriers
         reduce.FENCED = False
     elif kind == "fold":
@@ -52,13 +52,13 @@ def _mutate(kind: str | None):
 
 
 def _restore(saved):
-    from jaxdp.canonical import batchnorm, reduce
+    from jaxdp.canonical import batchnorm, compiler, reduce
 
-    reduce.COMPILER_OPTIONS.clear()
-    reduce.COMPILER_OPTIONS.update(saved[0])
+    compiler.COMPILER_OPTIONS.clear()
+    compiler.COMPILER_OPTIONS.update(saved[0])
     reduce.tree = saved[1]
     batchnorm.share = saved[2]
-    reduce.compiler_options, reduce.FENCED = saved[3], saved[4]
+    compiler.compiler_options, reduce.FENCED = saved[3], saved[4]
 
 
 def main(argv) -> None:

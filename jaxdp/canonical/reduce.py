@@ -21,8 +21,7 @@ What the compiler had to be kept from doing (measured; docs/CANONICAL.md): XLA's
 simplifier rewrites a division by a broadcast scalar into a multiplication by its reciprocal when that
 broadcast is the scalar's only user, and which broadcasts are shared differs between programs (a
 partitioned program's CSE merged GPT's softmax's two), so canonical steps compile with CSE off
-(`COMPILER_OPTIONS`), `single` as ddp's program on one device, the mean and the clip fenced (`fence`),
-and the simplifier off for a model whose parameters all pad to one length (`compiler_options`); LLVM's fused
+(`compiler.py`), `single` as ddp's program on one device, and the mean and the clip fenced (`fence`); LLVM's fused
 multiply-adds depend on fusion (Adam's moments), so the process runs without them
 (`jaxdp.devices.request_no_fma`); and the per-shard program is the model unit by unit for every
 strategy (`step.unit_value_and_grad`), as zero3 must run it, with its weight gradients' transposes folded
@@ -30,33 +29,17 @@ by hand (`models.dot_fold`; a checkpoint's body inlined behind its own barrier, 
 """
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from ..core.reduction import BLOCKS
 
-COMPILER_OPTIONS = {"xla_disable_hlo_passes": "cse"}  # the simplifier on, common-subexpression elimination off
-ONE_LENGTH_OPTIONS = {"xla_disable_hlo_passes": "algsimp"}  # `compiler_options`: the simplifier off
 FENCED = True  # `finish` and `clip` behind optimization barriers (False: a mutation, tests/canonical_runs.py)
 PIECES = 4  # combine_scatter: the exchange in up to this many pieces, received one at a time
 MIN_PIECE_BYTES = 1 << 18  # ... none smaller than this (a small model keeps one all-to-all)
 PAIRED_BYTES = 1 << 20  # streamed_tree: a gradient this large adds its lowest level in unrolled pairs
 ALONE_BYTES = 1 << 20  # all_reduce_tree: a leaf this large is reduced on its own, not packed
-
-
-def compiler_options(params) -> dict:
-    """The compiler options of a canonical program for a model with parameters `params` (arrays or
-    shapes): COMPILER_OPTIONS, or ONE_LENGTH_OPTIONS when every parameter pads to one flat length (a
-    multiple of BLOCKS). The simplifier rewrites `x / broadcast(s)` into `x * broadcast(1 / s)` when the
-    scalar `s` has that one broadcast as its only user: an optimizer's per-step scalar (Adam's bias
-    correction) is broadcast once per distinct leaf shape, so the rewrite happens where every leaf has one
-    shape, and ZeRO's flat layout (one shape per padded length) can have one shape where the replicated
-    layout has several (docs/CANONICAL.md, "The simplifier on")."""
-    lengths = {-(-math.prod(p.shape) // BLOCKS) * BLOCKS for p in jax.tree.leaves(params) if len(p.shape)}
-    return ONE_LENGTH_OPTIONS if len(lengths) <= 1 else COMPILER_OPTIONS
 
 
 def fence(values):
@@ -205,15 +188,18 @@ def clip(grads, max_norm: float, axis: str | None = None, sharded: bool = False)
 
 
 def all_reduce_tree(values, axis: str, gather=None, exchange=None):
-    """`all_reduce` of a pytree: each leaf of at least ALONE_BYTES whose size N divides on its own
+    """`all_reduce` of a pytree (on one device, the values themselves: the tree of one partial sum is it, and
+    the exchange would only copy them): each leaf of at least ALONE_BYTES whose size N divides on its own
     (packing it would copy it: a gradient-sized temporary); the other leaves packed into one vector
     per dtype (one exchange each), zero-padded to a multiple of N as it is packed (padding it
     afterwards would copy the whole vector once more). Every element meets the same tree either way."""
     from ..collectives import pack, unpack
 
+    n = lax.axis_size(axis)
+    if n == 1:
+        return values
     leaves, treedef = jax.tree.flatten(values)
     out = list(leaves)
-    n = lax.axis_size(axis)
     alone = [i for i, a in enumerate(leaves) if a.size * a.dtype.itemsize >= ALONE_BYTES and a.size % n == 0]
     for i in alone:
         out[i] = all_reduce(leaves[i].reshape(-1), axis, gather, exchange).reshape(leaves[i].shape)

@@ -4,8 +4,8 @@
 
 Why: JAX's transpose rule for a matmul's right operand (the weight of `x @ W`) computes `dy^T x`
 and then transposes it to W's shape. XLA's algebraic simplifier folds that transpose into the product;
-`reduction="canonical"` compiled with the simplifier off until 2026-12-06 (and still does for a model whose
-parameters all pad to one length, docs/CANONICAL.md), so the transpose stayed a strided copy of every
+`reduction="canonical"` compiled with the simplifier off until 2026-12-06 (and still does where
+`canonical.compiler` says so, docs/CANONICAL.md), so the transpose stayed a strided copy of every
 weight gradient, read again by whatever consumes it (measured on the bench's
 mlp at N = 4: the all-reduce's slices of the transposed 1024 x 1024 gradient were the step's
 costliest operations). Applied to canonical's per-shard backward only: the same program on every

@@ -60,8 +60,8 @@ UINT = {2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
 def bits_tie(tree, dep):
     """`tie` in the integers, for canonical's program (fold=True): each float leaf's bits plus 0 x (the bits
     of dep's first elements), so the leaf's bits come out unchanged whatever dep holds (NaN included).
-    The simplifier folds an integer x 0: the edge survives only where canonical compiles without it (a model
-    whose parameters all pad to one length); elsewhere canonical's zero3 has XLA's order of gathers.
+    The simplifier folds an integer x 0: the edge survives only where canonical compiles without it
+    (`canonical.compiler`); elsewhere canonical's zero3 has XLA's order of gathers.
     Measured: with `tie`'s float + 0.0 and the folded products, GPT's zero3 bias gradients differed from
     `single`'s in the last bit (docs/CANONICAL.md, "What had to be fixed in the compiler")."""
     leaves = jax.tree.leaves(dep)

@@ -114,13 +114,13 @@ def put_sharded(mesh):
     return put_batch
 
 
-def compile_options(opts, params, extra: dict | None = None) -> dict | None:
-    """The step's `jax.jit` compiler options: `extra`, plus canonical's passes off for a model with
-    parameters `params` (`canonical.reduce.compiler_options`; lists joined)."""
+def compile_options(opts, params, optimizer, extra: dict | None = None) -> dict | None:
+    """The step's `jax.jit` compiler options: `extra`, plus canonical's passes off for `optimizer` on
+    `params` (`canonical.compiler.compiler_options`; lists joined)."""
     if opts.reduction != "canonical":
         return extra
     merged = dict(extra or {})
-    for key, value in canonical.reduce.compiler_options(params).items():
+    for key, value in canonical.compiler.compiler_options(params, optimizer).items():
         merged[key] = ",".join(filter(None, [merged.get(key, ""), value]))
     return merged
 
@@ -166,5 +166,5 @@ def replicated_data_parallel(name, problem, optimizer, mesh, opts, sync, *, chec
     sharded_step = jax.shard_map(device_step, mesh=mesh, in_specs=(P(), P(), P(AXIS), P(AXIS)),
                                  out_specs=P(), check_vma=check_vma)
     step = jax.jit(lambda state, x, y: sharded_step(state.params, state.opt_state, x, y), donate_argnums=0,
-                   compiler_options=compile_options(opts, problem.params, compiler_options))
+                   compiler_options=compile_options(opts, problem.params, optimizer, compiler_options))
     return Strategy(name, init_replicated(optimizer, mesh), put_sharded(mesh), step, lambda s: s.params)

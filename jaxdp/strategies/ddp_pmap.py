@@ -85,7 +85,7 @@ def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
         return TrainState(params, opt_state), finite.with_flags(metrics, clipped, params, opts.nan_check)
 
     pmapped = jax.pmap(device_step, axis_name=AXIS, devices=pmap_devices, donate_argnums=0)
-    run = with_options(pmapped, compile_options(opts, problem.params))
+    run = with_options(pmapped, compile_options(opts, problem.params, optimizer))
 
     def step(state, x, y):
         state, metrics = run(state, x, y)

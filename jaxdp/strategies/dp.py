@@ -60,5 +60,5 @@ def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
     sharded_step = jax.shard_map(device_step, mesh=mesh, in_specs=(P(), P(), P(AXIS), P(AXIS)),
                                  out_specs=P(), check_vma=False)
     step = jax.jit(lambda state, x, y: sharded_step(state.params, state.opt_state, x, y), donate_argnums=0,
-                   compiler_options=compile_options(opts, problem.params))
+                   compiler_options=compile_options(opts, problem.params, optimizer))
     return Strategy("dp", init_replicated(optimizer, mesh), put_sharded(mesh), step, lambda s: s.params)

@@ -3,6 +3,8 @@ Under `reduction="canonical"` it is ddp's program on a one-device mesh: the comp
 partitioned program on 1 device as on N (its simplifier rewrites an unpartitioned one otherwise)."""
 from __future__ import annotations
 
+import functools
+
 import jax
 
 from .. import devices
@@ -25,7 +27,7 @@ def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
             return TrainState(params, jax.device_put(to_numpy(opt_state), on_device))
         return TrainState(params, jax.jit(optimizer.init, out_shardings=on_device)(params))
 
-    @jax.jit
+    @functools.partial(jax.jit, donate_argnums=0)  # the state updated in place, as every strategy's
     def step(state, x, y):
         loss, grads = local_grads(problem.loss_fn, state.params, x, y, opts.accum)
         params, opt_state = apply_update(optimizer, grads, state.opt_state, state.params)

@@ -53,7 +53,7 @@ def make(name: str, problem, mesh, accum: int, opts=None):
         if name == "single":  # ddp's program on its one device, as the step (strategies/single.py)
             mesh = devices.mesh(mesh.devices.flat[:1])
         advance = canonical_advance(opts, mesh.size)
-        compiler_options = canonical.reduce.compiler_options(problem.params)
+        compiler_options = canonical.compiler.compiler_options(problem.params)  # no update: the simplifier on
     else:
         advance, compiler_options = plain_advance, None
     if name == "single" and not is_canonical:  # canonical's single is ddp's program on one device

@@ -172,6 +172,7 @@ def test_no_import_hook_and_the_documented_paths_are_plain_modules():
 TWINNED = ("models", "analysis", "canonical", "strategies")
 NO_TWIN = {
     "models/unit_vjp.py": "one jax.custom_vjp per unit keeps XLA's compiled schedule; FSDP2's hooks run it eagerly",
+    "canonical/compiler.py": "chooses XLA's compiler options for canonical programs; torch runs no compiler",
     "models/dot_fold.py": "fixes the weight gradients' layout in canonical's per-shard program, as XLA's simplifier "
                           "would; torch's autograd computes the weight gradient in its layout",
     "models/loop_conv.py": "a convolution backward XLA:CPU runs with Eigen inside a loop body; torch has no compiler",

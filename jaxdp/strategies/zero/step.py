@@ -55,7 +55,7 @@ def make_strategy(layout, native_grads, canonical_grads, name: str | None = None
                                       out_specs=(P(), P(AXIS), layout.grad_spec, P(AXIS)), check_vma=False)
         program = train_step(layout, optimizer, mesh, comm, shapes, sharded_grads, return_grads, opts.nan_check,
                              apart=opts.reduction == "canonical")
-        jit_step = jax.jit(program, donate_argnums=0, compiler_options=compile_options(opts, problem.params))
+        jit_step = jax.jit(program, donate_argnums=0, compiler_options=compile_options(opts, problem.params, optimizer))
 
         def step(state, x, y):
             state, metrics = jit_step(state, x, y)

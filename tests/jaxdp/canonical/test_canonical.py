@@ -9,8 +9,8 @@ dimensions: 52 checks, about 5 minutes on 2 cores, too long for the default suit
 
 The checks are shown to fail: `native` at N = 1 and N = 4 is not bitwise equal (so equality is not a
 coincidence of the test), nor is canonical with the tree replaced by a left fold, with XLA's
-common-subexpression elimination left on (GPT), with the simplifier on for a model whose parameters all pad
-to one length (the cnn), or with the mean's division and the clip unfenced (the mlp); with
+common-subexpression elimination left on (GPT), with the simplifier forced on where a scalar of the
+optimizer's update has a lone broadcast (the cnn), or with the mean's division and the clip unfenced (the mlp); with
 JAXDP_CANONICAL_FULL=1 also with fused multiply-adds left on (Adam's moments): each compiler setting
 canonical makes is needed.
 
@@ -112,10 +112,10 @@ MUTANTS = {  # name -> (config, mutation, reference run): each must NOT be bitwi
 }
 MUTANT_REFS = {"native-n1": (_single(MUTANTS["native-n4"][0]), None), "fold-n1": (_single(F32), "fold")}
 # Each of canonical's compiler settings is needed: without it, a check fails (docs/CANONICAL.md, "The simplifier
-# on"): CSE on (the GPT's softmax on 2 devices), the simplifier on for a model whose parameters all pad to one
-# length (the cnn's update under zero3), the mean and the clip unfenced (the mlp's, accumulation 3, under zero3).
+# on"): CSE on (the GPT's softmax on 2 devices), the simplifier forced on where a scalar of the update has a lone
+# broadcast (the cnn's update under zero3), the mean and the clip unfenced (the mlp's, accumulation 3, zero3).
 MUTATED = {"cse": (GPT.replace(strategy="ddp", devices=2, dtype="float32"), "gpt"),
-           "one-length": (CNN.replace(strategy="zero3", devices=8, dtype="bfloat16"), "cnn"),
+           "simplifier": (CNN.replace(strategy="zero3", devices=8, dtype="bfloat16"), "cnn"),
            "unfenced": (F32.replace(strategy="zero3", devices=4, accum=3), "mlp")}
 for _kind, (_cfg, _model) in MUTATED.items():
     MUTANTS[f"{_kind}-{_model}"] = (_cfg, _kind, f"{_kind}-{_model}-single")

@@ -9,7 +9,11 @@ loop. The update is `zero2`'s, on shards that stay shards (`step.py`; the layout
 """
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
+
 from ... import canonical
+from ...core.reduction import resolve_shards, row_tokens
 from . import fsdp
 from .flat import unpad
 from .layout import ZERO3
@@ -35,10 +39,23 @@ def grads(problem, comm, shapes, n, opts):
 
 
 def canonical_grads(problem, comm, shapes, n, opts):
-    """`grads` under reduction="canonical": `zero2`'s canonical reduce-scatter and clip, on shard values
-    computed unit by unit, each unit gathered forward and backward, nothing reduced inside."""
-    shard_values = canonical.shard_values_of(problem, gather_leaf(comm), opts.reshard_after_forward)
-    return sharded_grads_of(shard_values, comm, n, opts)
+    """`grads` under reduction="canonical": `zero2`'s canonical reduce-scatter and clip. With one shard a
+    device (S = N), on shard values computed unit by unit, each unit gathered forward and backward; with
+    several, each parameter gathered once for the step and held through the device's shards (as torch_ref's
+    zero3 does), then `zero2`'s program: unit by unit the gathers would repeat for every shard (2x native's
+    bytes at S = 2N). The same per-shard program either way, so the same bits."""
+    by_unit = sharded_grads_of(canonical.shard_values_of(problem, gather_leaf(comm), opts.reshard_after_forward),
+                               comm, n, opts)
+    held = sharded_grads_of(canonical.shard_values_of(problem), comm, n, opts)
+    gather = gather_leaf(comm)
+
+    def grads_of(param_shards, x, y):
+        rows = x.shape[0] * n // opts.accum
+        shards = resolve_shards(opts.shards, rows, n, row_tokens(x.shape, jnp.issubdtype(x.dtype, jnp.integer)))
+        if shards == n:
+            return by_unit(param_shards, x, y)
+        return held(jax.tree.map(gather, param_shards, shapes), x, y)
+    return grads_of
 
 
 make = make_strategy(ZERO3, grads, canonical_grads)

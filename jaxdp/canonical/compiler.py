@@ -52,7 +52,7 @@ def _number(jaxpr, names, users) -> list:
     reads it through a broadcast to its output's shape, one per shape (as the lowered program does after
     shardy merged them); an explicit `broadcast_in_dim` of it is one of those."""
     env = dict(zip(jaxpr.invars, names, strict=True))
-    env.update((v, ("const", i)) for i, v in enumerate(jaxpr.constvars))
+    env.update((v, ("const", id(v))) for v in jaxpr.constvars)  # each constant its own value
 
     def read(v):
         return ("lit", repr(v.val)) if isinstance(v, Literal) else env[v]

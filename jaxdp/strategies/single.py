@@ -1,6 +1,6 @@
 """`single`: one device, the whole global batch. The oracle every other strategy must equal.
 Under `reduction="canonical"` it is ddp's program on a one-device mesh: the compiler then sees the same
-partitioned program on 1 device as on N (its simplifier rewrites an unpartitioned one otherwise)."""
+partitioned program on 1 device as on N (with the simplifier on, a plain `jit` compiled the update otherwise)."""
 from __future__ import annotations
 
 import functools
@@ -8,14 +8,12 @@ import functools
 import jax
 
 from .. import devices
-from . import finite
+from . import ddp, finite
 from .common import Strategy, TrainState, apply_update, local_grads, to_numpy
 
 
 def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
     if opts.reduction == "canonical":  # ddp's program on this one device: the same HLO as on N (docs/CANONICAL.md)
-        from . import ddp
-
         return ddp.make(problem, optimizer, devices.mesh(mesh.devices.flat[:1]), opts, return_grads)._replace(
             name="single")
     device = mesh.devices.flat[0]

@@ -5,7 +5,9 @@ reshard_after_forward=False), and its gradient reduce-scattered as backward prod
 holds full parameters between steps, nor (accum 1) more than two units' full parameters and gradients
 during one. Asserted on the compiled program (tests/jaxdp/strategies/zero/test_zero3_compiled.py). Under accumulation,
 FSDP's no_sync: gathers for every micro-batch, the full local gradients reduce-scattered once after the
-loop. The update is `zero2`'s, on shards that stay shards (`step.py`; the layout: `layout.ZERO3`).
+loop. The update is `zero2`'s, on shards that stay shards (`step.py`; the layout: `layout.ZERO3`). Under
+`reduction="canonical"` with several shards a device, each parameter is gathered once for the step instead
+(`canonical_grads`).
 """
 from __future__ import annotations
 

@@ -38,9 +38,13 @@ def compiler_options(params, optimizer=None) -> dict:
 
 def lone_broadcast(optimizer, shapes) -> bool:
     """Whether a scalar of `optimizer`'s update on `shapes` (its state as `init` makes it) has one broadcast as
-    its only user."""
-    state = jax.eval_shape(optimizer.init, shapes)
-    closed = jax.make_jaxpr(optimizer.update)(shapes, state, shapes)
+    its only user; True for an update that cannot be traced so (it compiles as canonical did before: the
+    simplifier off)."""
+    try:
+        state = jax.eval_shape(optimizer.init, shapes)
+        closed = jax.make_jaxpr(optimizer.update)(shapes, state, shapes)
+    except Exception:  # noqa: BLE001 - an update needing more than (grads, state, params): read nothing
+        return True
     users: dict = {}
     _number(closed.jaxpr, [("in", i) for i in range(len(closed.jaxpr.invars))], users)
     return any(len(u) == 1 and next(iter(u))[0] == "broadcast_in_dim" for u in users.values())

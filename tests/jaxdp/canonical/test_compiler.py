@@ -36,6 +36,13 @@ def test_the_simplifier_is_off_where_a_scalar_has_a_lone_broadcast(params, optim
     assert compiler.compiler_options(params, optimizer) == want
 
 
+def test_an_update_that_cannot_be_read_keeps_the_simplifier_off():
+    def update(grads, state, params, *, extra):  # an update that needs an argument of its own
+        return grads, state
+    opt = optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+    assert compiler.compiler_options(shapes((12, 16), (16,)), opt) == compiler.UNSIMPLIFIED
+
+
 def test_a_group_of_one_padded_length_keeps_the_simplifier_off():
     params = shapes((12, 16), (16,), (16, 10), (10,))
     labels = {"p0": "k", "p1": "b", "p2": "k", "p3": "b"}

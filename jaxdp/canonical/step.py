@@ -98,12 +98,17 @@ def streamed_partials(value_and_grad, params, x, y, accum: int, local_shards: in
     return reduce.streamed_tree(leaf, local_shards, like)
 
 
+def step_shards(x, shards: int, accum: int, n: int) -> int:
+    """S for a step whose device holds `x` (its `accum` micro-batches' rows) on `n` devices; `shards` as given
+    (0: the default by work per shard)."""
+    return resolve_shards(shards, x.shape[0] * n // accum, n, row_tokens(x.shape, jnp.issubdtype(x.dtype, jnp.integer)))
+
+
 def step_values(partials, params, x, y, opts, n: int, sync):
     """(loss, grads): the canonical global means of this step on a device holding x, y (its rows).
     `partials(params, x, y, accum, k)` gives this device's partial sums over its k shards
     (`shard_values_of`); `sync` adds the devices' partial sums by the tree (None: all shards are here)."""
-    micro_rows = x.shape[0] * n // opts.accum
-    shards = resolve_shards(opts.shards, micro_rows, n, row_tokens(x.shape, jnp.issubdtype(x.dtype, jnp.integer)))
+    shards = step_shards(x, opts.shards, opts.accum, n)
     partial = partials(params, x, y, opts.accum, shards // n)
     total = sync(partial) if sync else partial
     return reduce.finish(total, shards, opts.accum)

@@ -22,7 +22,6 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from .. import canonical, devices
-from ..core.reduction import resolve_shards, row_tokens
 from ..devices import AXIS, replicated
 from .common import to_numpy
 from .zero import layout as zero_layout
@@ -75,8 +74,7 @@ def make(name: str, problem, mesh, accum: int, opts=None):
 def canonical_advance(opts, n: int):
     """`advance` under reduction="canonical": S shards per micro-batch, their statistics by the tree."""
     def advance(problem, params, state, x, accum):
-        shards = resolve_shards(opts.shards, x.shape[0] * n // accum, n,
-                                row_tokens(x.shape, jnp.issubdtype(x.dtype, jnp.integer)))
+        shards = canonical.step.step_shards(x, opts.shards, accum, n)
         return canonical.batchnorm.running_statistics(problem, params, state, x, accum, shards // n)
     return advance
 

@@ -12,10 +12,8 @@ loop. The update is `zero2`'s, on shards that stay shards (`step.py`; the layout
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
 from ... import canonical
-from ...core.reduction import resolve_shards, row_tokens
 from . import fsdp
 from .flat import unpad
 from .layout import ZERO3
@@ -52,9 +50,7 @@ def canonical_grads(problem, comm, shapes, n, opts):
     gather = gather_leaf(comm)
 
     def grads_of(param_shards, x, y):
-        rows = x.shape[0] * n // opts.accum
-        shards = resolve_shards(opts.shards, rows, n, row_tokens(x.shape, jnp.issubdtype(x.dtype, jnp.integer)))
-        if shards == n:
+        if canonical.step.step_shards(x, opts.shards, opts.accum, n) == n:
             return by_unit(param_shards, x, y)
         return held(jax.tree.map(gather, param_shards, shapes), x, y)
     return grads_of

@@ -53,6 +53,10 @@ HSDP_CASES = [{"variant": "hsdp", "devices": 8, "replicas": 2, "dtype": "float32
 DIMS = {"variant": list(VARIANTS), "devices": [1, 2, 4, 8], "dtype": ["float32", "bfloat16", "float64"],
         "accum": [1, 3], "clip_norm": [0.0, 0.05]}
 GPT_CASES = [{"variant": "ddp", "devices": 2}, {"variant": "zero3", "devices": 8}]
+# `--model gpt2`: GPT-2's layout as users write it (a tied token embedding and head, fused qkv), AdamW; zero3 at N = 2
+# holds the gathered model through its 4 shards a device, zero1 at N = 4 updates flat shards.
+GPT2 = GPT.replace(model="gpt2")
+GPT2_CASES = [{"variant": "zero3", "devices": 2}, {"variant": "zero1", "devices": 4}]
 CNN = BASE.replace(model="cnn", data="digits", channels=(2, 3))  # sync BatchNorm: canonical statistics
 CNN_CASES = [{"variant": "ddp", "devices": 4, "dtype": "float32", "accum": 3, "clip_norm": 0.05},
              {"variant": "zero3", "devices": 8, "dtype": "bfloat16", "accum": 1, "clip_norm": 0.0},
@@ -90,10 +94,12 @@ def _plan():
     """(runs: name -> (config, mutate), checks: name -> its reference's name)."""
     runs, checks = {}, {}
     gpt = [{**c, "dtype": "float32", "accum": 1, "clip_norm": 0.05} for c in GPT_CASES]
+    gpt2 = [{**c, "dtype": "float32", "accum": 1, "clip_norm": 0.05} for c in GPT2_CASES]
     full = os.environ.get("JAXDP_CANONICAL_FULL") == "1"  # FULL: below
     mlp = pairwise(DIMS) if full else each_value()
     cnn = each_value() if full else CNN_CASES
-    for model, base, cases in (("mlp", BASE, mlp + HSDP_CASES), ("gpt", GPT, gpt), ("cnn", CNN, cnn)):
+    for model, base, cases in (("mlp", BASE, mlp + HSDP_CASES), ("gpt", GPT, gpt), ("gpt2", GPT2, gpt2),
+                               ("cnn", CNN, cnn)):
         for case in cases:
             cfg = _config(base, case)
             plain = {k: v for k, v in case.items() if k != "replicas"}  # hsdp's reference: the others' single

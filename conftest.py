@@ -35,6 +35,8 @@ import pytest
 
 from tests import FAST_COMPILE
 
+pytest_plugins = ("tests.host_speed",)  # the summary's line on the host's speed (docs/TESTS.md)
+
 _CREATED = None  # the cache folder this process made (and removes when the session ends)
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _CREATED = os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxdp-xla-cache-")

@@ -7,7 +7,8 @@ FIFO or a device in it) is never followed: never hashed, never written through, 
 
 What it proves: that the step's files are the bytes the run wrote (integrity against damage: a flipped
 bit, a truncated or lost file, a half-copied folder). It is not proof of origin: anyone who can write
-the folder can change a file and write a new manifest for it, and `--resume` takes that step.
+the folder can change a file and write a new manifest for it, and `--resume` takes that step, unless
+the user gives a key (`manifest_key.py`: a MAC on the manifest, checked on `--resume` when the key is set).
 
 - `write(step_dir, framework, step)`: after the save is complete (jaxdp: after orbax's rename;
   torch_ref: inside `<step>.partial`, before its rename).
@@ -20,7 +21,7 @@ import hashlib
 import json
 import os
 
-from . import nofollow
+from . import manifest_key, nofollow
 from .atomic import writing
 from .record import DamagedCheckpoint
 
@@ -59,7 +60,8 @@ def write(step_dir, framework: str, step: int) -> None:
                                 f"{wrong}; no manifest is written for it")
     paths = {rel: os.path.join(step_dir, rel) for rel in files(step_dir)}
     entries = {rel: {"size": os.path.getsize(p), "sha256": sha256(p)} for rel, p in paths.items()}
-    body = {"format": FORMAT, "written_by": "jaxdp", "framework": framework, "step": step, "files": entries}
+    body = manifest_key.sign({"format": FORMAT, "written_by": "jaxdp", "framework": framework, "step": step,
+                              "files": entries})
     with writing(os.path.join(step_dir, NAME), "w") as f:
         json.dump(body, f, indent=1)
         f.flush()
@@ -87,10 +89,13 @@ def problem(step_dir) -> str | None:
         return f"it has no {NAME} (a save cut short, or written before checkpoints carried manifests)"
     try:
         with nofollow.open_plain(path, "r") as f:
-            entries = json.load(f)["files"]
-        expected = {str(rel): (int(e["size"]), str(e["sha256"])) for rel, e in entries.items()}
+            body = json.load(f)
+        expected = {str(rel): (int(e["size"]), str(e["sha256"])) for rel, e in body["files"].items()}
+        unsigned = manifest_key.problem(body, os.path.basename(os.path.normpath(step_dir)))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         return f"its {NAME} is unreadable ({type(e).__name__})"
+    if unsigned is not None:
+        return unsigned
     present = files(step_dir)
     for rel in present:
         if rel not in expected:

@@ -131,6 +131,7 @@ def save(directory, step: int, state, cfg) -> str:
                               f"it is never overwritten: move it, or give another --checkpoint-dir")
         ckpt_folder.begin_step(directory, "torch", step)  # listed before its first file: a torn save is ours
         nofollow.remove(partial)  # a save torn by an earlier crash (a link there: unlinked, never written through)
+        os.mkdir(partial)  # made here, by this run: DCP writes into a folder, never through a link
     _barrier()
     dcp.save({"train": state}, checkpoint_id=partial, no_dist=not _distributed())
     if rank == 0:

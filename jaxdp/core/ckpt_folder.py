@@ -138,10 +138,11 @@ def _open_lock(path, directory) -> int:
     if what is None:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
-        except OSError as e:
-            if e.errno != errno.ELOOP:
+        except OSError as e:  # a link made after `kind` looked (ELOOP), a folder (EISDIR)
+            what = nofollow.kind(path) or ("a folder" if nofollow.is_folder(path) else None)
+            if what is None and e.errno != errno.ELOOP:
                 raise
-            what = nofollow.kind(path) or "a symbolic link"
+            what = what or "a symbolic link"
     if fd is not None:
         st = os.fstat(fd)
         if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:

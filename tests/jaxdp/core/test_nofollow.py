@@ -89,13 +89,17 @@ def test_a_fifo_is_refused_and_never_opened(tmp_path):
             ckpt_folder.claim(folder, "jax", resume=True, overwrite=False)
 
 
-def test_a_hard_linked_lock_is_refused_unwritten(tmp_path):
+def test_a_hard_linked_lock_or_a_folder_for_a_lock_is_refused_unwritten(tmp_path):
     folder = make_folder(str(tmp_path))
     mine, before = outside(str(tmp_path))
     os.link(os.path.join(mine, "data.bin"), os.path.join(folder, ckpt_folder.LOCK))
     with pytest.raises(ConfigError, match="a file with 2 names"):
         ckpt_folder.claim(folder, "jax", resume=True, overwrite=False)
     assert snapshot(mine) == before
+    os.remove(os.path.join(folder, ckpt_folder.LOCK))
+    os.mkdir(os.path.join(folder, ckpt_folder.LOCK))
+    with pytest.raises(ConfigError, match=r"\.jaxdp-lock is a folder"):
+        ckpt_folder.precheck(folder, "jax", resume=True, overwrite=False)
 
 
 def test_links_met_after_the_check_are_unlinked_not_followed(tmp_path):

@@ -13,6 +13,9 @@ wrote there, a lock keeps a second run out, and nothing else in the folder is ev
 - `claim(...)`: `check`, the lock (a second run: refused), then `--overwrite-checkpoints` deletes only
   the marker's steps; returns the `Lock` to release when the run ends.
 - `begin_step`, `prune`, `discard_torn`: touch only what the marker lists.
+
+No link in the folder is ever followed (nofollow.py): `check` refuses a link, a FIFO or a device anywhere
+in it, the lock is opened O_NOFOLLOW, and deleting unlinks a link instead of what it points to.
 """
 from __future__ import annotations
 

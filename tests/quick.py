@@ -56,6 +56,8 @@ QUICK = {
         "test_the_machine_is_read_without_a_framework", "test_an_unknown_memory_skips_the_check_and_force_skips_both",
         "test_a_cluster_host_holds_its_share"),
     "tests/jaxdp/core/test_paths.py": ALL,
+    "tests/jaxdp/core/test_nofollow.py": ALL,  # links in the checkpoint folder, on a hand-made folder, 2 s
+    "tests/jaxdp/core/test_manifest_key.py": ALL,  # the manifest's MAC under the user's key, 1 s
     "tests/jaxdp/core/test_xla_flags.py": ALL,
     "tests/cli/test_sizes_checked.py": ALL,
     "tests/jaxdp/harness/test_interrupt.py": ("test_children_leave_ctrl_c_to_this_process_which_keeps_it",

@@ -26,7 +26,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
 
 import torch
 import torch.distributed as dist
@@ -40,8 +39,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from jaxdp.core import ckpt_folder, manifest
+from jaxdp.core import ckpt_folder, manifest, nofollow
 from jaxdp.core import record as rules
+from jaxdp.core.atomic import writing
 from jaxdp.core.errors import ConfigError
 from jaxdp.core.record import RECORD_FIELDS, CheckpointError, DamagedCheckpoint  # noqa: F401 (one contract)
 
@@ -126,11 +126,12 @@ def save(directory, step: int, state, cfg) -> str:
     final = os.path.join(directory, str(step))
     partial = final + PARTIAL
     if rank == 0:
-        if os.path.exists(final) and step not in step_dirs(directory):
+        if os.path.lexists(final) and step not in step_dirs(directory):  # a link to a folder is not ours
             raise ConfigError(f"--checkpoint-dir {directory}: {final} was not written by this program; "
                               f"it is never overwritten: move it, or give another --checkpoint-dir")
         ckpt_folder.begin_step(directory, "torch", step)  # listed before its first file: a torn save is ours
-        shutil.rmtree(partial, ignore_errors=True)  # a save torn by an earlier crash
+        nofollow.remove(partial)  # a save torn by an earlier crash (a link there: unlinked, never written through)
+        os.mkdir(partial)  # made here, by this run: DCP writes into a folder, never through a link
     _barrier()
     dcp.save({"train": state}, checkpoint_id=partial, no_dist=not _distributed())
     if rank == 0:
@@ -140,8 +141,7 @@ def save(directory, step: int, state, cfg) -> str:
                   "data_position": "batches are a pure function of (seed, step); the next step is step + 1"}
         _write_json(os.path.join(partial, RECORD), record)
         manifest.write(partial, "torch", step)  # last, and inside: the rename makes it whole with the rest
-        if os.path.isdir(final):  # a checkpoint of ours at this step (listed by the marker): replace it
-            shutil.rmtree(final)
+        nofollow.remove(final)  # a checkpoint of ours at this step (listed by the marker): replaced
         os.rename(partial, final)
         _fsync_dir(directory)
         ckpt_folder.prune(directory, KEEP)
@@ -150,7 +150,7 @@ def save(directory, step: int, state, cfg) -> str:
 
 
 def _write_json(path, obj) -> None:
-    with open(path, "w") as f:
+    with writing(path, "w") as f:  # a temporary file renamed onto `path`: a link there is replaced, not followed
         json.dump(obj, f)
         f.flush()
         os.fsync(f.fileno())

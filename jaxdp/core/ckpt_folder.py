@@ -13,16 +13,21 @@ wrote there, a lock keeps a second run out, and nothing else in the folder is ev
 - `claim(...)`: `check`, the lock (a second run: refused), then `--overwrite-checkpoints` deletes only
   the marker's steps; returns the `Lock` to release when the run ends.
 - `begin_step`, `prune`, `discard_torn`: touch only what the marker lists.
+
+No link in the folder is ever followed (nofollow.py): `check` refuses a link, a FIFO or a device anywhere
+in it, the lock is opened O_NOFOLLOW, and deleting unlinks a link instead of what it points to.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
-import shutil
+import stat
 import uuid
 
+from . import nofollow
 from .atomic import write_json
 from .errors import ConfigError
 from .record import TORN, DamagedCheckpoint
@@ -35,10 +40,10 @@ PROGRAM = {"jax": "jaxdp", "torch": "torch_ref"}
 
 def read_marker(directory) -> dict | None:
     path = os.path.join(directory, MARKER)
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         return None
     try:
-        with open(path) as f:
+        with nofollow.open_plain(path, "r") as f:  # a link or a FIFO: damaged, never followed
             marker = json.load(f)
         marker["steps"] = sorted({int(s) for s in marker["steps"]})
         assert marker.get("written_by") == "jaxdp" and marker.get("framework") in PROGRAM
@@ -59,7 +64,7 @@ def _ours(name: str, steps) -> bool:
 def steps(directory) -> list[int]:
     """The checkpoints (complete folders) the marker of `directory` lists."""
     marker = read_marker(directory) if os.path.isdir(directory) else None
-    return [s for s in (marker or {}).get("steps", []) if os.path.isdir(os.path.join(directory, str(s)))]
+    return [s for s in (marker or {}).get("steps", []) if nofollow.is_folder(os.path.join(directory, str(s)))]
 
 
 def _foreign(directory, marker) -> list[str]:
@@ -68,9 +73,16 @@ def _foreign(directory, marker) -> list[str]:
 
 
 def check(directory, framework: str, *, resume: bool, overwrite: bool) -> None:
-    """Refuse (ConfigError, exit 2) a `--checkpoint-dir` this run may not use; read-only."""
+    """Refuse (ConfigError, exit 2) a `--checkpoint-dir` this run may not use; read-only. A link anywhere in
+    it (or a FIFO, a device) is refused: its entries first, before the marker is read; below them (the
+    steps' files) once all are known to be ours (a user's big folder is not walked)."""
     if not os.path.isdir(directory):
+        if os.path.islink(directory):
+            raise ConfigError(f"--checkpoint-dir {directory} is a symbolic link to {os.readlink(directory)!r}, "
+                              f"which is not a folder: give a folder, or a link to one")
         return
+    names = os.listdir(directory)
+    nofollow.refuse(directory, names)
     marker = read_marker(directory)
     foreign = _foreign(directory, marker)
     if foreign:
@@ -78,6 +90,7 @@ def check(directory, framework: str, *, resume: bool, overwrite: bool) -> None:
         raise ConfigError(f"--checkpoint-dir {directory} holds {names}, which no jaxdp or torch_ref run wrote there "
                           f"(not listed in its {MARKER}); a run never deletes or overwrites what it did not write: "
                           f"move them, or give an empty or new --checkpoint-dir")
+    nofollow.refuse(directory, names, deep=True)
     have = steps(directory)
     if marker and marker["framework"] != framework and (resume or (have and not overwrite)):
         raise ConfigError(f"--checkpoint-dir {directory} holds {PROGRAM[marker['framework']]} checkpoints, which "
@@ -91,17 +104,18 @@ def check(directory, framework: str, *, resume: bool, overwrite: bool) -> None:
 
 def precheck(directory, framework: str, *, resume: bool, overwrite: bool) -> None:
     """`check`, and a run holding the folder refused, without taking it (the CLIs, before a process starts)."""
-    if os.path.isfile(os.path.join(directory, MARKER)):
+    if os.path.lexists(os.path.join(directory, MARKER)):
         Lock(directory).release()
     check(directory, framework, resume=resume, overwrite=overwrite)
 
 
 class Lock:
-    """An exclusive flock on DIR/.jaxdp-lock, held until `release` (or this process ends)."""
+    """An exclusive flock on DIR/.jaxdp-lock, held until `release` (or this process ends). The run writes its
+    pid into the lock: a link, a FIFO or a file with another name (a hard link) is refused, never written."""
 
     def __init__(self, directory):
         self.path = os.path.join(directory, LOCK)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.fd = _open_lock(self.path, directory)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -119,12 +133,35 @@ class Lock:
             self.fd = None
 
 
+def _open_lock(path, directory) -> int:
+    """A descriptor on the lock file `path`, created when absent; ConfigError when it is anything but a
+    regular file with one name (O_NOFOLLOW: a link made after the check is not followed either)."""
+    what = nofollow.kind(path)
+    fd = None
+    if what is None:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        except OSError as e:  # a link made after `kind` looked (ELOOP), a folder (EISDIR)
+            what = nofollow.kind(path) or ("a folder" if nofollow.is_folder(path) else None)
+            if what is None and e.errno != errno.ELOOP:
+                raise
+            what = what or "a symbolic link"
+    if fd is not None:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+            return fd
+        os.close(fd)
+        what = (f"a file with {st.st_nlink} names (a hard link: writing into it writes into the others)"
+                if stat.S_ISREG(st.st_mode) else "not a file")
+    raise nofollow.refusal(directory, path, what)
+
+
 def claim(directory, framework: str, *, resume: bool, overwrite: bool) -> Lock | None:
     """Take `directory` for this run (process or rank 0): checked, locked, and with `overwrite` emptied of
     the marker's checkpoints. Raises ConfigError (exit 2) when the run may not use it."""
     if resume and not os.path.isdir(directory):
         return None  # nothing to hold: the restore says there is no such folder
-    if not os.path.isfile(os.path.join(directory, MARKER)):
+    if not os.path.lexists(os.path.join(directory, MARKER)):
         check(directory, framework, resume=resume, overwrite=overwrite)  # nothing written into a foreign folder
     os.makedirs(directory, exist_ok=True)
     lock = Lock(directory)  # a run holding it: "in use", before what it holds is judged
@@ -134,7 +171,7 @@ def claim(directory, framework: str, *, resume: bool, overwrite: bool) -> Lock |
         if overwrite and not resume:
             for name in os.listdir(directory):
                 if name not in (MARKER, LOCK) and _ours(name, set(marker["steps"])):
-                    shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+                    nofollow.remove(os.path.join(directory, name))  # a link: unlinked, never followed
             marker["steps"] = []
         _write_marker(directory, framework, marker["steps"], uuid.uuid4().hex)
     except BaseException:
@@ -160,7 +197,7 @@ def begin_step(directory, framework: str, step: int) -> None:
 def prune(directory, keep: int) -> None:
     """Delete the marker's oldest checkpoints beyond the newest `keep`; nothing else."""
     for old in steps(directory)[:-keep]:
-        shutil.rmtree(os.path.join(directory, str(old)), ignore_errors=True)
+        nofollow.remove(os.path.join(directory, str(old)))
 
 
 def discard_torn(directory) -> None:
@@ -171,4 +208,4 @@ def discard_torn(directory) -> None:
     owned = set((read_marker(directory) or {"steps": []})["steps"])
     for name in os.listdir(directory):
         if any(mark in name for mark in TORN) and _ours(name, owned):
-            shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+            nofollow.remove(os.path.join(directory, name))

@@ -160,6 +160,31 @@ def test_a_torn_checkpoint_is_never_loaded(tmp_path):
     steps_equal(resumed, torch_run.run(cfg, record=True))
 
 
+def test_a_save_replaces_a_linked_partial_and_refuses_a_linked_step(tmp_path):
+    """A link planted at `<step>.partial` after the folder was checked is unlinked, never written through
+    (before: DCP, the record and the manifest went into what it pointed to, then the link was renamed into
+    place as the step); a link at `<step>` itself is not ours, never replaced."""
+    import torch
+
+    from jaxdp.core import manifest
+    from jaxdp.core.errors import ConfigError
+    from tests.jaxdp.core.test_nofollow import outside, snapshot
+
+    folder = str(tmp_path / "ck")
+    mine, before = outside(str(tmp_path))
+    model = torch.nn.Linear(3, 2)
+    state = checkpoint.ModelOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    ckpt_folder.claim(folder, "torch", resume=False, overwrite=False).release()
+    os.symlink(mine, os.path.join(folder, "4" + checkpoint.PARTIAL))
+    checkpoint.save(folder, 4, state, CFG)
+    assert snapshot(mine) == before and not os.path.islink(os.path.join(folder, "4"))
+    assert manifest.problem(os.path.join(folder, "4")) is None and checkpoint.step_dirs(folder) == [4]
+    os.symlink(mine, os.path.join(folder, "5"))
+    with pytest.raises(ConfigError, match="5 was not written by this program"):
+        checkpoint.save(folder, 5, state, CFG)
+    assert snapshot(mine) == before and os.path.islink(os.path.join(folder, "5"))
+
+
 def test_checkpoint_of_another_config_names_the_mismatch(four):
     folder = four["ddp"][2]
     with pytest.raises(

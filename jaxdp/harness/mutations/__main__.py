@@ -7,6 +7,8 @@ import os
 import sys
 import time
 
+from jaxdp.core import atomic
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: see torch_ref/__init__.py
 
 
@@ -86,8 +88,7 @@ def main(argv=None) -> int:
                                                          file=sys.stderr, flush=True))
     text = markdown(results, time.perf_counter() - t0)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+        atomic.write_text(args.out, text)  # renamed onto the path: a link there is replaced, not written through
         print(f"wrote {args.out}")
     else:
         print(text)

@@ -75,7 +75,7 @@ def compare(args) -> int:
 
     say(f"jaxdp compare: {', '.join(names)} in jaxdp and torch_ref, {base.model}, {base.steps} steps; loading JAX")
     from .. import devices  # the inputs are checked: the heavy imports (JAX, matplotlib) now, after one line
-    from .report import render, runner
+    from .report import recommend, render, runner
 
     if untyped and base.platform == "auto" and not _accelerators(base.devices):
         base = base.replace(platform="cpu")  # the default 4 devices, simulated: not the 1 or 2 GPUs present
@@ -90,7 +90,8 @@ def compare(args) -> int:
               f"param {p['worst']['param']:.1e}); comm JAX {e['frameworks']['jax']['comm']['total'] / 1024:.1f} "
               f"KiB/step" + render.finding(e))
     for situation in written["recommendation"]["situations"]:  # the report's "Which strategy", in short
-        print(f"which strategy: {situation['situation']}: {situation['pick']}")
+        none = situation["pick"] == recommend.NONE_FITS  # the reason with it: the smallest need, the GPU's memory
+        print(f"which strategy: {situation['situation']}: {situation['why'][0] if none else situation['pick']}")
     if len(written["recommendation"]["situations"]) == 1:
         print(f"which strategy: {written['recommendation']['assumptions'][-1]}")
     print(f"report: {written['html']} ({written['md']}, {written['json']}) in {time.time() - t0:.0f}s")

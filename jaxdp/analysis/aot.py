@@ -81,7 +81,9 @@ def abstract_state(name: str, problem, optimizer, mesh, opts):
     from ..strategies import TrainState
     from ..strategies.jit import layout as jit_layout
 
-    rep = jax.sharding.SingleDeviceSharding(mesh.devices.flat[0]) if one_device(name, opts) else NamedSharding(mesh, P())
+    rep = NamedSharding(mesh, P())
+    if one_device(name, opts):  # single's plain jit: its state on its one device, as its `init` places it
+        rep = jax.sharding.SingleDeviceSharding(mesh.devices.flat[0])
     if name in REPLICATED:
         params = jax.tree.map(lambda p: _sds(p, rep), problem.params)
         opt = jax.eval_shape(optimizer.init, params)

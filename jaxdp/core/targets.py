@@ -74,8 +74,8 @@ def check(name: str, devices: int, nodes: int) -> Target:
         raise ConfigError(f"--devices {devices} does not divide over --nodes {nodes}: give a multiple of {nodes}")
     node = TARGETS[name].node_gpus
     if devices // nodes > node:
-        raise ConfigError(f"--devices {devices} on --nodes {nodes} puts {devices // nodes} GPUs on a node; an "
-                          f"{name.upper()} node holds at most {node}: give --nodes {nodes_for(devices, node)}")
+        raise ConfigError(f"--devices {devices} on --nodes {nodes} puts {devices // nodes} GPUs on a node; a node "
+                          f"of {name.upper()}s holds at most {node}: give --nodes {nodes_for(devices, node)}")
     return TARGETS[name]
 
 

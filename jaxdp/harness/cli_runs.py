@@ -99,7 +99,9 @@ def compare(args) -> int:
               f"KiB/step" + render.finding(e))
     for situation in written["recommendation"]["situations"]:  # the report's "Which strategy", in short
         none = situation["pick"] == recommend.NONE_FITS  # the reason with it: the smallest need, the GPU's memory
-        print(f"which strategy: {situation['situation']}: {situation['why'][0] if none else situation['pick']}")
+        projected = " (projected: not in this run)" if situation["projected_only"] else ""
+        print(f"which strategy: {situation['situation']}: {situation['why'][0] if none else situation['pick']}"
+              + projected)
     if len(written["recommendation"]["situations"]) == 1:
         print(f"which strategy: {written['recommendation']['assumptions'][-1]}")
     print(f"report: {written['html']} ({written['md']}, {written['json']}) in {time.time() - t0:.0f}s")

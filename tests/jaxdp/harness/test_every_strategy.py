@@ -1,6 +1,6 @@
 """Every strategy the command line lists, through every command that runs one: `train`, `memory`, `inspect`,
-`inspect --target` and `compare`. Each runs (exit 0) or is refused in one line (exit 2, in REFUSED with its
-reason), never a traceback: `single` donates its state, and `memory` read it after its step ("Array has been
+`inspect --target` (single per model; the others in one invocation: an XLA:GPU compile is seconds) and `compare`.
+Each runs (exit 0) or is refused in one line (exit 2, in REFUSED with its reason), never a traceback: `single` donates its state, and `memory` read it after its step ("Array has been
 deleted"); `inspect --target` typed single's one-device batch `@data` (a ShardingTypeError in the embedding's
 gather). The names come from the lists the CLI's choices are built from (`cli.JAX`, `cli.BOTH`)."""
 from __future__ import annotations
@@ -47,15 +47,37 @@ def test_each_command_runs_every_strategy(command, strategy, capsys):
     expect(command, strategy, code, err)
 
 
-@pytest.mark.skipif(not targets.extra_installed(), reason='needs pip install -e ".[gpu-aot]"')
-@pytest.mark.parametrize("strategy", [s if s == "single" else pytest.param(s, marks=pytest.mark.slow) for s in cli.JAX])
-def test_inspect_target_compiles_every_strategy_or_refuses_it(strategy, capsys):
-    """The GPU ahead-of-time path (docs/GPU.md): the gpt, whose embedding's gather single's failed on. An XLA:GPU
-    compile takes 17-35 s here on 2 busy cores (13 of them: 285 s), so all but single's are in the slow tier."""
-    argv = ["inspect", "--target", "h100", "--strategy", strategy, *devices(strategy), "--model", "gpt", "--data",
-            "text", "--n-layer", "1", "--d-model", "16", "--n-head", "2", "--seq-len", "8", "--batch-size", "8"]
-    code, err, _ = answer(argv, capsys)
+needs_extra = pytest.mark.skipif(not targets.extra_installed(), reason='needs pip install -e ".[gpu-aot]"')
+GPT = ["--model", "gpt", "--data", "text", "--n-layer", "1", "--d-model", "16", "--n-head", "2", "--seq-len", "8",
+       "--batch-size", "8"]
+
+
+@needs_extra
+@pytest.mark.parametrize("model", [GPT, [*TINY, "--accum", "2"]], ids=["gpt", "mlp-accum-2"])
+def test_inspect_target_compiles_single_on_its_one_gpu(model, capsys):
+    """The GPU ahead-of-time path (docs/GPU.md) for single: the gpt's embedding gather failed (ShardingTypeError),
+    and the accumulation loop over micro-batches typed `@data` (ValueError: 0th dimension ... replicated)."""
+    code, err, _ = answer(["inspect", "--target", "h100", "--strategy", "single", "--devices", "1", *model], capsys)
+    assert code == 0, err
+
+
+@needs_extra
+@pytest.mark.parametrize("strategy", [s for c, s in REFUSED if c == "inspect --target"])
+def test_inspect_target_refuses_in_one_line(strategy, capsys):
+    code, err, _ = answer(["inspect", "--target", "h100", "--strategy", strategy, *devices(strategy)], capsys)
     expect("inspect --target", strategy, code, err)
+
+
+@needs_extra
+@pytest.mark.slow
+def test_inspect_target_compiles_every_other_strategy_in_one_invocation(capsys):
+    """Every other strategy in one invocation (an XLA:GPU compile of the mlp takes ~3 s, of the 1-layer gpt
+    ~14 s on 2 busy cores: the mlp, accumulating over 2 micro-batches; 44 s for the 11 from the CLI)."""
+    names = [s for s in cli.JAX if s != "single" and ("inspect --target", s) not in REFUSED]
+    argv = ["inspect", "--target", "h100", "--strategies", ",".join(names), "--devices", str(N), "--replicas", "2"]
+    code, err, out = answer(argv + [*TINY, "--accum", "2"], capsys)
+    assert code == 0, err
+    assert out.count(f"target: {N} x NVIDIA H100") == len(names) == len(cli.JAX) - 2, out
 
 
 @pytest.mark.slow

@@ -1,8 +1,9 @@
 """Every strategy the command line lists, through every command that runs one: `train`, `memory`, `inspect`,
 `inspect --target` (single per model; the others in one invocation: an XLA:GPU compile is seconds) and `compare`.
-Each runs (exit 0) or is refused in one line (exit 2, in REFUSED with its reason), never a traceback: `single` donates its state, and `memory` read it after its step ("Array has been
-deleted"); `inspect --target` typed single's one-device batch `@data` (a ShardingTypeError in the embedding's
-gather). The names come from the lists the CLI's choices are built from (`cli.JAX`, `cli.BOTH`)."""
+Each runs (exit 0) or is refused in one line (exit 2, in REFUSED with its reason), never a traceback: `single`
+donates its state, and `memory` read it after its step ("Array has been deleted"); `inspect --target` typed
+single's one-device batch `@data` (a ShardingTypeError in the embedding's gather). The names come from the lists
+the CLI's choices are built from (`cli.JAX`, `cli.BOTH`)."""
 from __future__ import annotations
 
 import pytest

@@ -97,13 +97,7 @@ def compare(args) -> int:
         print(f"{e['name']:<12} parity {'pass' if p['pass'] else 'FAIL'} (worst grad {p['worst']['grad']:.1e}, "
               f"param {p['worst']['param']:.1e}); comm JAX {e['frameworks']['jax']['comm']['total'] / 1024:.1f} "
               f"KiB/step" + render.finding(e))
-    for situation in written["recommendation"]["situations"]:  # the report's "Which strategy", in short
-        none = situation["pick"] == recommend.NONE_FITS  # the reason with it: the smallest need, the GPU's memory
-        projected = " (projected: not in this run)" if situation["projected_only"] else ""
-        print(f"which strategy: {situation['situation']}: {situation['why'][0] if none else situation['pick']}"
-              + projected)
-    if len(written["recommendation"]["situations"]) == 1:
-        print(f"which strategy: {written['recommendation']['assumptions'][-1]}")
+    print("\n".join(recommend.as_lines(written["recommendation"])))  # the report's "Which strategy", in short
     print(f"report: {written['html']} ({written['md']}, {written['json']}) in {time.time() - t0:.0f}s")
     return 0 if all(e["parity"]["pass"] for e in summary["strategies"]) else 1
 

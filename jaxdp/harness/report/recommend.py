@@ -37,7 +37,7 @@ NONE_FITS = "none of these fits"  # a situation's pick when no strategy run fits
 
 def none_fits(s: str, need: float, limit: float, of: str) -> str:
     """The lead of a situation that no strategy fits: the smallest need against the GPU's memory."""
-    return f"{NONE_FITS}: the smallest need, {s}'s {nbytes(need)} per GPU, is more than {si(limit, 'B')} ({of})"
+    return f"The smallest need, {s}'s {nbytes(need)} per GPU, is more than {si(limit, 'B')} ({of})"
 
 
 def layout_of(strategy: str, shards: int, axis_type: str = "auto") -> dict:
@@ -264,6 +264,19 @@ def as_html(rec: dict) -> str:
     head = "".join(f"<th>{h}</th>" for h in WHICH_HEADER)
     notes = "".join(f"<li>{e(a)}</li>" for a in rec["assumptions"])
     return f"<table id='recommendation'><tr>{head}</tr>{rows}</table><ul class='small'>{notes}</ul>"
+
+
+def as_lines(rec: dict) -> list[str]:
+    """`jaxdp compare`'s "which strategy:" lines: each situation's pick (NONE_FITS with its reason, the smallest
+    need against the GPU's memory; a pick not in this run marked projected), and with one situation, why."""
+    lines = []
+    for r in rec["situations"]:
+        pick, why = r["pick"], r["why"][0]
+        if pick == NONE_FITS:
+            pick = f"{pick}: {why[0].lower()}{why[1:]}"
+        projected = " (projected: not in this run)" if r["projected_only"] else ""
+        lines.append(f"which strategy: {r['situation']}: {pick}{projected}")
+    return lines + [f"which strategy: {rec['assumptions'][-1]}"] * (len(rec["situations"]) == 1)
 
 
 def as_markdown(rec: dict) -> list[str]:

@@ -86,13 +86,17 @@ def test_none_of_these_fits_is_said_with_the_smallest_need_and_nothing_is_picked
     rec = recommend.recommend(summary(7_000, names=("ddp", "zero1"), n=4))
     node = next(r for r in rec["situations"] if r["situation"].startswith("Llama 3 8B (8.03B parameters) on one node"))
     assert node["pick"] == recommend.NONE_FITS and not any(node["fits"].values())
-    assert node["why"][0] == ("none of these fits: the smallest need, zero1's 67.3 GiB per GPU, is more than 40 GB "
+    assert node["why"][0] == ("The smallest need, zero1's 67.3 GiB per GPU, is more than 40 GB "
                               "(50% of the 80 GB GPU, the rest left for activations).")
     assert "ddp: state 120 GiB per GPU (16 B/param, a full copy), does not fit" in node["why"][1]
+    lines = recommend.as_lines(rec)  # what `jaxdp compare` prints
+    assert ("which strategy: Llama 3 8B (8.03B parameters) on one node of 8 GPUs (NVLink): none of these fits: the "
+            "smallest need, zero1's 67.3 GiB per GPU, is more than 40 GB") in "\n".join(lines)
+    assert lines[-1].endswith("GPUs (16 nodes, InfiniBand between them): hsdp (projected: not in this run)")
     assert _picks(summary(7_000, names=("ddp", "zero1"), n=4))["GPT-2 124M"] == "ddp"  # it fits there
     run = recommend.recommend(summary(500_000_000), budget=4e9)["situations"][0]
     assert run["pick"] == recommend.NONE_FITS and run["why"][0].startswith(
-        "none of these fits: the smallest need, zero3's 5.22 GiB per GPU, is more than 4 GB (one GPU's memory")
+        "The smallest need, zero3's 5.22 GiB per GPU, is more than 4 GB (one GPU's memory")
     big = summary(70_000_000_000, names=("ddp", "zero3"), n=4)  # 70B x 16 B / 128 = 8.15 GiB fits; / 8 does not
     across = recommend.recommend(big, budget=1e9)["situations"][-1]
     assert across["pick"] == recommend.NONE_FITS and "(projected)" not in recommend.as_markdown(

@@ -156,12 +156,14 @@ def memory(cfg, trains: CompiledStep | None = None) -> dict:
     and `peak_bytes` (`step_memory`) from the step that trains (`trains`, compiled here when not given)."""
     c = compile_step(cfg, return_grads=True, lower_only=True)
     device = c.devices[0]
+    # the state's bytes first: the step donates its state (every strategy, `single` included), so after it
+    # runs `c.state`'s arrays are deleted and only the step's outputs may be read
+    measured = {"params": bytes_on(c.state.params, device), "opt_state": bytes_on(c.state.opt_state, device)}
     grads = declared_bytes_on(c.program.out_info[1]["grads"], device)
     if grads is None:
         _, metrics = c.program.compile()(c.state, *c.batch)
         grads = bytes_on(metrics["grads"], device)
-    measured = {"params": bytes_on(c.state.params, device), "grads": grads,
-                "opt_state": bytes_on(c.state.opt_state, device)}
+    measured = {"params": measured["params"], "grads": grads, "opt_state": measured["opt_state"]}
 
     step = step_memory((trains or compile_step(cfg)).program)
     return {"strategy": cfg.strategy, "devices": cfg.devices, **formula_for(cfg, c.problem, c.optimizer),

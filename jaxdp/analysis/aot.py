@@ -24,6 +24,14 @@ CACHE_READ = "Error reading persistent compilation cache entry"  # JAX's warning
 REPLICATED = ("single", "dp", "ddp", "ddp-bucket", "ddp-ring")  # a full copy on every device (single: its one)
 
 
+def one_device(name: str, opts) -> bool:
+    """Does `name`'s step take its state and batch on one device, unsharded (single's plain `jit`, as its
+    `init` and `put_batch` place them)? A NamedSharding over the one-device mesh instead types the batch
+    `@data` under an explicit mesh, and an embedding's gather then refuses to trace (ShardingTypeError).
+    Canonical single is ddp's program on a one-device mesh: it takes ddp's shardings."""
+    return name == "single" and opts.reduction != "canonical"
+
+
 def check(cfg) -> None:
     """What a --target run cannot compile, in one line naming the fix (`targets.check_run`)."""
     targets.check_run([cfg.strategy], cfg.model)
@@ -74,6 +82,8 @@ def abstract_state(name: str, problem, optimizer, mesh, opts):
     from ..strategies.jit import layout as jit_layout
 
     rep = NamedSharding(mesh, P())
+    if one_device(name, opts):  # single's plain jit: its state on its one device, as its `init` places it
+        rep = jax.sharding.SingleDeviceSharding(mesh.devices.flat[0])
     if name in REPLICATED:
         params = jax.tree.map(lambda p: _sds(p, rep), problem.params)
         opt = jax.eval_shape(optimizer.init, params)
@@ -102,7 +112,7 @@ def abstract_state(name: str, problem, optimizer, mesh, opts):
     return TrainState(params, opt), mesh
 
 
-def abstract_batch(cfg, dataset, name: str, mesh):
+def abstract_batch(cfg, dataset, name: str, mesh, opts):
     """Step 1's (x, y) as the strategy's `put_batch` places them, as ShapeDtypeStructs (the global batch of
     token ids or features is read for its shape only: a few KiB)."""
     import jax
@@ -117,7 +127,8 @@ def abstract_batch(cfg, dataset, name: str, mesh):
         n, sharding = mesh.size, NamedSharding(mesh, P(None, AXIS))
         return tuple(jax.ShapeDtypeStruct((cfg.accum, n, a.shape[0] // (cfg.accum * n), *a.shape[1:]), a.dtype,
                                           sharding=sharding) for a in (x, y))
-    return tuple(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=batch_sharded(mesh)) for a in (x, y))
+    on = jax.sharding.SingleDeviceSharding(mesh.devices.flat[0]) if one_device(name, opts) else batch_sharded(mesh)
+    return tuple(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=on) for a in (x, y))
 
 
 class TargetStep:
@@ -135,7 +146,7 @@ class TargetStep:
         mesh = topology_mesh(target, cfg.devices, nodes)
         strat = strategies.make(cfg.strategy, self.problem, self.optimizer, mesh, opts, return_grads=False)
         state, mesh = abstract_state(cfg.strategy, self.problem, self.optimizer, mesh, opts)
-        batch = abstract_batch(cfg, dataset, cfg.strategy, mesh)
+        batch = abstract_batch(cfg, dataset, cfg.strategy, mesh, opts)
         before = jax.config.values["jax_disable_most_optimizations"]  # the suite sets it for XLA:CPU
         jax.config.update("jax_disable_most_optimizations", False)
         try:

@@ -180,7 +180,8 @@ def add_target(parser) -> None:
                             "(needs the gpu-aot extra: " + targets.INSTALL + ")")
     group.add_argument("--nodes", type=int, default=1, action=Store, metavar="K",
                        help=f"--target: the GPUs on K nodes of --devices / K each (NVLink within a node, "
-                            f"InfiniBand across) (default: %(default)s; {targets.GPUS_PER_NODE} GPUs a node is usual)")
+                            f"InfiniBand across) (default: %(default)s; a node holds at most "
+                            f"{targets.GPUS_PER_NODE} GPUs: more --devices need more nodes)")
 
 
 def check_target(args) -> None:

@@ -41,7 +41,17 @@ def resolve_shards(shards: int | None, micro_rows: int, n: int, tokens_per_row: 
         raise ConfigError(f"a micro-batch of {micro_rows} rows does not cut into shards={s}; give a power "
                           f"of two dividing it, e.g. shards={default_shards(micro_rows, tokens_per_row)}")
     if s % n:
-        how = "more shards (--shards, a power of two that N divides" + ("" if shards else ", above the default") + ")"
-        raise ConfigError(f"canonical reduction on {n} devices needs n to divide shards={s}: use a power of two "
-                          f"number of devices up to {s}, or {how}")
+        raise ConfigError(f"canonical reduction on {n} devices needs n to divide shards={s}"
+                          + ("" if shards else f" (the default for a micro-batch of {micro_rows} rows)") + ": "
+                          + shards_fix(n))
     return s
+
+
+def shards_fix(n: int) -> str:
+    """What to give when N devices do not divide S: --shards N (S fixes the order of the sum, so the run it is
+    compared with, on 1 device, needs the same --shards), or N devices canonical cannot run on."""
+    if n > BLOCKS or n & (n - 1):
+        return (f"canonical runs on a power of two number of devices up to {BLOCKS} (N divides S, a power of two); "
+                f"use --devices {min(BLOCKS, 1 << (n.bit_length() - 1))}")
+    return (f"give --shards {n} (shards={n}), and the same --shards {n} to the 1-device run it is compared with "
+            f"(S fixes the order of the sum: docs/CANONICAL.md)")

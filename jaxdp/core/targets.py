@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from .errors import ConfigError
 
-GPUS_PER_NODE = 8  # an HGX / DGX node: the default of --devices 8 on one node
+GPUS_PER_NODE = 8  # an HGX / DGX node (H100, H200, A100, B200 alike): the most GPUs one node holds
 INSTALL = 'pip install -c constraints-cpu.txt -e ".[gpu-aot]"'
 
 
@@ -28,6 +28,7 @@ class Target(NamedTuple):
     hbm_bytes_s: float     # HBM bandwidth
     nvlink_bytes_s: float  # NVLink, per GPU and direction (within a node)
     ib_bytes_s: float      # InfiniBand, per GPU and direction (one NIC per GPU, across nodes)
+    node_gpus: int = GPUS_PER_NODE  # GPUs one node holds (the NVLink domain of an HGX / DGX board)
 
 
 TARGETS = {
@@ -71,7 +72,20 @@ def check(name: str, devices: int, nodes: int) -> Target:
         raise ConfigError(f"--devices {devices} --nodes {nodes}: give whole numbers >= 1")
     if devices % nodes:
         raise ConfigError(f"--devices {devices} does not divide over --nodes {nodes}: give a multiple of {nodes}")
+    node = TARGETS[name].node_gpus
+    if devices // nodes > node:
+        raise ConfigError(f"--devices {devices} on --nodes {nodes} puts {devices // nodes} GPUs on a node; a node "
+                          f"of {name.upper()}s holds at most {node}: give --nodes {nodes_for(devices, node)}")
     return TARGETS[name]
+
+
+def nodes_for(devices: int, node_gpus: int) -> int:
+    """The fewest nodes that `devices` GPUs divide over with at most `node_gpus` on each (ceil(N / node) when it
+    divides N, else the next divisor of N: 17 GPUs need 17 nodes of 1)."""
+    k = -(-devices // node_gpus)
+    while devices % k:
+        k += 1
+    return k
 
 
 NOT_COMPILED = {"ddp-pmap": "jax.pmap compiles only for devices attached to this process; ddp is the same "

@@ -51,6 +51,7 @@ def _add_analyses(sub) -> None:
     argv.add_strategies(memory, "ddp,zero1,zero2,zero3", JAX, "the strategies to measure")
     argv.add_force(memory)
     argv.add_target(memory)
+    _compare_devices(memory, "As compare's: ZeRO's shards are 1/N, so on 1 device they save nothing")
     memory.add_argument("--json", default=None, metavar="PATH", action=argv.Store,
                         help="also write the rows as JSON here (with --target: docs/GPU.md's keys)")
 
@@ -67,15 +68,16 @@ def _add_analyses(sub) -> None:
 COMPARE_DEVICES = 4
 
 
-def _compare_devices(parser) -> None:
-    """compare's own --devices default (cli_runs.compare resolves it): a run that shows communication."""
+def _compare_devices(parser, why: str = "") -> None:
+    """compare's (and memory's) own --devices default (cli_runs.compare and .memory resolve it)."""
     action = next(a for a in parser._actions if a.dest == "devices")
     action.default = COMPARE_DEVICES
     action.help = (f"number of devices (default: {COMPARE_DEVICES}, simulated on the CPU unless {COMPARE_DEVICES} "
-                   f"GPUs are present; 1 for --strategies single). Not 1: one device sends nothing, so nothing "
-                   f"about communication could be measured (the report would project from the theory alone); "
-                   f"{COMPARE_DEVICES} is the fewest where a ring has more than one neighbour, hsdp has 2 groups "
-                   f"of 2 and every shard is at most 1/{COMPARE_DEVICES}, and it takes a few minutes on 2 CPU cores")
+                   f"GPUs are present; 1 for 'single', which runs on one device). " + (why or (
+                       "Not 1: one device sends nothing, so nothing about communication could be measured (the "
+                       f"report would project from the theory alone); {COMPARE_DEVICES} is the fewest where a ring "
+                       f"has more than one neighbour, hsdp has 2 groups of 2 and every shard is at most "
+                       f"1/{COMPARE_DEVICES}, and it takes a few minutes on 2 CPU cores")))
 
 
 def _add_pairs(sub) -> None:

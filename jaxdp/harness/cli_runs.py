@@ -13,17 +13,21 @@ def memory(args) -> int:
     argv.check_target(args)
     if args.json is not None:
         paths.output_file(args.json, "--json")
-    cfgs = argv.configs(args)
+    untyped = "devices" not in argv.given(args)  # compare's default (cli._compare_devices); single on its one
+    cfgs = argv.configs(args, single_on_one=untyped)
     if args.target is not None:
         from ..analysis import target_memory
 
         return target_memory.main(cfgs, args.target, args.nodes, args.json)
     from ..analysis import accounting
 
+    if untyped and cfgs[0].platform == "auto" and not _accelerators(args.devices):
+        cfgs = [c.replace(platform="cpu") for c in cfgs]  # the default 4 devices, simulated: as compare's
     rows = [accounting.memory(cfg) for cfg in cfgs]
     base = cfgs[0]
     print(f"bytes per device, {base.model} (Psi = {rows[0]['psi']} parameters), {base.optimizer} "
-          f"(K = {rows[0]['k_bytes']} bytes/param), {base.dtype}, N = {base.devices}")
+          f"(K = {rows[0]['k_bytes']} bytes/param), {base.dtype}, "
+          f"N = {', '.join(str(n) for n in sorted({c.devices for c in cfgs}))}")
     print(accounting.format_memory(rows))
     if args.json:
         from ..core import atomic
@@ -68,6 +72,10 @@ def compare(args) -> int:
     untyped = "devices" not in argv.given(args)
     if untyped and set(names) == {"single"}:  # compare's default --devices (cli._compare_devices)
         args.devices = 1
+    if "single" in names and len(set(names)) > 1 and args.devices != 1:
+        raise config.ConfigError(
+            f"--strategies {','.join(names)}: compare runs every strategy on the same --devices {args.devices}, and "
+            f"single runs on one device: compare single apart (--strategies single), or all of them on --devices 1")
     base = _base(args, names)
 
     def say(message):
@@ -75,7 +83,7 @@ def compare(args) -> int:
 
     say(f"jaxdp compare: {', '.join(names)} in jaxdp and torch_ref, {base.model}, {base.steps} steps; loading JAX")
     from .. import devices  # the inputs are checked: the heavy imports (JAX, matplotlib) now, after one line
-    from .report import render, runner
+    from .report import recommend, render, runner
 
     if untyped and base.platform == "auto" and not _accelerators(base.devices):
         base = base.replace(platform="cpu")  # the default 4 devices, simulated: not the 1 or 2 GPUs present
@@ -89,10 +97,7 @@ def compare(args) -> int:
         print(f"{e['name']:<12} parity {'pass' if p['pass'] else 'FAIL'} (worst grad {p['worst']['grad']:.1e}, "
               f"param {p['worst']['param']:.1e}); comm JAX {e['frameworks']['jax']['comm']['total'] / 1024:.1f} "
               f"KiB/step" + render.finding(e))
-    for situation in written["recommendation"]["situations"]:  # the report's "Which strategy", in short
-        print(f"which strategy: {situation['situation']}: {situation['pick']}")
-    if len(written["recommendation"]["situations"]) == 1:
-        print(f"which strategy: {written['recommendation']['assumptions'][-1]}")
+    print("\n".join(recommend.as_lines(written["recommendation"])))  # the report's "Which strategy", in short
     print(f"report: {written['html']} ({written['md']}, {written['json']}) in {time.time() - t0:.0f}s")
     return 0 if all(e["parity"]["pass"] for e in summary["strategies"]) else 1
 

@@ -24,7 +24,7 @@ HUGE = {  # argv -> its refusal, as a regular expression
     "train --model gpt --data text --d-model 1000000": r"needs about 350 TiB \(.*parameters 87 TiB.*even --batch-size "
     r"1 does not fit; use a smaller model \(lower --d-model, --n-layer or --seq-len\)",
     "memory --model gpt2 --data tokens --d-model 65536 --n-head 8 --n-layer 48": r"--strategy ddp: this run needs "
-    r"about 36 TiB",
+    r"about 145 TiB \(per simulated CPU device x 4",  # memory's default: compare's 4 devices
     "inspect --model gpt2 --data tokens --d-model 1000000 --n-head 8": r"needs about 350 TiB",
     "train --hidden 1000000000": r"needs about 879 GiB .*use a smaller model \(lower --hidden\)",
     "torch_ref train --devices 64": r"--devices 64 starts 64 torch_ref ranks on this machine's 2 core\(s\); at most "

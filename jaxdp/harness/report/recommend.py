@@ -10,7 +10,9 @@ sharded over (N for zero1-3; S = one node for hsdp).
 
 The rules (each situation's `why` shows the numbers it used):
 - a strategy *fits* when its state takes at most STATE_SHARE of a device's memory (the rest is left for
-  activations, which a toy model's peak cannot predict); the run itself is judged on its measured peak;
+  activations, which a toy model's peak cannot predict); the run itself is judged on its measured peak (or,
+  with --target, its compiled peak); where no strategy run fits, the pick is NONE_FITS and the first line
+  says why (the smallest need against the GPU's memory): nothing that does not fit is recommended;
 - within one node (NVLink), among the strategies that fit: the one that sends the fewest bytes per step
   (ddp's all-reduce, 2(N-1)/N Psi, when it fits; zero3's gathers cost 1.5x that);
 - across nodes (InfiniBand between them), among those that fit: the highest projected weak-scaling
@@ -30,6 +32,12 @@ from .units import efficiency, nbytes, si
 
 STATE_SHARE = 0.5
 ACROSS_NODES = 128  # 16 nodes of 8
+NONE_FITS = "none of these fits"  # a situation's pick when no strategy run fits: nothing is recommended
+
+
+def none_fits(s: str, need: float, limit: float, of: str) -> str:
+    """The lead of a situation that no strategy fits: the smallest need against the GPU's memory."""
+    return f"The smallest need, {s}'s {nbytes(need)} per GPU, is more than {si(limit, 'B')} ({of})"
 
 
 def layout_of(strategy: str, shards: int, axis_type: str = "auto") -> dict:
@@ -97,13 +105,18 @@ def this_run(summary, meas: dict, budget: float) -> dict:
     if target:
         meas = {s: {**m, "peak": m["compiled_peak"]} for s, m in meas.items()}
     fits = {s: m["peak"] <= budget for s, m in meas.items()}
-    pool = [s for s in meas if fits[s]] or [min(meas, key=lambda s: meas[s]["peak"])]
+    kind = f"compiled peak on the {target['name'].upper()} (XLA:GPU)" if target else "in-step peak"
+    if not any(fits.values()):  # nothing to recommend: the smallest need, and every strategy's beside it
+        least = min(meas, key=lambda s: meas[s]["peak"])
+        why = [none_fits(least, meas[least]["peak"], budget, f"one GPU's memory; {kind}") + "."]
+        why += [f"{s}: {kind} {nbytes(m['peak'])} per device ({_share(m['peak'] / budget)} of {si(budget, 'B')}); "
+                f"does not fit" for s, m in meas.items()]
+        return _this_run_row(summary, NONE_FITS, fits, why)
+    pool = [s for s in meas if fits[s]]
     pick = min(pool, key=lambda s: (meas[s]["sent"], meas[s]["state"]))
     p = meas[pick]
-    kind = f"compiled peak on the {target['name'].upper()} (XLA:GPU)" if target else "in-step peak"
     why = [f"{pick}: {kind} {nbytes(p['peak'])} per device ({_share(p['peak'] / budget)} of {si(budget, 'B')})"
-           + (", so the state fits one device" if fits[pick] else ": no strategy measured here fits, this is the "
-              "smallest peak") + f"; sends {_sent(p)} per step ({p['sent'] / run['params']:.3g} B/param"
+           ", so the state fits one device" + f"; sends {_sent(p)} per step ({p['sent'] / run['params']:.3g} B/param"
            + (_phases(summary, pick) if n > 1 else "") + f"), the least of those that fit; step {_fmt_ms(p)}."]
     for s, m in meas.items():
         if s != pick:
@@ -114,6 +127,11 @@ def this_run(summary, meas: dict, budget: float) -> dict:
     if any(f != pick for f in fastest.values()):
         why.append(f"Fastest here: {fastest['jax']} (JAX), {fastest['torch']} (torch); on simulated devices the "
                    "'devices' share CPU cores, so these times say little about GPUs.")
+    return _this_run_row(summary, pick, fits, why)
+
+
+def _this_run_row(summary, pick: str, fits: dict, why: list[str]) -> dict:
+    n, run, target = summary["devices"], summary["projection"]["run"], summary.get("target")
     where = f"{n} {target['name'].upper()}s (compiled)" if target else f"{n} device{'s' * (n > 1)} (measured)"
     return {"situation": f"this run: {run['label']}, {run['params']:,} parameters, {where}",
             "model": run["label"], "params": run["params"], "devices": n, "pick": pick, "projected_only": False,
@@ -127,8 +145,8 @@ def one_node(summary, model, meas: dict, budget: float, n: int = NODE_GPUS) -> d
     meas = {s: m for s, m in meas.items() if s != "hsdp" or n > NODE_GPUS}
     state = {s: state_at(m, p, n) for s, m in meas.items()}
     fits = {s: state[s] <= STATE_SHARE * budget for s in meas}
-    pool = [s for s in meas if fits[s]] or [min(meas, key=state.get)]
-    pick = min(pool, key=lambda s: (meas[s]["sent_per_param"], state[s]))
+    pool = [s for s in meas if fits[s]]
+    pick = min(pool, key=lambda s: (meas[s]["sent_per_param"], state[s])) if pool else NONE_FITS
     least = min(meas, key=lambda s: meas[s]["sent_per_param"])
     why = [f"{s}: state {nbytes(state[s])} per GPU ({meas[s]['full_per_param']:.3g} B/param"
            + (f", sharded parts / {min(n, NODE_GPUS) if meas[s]['hsdp'] else n}" if meas[s]["sharded_per_param"]
@@ -137,9 +155,12 @@ def one_node(summary, model, meas: dict, budget: float, n: int = NODE_GPUS) -> d
            + ("" if s == least or not meas[least]["sent_per_param"]
               else f", x{meas[s]['sent_per_param'] / meas[least]['sent_per_param']:.2g} {least}'s")
            for s in meas]
-    lead = (f"{pick} fits in {si(STATE_SHARE * budget, 'B')} and sends the least of those that fit" if fits[pick]
-            else f"nothing measured fits in {si(STATE_SHARE * budget, 'B')}; {pick} needs the least")
-    if least != pick:
+    if not pool:
+        smallest = min(meas, key=state.get)
+        lead = none_fits(smallest, state[smallest], STATE_SHARE * budget, _state_limit(budget))
+    else:
+        lead = f"{pick} fits in {si(STATE_SHARE * budget, 'B')} and sends the least of those that fit"
+    if pool and least != pick:
         lead += (f"; {least}, which sends less, needs {nbytes(state[least])} per GPU" if not fits[least] else
                  f"; {least} sends as little and holds more")
     if hsdp and "hsdp" not in meas:
@@ -168,22 +189,30 @@ def across_nodes(summary, model, meas: dict, budget: float, n: int = ACROSS_NODE
     state = {s: state_at(m, p, n) for s, m in cands.items()}
     fits = {s: state[s] <= STATE_SHARE * budget for s in cands}
     eff = {s: _efficiency(summary, model, s, n) for s in cands}
-    pool = [s for s in cands if fits[s]] or [min(cands, key=state.get)]
-    pick = max(pool, key=eff.get)
+    pool = [s for s in cands if fits[s]]
+    pick = max(pool, key=eff.get) if pool else NONE_FITS
     why = [f"{s}{' (projected by the links model, not in this run)' if cands[s].get('projected') else ''}: "
            f"state {nbytes(state[s])} per GPU, {'fits' if fits[s] else 'does not fit'}; weak efficiency "
            f"{efficiency(eff[s])} (no overlap)" for s in cands]
-    lead = f"{pick}: weak efficiency {efficiency(eff[pick])} at {n} GPUs, the best of those that fit"
+    if not pool:
+        smallest = min(cands, key=state.get)
+        lead = none_fits(smallest, state[smallest], STATE_SHARE * budget, _state_limit(budget))
+    else:
+        lead = f"{pick}: weak efficiency {efficiency(eff[pick])} at {n} GPUs, the best of those that fit"
     if pick == "hsdp":
         lead += (f"; a 1-D ring over {n} GPUs crosses InfiniBand ({si(preset.ib_bytes_s, 'B/s')}) in every phase, "
                  f"hsdp keeps its gathers and reduce-scatter on NVLink ({si(preset.nvlink_bytes_s, 'B/s')}) inside "
                  f"a node and sends only Psi / {NODE_GPUS} across nodes")
-    elif "hsdp" in cands:
+    elif pool and "hsdp" in cands:
         lead += f"; hsdp {'projects less' if fits['hsdp'] else 'does not fit: it shards over one node only'}"
     return {"situation": f"{model.name} on {n} GPUs ({n // NODE_GPUS} nodes, InfiniBand between them)",
             "model": model.name, "params": p, "devices": n, "pick": pick,
-            "projected_only": bool(cands[pick].get("projected")), "fits": fits, "efficiency": eff,
+            "projected_only": bool(pool and cands[pick].get("projected")), "fits": fits, "efficiency": eff,
             "why": [lead + "."] + why + [basis(summary)]}
+
+
+def _state_limit(budget: float) -> str:
+    return f"{STATE_SHARE:.0%} of the {si(budget, 'B')} GPU, the rest left for activations"
 
 
 def basis(summary) -> str:
@@ -235,6 +264,19 @@ def as_html(rec: dict) -> str:
     head = "".join(f"<th>{h}</th>" for h in WHICH_HEADER)
     notes = "".join(f"<li>{e(a)}</li>" for a in rec["assumptions"])
     return f"<table id='recommendation'><tr>{head}</tr>{rows}</table><ul class='small'>{notes}</ul>"
+
+
+def as_lines(rec: dict) -> list[str]:
+    """`jaxdp compare`'s "which strategy:" lines: each situation's pick (NONE_FITS with its reason, the smallest
+    need against the GPU's memory; a pick not in this run marked projected), and with one situation, why."""
+    lines = []
+    for r in rec["situations"]:
+        pick, why = r["pick"], r["why"][0]
+        if pick == NONE_FITS:
+            pick = f"{pick}: {why[0].lower()}{why[1:]}"
+        projected = " (projected: not in this run)" if r["projected_only"] else ""
+        lines.append(f"which strategy: {r['situation']}: {pick}{projected}")
+    return lines + [f"which strategy: {rec['assumptions'][-1]}"] * (len(rec["situations"]) == 1)
 
 
 def as_markdown(rec: dict) -> list[str]:

@@ -3,6 +3,8 @@ power of two dividing the micro-batch, at most 64, keeping >= 64 rows or >= 512 
 bad S or an N that does not divide it is one line naming the fix."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -28,6 +30,11 @@ def test_row_tokens_counts_token_ids_only():
 
 @pytest.mark.parametrize("args, message", [
     ((0, 256, 8), "on 8 devices needs n to divide shards=4"),  # the default (4) refused at N = 8
+    # the value to give, and that the 1-device run it is compared with needs the same (was "up to 1")
+    ((0, 64, 2), re.escape("shards=1 (the default for a micro-batch of 64 rows): give --shards 2 (shards=2), and "
+                           "the same --shards 2 to the 1-device run it is compared with")),
+    ((0, 48, 3), "canonical runs on a power of two number of devices up to 64 .*; use --devices 2"),
+    ((2, 256, 4), "on 4 devices needs n to divide shards=2: give --shards 4"),
     ((3, 256, 1), "shards=3: canonical reduction needs a power of two"),
     ((8, 12, 1), "a micro-batch of 12 rows does not cut into shards=8"),
 ])

@@ -66,7 +66,7 @@ def _picks(s, **kw) -> dict:
 def test_the_pick_follows_the_measured_state():
     """A model whose replicated state fits one device: ddp (least traffic). The same strategies measured on a
     model 8 GB of state cannot hold whole (0.5e9 parameters x 16 B): zero3, whose state is 1/N."""
-    small, big = recommend.recommend(summary(7_000)), recommend.recommend(summary(500_000_000), budget=4e9)
+    small, big = recommend.recommend(summary(7_000)), recommend.recommend(summary(500_000_000), budget=8e9)
     assert small["situations"][0]["pick"] == "ddp" and big["situations"][0]["pick"] == "zero3"
     why = small["situations"][0]["why"]
     assert "sends 27.3 KiB JAX / 27.3 KiB torch per step (4 B/param, 2 ring phases: 2(N-1)/N Psi)" in why[0]
@@ -77,6 +77,30 @@ def test_the_pick_follows_the_measured_state():
     picks = _picks(summary(7_000))
     assert picks == {"this run": "ddp", "GPT-2 124M": "ddp", "GPT-2 124M on 128 GPUs": "hsdp",
                      "Llama 3 8B": "zero3", "Llama 3 8B on 128 GPUs": "hsdp"}
+
+
+def test_none_of_these_fits_is_said_with_the_smallest_need_and_nothing_is_picked():
+    """Where no strategy run fits, no strategy is named as the pick (ddp was, for Llama 3 8B's 120 GiB copy on an
+    80 GB GPU): the row says NONE_FITS, the smallest need (here zero1's) and the GPU's memory; the run itself
+    likewise on its peak (zero3's 5.6 GB peak on a 4 GB GPU), and the cluster row."""
+    rec = recommend.recommend(summary(7_000, names=("ddp", "zero1"), n=4))
+    node = next(r for r in rec["situations"] if r["situation"].startswith("Llama 3 8B (8.03B parameters) on one node"))
+    assert node["pick"] == recommend.NONE_FITS and not any(node["fits"].values())
+    assert node["why"][0] == ("The smallest need, zero1's 67.3 GiB per GPU, is more than 40 GB "
+                              "(50% of the 80 GB GPU, the rest left for activations).")
+    assert "ddp: state 120 GiB per GPU (16 B/param, a full copy), does not fit" in node["why"][1]
+    lines = recommend.as_lines(rec)  # what `jaxdp compare` prints
+    assert ("which strategy: Llama 3 8B (8.03B parameters) on one node of 8 GPUs (NVLink): none of these fits: the "
+            "smallest need, zero1's 67.3 GiB per GPU, is more than 40 GB") in "\n".join(lines)
+    assert lines[-1].endswith("GPUs (16 nodes, InfiniBand between them): hsdp (projected: not in this run)")
+    assert _picks(summary(7_000, names=("ddp", "zero1"), n=4))["GPT-2 124M"] == "ddp"  # it fits there
+    run = recommend.recommend(summary(500_000_000), budget=4e9)["situations"][0]
+    assert run["pick"] == recommend.NONE_FITS and run["why"][0].startswith(
+        "The smallest need, zero3's 5.22 GiB per GPU, is more than 4 GB (one GPU's memory")
+    big = summary(70_000_000_000, names=("ddp", "zero3"), n=4)  # 70B x 16 B / 128 = 8.15 GiB fits; / 8 does not
+    across = recommend.recommend(big, budget=1e9)["situations"][-1]
+    assert across["pick"] == recommend.NONE_FITS and "(projected)" not in recommend.as_markdown(
+        recommend.recommend(big, budget=1e9))[-3]
 
 
 def test_least_traffic_among_those_that_fit_and_measured_hsdp_is_not_projected():

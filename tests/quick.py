@@ -175,7 +175,8 @@ QUICK = {
     ),
     "tests/torch_ref/test_torch_checkpoint.py": ("test_cli_reports_checkpoint_errors_in_one_line",),
     # a world of two from the fork server (torch_ref.fork_context, torch_ref.rank_server), in a child process
-    "tests/torch_ref/test_torch_launch.py": ("test_ranks_start_with_what_every_rank_imports_already_imported",),
+    "tests/torch_ref/test_torch_launch.py": ("test_ranks_start_with_what_every_rank_imports_already_imported",
+                                             "test_the_fork_server_imports_transformers_when_the_launcher_has"),
 }
 
 

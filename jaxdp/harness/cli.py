@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..core import argv, config, errors
+from ..core import argv, atomic, config, errors, heartbeat
 from . import cli_diff, cli_runs, cli_train
 from .interrupt import guarded, stdout_closed
 
@@ -52,7 +52,8 @@ def _add_analyses(sub) -> None:
     argv.add_force(memory)
     argv.add_target(memory)
     memory.add_argument("--json", default=None, metavar="PATH", action=argv.Store,
-                        help="also write the rows as JSON here (with --target: docs/GPU.md's keys)")
+                        help="also write the rows as JSON here ('-': stdout, the table then on stderr) (with --target: "
+                        "docs/GPU.md's keys)")
 
     inspect = argv.subcommand(sub, "inspect", help="every collective of the compiled step, bytes vs theory, peak "
                               "memory", description="Compile one training step and list what it communicates.")
@@ -60,7 +61,8 @@ def _add_analyses(sub) -> None:
     argv.add_strategies(inspect, "ddp", JAX, "the strategy to compile")
     argv.add_force(inspect)
     inspect.add_argument("--json", default=None, metavar="PATH", action=argv.Store,
-                         help="also write the result as JSON here (several strategies: put {strategy} in it)")
+                         help="also write the result as JSON here ('-': stdout, the rest then on stderr; several "
+                         "strategies: put {strategy} in it)")
     argv.add_target(inspect)
 
 
@@ -87,6 +89,7 @@ def _add_pairs(sub) -> None:
     argv.add_strategies(compare, "ddp,ddp-ring,zero1,zero3", EITHER, "the strategies to compare (each must exist "
                         "in both frameworks: " + ", ".join(BOTH) + ")")
     argv.add_force(compare)
+    argv.add_heartbeat(compare)
     compare.add_argument("--out", default="reports/compare", metavar="DIR", action=argv.Store,
                          help="folder for report.html, report.md, summary.json, PNGs (default: %(default)s)")
     argv.add_target(compare)
@@ -97,6 +100,7 @@ def _add_pairs(sub) -> None:
     argv.add_strategies(parity, PARITY_DEFAULT, EITHER,
                         "a name both sides have, ddp-pmap / ddp-naive (paired with ddp), or JAX~TORCH", pairs=True)
     argv.add_force(parity)
+    argv.add_heartbeat(parity)
 
     bench = argv.subcommand(sub, "bench", help="benchmarks, side by side in one run: writes bench.json and bench.md",
                             description="Benchmarks as ratios measured side by side in one run.")
@@ -104,11 +108,13 @@ def _add_pairs(sub) -> None:
                        help="tiny sizes and few repeats (a smoke run) (default: %(default)s)")
     bench.add_argument("--out", default="reports/bench", metavar="DIR", action=argv.Store,
                        help="folder for bench.json and bench.md (default: %(default)s)")
+    argv.add_heartbeat(bench)
 
 
 def build_parser() -> argv.Parser:
     parser = argv.Parser(prog="jaxdp", description="Data parallelism in JAX, checked against PyTorch.",
                          epilog=errors.EPILOG)
+    argv.add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=argv.Parser)
     _add_train(sub)
     _add_analyses(sub)
@@ -125,9 +131,14 @@ def main(argv_=None) -> int:
             config.require_torch(f"jaxdp {args.command}")
             # one GPU shared with torch in this process: JAX takes memory as it needs it, not 75% up front
             os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+            argv.check_seconds(args, ("heartbeat", "startup_timeout"))  # its torch ranks' (torch_ref.launch)
+            heartbeat.configure(args.heartbeat, args.startup_timeout)
         run = {"train": cli_train.train, "memory": cli_runs.memory, "inspect": cli_runs.inspect,
                "parity": cli_runs.parity, "compare": cli_runs.compare, "bench": cli_runs.bench,
                "diff": cli_diff.main}[args.command]
+        if getattr(args, "json", None) == atomic.STDOUT:  # --json -: stdout is the document's, the text stderr's
+            with atomic.json_on_stdout():
+                return run(args)
         return run(args)
     except cli_train.answered() as e:
         if isinstance(e, BrokenPipeError) and stdout_closed():

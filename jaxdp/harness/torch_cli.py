@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..core import argv, config, hsdp_hosts
+from ..core import argv, config, heartbeat, hsdp_hosts
 from ..core.errors import EPILOG, EXIT_FAILED, ConfigError, RunFailed, exit_status, one_line
 from .interrupt import guarded, stdout_closed
 
@@ -17,6 +17,7 @@ DIFFERS = ("Differs from `jaxdp train`: several processes come from torchrun (or
 
 def build_parser() -> argv.Parser:
     parser = argv.Parser(prog="torch_ref", description="The PyTorch reference of jaxdp's strategies.", epilog=EPILOG)
+    argv.add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=argv.Parser)
     train = argv.subcommand(sub, "train", help="train one strategy and optionally write its trace",
                             description="Train with one data-parallel strategy in torch.distributed. " + DIFFERS)
@@ -41,7 +42,8 @@ def check(args) -> list:
     cfgs = argv.configs(args, framework="torch")
     args.trace_paths = outputs(args.trace, [c.strategy for c in cfgs])
     check_checkpoints(cfgs, "torch")
-    argv.check_seconds(args, ("timeout", "pg_timeout", "heartbeat"))
+    argv.check_seconds(args, ("timeout", "pg_timeout", "heartbeat", "startup_timeout"))
+    heartbeat.configure(args.heartbeat, args.startup_timeout)
     check_platform(cfgs[0].platform, cfgs[0].devices)
     for cfg in cfgs:
         if cfg.strategy == "hsdp":  # torchrun's hosts (WORLD_SIZE / LOCAL_WORLD_SIZE): before any rank works

@@ -20,6 +20,7 @@ QUICK = {
         "test_the_layout_map_lists_every_module",
     ),
     "tests/house/test_tests_tree.py": ALL,
+    "tests/house/test_docs_blocks.py": ALL,  # the docs' command blocks read only what an earlier block wrote
     "tests/house/test_reruns.py": ALL,
     "tests/jaxdp/test_multiprocess.py": ("test_gloos_notice_is_dropped_in_any_of_its_pieces_and_nothing_else_is",),
     "tests/cli/test_entry_points.py": ALL,

@@ -165,6 +165,14 @@ def add_timeout(parser, what: str) -> None:
                         help=f"{what}: stop every process after this many seconds (default: %(default)s)")
 
 
+def add_processes(parser) -> None:
+    """--processes P: the same flag in `jaxdp train` and `torch_ref train` (where a rank holds one device, so P
+    can only be --devices: `torch_cli`)."""
+    parser.add_argument("--processes", type=int, default=1, action=Store,
+                        help="start this many processes on this machine, each holding --devices / P devices "
+                             "(default: %(default)s)")
+
+
 def add_heartbeat(parser) -> None:
     """--heartbeat and --startup-timeout: the same flags wherever worker processes start (`jaxdp train
     --processes P`, `torch_ref train --devices N`, and the torch ranks of `jaxdp compare`, `parity`, `bench`)."""

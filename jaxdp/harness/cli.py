@@ -29,9 +29,7 @@ def _add_train(sub) -> None:
     argv.add_trace(train)
     argv.add_force(train)
     multi = train.add_argument_group("multi-process (jax.distributed)")
-    multi.add_argument("--processes", type=int, default=1, action=argv.Store,
-                       help="start this many processes on this machine, each holding --devices / P devices "
-                            "(default: %(default)s)")
+    argv.add_processes(multi)
     multi.add_argument("--coordinator", default=None, metavar="HOST:PORT", action=argv.Store,
                        help="process 0's coordinator (cluster runs; with --num-processes and --process-id)")
     multi.add_argument("--num-processes", type=int, default=None, action=argv.Store,

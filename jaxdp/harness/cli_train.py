@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..core import argv, ckpt_folder, config, hsdp_hosts, paths, ports
+from ..core import argv, ckpt_folder, config, heartbeat, hsdp_hosts, paths, ports
 from ..core.errors import EXIT_FAILED, ConfigError, RunFailed, exit_status
 
 
@@ -95,6 +95,9 @@ def train(args) -> int:
     for cfg in cfgs:
         if cfg.strategy == "hsdp":
             hsdp_hosts.check_hosts(cfg.devices, cfg.replicas, args.num_processes or args.processes, cfg.hsdp_hosts)
+        note = hsdp_hosts.one_group(cfg)
+        if note and args.process_id in (None, 0) and heartbeat.ENV_FILE not in os.environ:  # not a launched child
+            print(f"jaxdp: note: {note}", file=sys.stderr, flush=True)
     if args.processes > 1:
         from .. import launch
 

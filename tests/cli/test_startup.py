@@ -37,6 +37,7 @@ def _run(tmp_path, cmd, arg: str, delay_s: float, timeout: float):
     return out, time.monotonic() - t0  # captured: a worker left running would hold the pipes (and the time)
 
 
+@pytest.mark.slow
 def test_torch_ranks_started_late_are_waited_for_beyond_the_heartbeat(tmp_path):
     out, _ = _run(tmp_path, [sys.executable, "-c", TORCH.format(startup=120)], "forkserver", 6, 240)
     assert out.returncode == 0 and out.stdout.strip() == "[{'torch': True}, {'torch': True}]", out.stderr[-3000:]

@@ -4,6 +4,7 @@ tests from its path, and the quick tier's check that every module was touched fa
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -123,3 +124,15 @@ def test_the_extra_check_sees_an_unguarded_import():
     assert not unguarded_extra_imports("try:\n    import transformers\nexcept ImportError:\n    pass\n")
     assert unguarded_extra_imports("def f():\n    pytest.importorskip('transformers')\n\n"
                                    "def test_x():\n    import transformers\n") == [5]  # another function's guard
+
+
+def test_without_hf_hides_transformers_under_the_quick_tiers_own_sitecustomize():
+    """tests/without_hf stacks with tests/touched_site (which the quick tier puts first on its processes' path):
+    in both orders no process finds transformers, as in an install without the `hf` extra."""
+    code = ("import importlib.util, sys\ntry:\n    import transformers\nexcept ModuleNotFoundError:\n"
+            "    print(importlib.util.find_spec('transformers'))")
+    for first, second in (("touched_site", "without_hf"), ("without_hf", "touched_site")):
+        path = os.pathsep.join([f"{REPO}/tests/{first}", f"{REPO}/tests/{second}", REPO])
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "PYTHONPATH": path}, check=True).stdout
+        assert out == "None\n", (first, out)

@@ -15,11 +15,12 @@ Worker side: `start(path, interval_s)` (a daemon thread; `from_env` for a `jaxdp
 child). Launcher side: `Watch(n, interval_s, startup_s)`: a temporary folder of n beat files, `stopped()`
 the worker that stopped beating or never started (and the launcher's one line), `close()`. The launcher reads
 only the files' times; each file holds its worker's pid, for the operator. A command that starts ranks deep
-inside (`jaxdp compare`, `parity`, `bench`) gives its `--heartbeat` and `--startup-timeout` to `configure`, and
-a launch given no limits takes them (`limits`).
+inside (`jaxdp compare`, `parity`, `bench`) runs under `configured(--heartbeat, --startup-timeout)`, and a
+launch given no limits takes them (`limits`); they are put back after the command.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -36,9 +37,16 @@ STALE_S = 8 * BEAT_S  # quiet this long while a peer failed: stopped (a busy mac
 _configured = {"interval_s": DEFAULT_S, "startup_s": STARTUP_S}
 
 
-def configure(interval_s: float, startup_s: float) -> None:
-    """This process's limits for launches given none (the command's --heartbeat and --startup-timeout)."""
-    _configured.update(interval_s=interval_s, startup_s=startup_s)
+@contextlib.contextmanager
+def configured(interval_s: float | None, startup_s: float | None):
+    """Within the block, the limits of launches given none (a command's --heartbeat and --startup-timeout;
+    None keeps the one before); put back after it."""
+    before = dict(_configured)
+    _configured.update({k: v for k, v in (("interval_s", interval_s), ("startup_s", startup_s)) if v is not None})
+    try:
+        yield
+    finally:
+        _configured.update(before)
 
 
 def limits(interval_s: float | None = None, startup_s: float | None = None) -> tuple[float, float]:

@@ -3,6 +3,7 @@ The flags come from `jaxdp.core.argv` (the run flags from `RunConfig`, the one d
 use); every input is checked before any device, process or model is made (`cli_runs.py`, `cli_train.py`)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -130,14 +131,12 @@ def main(argv_=None) -> int:
             # one GPU shared with torch in this process: JAX takes memory as it needs it, not 75% up front
             os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
             argv.check_seconds(args, ("heartbeat", "startup_timeout"))  # its torch ranks' (torch_ref.launch)
-            heartbeat.configure(args.heartbeat, args.startup_timeout)
         run = {"train": cli_train.train, "memory": cli_runs.memory, "inspect": cli_runs.inspect,
                "parity": cli_runs.parity, "compare": cli_runs.compare, "bench": cli_runs.bench,
                "diff": cli_diff.main}[args.command]
-        if getattr(args, "json", None) == atomic.STDOUT:  # --json -: stdout is the document's, the text stderr's
-            with atomic.json_on_stdout():
-                return run(args)
-        return run(args)
+        json_out = atomic.json_on_stdout() if getattr(args, "json", None) == atomic.STDOUT else contextlib.nullcontext()
+        with heartbeat.configured(getattr(args, "heartbeat", None), getattr(args, "startup_timeout", None)), json_out:
+            return run(args)  # --json -: stdout is the document's, the text stderr's
     except cli_train.answered() as e:
         if isinstance(e, BrokenPipeError) and stdout_closed():
             raise  # stdout's reader has gone: a quiet end (interrupt.guarded), not an error line

@@ -46,7 +46,6 @@ def check(args) -> list:
     args.trace_paths = outputs(args.trace, [c.strategy for c in cfgs])
     check_checkpoints(cfgs, "torch")
     argv.check_seconds(args, ("timeout", "pg_timeout", "heartbeat", "startup_timeout"))
-    heartbeat.configure(args.heartbeat, args.startup_timeout)
     check_platform(cfgs[0].platform, cfgs[0].devices)
     for cfg in cfgs:
         note = hsdp_hosts.one_group(cfg)
@@ -71,6 +70,20 @@ def _check_processes(processes: int | None, devices: int) -> None:
                       f"for several hosts, torchrun --nnodes H --nproc-per-node N/H -m torch_ref train ...")
 
 
+def _train(args) -> int:
+    from torch_ref.train import summary
+
+    from .torch_run import run
+
+    for cfg in check(args):
+        path = args.trace_paths[cfg.strategy]
+        result = run(cfg, trace_path=path, timeout_s=args.timeout, pg_timeout_s=args.pg_timeout,
+                     heartbeat_s=args.heartbeat)
+        if result is not None:  # rank 0
+            print(summary(result) + (f"; trace: {path}" if path else ""))
+    return 0
+
+
 @guarded("torch_ref")  # Ctrl-C: one line and status 130 (interrupt.py)
 def main(argv_=None) -> int:
     args = build_parser().parse_args(argv_)
@@ -81,19 +94,13 @@ def main(argv_=None) -> int:
         return 2
     from torch_ref.checkpoint import CheckpointError
     from torch_ref.launch import RankError
-    from torch_ref.train import summary
 
     from ..core.trace import TraceError
-    from .torch_run import run
 
     answered = (ConfigError, TraceError, CheckpointError, RunFailed, OSError)  # errors.exit_status: 2 or 3
     try:
-        for cfg in check(args):
-            path = args.trace_paths[cfg.strategy]
-            result = run(cfg, trace_path=path, timeout_s=args.timeout, pg_timeout_s=args.pg_timeout,
-                         heartbeat_s=args.heartbeat)
-            if result is not None:  # rank 0
-                print(summary(result) + (f"; trace: {path}" if path else ""))
+        with heartbeat.configured(args.heartbeat, args.startup_timeout):  # the launches' limits, put back after
+            return _train(args)
     except answered as e:
         if isinstance(e, BrokenPipeError) and stdout_closed():
             raise  # stdout's reader has gone: a quiet end (interrupt.guarded), not an error line
@@ -110,4 +117,3 @@ def main(argv_=None) -> int:
     except TimeoutError as e:  # a hung rank
         print(f"torch_ref: error: {e}", file=sys.stderr)
         return EXIT_FAILED
-    return 0

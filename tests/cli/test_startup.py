@@ -79,10 +79,10 @@ def test_commands_that_start_torch_ranks_take_the_limits_of_train(command, monke
     from jaxdp.harness import cli, cli_runs
 
     seen = []
-    monkeypatch.setattr(heartbeat, "_configured", dict(heartbeat._configured))
     monkeypatch.setattr(cli_runs, command, lambda args: seen.append(heartbeat.limits()) or 0)
     assert cli.main([command, "--heartbeat", "5", "--startup-timeout", "700"]) == 0
     assert seen == [(5.0, 700.0)]
+    assert heartbeat.limits() == (heartbeat.DEFAULT_S, heartbeat.STARTUP_S)  # put back: later launches' own
     assert cli.main([command, "--startup-timeout", "0"]) == 2 and len(seen) == 1
     assert capsys.readouterr().err == ("jaxdp: error: --startup-timeout 0.0: must be a finite number of seconds > 0; "
                                        "e.g. --startup-timeout 60\n")

@@ -7,8 +7,9 @@ cluster. The launcher only starts them and watches them: when one fails, the oth
 the launcher exits with status 3 (2 when a process refused its input), so a dead process never leaves
 the rest hanging. Ctrl-C is the launcher's alone: it stops the children and reaps them before it answers.
 The children die with the launcher, by any signal (`jaxdp.core.lifeline`), and each beats a heartbeat
-file: one that stops beating for `--heartbeat` seconds (stopped, frozen) is named and the run stopped
-(`jaxdp.core.heartbeat`). The coordinator listens on 127.0.0.1 only (docs/RELIABILITY.md).
+file: one that stops beating for `--heartbeat` seconds (stopped, frozen), or has not started within
+`--startup-timeout`, is named and the run stopped (`jaxdp.core.heartbeat`). The coordinator listens on
+127.0.0.1 only (docs/RELIABILITY.md).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ FIRST_CAUSE_S = 1.0
 
 
 def launch(argv: list[str], processes: int, timeout_s: float | None = None,
-           heartbeat_s: float = heartbeat.DEFAULT_S) -> int:
+           heartbeat_s: float = heartbeat.DEFAULT_S, startup_s: float = heartbeat.STARTUP_S) -> int:
     """Run `python -m jaxdp <argv>` as `processes` jax.distributed processes; returns the exit status.
     Ctrl-C reaches the launcher alone (the children ignore SIGINT): it stops and reaps them, takes process
     0's progress report (`jaxdp.core.progress`) and raises KeyboardInterrupt for the command's one line."""
@@ -37,7 +38,7 @@ def launch(argv: list[str], processes: int, timeout_s: float | None = None,
     env = {k: v for k, v in xla_flags.for_child(os.environ).items() if k != progress.ENV}
     env.update({lifeline.ENV: str(os.getpid()), heartbeat.ENV_S: str(heartbeat_s)})
     env.setdefault("PYTHONFAULTHANDLER", "1")  # a native crash prints each thread's Python stack first
-    children, beats = [], heartbeat.Watch(processes, heartbeat_s)
+    children, beats = [], heartbeat.Watch(processes, heartbeat_s, startup_s)
     with progress.channel() as report:
         try:
             with progress.sigint_left_to_this_process():  # inherited: the children leave Ctrl-C to this process
@@ -121,11 +122,12 @@ def _watch(children, timeout_s: float | None, beats: heartbeat.Watch) -> int:
 
 
 def _stopped(children, beats: heartbeat.Watch, after_s: float | None = None) -> bool:
-    """A running child quiet for `after_s` (default: --heartbeat) is named, and every child killed."""
-    quiet = beats.silent([i for i, c in enumerate(children) if c.poll() is None], after_s)
-    if quiet is None:
+    """A running child quiet for `after_s` (default: --heartbeat) since its first beat, or (no `after_s`) one
+    not started within --startup-timeout, is named, and every child killed."""
+    stopped = beats.stopped([i for i, c in enumerate(children) if c.poll() is None], "process", after_s)
+    if stopped is None:
         return False
-    print(f"jaxdp: error: {heartbeat.message(f'process {quiet[0]}', quiet[1])}", file=sys.stderr, flush=True)
+    print(f"jaxdp: error: {stopped[1]}", file=sys.stderr, flush=True)
     _kill(children)  # SIGKILL: a stopped process takes no other signal
     return True
 

@@ -226,7 +226,7 @@ def summary(result: RunResult) -> str:
     return (f"{cfg.strategy}{axis} on {cfg.devices} {result.meta.get('platform', '?')} device(s), "
             f"{cfg.model}/{cfg.data}, "
             f"{cfg.dtype}: {cfg.steps} steps, loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}, "
-            f"first step (compile) {result.first_step_s:.2f}s, {result.steps_per_s:.1f} steps/s after")
+            f"first step (compile) {result.first_step_s:.2f}s, {result.rate()}")
 
 
 def _progress_bar(cfg, progress):

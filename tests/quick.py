@@ -20,6 +20,7 @@ QUICK = {
         "test_the_layout_map_lists_every_module",
     ),
     "tests/house/test_tests_tree.py": ALL,
+    "tests/house/test_docs_blocks.py": ALL,  # the docs' command blocks read only what an earlier block wrote
     "tests/house/test_reruns.py": ALL,
     "tests/jaxdp/test_multiprocess.py": ("test_gloos_notice_is_dropped_in_any_of_its_pieces_and_nothing_else_is",),
     "tests/cli/test_entry_points.py": ALL,
@@ -177,7 +178,8 @@ QUICK = {
     ),
     "tests/torch_ref/test_torch_checkpoint.py": ("test_cli_reports_checkpoint_errors_in_one_line",),
     # a world of two from the fork server (torch_ref.fork_context, torch_ref.rank_server), in a child process
-    "tests/torch_ref/test_torch_launch.py": ("test_ranks_start_with_what_every_rank_imports_already_imported",),
+    "tests/torch_ref/test_torch_launch.py": ("test_ranks_start_with_what_every_rank_imports_already_imported",
+                                             "test_the_fork_server_imports_transformers_when_the_launcher_has"),
 }
 
 

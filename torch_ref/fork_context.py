@@ -3,12 +3,18 @@ launcher, imports torch and torch_ref (`torch_ref.rank_server`, `PRELOAD`) and f
 so a rank starts in a fraction of a second where 'spawn' imported torch again in each (about 4 CPU-seconds a
 rank; a world of 4 took 4.5 s to start on 2 cores, a world after the first now takes 0.15 s). A rank takes the
 launcher's environment from the launcher (`launch._entry`), not the server's.
+
+Starting a rank waits for the server's imports (`Process.start` reads the new pid from it): minutes on a loaded
+machine, for ever if they hang. So `start` starts the ranks from a thread while the launcher watches the start-up
+limit (`jaxdp.core.heartbeat`), and `started` stops a server that has not finished by then.
 """
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import tempfile
+import threading
 from multiprocessing import forkserver
 from multiprocessing import util as mp_util
 
@@ -51,3 +57,34 @@ def context():
     with progress.sigint_left_to_this_process():
         forkserver.ensure_running()
     return ctx
+
+
+def start(procs, failed) -> threading.Thread:
+    """Start `procs` in order from a thread (each waits for the server's imports); `failed(rank, error)` when a
+    start raises (the server died), and no later rank is started."""
+    def run():
+        for rank, p in enumerate(procs):
+            try:
+                p.start()
+            except Exception as e:  # noqa: BLE001  (reported to the launcher as that rank's error)
+                failed(rank, e)
+                return
+
+    thread = threading.Thread(target=run, daemon=True, name="torch_ref-start")
+    thread.start()
+    return thread
+
+
+def started(procs, starting: threading.Thread) -> list:
+    """The ranks of `procs` that started, once no more can: a start still waiting for the server (its imports
+    not finished within the start-up limit) ends with the server, killed (it is restarted by the next launch;
+    ranks forked from it die with it, `jaxdp.core.lifeline`)."""
+    if starting.is_alive():
+        pid = forkserver._forkserver._forkserver_pid  # multiprocessing keeps the server's pid here only
+        if pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        starting.join(timeout=10.0)
+    return [p for p in procs if p.pid is not None]

@@ -48,11 +48,12 @@ class RankError(RuntimeError):
 
 
 class RankStopped(RankError):
-    """A rank that stopped responding: no heartbeat for a whole interval (stopped, frozen)."""
+    """A rank that stopped responding (no heartbeat for a whole interval: stopped, frozen) or never started
+    (no first heartbeat within the start-up limit); `line` says which (`heartbeat.Watch.stopped`)."""
 
-    def __init__(self, rank: int, seconds: float):
+    def __init__(self, rank: int, line: str):
         super().__init__(rank, "stopped responding")
-        self.args = (heartbeat.message(f"rank {rank}", seconds),)
+        self.args = (line,)
 
 
 def _killed(procs) -> tuple[int, int] | None:
@@ -173,35 +174,36 @@ def _store(timeout_s: float) -> tuple[dist.TCPStore, int]:
 
 
 def launch(fn, nprocs: int, *args, platform: str = "auto", timeout_s: float = 3600.0,
-           pg_timeout_s: float = 300.0, heartbeat_s: float = heartbeat.DEFAULT_S) -> list:
+           pg_timeout_s: float = 300.0, heartbeat_s: float | None = None, startup_s: float | None = None) -> list:
     """Run `fn(rank, nprocs, *args)` on `nprocs` new processes; return [rank 0's value, ...]. On Ctrl-C
     (which the ranks ignore) the ranks are stopped and reaped, rank 0's progress becomes this process's
-    (`jaxdp.core.progress`), and KeyboardInterrupt goes on up. A rank silent for `heartbeat_s`: RankStopped."""
+    (`jaxdp.core.progress`), and KeyboardInterrupt goes on up. RankStopped: a rank silent for `heartbeat_s`
+    since its first beat, or without one after `startup_s` (None: the command's --heartbeat and
+    --startup-timeout, `heartbeat.limits`)."""
+    beats = heartbeat.Watch(nprocs, *heartbeat.limits(heartbeat_s, startup_s))
     ctx = fork_context.context()
     results = ctx.Queue()
     store, port = _store(pg_timeout_s)
-    beats = heartbeat.Watch(nprocs, heartbeat_s)
     with progress.channel() as report:
         procs = [ctx.Process(target=_entry, args=(r, nprocs, port, platform, pg_timeout_s, results, report,
-                                                  (os.getpid(), beats.path(r), heartbeat_s), dict(os.environ),
+                                                  (os.getpid(), beats.path(r), beats.interval_s), dict(os.environ),
                                                   fn, args),
                              daemon=True, name=f"torch_ref-rank{r}") for r in range(nprocs)]
         ok = False
+        starting = fork_context.start(procs, lambda rank, e: results.put(
+            ("error", rank, (f"the rank did not start: {type(e).__name__}: {e}", "", None), time.time())))
         try:
-            with progress.sigint_left_to_this_process():  # the ranks inherit Ctrl-C ignored
-                for p in procs:
-                    p.start()
             values = _collect(procs, results, nprocs, timeout_s, beats)
             ok = True
             return values
         except KeyboardInterrupt:
             with progress.sigint_deferred():  # a second Ctrl-C does not cut the stopping short
-                _stop(procs, wait_s=0.0)
+                _stop(fork_context.started(procs, starting), wait_s=0.0)
                 progress.merge(report)
             raise
         finally:
             with progress.sigint_deferred():  # Ctrl-C while the ranks are reaped: answered (130) once they are
-                _stop(procs, wait_s=5.0 if ok else 0.0)
+                _stop(fork_context.started(procs, starting), wait_s=5.0 if ok else 0.0)
                 progress.merge(report)
                 beats.close()
                 del store
@@ -253,11 +255,14 @@ def _collect(procs, results, nprocs: int, timeout_s: float, beats: heartbeat.Wat
 
 
 def _raise_stopped(procs, values, beats: heartbeat.Watch, after_s: float | None = None) -> None:
-    """RankStopped for a running rank quiet for `after_s` (default: the heartbeat interval), killed first."""
-    quiet = beats.silent([r for r, p in enumerate(procs) if p.exitcode is None and r not in values], after_s)
-    if quiet is not None:
-        procs[quiet[0]].kill()  # a stopped process takes no other signal
-        raise RankStopped(*quiet)
+    """RankStopped for a running rank quiet for `after_s` (default: the heartbeat interval) since its first
+    beat, killed first, or (no `after_s`) one not started within the start-up limit."""
+    stopped = beats.stopped([r for r, p in enumerate(procs) if p.exitcode is None and r not in values], "rank",
+                            after_s)
+    if stopped is not None:
+        if procs[stopped[0]].pid is not None:
+            procs[stopped[0]].kill()  # a stopped process takes no other signal
+        raise RankStopped(*stopped)
 
 
 def _stop(procs, wait_s: float = 5.0) -> None:

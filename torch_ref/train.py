@@ -279,5 +279,5 @@ def summary(result: RunResult) -> str:
     twin = f" (its twin {result.meta['torch_twin']})" if "torch_twin" in result.meta else ""
     return (f"{cfg.strategy}{twin} on {cfg.devices} {result.meta.get('platform', '?')} rank(s) (torch), "
             f"{cfg.model}/{cfg.data}, {cfg.dtype}: {cfg.steps} steps, loss {result.losses[0]:.4f} -> "
-            f"{result.losses[-1]:.4f}, first step {result.first_step_s:.2f}s, {result.steps_per_s:.1f} steps/s after")
+            f"{result.losses[-1]:.4f}, first step {result.first_step_s:.2f}s, {result.rate()}")
 

@@ -3,9 +3,9 @@
 `Parser` answers every bad input in one line (the flag, the value, the fix) and exit status 2,
 never argparse's usage block, and answers a typo'd flag from the subcommand it was given to.
 `add_run_arguments` adds one flag per `RunConfig` field (less those a command does not read),
-`add_strategies`, `add_trace`, `add_timeout` and `add_heartbeat` the flags both frameworks share, each recording
-which flags the user typed; `configs` turns the namespace into one validated RunConfig per
-strategy and refuses a typed flag that the chosen model or strategies would not read.
+`add_strategies`, `add_trace`, `add_timeout` and `add_heartbeat` (with --startup-timeout) the flags both
+frameworks share, each recording which flags the user typed; `configs` turns the namespace into one
+validated RunConfig per strategy and refuses a typed flag that the chosen model or strategies would not read.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import difflib
 import math
 import sys
 
-from . import config, errors, fits, readers, targets, values
+from . import config, errors, fits, heartbeat, readers, targets, values
 from .errors import ConfigError
 
 GIVEN = "given_flags"  # the namespace attribute holding the dests the user typed
@@ -141,6 +141,13 @@ def strategy_list(valid, pairs: bool = False):
     return parse
 
 
+def add_version(parser) -> None:
+    """--version: the program's name and the package's version (`jaxdp.__version__`, pyproject's), status 0."""
+    from .. import __version__
+
+    parser.add_argument("--version", action="version", version=f"{parser.prog} {__version__}")
+
+
 def add_strategies(parser, default: str, valid, what: str, pairs: bool = False) -> None:
     """`--strategy` and `--strategies`: the same flag, one name or several comma-separated."""
     parser.add_argument("--strategy", "--strategies", dest="strategies", default=strategy_list(valid, pairs)(default),
@@ -158,11 +165,24 @@ def add_timeout(parser, what: str) -> None:
                         help=f"{what}: stop every process after this many seconds (default: %(default)s)")
 
 
+def add_processes(parser) -> None:
+    """--processes P: the same flag in `jaxdp train` and `torch_ref train` (where a rank holds one device, so P
+    can only be --devices: `torch_cli`)."""
+    parser.add_argument("--processes", type=int, default=1, action=Store,
+                        help="start this many processes on this machine, each holding --devices / P devices "
+                             "(default: %(default)s)")
+
+
 def add_heartbeat(parser) -> None:
-    """--heartbeat: the same flag for `jaxdp train --processes P` and `torch_ref train --devices N`."""
-    parser.add_argument("--heartbeat", type=float, default=60.0, action=Store, metavar="SECONDS",
-                        help="a worker process (of --processes P, or a rank of torch_ref's --devices N) silent this "
-                             "long (stopped, frozen) is named and the run stopped, status 3 (default: %(default)s)")
+    """--heartbeat and --startup-timeout: the same flags wherever worker processes start (`jaxdp train
+    --processes P`, `torch_ref train --devices N`, and the torch ranks of `jaxdp compare`, `parity`, `bench`)."""
+    parser.add_argument("--heartbeat", type=float, default=heartbeat.DEFAULT_S, action=Store, metavar="SECONDS",
+                        help="a worker process (of --processes P, or a torch rank) silent this long since its first "
+                             "beat (stopped, frozen) is named and the run stopped, status 3 (default: %(default)s)")
+    parser.add_argument("--startup-timeout", type=float, default=heartbeat.STARTUP_S, action=Store,
+                        metavar="SECONDS", help="a worker process with no first heartbeat this long after the launch "
+                        "(starting Python, importing JAX or torch: slow on a loaded machine) is named and the run "
+                        "stopped, status 3 (default: %(default)s)")
 
 
 def add_force(parser) -> None:

@@ -3,7 +3,8 @@ that a run stopped at any moment (Ctrl-C, a kill) leaves no half-written file an
 
 - `writing(path)`: a file object on a temporary file in the same folder, moved onto `path`
   (`os.replace`, atomic on one file system) when the block ends normally, removed when it raises.
-- `write_bytes` / `write_text` / `write_json`: the one-call forms.
+- `write_bytes` / `write_text` / `write_json`: the one-call forms; `write_json("-", ...)` writes to stdout
+  (`--json -`), the command's own stdout while `json_on_stdout()` sends the rest of what it prints to stderr.
 - `staged(out)`: a folder of files written together (a report, bench.json + bench.md): the files are
   written into a hidden folder inside `out` and moved into `out` only once all are written; when the
   block raises, nothing stays, not even `out` (or its parents) if they did not exist before.
@@ -16,7 +17,11 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 import tempfile
+
+STDOUT = "-"  # `--json -`: the document on stdout
+_json_out: list = []  # the stdout `json_on_stdout` kept for the document
 
 
 def missing_dirs(folder) -> list[str]:
@@ -68,8 +73,26 @@ def write_text(path, text: str) -> None:
 
 
 def write_json(path, obj, **kwargs) -> None:
+    if path == STDOUT:
+        out = _json_out[-1] if _json_out else sys.stdout
+        json.dump(obj, out, **kwargs)
+        out.write("\n")
+        out.flush()
+        return
     with writing(path, "w") as f:
         json.dump(obj, f, **kwargs)
+
+
+@contextlib.contextmanager
+def json_on_stdout():
+    """`--json -`: within the block stdout is the JSON document's alone (`write_json("-")`); the command's
+    text (tables, verdicts, 'wrote ...') goes to stderr, so that `jaxdp diff a b --json - | jq` reads JSON."""
+    _json_out.append(sys.stdout)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _json_out.pop()
 
 
 @contextlib.contextmanager

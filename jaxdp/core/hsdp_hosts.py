@@ -3,6 +3,7 @@
 - `per_strategy`: commands that take several strategies (`jaxdp compare`, `memory`, `parity`, `train
   --strategy a,b`) apply `--replicas` to the hsdp entries only; every other entry runs with replicas 1.
   `--replicas` given while no listed strategy is hsdp is refused in one line.
+- `one_group`: hsdp at `--replicas 1` (one group) is zero3; the train commands say so in one line.
 - `--hsdp-hosts shard|replica`: which whole groups of the R x S grid each process (host) holds in a
   multi-process run. `shard` (the default, the usual layout): each host holds whole shard groups (grid
   rows), so the all-gathers and reduce-scatters stay inside a host and only the all-reduce of Psi / S
@@ -26,6 +27,14 @@ def per_strategy(cfg, name: str):
     if name == "hsdp":
         return cfg.replace(strategy=name, **axis)
     return cfg.replace(strategy=name, replicas=1, hsdp_hosts="shard", **axis)
+
+
+def one_group(cfg) -> str | None:
+    """The note `jaxdp train` and `torch_ref train` print (stderr) for hsdp with one group: it is zero3."""
+    if cfg.strategy != "hsdp" or cfg.replicas != 1 or cfg.devices == 1:
+        return None
+    return (f"hsdp with --replicas 1 is one group of all {cfg.devices} devices: that is zero3 (for R replica "
+            f"groups give --replicas R, R > 1 dividing --devices)")
 
 
 def check_listed(replicas: int, names, flag: str = "--strategies", hosts: str = "shard") -> None:

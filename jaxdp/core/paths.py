@@ -51,8 +51,11 @@ def _creatable(path: str, flag: str, shown: str | None = None) -> None:
 
 
 def output_file(path, flag: str) -> None:
-    """A file to be written at the end of the run: not a folder, and writable where it will go."""
+    """A file to be written at the end of the run: not a folder, and writable where it will go (`--json -`:
+    stdout, `atomic.STDOUT`)."""
     path = os.fspath(path)
+    if path == "-" and flag == "--json":
+        return
     if not path.strip():
         raise ConfigError(f"{flag} is empty; give a file path, e.g. {flag} runs/run.npz")
     if os.path.isdir(path):

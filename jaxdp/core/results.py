@@ -23,5 +23,11 @@ class RunResult:
     arrays: dict[str, np.ndarray] = field(default_factory=dict)  # the trace's arrays (when tracing)
     meta: dict = field(default_factory=dict)
     first_step_s: float = 0.0  # JAX: tracing + compilation + the step; torch: eager, first allocations
-    steps_per_s: float = 0.0  # over steps 2..N
+    steps_per_s: float | None = None  # over steps 2..N; None when no step ran after the first (nothing timed)
     step_times: list[float] = field(default_factory=list)  # wall seconds of each step, the first included
+
+    def rate(self) -> str:
+        """The summaries' 'X.X steps/s after' (the first step), or 'n/a' when no step ran after it."""
+        if self.steps_per_s is None:
+            return "steps/s after it n/a (no step after the first)"
+        return f"{self.steps_per_s:.1f} steps/s after"

@@ -3,10 +3,11 @@ The flags come from `jaxdp.core.argv` (the run flags from `RunConfig`, the one d
 use); every input is checked before any device, process or model is made (`cli_runs.py`, `cli_train.py`)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
-from ..core import argv, config, errors
+from ..core import argv, atomic, config, errors, heartbeat
 from . import cli_diff, cli_runs, cli_train
 from .interrupt import guarded, stdout_closed
 
@@ -29,9 +30,7 @@ def _add_train(sub) -> None:
     argv.add_trace(train)
     argv.add_force(train)
     multi = train.add_argument_group("multi-process (jax.distributed)")
-    multi.add_argument("--processes", type=int, default=1, action=argv.Store,
-                       help="start this many processes on this machine, each holding --devices / P devices "
-                            "(default: %(default)s)")
+    argv.add_processes(multi)
     multi.add_argument("--coordinator", default=None, metavar="HOST:PORT", action=argv.Store,
                        help="process 0's coordinator (cluster runs; with --num-processes and --process-id)")
     multi.add_argument("--num-processes", type=int, default=None, action=argv.Store,
@@ -53,7 +52,8 @@ def _add_analyses(sub) -> None:
     argv.add_target(memory)
     _compare_devices(memory, "As compare's: ZeRO's shards are 1/N, so on 1 device they save nothing")
     memory.add_argument("--json", default=None, metavar="PATH", action=argv.Store,
-                        help="also write the rows as JSON here (with --target: docs/GPU.md's keys)")
+                        help="also write the rows as JSON here ('-': stdout, the table then on stderr) (with --target: "
+                        "docs/GPU.md's keys)")
 
     inspect = argv.subcommand(sub, "inspect", help="every collective of the compiled step, bytes vs theory, peak "
                               "memory", description="Compile one training step and list what it communicates.")
@@ -61,7 +61,8 @@ def _add_analyses(sub) -> None:
     argv.add_strategies(inspect, "ddp", JAX, "the strategy to compile")
     argv.add_force(inspect)
     inspect.add_argument("--json", default=None, metavar="PATH", action=argv.Store,
-                         help="also write the result as JSON here (several strategies: put {strategy} in it)")
+                         help="also write the result as JSON here ('-': stdout, the rest then on stderr; several "
+                         "strategies: put {strategy} in it)")
     argv.add_target(inspect)
 
 
@@ -89,6 +90,7 @@ def _add_pairs(sub) -> None:
     argv.add_strategies(compare, "ddp,ddp-ring,zero1,zero3", EITHER, "the strategies to compare (each must exist "
                         "in both frameworks: " + ", ".join(BOTH) + ")")
     argv.add_force(compare)
+    argv.add_heartbeat(compare)
     compare.add_argument("--out", default="reports/compare", metavar="DIR", action=argv.Store,
                          help="folder for report.html, report.md, summary.json, PNGs (default: %(default)s)")
     argv.add_target(compare)
@@ -99,6 +101,7 @@ def _add_pairs(sub) -> None:
     argv.add_strategies(parity, PARITY_DEFAULT, EITHER,
                         "a name both sides have, ddp-pmap / ddp-naive (paired with ddp), or JAX~TORCH", pairs=True)
     argv.add_force(parity)
+    argv.add_heartbeat(parity)
 
     bench = argv.subcommand(sub, "bench", help="benchmarks, side by side in one run: writes bench.json and bench.md",
                             description="Benchmarks as ratios measured side by side in one run.")
@@ -106,11 +109,13 @@ def _add_pairs(sub) -> None:
                        help="tiny sizes and few repeats (a smoke run) (default: %(default)s)")
     bench.add_argument("--out", default="reports/bench", metavar="DIR", action=argv.Store,
                        help="folder for bench.json and bench.md (default: %(default)s)")
+    argv.add_heartbeat(bench)
 
 
 def build_parser() -> argv.Parser:
     parser = argv.Parser(prog="jaxdp", description="Data parallelism in JAX, checked against PyTorch.",
                          epilog=errors.EPILOG)
+    argv.add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=argv.Parser)
     _add_train(sub)
     _add_analyses(sub)
@@ -127,10 +132,13 @@ def main(argv_=None) -> int:
             config.require_torch(f"jaxdp {args.command}")
             # one GPU shared with torch in this process: JAX takes memory as it needs it, not 75% up front
             os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+            argv.check_seconds(args, ("heartbeat", "startup_timeout"))  # its torch ranks' (torch_ref.launch)
         run = {"train": cli_train.train, "memory": cli_runs.memory, "inspect": cli_runs.inspect,
                "parity": cli_runs.parity, "compare": cli_runs.compare, "bench": cli_runs.bench,
                "diff": cli_diff.main}[args.command]
-        return run(args)
+        json_out = atomic.json_on_stdout() if getattr(args, "json", None) == atomic.STDOUT else contextlib.nullcontext()
+        with heartbeat.configured(getattr(args, "heartbeat", None), getattr(args, "startup_timeout", None)), json_out:
+            return run(args)  # --json -: stdout is the document's, the text stderr's
     except cli_train.answered() as e:
         if isinstance(e, BrokenPipeError) and stdout_closed():
             raise  # stdout's reader has gone: a quiet end (interrupt.guarded), not an error line

@@ -22,7 +22,8 @@ def add_parser(sub) -> None:
                            "bounds for the traces' dtype and optimizer, docs/PARITY.md)")
     diff.add_argument("--no-config-check", dest="config_check", action="store_false",
                       help="compare traces whose meta disagree on configuration fields (lr, steps, ...)")
-    diff.add_argument("--json", default=None, metavar="PATH", help="also write the result as JSON here")
+    diff.add_argument("--json", default=None, metavar="PATH",
+                      help="also write the result as JSON here ('-': stdout, the verdict's text then on stderr)")
     diff.add_argument("--html", default=None, metavar="PATH",
                       help="also write a self-contained page here: heatmap of error / bound, the divergence")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..core import argv, ckpt_folder, config, hsdp_hosts, paths, ports
+from ..core import argv, ckpt_folder, config, heartbeat, hsdp_hosts, paths, ports
 from ..core.errors import EXIT_FAILED, ConfigError, RunFailed, exit_status
 
 
@@ -13,6 +13,9 @@ def outputs(pattern: str | None, names, flag: str = "--trace", example: str = "r
     """strategy -> its output path (None: not asked for); several strategies need {strategy} in `flag`."""
     if pattern is None:
         return {n: None for n in names}
+    if pattern == "-" and flag == "--json" and len(names) > 1:
+        raise ConfigError(f"--json - writes one document to stdout; several strategies write several: give one "
+                          f"--strategy, or a path with {{strategy}} in it, e.g. --json {example}")
     if len(names) > 1 and "{strategy}" not in pattern:
         raise ConfigError(f"several strategies write several files: put {{strategy}} in {flag}, e.g. {example}")
     try:
@@ -46,11 +49,11 @@ def check_processes(args) -> None:
     typed = argv.given(args)
     if args.processes < 1:
         raise ConfigError(f"--processes {args.processes}: must be >= 1; e.g. --processes 2")
-    for name in ("timeout", "heartbeat"):
+    for name in ("timeout", "heartbeat", "startup_timeout"):
         if name in typed and args.processes == 1:
-            raise ConfigError(f"--{name} is read only with --processes P > 1 (a local multi-process run): "
-                              f"drop --{name}")
-    argv.check_seconds(args, ("timeout", "heartbeat"))
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(f"{flag} is read only with --processes P > 1 (a local multi-process run): drop {flag}")
+    argv.check_seconds(args, ("timeout", "heartbeat", "startup_timeout"))
     if args.devices % args.processes:
         fits = ", ".join(str(p) for p in range(1, args.devices + 1) if args.devices % p == 0)
         raise ConfigError(
@@ -92,10 +95,14 @@ def train(args) -> int:
     for cfg in cfgs:
         if cfg.strategy == "hsdp":
             hsdp_hosts.check_hosts(cfg.devices, cfg.replicas, args.num_processes or args.processes, cfg.hsdp_hosts)
+        note = hsdp_hosts.one_group(cfg)
+        if note and args.process_id in (None, 0) and heartbeat.ENV_FILE not in os.environ:  # not a launched child
+            print(f"jaxdp: note: {note}", file=sys.stderr, flush=True)
     if args.processes > 1:
         from .. import launch
 
-        return launch.launch(_argv_without_processes(), args.processes, args.timeout, args.heartbeat)
+        return launch.launch(_argv_without_processes(), args.processes, args.timeout, args.heartbeat,
+                             args.startup_timeout)
     distributed = devices.Distributed.from_env()
     if args.coordinator:
         distributed = devices.Distributed(args.coordinator, args.num_processes, args.process_id)
@@ -143,7 +150,7 @@ def _status(e: BaseException) -> int:
     return exit_status(e) if isinstance(e, answered()) else EXIT_FAILED
 
 
-LAUNCHER_FLAGS = ("--processes", "--timeout", "--heartbeat")  # the launcher's, not its children's
+LAUNCHER_FLAGS = ("--processes", "--timeout", "--heartbeat", "--startup-timeout")  # the launcher's, not its children's
 
 
 def _argv_without_processes() -> list[str]:

@@ -49,9 +49,10 @@ class Divergence:
         if self.detail:
             return f"{where}: {self.detail}"
         at = f" at {list(self.index)}: A {self.a!r}, B {self.b!r}" if self.index is not None else ""
-        bound = "identical" if self.bound == 0 else f"bound {self.bound:g}"
         allowance = f"; beyond its roundoff allowance: {self.allowance}" if self.allowance else ""
-        return f"{where}{at} ({self.measure} error {self.error:.2e}, {bound}{allowance})"
+        if self.bound == 0:  # an exact check (the initial parameters, the batches): never 'identical' beside its error
+            return f"{where}{at} (differs by {self.error:.2e} where it must be bitwise equal{allowance})"
+        return f"{where}{at} ({self.measure} error {self.error:.2e}, bound {self.bound:g}{allowance})"
 
 
 @dataclass(frozen=True)

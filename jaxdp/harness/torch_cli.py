@@ -7,16 +7,18 @@ from __future__ import annotations
 import os
 import sys
 
-from ..core import argv, config, hsdp_hosts
+from ..core import argv, config, heartbeat, hsdp_hosts
 from ..core.errors import EPILOG, EXIT_FAILED, ConfigError, RunFailed, exit_status, one_line
 from .interrupt import guarded, stdout_closed
 
-DIFFERS = ("Differs from `jaxdp train`: several processes come from torchrun (or --devices N spawns N ranks on "
-           "this machine), not --processes / --coordinator; --pg-timeout bounds each collective.")
+DIFFERS = ("Differs from `jaxdp train`: each rank is a process holding one device, so --devices N starts N processes "
+           "on this machine (--processes, if given, must be N); several hosts come from torchrun, not --coordinator; "
+           "--pg-timeout bounds each collective.")
 
 
 def build_parser() -> argv.Parser:
     parser = argv.Parser(prog="torch_ref", description="The PyTorch reference of jaxdp's strategies.", epilog=EPILOG)
+    argv.add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=argv.Parser)
     train = argv.subcommand(sub, "train", help="train one strategy and optionally write its trace",
                             description="Train with one data-parallel strategy in torch.distributed. " + DIFFERS)
@@ -25,6 +27,7 @@ def build_parser() -> argv.Parser:
                         "the data-parallel strategy (fsdp is an alias of zero3)")
     argv.add_trace(train, " (rank 0)")
     argv.add_force(train)
+    argv.add_processes(train)  # a rank holds one device: P can only be --devices (_check_processes)
     argv.add_timeout(train, "the launcher")
     argv.add_heartbeat(train)
     train.add_argument("--pg-timeout", type=float, default=300.0, metavar="SECONDS", action=argv.Store,
@@ -39,16 +42,46 @@ def check(args) -> list:
     from .cli_train import check_checkpoints, outputs
 
     cfgs = argv.configs(args, framework="torch")
+    _check_processes(args.processes if "processes" in argv.given(args) else None, cfgs[0].devices)
     args.trace_paths = outputs(args.trace, [c.strategy for c in cfgs])
     check_checkpoints(cfgs, "torch")
-    argv.check_seconds(args, ("timeout", "pg_timeout", "heartbeat"))
+    argv.check_seconds(args, ("timeout", "pg_timeout", "heartbeat", "startup_timeout"))
     check_platform(cfgs[0].platform, cfgs[0].devices)
     for cfg in cfgs:
+        note = hsdp_hosts.one_group(cfg)
+        if note and os.environ.get("RANK", "0") == "0":  # under torchrun: rank 0 alone
+            print(f"torch_ref: note: {note}", file=sys.stderr, flush=True)
         if cfg.strategy == "hsdp":  # torchrun's hosts (WORLD_SIZE / LOCAL_WORLD_SIZE): before any rank works
             local = int(os.environ.get("LOCAL_WORLD_SIZE", cfg.devices))
             hosts = max(1, cfg.devices // local)
             hsdp_hosts.check_hosts(cfg.devices, cfg.replicas, hosts, cfg.hsdp_hosts, "torchrun --nnodes")
     return cfgs
+
+
+def _check_processes(processes: int | None, devices: int) -> None:
+    """--processes P: N ranks are N processes, so P must be --devices N (one line naming torchrun otherwise)."""
+    if processes is None or processes == devices:
+        return
+    if os.environ.get("WORLD_SIZE"):
+        raise ConfigError(f"--processes {processes}: under torchrun the processes are torchrun's "
+                          f"(--nnodes, --nproc-per-node): drop --processes")
+    raise ConfigError(f"--processes {processes} with --devices {devices}: a torch_ref rank is one process holding one "
+                      f"device, so --devices N starts N processes: give --devices {processes} (or drop --processes); "
+                      f"for several hosts, torchrun --nnodes H --nproc-per-node N/H -m torch_ref train ...")
+
+
+def _train(args) -> int:
+    from torch_ref.train import summary
+
+    from .torch_run import run
+
+    for cfg in check(args):
+        path = args.trace_paths[cfg.strategy]
+        result = run(cfg, trace_path=path, timeout_s=args.timeout, pg_timeout_s=args.pg_timeout,
+                     heartbeat_s=args.heartbeat)
+        if result is not None:  # rank 0
+            print(summary(result) + (f"; trace: {path}" if path else ""))
+    return 0
 
 
 @guarded("torch_ref")  # Ctrl-C: one line and status 130 (interrupt.py)
@@ -61,19 +94,13 @@ def main(argv_=None) -> int:
         return 2
     from torch_ref.checkpoint import CheckpointError
     from torch_ref.launch import RankError
-    from torch_ref.train import summary
 
     from ..core.trace import TraceError
-    from .torch_run import run
 
     answered = (ConfigError, TraceError, CheckpointError, RunFailed, OSError)  # errors.exit_status: 2 or 3
     try:
-        for cfg in check(args):
-            path = args.trace_paths[cfg.strategy]
-            result = run(cfg, trace_path=path, timeout_s=args.timeout, pg_timeout_s=args.pg_timeout,
-                         heartbeat_s=args.heartbeat)
-            if result is not None:  # rank 0
-                print(summary(result) + (f"; trace: {path}" if path else ""))
+        with heartbeat.configured(args.heartbeat, args.startup_timeout):  # the launches' limits, put back after
+            return _train(args)
     except answered as e:
         if isinstance(e, BrokenPipeError) and stdout_closed():
             raise  # stdout's reader has gone: a quiet end (interrupt.guarded), not an error line
@@ -90,4 +117,3 @@ def main(argv_=None) -> int:
     except TimeoutError as e:  # a hung rank
         print(f"torch_ref: error: {e}", file=sys.stderr)
         return EXIT_FAILED
-    return 0

@@ -32,6 +32,7 @@ CONTEXT = {"channels": ["--model", "cnn", "--data", "digits"], "batchnorm": ["--
            "hsdp_hosts": ["--strategy", "hsdp", "--devices", "4"], "shards": ["--reduction", "canonical"],
            "axis_type": ["--strategy", "fsdp-jit"],
            "timeout": ["--processes", "2", "--devices", "2"], "heartbeat": ["--processes", "2", "--devices", "2"],
+           "startup_timeout": ["--processes", "2", "--devices", "2"],
            "checkpoint_every": ["--checkpoint-dir", "{tmp}/ck"],
            "process_id": ["--coordinator", "h:1", "--num-processes", "2", "--devices", "2"],
            "num_processes": ["--coordinator", "h:1", "--process-id", "0", "--devices", "2"],
@@ -43,7 +44,7 @@ CONTEXT["preset"] = ["--batch-size", "4", "--force"]  # GPT-2 small at the defau
 # devices, more than a 24 GiB machine has available while the other worker runs (a test of the flag, not of fits)
 GOOD = {"steps": "1", "trace": "{tmp}/t.npz", "json": "{tmp}/i.json", "html": "{tmp}/d.html", "out": "{tmp}/out",
         "checkpoint_dir": "{tmp}/ck", "coordinator": "h:1", "process_id": "1", "num_processes": "2",
-        "processes": "2", "devices": "2", "timeout": "60", "heartbeat": "30",
+        "processes": "2", "devices": "2", "timeout": "60", "heartbeat": "30", "startup_timeout": "300",
         "replicas": "2", "tolerance": "1e-6", "preset": "gpt2-124m"}
 PATHS = {"trace": "file", "json": "file", "html": "file", "out": "dir", "checkpoint_dir": "dir"}
 TYPED = {"processes": 1, "num_processes": 1, "process_id": 0}  # int flags of the commands, and their minimum
@@ -111,7 +112,8 @@ def call(prog, argv_, tmp, monkeypatch, capsys):
 
 def base(prog, name, dest) -> list[str]:
     head = {"diff": ["diff", "{tmp}/a.npz", "{tmp}/b.npz"]}.get(name, [name])
-    return head + ([] if prog == "torch_ref" and dest in ("timeout", "heartbeat") else CONTEXT.get(dest, []))
+    launcher = dest in ("timeout", "heartbeat", "startup_timeout") and (prog, name) != ("jaxdp", "train")
+    return head + ([] if launcher else CONTEXT.get(dest, []))  # --processes only in jaxdp train
 
 
 @pytest.fixture

@@ -187,12 +187,25 @@ def test_the_heartbeat_watch_names_the_silent_worker(tmp_path, monkeypatch):
 
 
 def test_a_worker_without_a_first_beat_has_its_start_up_allowance(tmp_path, monkeypatch):
+    """The interval counts from a worker's first beat; before it, the start-up limit (--startup-timeout). Under
+    the old rule (max(60 s, --heartbeat) for every worker) a worker still importing after 70 s was named as
+    stopped; the default limit is now 600 s."""
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    watch = heartbeat.Watch(1, interval_s=0.1)
+    watch = heartbeat.Watch(2, interval_s=0.1)
     try:
-        assert watch.silent([0]) is None  # importing torch may take longer than a short --heartbeat
-        watch.started -= heartbeat.STARTUP_S + 1
-        assert watch.silent([0])[0] == 0
+        assert watch.stopped([0, 1], "rank") is None  # importing torch may take longer than a short --heartbeat
+        watch.started -= 70
+        assert watch.stopped([0, 1], "rank") is None  # a loaded machine: still within the start-up limit
+        open(watch.path(0), "w").close()  # worker 0 beat once: from now on its interval counts
+        watch.started -= heartbeat.STARTUP_S
+        assert watch.stopped([0, 1], "rank", after_s=heartbeat.STALE_S) is None  # a peer failed: not the cause
+        who, line = watch.stopped([0, 1], "rank")
+        assert who == 1 and line == (f"rank 1 did not start within {heartbeat.STARTUP_S + 70:.0f} s (no first "
+                                     "heartbeat; a loaded machine may need a longer --startup-timeout); "
+                                     "stopping the others")
+        old = time.time() - 1
+        os.utime(watch.path(0), (old, old))
+        assert watch.stopped([0, 1], "rank")[1].startswith("rank 0 stopped responding (no heartbeat for 1 s)")
     finally:
         watch.close()
 

@@ -143,20 +143,27 @@ def _rank_pids(launcher_pid: int) -> list[int]:
 
 def test_ranks_start_with_what_every_rank_imports_already_imported():
     """The fork server imports once what each rank would import: torch._dynamo (torch.optim's first step imports
-    it: seen in a launcher without transformers, which imports it too), and transformers when the launcher has
-    imported it (`fork_context.preload`)."""
+    it: seen in a launcher without transformers, which imports it too). Needs no transformers (the `hf` extra):
+    the launcher here has not imported it, so neither has its fork server."""
+    code = ("import sys; from torch_ref.launch import launch; from torch_ref import fork_context; "
+            "from tests.torch_helpers import loaded; print('transformers' in sys.modules, fork_context.preload(), "
+            "launch(loaded, 2, ['torch._dynamo', 'torch_ref.train'], timeout_s=120, pg_timeout_s=60)[0])")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, cwd=REPO,
+                          env=_env())
+    assert proc.stdout.strip() == ("False ['torch_ref.rank_server'] {'torch._dynamo': True, 'torch_ref.train': True}"
+                                   ), proc.stderr[-2000:]
+
+
+def test_the_fork_server_imports_transformers_when_the_launcher_has():
+    """`fork_context.preload`: transformers when the launcher has imported it (a launcher that built a
+    transformers model starts ranks that build it); not its model modules (see preload)."""
+    pytest.importorskip("transformers")
     import transformers  # noqa: F401
     from transformers.models.gpt2 import modeling_gpt2  # noqa: F401
 
     from torch_ref import fork_context
 
-    assert fork_context.preload() == ["torch_ref.rank_server", "transformers"]  # no model module: see preload
-    code = ("import sys; from torch_ref.launch import launch; from tests.torch_helpers import loaded; "
-            "print('transformers' in sys.modules, launch(loaded, 2, ['torch._dynamo', 'torch_ref.train'], "
-            "timeout_s=120, pg_timeout_s=60)[0])")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, cwd=REPO,
-                          env=_env())
-    assert proc.stdout.strip() == "False {'torch._dynamo': True, 'torch_ref.train': True}", proc.stderr[-2000:]
+    assert fork_context.preload() == ["torch_ref.rank_server", "transformers"]
 
 
 def test_a_killed_rank_stops_the_run_quickly():

@@ -248,3 +248,14 @@ def test_html_renders_in_headless_chromium_with_the_first_divergence_outlined(wr
         return int((pixels == [int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)]).all(-1).sum())
 
     assert count("#1565c0") > 40 and count(diff_html.colour(1e3)) > 50
+
+
+@pytest.mark.parametrize("key, index", [("init/norm/scale", (2,)), ("step/2/x", (1, 1))])
+def test_an_exact_check_that_failed_is_never_called_identical(key, index, tmp_path, capsys):
+    """The initial parameters and batches must be bitwise equal: a failed one said '(identical error 5.00e-01,
+    identical)'; it says by how much it differs, and no line of the MISMATCH says 'identical'."""
+    a, b = save(tmp_path, planted(GOOD, key, index, factor=2.0), GOOD)
+    assert cli.main(["diff", a, b]) == 1
+    out = capsys.readouterr().out
+    assert "where it must be bitwise equal)" in out.splitlines()[0], out
+    assert "identical" not in out, out

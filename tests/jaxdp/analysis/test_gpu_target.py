@@ -87,7 +87,7 @@ def test_inspect_target_keys_and_bytes_against_theory(inspected, strategy):
 
 def test_bf16_collectives_explain_dp_and_zero3_only_when_the_program_sends_bf16():
     """XLA:GPU sends dp's first hop and zero3's forward gathers in bf16 before widening them (docs/GPU.md)."""
-    sent = [{"op": "collective-permute", "dtype": "mixed"}, {"op": "collective-permute", "dtype": "f32"}]
+    sent = [{"op": "collective-permute", "dtype": "f32+bf16"}, {"op": "collective-permute", "dtype": "f32"}]
     r = {"strategy": "dp", "dtype": "bfloat16", "collectives": sent, "combined": 0, "theory_bytes_per_device": 10.0,
          "bytes_by_kind": {"point-to-point": 9.0}, "theory_by_kind": {"point-to-point": 10.0}}
     assert gpu_program.difference(r).endswith(gpu_program.DP_FIRST_HOP)

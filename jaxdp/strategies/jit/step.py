@@ -69,14 +69,18 @@ def device_mean(loss_fn):
     return lambda params, x, y: jax.tree.map(lambda a: a.mean(0), per_device(params, x, y))
 
 
-def plain_body(problem, optimizer):
+def plain_body(problem, optimizer, whole=None):
     """`auto`'s body, the same for the three strategies (only the shardings differ): the mean loss and
-    gradient over the micro-batches (a scan of `device_mean`), then the optimizer, all on global arrays."""
+    gradient over the micro-batches (a scan of `device_mean`), then the optimizer, all on global arrays.
+    `whole` (fsdp-jit: the parameters' shardings kept whole) constrains the parameters the loss reads to be
+    whole on every device, FSDP's gather: left alone, the partitioner ran the sharded layers
+    tensor-parallel on a split small model and reduced their activations' partial sums in bf16."""
     def body(params, opt_state, xs, ys):
         grad = device_mean(problem.loss_fn)
 
         def micro(carry, batch):
-            return jax.tree.map(jnp.add, carry, grad(params, *batch)), None
+            full = params if whole is None else lax.with_sharding_constraint(params, whole)
+            return jax.tree.map(jnp.add, carry, grad(full, *batch)), None
 
         shapes = jax.eval_shape(jax.value_and_grad(problem.loss_fn), params, xs[0, 0], ys[0, 0])
         (loss, grads), _ = lax.scan(micro, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes), (xs, ys))
@@ -159,7 +163,8 @@ def build(row: layout_mod.Layout, problem, optimizer, mesh, opts, return_grads: 
         return jax.device_put(TrainState(params, opt_state), state_shardings)
 
     explicit = opts.axis_type == "explicit"
-    body = explicit_body(problem, optimizer, specs, opts.accum) if explicit else plain_body(problem, optimizer)
+    whole = layout_mod.shardings(mesh, layout_mod.specs(problem.params, n, False)) if row.shards_params else None
+    body = explicit_body(problem, optimizer, specs, opts.accum) if explicit else plain_body(problem, optimizer, whole)
 
     def step(state, xs, ys):
         params, opt_state, loss, grads = body(state.params, state.opt_state, xs, ys)

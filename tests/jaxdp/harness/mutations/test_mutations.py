@@ -104,6 +104,25 @@ def test_the_jit_strategies_reduce_bf16_runs_in_fp32_in_the_compiled_program(cas
     assert set().union(*dtypes.values()) <= {"f32", "bf16"}, dtypes
 
 
+@pytest.mark.parametrize("strategy", JAX_DISTRIBUTED)
+def test_the_hand_written_strategies_reduce_gpt2s_bf16_gradient_in_fp32(strategy):
+    """gpt2, whose weight gradients are bf16 products on each device: every collective of the hand-written
+    strategies' bf16 step carries f32 (ddp-ring's sends are partial sums); dp's tree sends each leaf's own
+    gradient on its first hop, bf16 values widened to fp32 and summed in fp32 by the receiver (exact, as
+    docs/GPU.md says of the GPU program), which the mover's reading counts as bf16."""
+    _, dtypes = checks.compiled_step(jit_bf16(strategy, "gpt2", "auto"))
+    allowed = {op: {"f32", "bf16"} if (strategy, op) == ("dp", "collective-permute") else {"f32"} for op in dtypes}
+    assert dtypes and all(kinds <= allowed[op] for op, kinds in dtypes.items()), dtypes
+
+
+def test_the_gpt2_check_fails_on_ddp_reducing_in_bf16():
+    """The check above on gpt2 with the bf16-reduction bug injected (ddp casts the gradient to bf16 before its
+    psum): XLA:CPU runs that psum widened, and the check reads it as bf16."""
+    with mutations.inject("jax", "bf16-reduction"):
+        _, dtypes = checks.compiled_step(jit_bf16("ddp", "gpt2", "auto"))
+    assert "bf16" in dtypes["all-reduce"], dtypes
+
+
 def global_mean(loss_fn):
     """The bug: `auto`'s micro-batch gradient as it was, that of the global mean loss over the rows."""
     def rows(a):

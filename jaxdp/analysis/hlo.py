@@ -14,9 +14,12 @@ import re
 
 import numpy as np
 
+from . import widened
+
 DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
                "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
 OPS = ("all-reduce", "reduce-scatter", "all-gather", "collective-permute", "all-to-all")
+REDUCTIONS = ("all-reduce", "reduce-scatter")
 
 _HEADER = re.compile(r"^(?:ENTRY )?%(?P<name>[^\s(]+) .*\{\s*$")
 _OP = re.compile(r"=\s*(?P<shape>.+?)\s+(?P<op>" + "|".join(OPS) + r")(?P<start>-start)?\(")
@@ -117,10 +120,12 @@ def _pairs(line: str) -> list[tuple[int, int]]:
 
 
 def collective(line: str, n_devices: int) -> dict | None:
-    """The collective `line` issues (None if it issues none): op, dtype ('mixed' for a tuple of
-    several), elements and bytes of its result, `groups` (the device groups it runs over: its
-    replica_groups; for collective-permute the devices its pairs connect), `group` (the largest group's
-    size), and for collective-permute its pairs."""
+    """The collective `line` issues (None if it issues none): op, `array_dtypes` (its result's arrays'
+    element types, a tuple's in order), `dtype` (each type once, joined: "f32+bf16"), `widened` (0 here:
+    `collectives_in_order` counts the arrays XLA:CPU reduced widened from bf16, `widened.py`), elements and
+    bytes of its result, `groups` (the device groups it runs over: its replica_groups; for
+    collective-permute the devices its pairs connect), `group` (the largest group's size), and for
+    collective-permute its pairs."""
     m = _OP.search(line)
     if not m or "-done" in line.split("=")[0]:
         return None
@@ -130,16 +135,29 @@ def collective(line: str, n_devices: int) -> dict | None:
     arrays = arrays_of(m.group("shape"))
     if m.group("start") and op != "all-reduce":  # async *-start returns (operands, results): the results
         arrays = arrays_of(_top_level(m.group("shape"))[-1])
-    dtypes = {d for d, _ in arrays}
-    return {"op": op, "name": line.split("=")[0].strip().lstrip("%"), "arrays": len(arrays),
-            "dtype": dtypes.pop() if len(dtypes) == 1 else "mixed", "elements": sum(e for _, e in arrays),
+    kinds = [d for d, _ in arrays]
+    return {"op": op, "name": line.split("=")[0].strip().lstrip("%"), "arrays": len(arrays), "array_dtypes": kinds,
+            "dtype": "+".join(dict.fromkeys(kinds)), "widened": 0, "tuple": m.group("shape").startswith("("),
+            "async": bool(m.group("start")),
+            "elements": sum(e for _, e in arrays),
             "bytes": sum(DTYPE_BYTES[d] * e for d, e in arrays),
             "group": max(map(len, groups), default=1), "groups": groups, "pairs": pairs}
 
 
+def read_widened(c: dict, lines: list[str], comps: dict) -> dict:
+    """Collective `c` of computation `lines` with the arrays XLA:CPU reduced widened from bf16 read back
+    (`widened.narrowed_arrays`): `widened` their count, each one's type in `dtype` "bf16>f32"."""
+    if c["op"] not in REDUCTIONS or "f32" not in c["array_dtypes"] or c["async"]:
+        return c
+    narrowed = widened.narrowed_arrays(c["name"], c["arrays"], c["tuple"], lines, comps)
+    kinds = ["bf16>f32" if n and d == "f32" else d for d, n in zip(c["array_dtypes"], narrowed, strict=True)]
+    return {**c, "widened": kinds.count("bf16>f32"), "dtype": "+".join(dict.fromkeys(kinds))}
+
+
 def collectives_in_order(hlo_text: str, n_devices: int) -> list[dict]:
-    """Every collective of the module in program order, each with `trips`: the times it runs per
-    step (the product of the trip counts of the loops around it; None if one is unknown)."""
+    """Every collective of the module in program order (`collective`, `read_widened`), each with `trips`:
+    the times it runs per step (the product of the trip counts of the loops around it; None if one is
+    unknown)."""
     entry, comps = computations(hlo_text)
     found = []
 
@@ -149,7 +167,7 @@ def collectives_in_order(hlo_text: str, n_devices: int) -> list[dict]:
         for line in comps.get(name, []):
             c = collective(line, n_devices)
             if c is not None:
-                found.append({**c, "trips": trips})
+                found.append({**read_widened(c, comps[name], comps), "trips": trips})
             for callee, factor in _callees(line):
                 walk(callee, None if trips is None or factor is None else trips * factor, depth + 1)
 

@@ -75,8 +75,8 @@ def format_inspect(r: dict) -> str:
     axis = f", axis type {r['axis_type']}" if "axis_type" in r else ""
     lines = [f"{r['strategy']} on {r['devices']} devices ({r['model']}, {r['dtype']}, accum {r['accum']}{axis}): "
              f"{len(r['collectives'])} collectives in program order",
-             f"  {'#':>3} {'op':<19} {'dtype':<6} {'elements':>10} {'group':>5} {'bytes/device':>13} {'trips':>5}"]
-    lines += [f"  {i:>3} {c['op']:<19} {c['dtype']:<6} {c['elements']:>10} "
+             f"  {'#':>3} {'op':<19} {'dtype':<9} {'elements':>10} {'group':>5} {'bytes/device':>13} {'trips':>5}"]
+    lines += [f"  {i:>3} {c['op']:<19} {c['dtype']:<9} {c['elements']:>10} "
               f"{str(c['group_size']) + ('x' if c['inter_group'] else ''):>5} {c['bytes_per_device']:>13.0f} "
               f"{c['trips'] if c['trips'] is not None else '?':>5}" for i, c in enumerate(r["collectives"])]
     lines.append(f"sent per device per step: {r['bytes_per_device']:.0f} bytes "

@@ -184,6 +184,7 @@ NO_TWIN = {
     "analysis/target_memory.py": "XLA:GPU's compiled peak for a target; torch's is docs/GPU.md's part 5",
     "analysis/projection.py": "a step time projected from XLA:GPU's compiled program; torch has none to read",
     "analysis/fusion_reads.py": "what a fused XLA:GPU kernel reads, for the projection; torch has no fused program",
+    "analysis/widened.py": "the bf16 reductions XLA:CPU runs widened, read from its HLO; torch has no compiled program",
     "strategies/ddp_pmap.py": "pmap is JAX's own form of DDP",
     "strategies/grads.py": "local gradients with accumulation: torch's are strategies/common.py:local_grads (no_sync)",
     "strategies/stats.py": "BatchNorm's running statistics through a functional step; torch's modules keep them",

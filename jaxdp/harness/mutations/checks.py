@@ -2,7 +2,8 @@
 
 - `reduction_dtypes`: the element types of every collective in the compiled step (XLA's optimised
   HLO, `lower(...).compile().as_text()`): bf16 runs claim an fp32 gradient reduction, so every
-  all-reduce / reduce-scatter / all-gather / collective-permute must carry f32, never bf16;
+  all-reduce / reduce-scatter / all-to-all must carry f32, never bf16 (and the hand-written strategies'
+  gathers and ring sends too; a -jit partitioner may gather parameters already cast to bf16: exact);
 - `replica_mismatches`: after each step, every device's copy of each replicated array of the train
   state (parameters, optimizer state) must be bitwise identical to the others' (read from the
   addressable shards), since the strategies that run with replication unchecked (`check_vma=False`)
@@ -15,12 +16,11 @@ import re
 import jax
 import numpy as np
 
-from ...analysis import accounting
+from ...analysis import accounting, hlo
 from ...core import data
 
-_COLLECTIVE = re.compile(r"=\s*(?P<shape>.+?)\s+(?P<op>all-reduce|reduce-scatter|all-gather|collective-permute)"
-                         r"(?:-start)?\(")
-_FLOAT = re.compile(r"\b(bf16|f16|f32|f64)\[")
+FLOATS = ("bf16", "f16", "f32", "f64")
+MOVERS = ("all-gather", "collective-permute")
 _DEF = re.compile(r"\s*(?:ROOT )?%([\w.\-]+) = ")
 _COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.\-]+) .*\{\s*$")
 _NARROW = re.compile(r"= bf16\[[^\]]*\]\S* convert\(")
@@ -29,10 +29,16 @@ NOT_REPLICATED = {"dp": ("opt_state",)}
 
 
 def reduction_dtypes(hlo_text: str) -> dict[str, set[str]]:
-    """{collective op: the float element types it carries} in a compiled HLO module's text. An
-    operand rounded to bf16 just before (a convert to bf16 in the instruction, or the fusion, that
-    produces it) counts as bf16 even where the collective itself is f32: XLA:CPU runs a bf16
-    all-reduce as convert -> f32 all-reduce, so the rounding, not the collective's type, shows it."""
+    """{collective op: the float element types it carries} in a compiled HLO module's text, read from each
+    collective's own type (`hlo.collective`), with XLA:CPU's widening undone:
+    - a reduction (all-reduce, reduce-scatter) counts bf16 where XLA:CPU reduced arrays of it widened
+      from bf16 (`widened`, jaxdp/analysis/widened.py: convert -> f32 reduction -> convert back): the
+      partitioned program reduced them in bf16. An honest fp32 reduction of values each device computed
+      in bf16 (its own gradient, converted by the cast's transpose) is f32: the sum is what must be fp32;
+    - a data mover (all-gather, collective-permute) counts bf16 where its operand was rounded to bf16 just
+      before (a convert to bf16 in the instruction, or the fusion, that produces it): XLA:CPU's float
+      normalisation runs a bf16 gather as convert -> f32 gather, and the values sent are bf16 either way;
+    - all-to-all (the -jit explicit form's gradient trade): its own type."""
     lines = hlo_text.splitlines()
     defs = {m.group(1): line for line in lines if (m := _DEF.match(line))}
     bodies, current = {}, None
@@ -42,14 +48,14 @@ def reduction_dtypes(hlo_text: str) -> dict[str, set[str]]:
         elif current is not None:
             current.append(line)
     found: dict[str, set[str]] = {}
-    for line in lines:
-        m = _COLLECTIVE.search(line)
-        if not m or "-done" in line.split("=")[0]:
-            continue
-        kinds = found.setdefault(m.group("op"), set())
-        kinds.update(_FLOAT.findall(m.group("shape")))
-        args = line[m.end():].split(")")[0]
-        if any(_rounded_to_bf16(name, defs, bodies) for name in re.findall(r"%([\w.\-]+)", args)):
+    for c in hlo.collectives_in_order(hlo_text, 1):
+        kinds = found.setdefault(c["op"], set())
+        kinds.update(d for d in c["array_dtypes"] if d in FLOATS)
+        if c["widened"]:
+            kinds.add("bf16")
+        line = defs.get(c["name"].split()[-1].lstrip("%"), "")
+        args = (re.split(rf" {c['op']}(?:-start)?\(", line, maxsplit=1) + [""])[1].split(")")[0]
+        if c["op"] in MOVERS and any(_rounded_to_bf16(n, defs, bodies) for n in re.findall(r"%([\w.\-]+)", args)):
             kinds.add("bf16")
     return found
 

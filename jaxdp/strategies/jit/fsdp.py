@@ -3,8 +3,10 @@
 `data`, and `jax.jit` over the loss and the optimizer. Nothing is written per layer: the compiler gathers
 the parameters where the loss uses them and reduces the gradient into the parameters' shards.
 
-- `auto`: the partitioner decides where the all-gathers go (and whether a gather inside the micro-batch
-  loop is hoisted out of it) and how each micro-batch's gradient is reduced.
+- `auto`: the parameters the loss reads are constrained whole (`step.plain_body`'s `whole`: FSDP's gather;
+  left alone, the partitioner ran a split small model tensor-parallel and reduced activations in bf16); it
+  decides where the all-gathers go (hoisted out of the micro-batch loop on XLA:CPU) and how each
+  micro-batch's gradient is reduced.
 - `explicit`: the body says it: every micro-batch gathers the full parameters (`reshard` to replicated)
   and takes each device's own gradient of them; the devices' sums are carried through the loop and
   reduced once per step into the shards (`step.sum_devices`: a reduce-scatter's bytes); the update runs

@@ -58,19 +58,31 @@ def put_batch(mesh, accum: int):
     return lambda x, y: (place(x), place(y))
 
 
-def rows(a):
-    """One micro-batch `(N, rows per device, ...)` as the global rows `(N x rows, ...)`."""
-    return a.reshape(a.shape[0] * a.shape[1], *a.shape[2:])
+def device_mean(loss_fn):
+    """`(params, x, y) -> (loss, gradient)` for one micro-batch `(N, rows per device, ...)`: the mean over the
+    device axis of each device's own (a `jax.vmap` of the gradient over that axis), each in the parameters'
+    dtype: in bf16 runs the cast's transpose makes a device's gradient fp32 before the mean, so the
+    partitioner's reduction of it is fp32. The gradient of the global mean loss instead ends in a bf16
+    weight product contracted over the sharded rows, and the partitioner reduces that product where it is:
+    in bf16, before the cast back (docs/STRATEGIES.md, "Mixed precision under the partitioner")."""
+    per_device = jax.vmap(jax.value_and_grad(loss_fn), in_axes=(None, 0, 0))
+    return lambda params, x, y: jax.tree.map(lambda a: a.mean(0), per_device(params, x, y))
 
 
-def plain_body(problem, optimizer):
+def plain_body(problem, optimizer, whole=None):
     """`auto`'s body, the same for the three strategies (only the shardings differ): the mean loss and
-    gradient over the micro-batches (a scan), then the optimizer, all on global arrays."""
+    gradient over the micro-batches (a scan of `device_mean`), then the optimizer, all on global arrays.
+    `whole` (fsdp-jit: the parameters' shardings kept whole) constrains the parameters the loss reads to be
+    whole on every device, FSDP's gather: left alone, the partitioner ran the sharded layers
+    tensor-parallel on a split small model and reduced their activations' partial sums in bf16."""
     def body(params, opt_state, xs, ys):
-        def micro(carry, batch):
-            return jax.tree.map(jnp.add, carry, jax.value_and_grad(problem.loss_fn)(params, *map(rows, batch))), None
+        grad = device_mean(problem.loss_fn)
 
-        shapes = jax.eval_shape(jax.value_and_grad(problem.loss_fn), params, rows(xs[0]), rows(ys[0]))
+        def micro(carry, batch):
+            full = params if whole is None else lax.with_sharding_constraint(params, whole)
+            return jax.tree.map(jnp.add, carry, grad(full, *batch)), None
+
+        shapes = jax.eval_shape(jax.value_and_grad(problem.loss_fn), params, xs[0, 0], ys[0, 0])
         (loss, grads), _ = lax.scan(micro, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes), (xs, ys))
         loss, grads = jax.tree.map(lambda a: a / xs.shape[0], (loss, grads))
         params, opt_state = apply_update(optimizer, grads, opt_state, params)
@@ -151,7 +163,8 @@ def build(row: layout_mod.Layout, problem, optimizer, mesh, opts, return_grads: 
         return jax.device_put(TrainState(params, opt_state), state_shardings)
 
     explicit = opts.axis_type == "explicit"
-    body = explicit_body(problem, optimizer, specs, opts.accum) if explicit else plain_body(problem, optimizer)
+    whole = layout_mod.shardings(mesh, layout_mod.specs(problem.params, n, False)) if row.shards_params else None
+    body = explicit_body(problem, optimizer, specs, opts.accum) if explicit else plain_body(problem, optimizer, whole)
 
     def step(state, xs, ys):
         params, opt_state, loss, grads = body(state.params, state.opt_state, xs, ys)

@@ -87,7 +87,7 @@ def test_inspect_target_keys_and_bytes_against_theory(inspected, strategy):
 
 def test_bf16_collectives_explain_dp_and_zero3_only_when_the_program_sends_bf16():
     """XLA:GPU sends dp's first hop and zero3's forward gathers in bf16 before widening them (docs/GPU.md)."""
-    sent = [{"op": "collective-permute", "dtype": "mixed"}, {"op": "collective-permute", "dtype": "f32"}]
+    sent = [{"op": "collective-permute", "dtype": "f32+bf16"}, {"op": "collective-permute", "dtype": "f32"}]
     r = {"strategy": "dp", "dtype": "bfloat16", "collectives": sent, "combined": 0, "theory_bytes_per_device": 10.0,
          "bytes_by_kind": {"point-to-point": 9.0}, "theory_by_kind": {"point-to-point": 10.0}}
     assert gpu_program.difference(r).endswith(gpu_program.DP_FIRST_HOP)
@@ -177,3 +177,21 @@ def test_a_target_program_compiled_twice_with_a_persistent_cache_is_quiet():
         for _ in range(2):
             aot.TargetStep(cfg, "h100", 1)
     assert not [w for w in seen if aot.CACHE_READ in str(w.message)]
+
+
+GPT2_BF16 = RunConfig(model="gpt2", data="text", n_layer=1, n_head=2, d_model=16, seq_len=8, devices=4, batch_size=32,
+                      dtype="bfloat16", axis_type="auto")
+
+
+@needs_extra
+@pytest.mark.parametrize("strategy", ["ddp-jit", "zero1-jit", "fsdp-jit"])
+def test_the_jit_strategies_reduce_bf16_runs_in_fp32_on_the_gpu_program(strategy):
+    """XLA:GPU reduces bf16 in bf16 (no widening), so its program's types are the reading: every all-reduce and
+    reduce-scatter of the -jit strategies' gpt2 step carries f32 (before issue 67's fix, ddp-jit's carried a bf16
+    all-reduce of 3,344 elements, zero1-jit's a bf16 reduce-scatter, fsdp-jit's bf16 reductions of activations):
+    one fp32 reduction of the whole gradient, or of each device's shard of it."""
+    r = inspect.inspect(GPT2_BF16.replace(strategy=strategy).validate(), target="h100")
+    reductions = [c for c in r["collectives"] if c["op"] in ("all-reduce", "reduce-scatter")]
+    assert reductions and all(c["dtype"] in ("f32", "pred") for c in reductions), r["collectives"]
+    grad = max(reductions, key=lambda c: c["elements"])  # 4176 parameters (+ the loss), or their shard of 4
+    assert (grad["dtype"], grad["elements"]) == ("f32", 4177 if strategy == "ddp-jit" else 1044), grad

@@ -68,3 +68,26 @@ def test_replica_groups_explicit_iota_and_permute_pairs():
     assert hlo.collective("%x = f32[] all-reduce(f32[] %p), replica_groups={}, to_apply=%sum", 4)["group"] == 4
     line = "%x = f32[8]{0} collective-permute(f32[8]{0} %p), source_target_pairs={{0,1},{1,0},{2,3},{3,2}}"
     assert hlo.collective(line, 4)["groups"] == [[0, 1], [2, 3]]
+
+
+def test_a_tuple_collective_reports_every_dtype_it_carries():
+    """A hand-written tuple all-reduce of f32 and bf16 arrays: each type once, in tuple order; bytes by type."""
+    line = ("%all-reduce.3 = (f32[4]{0}, bf16[8,2]{1,0}, f32[2]{0}) all-reduce(%a, %b, %c), channel_id=2, "
+            "replica_groups={{0,1}}, use_global_device_ids=true, to_apply=%region_0.1")
+    c = hlo.collective(line, 2)
+    assert (c["dtype"], c["array_dtypes"], c["arrays"]) == ("f32+bf16", ["f32", "bf16", "f32"], 3)
+    assert c["bytes"] == 4 * 4 + 2 * 16 + 4 * 2 and c["elements"] == 22
+
+
+def test_a_real_tuple_all_reduce_shows_its_bf16_part_that_xla_cpu_widened():
+    """psum of an f32 and a bf16 array: XLA:CPU combines them into one tuple all-reduce and runs the bf16 one
+    widened to f32 (convert, reduce, convert back: every type in the program reads f32). The bf16 part is read
+    back (`analysis/widened.py`): dtype "f32+bf16>f32", one array widened; the f32 part stays f32."""
+    mesh = devices.mesh(jax.devices()[:2])
+    g = jax.shard_map(lambda x: lax.psum((x, x.astype(jnp.bfloat16)), "data"), mesh=mesh, in_specs=P("data"),
+                      out_specs=P(), check_vma=False)
+    x = jax.device_put(jnp.ones(16, jnp.float32), NamedSharding(mesh, P("data")))
+    text = jax.jit(g).lower(x).compile().as_text()
+    tuples = [c for c in hlo.collectives_in_order(text, 2) if c["arrays"] > 1]
+    assert len(tuples) == 1 and tuples[0]["array_dtypes"] == ["f32", "f32"], tuples  # what XLA:CPU's types say
+    assert (tuples[0]["dtype"], tuples[0]["widened"]) == ("f32+bf16>f32", 1)

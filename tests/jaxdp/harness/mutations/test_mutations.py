@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import functools
 
+import jax
 import pytest
 
+from jaxdp.analysis import accounting
 from jaxdp.core.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES
 from jaxdp.harness import mutations, pair_runs
 from jaxdp.harness.mutations import checks, score
+from jaxdp.strategies.jit import step as jit_step
 
 # (bug, framework, dtype): every check kind and every dtype at least once, all on two devices (one
 # torch world): the issue's own missing 1/N in bf16 (it moved the loss by 0.06% and parity said ok), and
@@ -73,23 +76,68 @@ def test_jax_reduces_bf16_runs_gradients_in_fp32_in_the_compiled_program(strateg
     assert set().union(*dtypes.values()) == {"f32"}, dtypes
 
 
-JIT_BF16_BUG = pytest.mark.xfail(strict=True, reason=(
-    "known bug, found by the honest matrix (python -m jaxdp.harness.mutations.honest): under jit the partitioner "
-    "places the reduction of a bf16 matmul's weight gradient on the bf16 product, before the cast to the fp32 "
-    "master; parity.bf16_reduced flags the traces (docs/STRATEGIES.md)"))
+TEXT_MODEL = dict(data="text", n_layer=1, n_head=2, d_model=16, seq_len=8, accum=1)
+# N = 3 keeps most of these small models' arrays whole; N = 4 splits them, where fsdp-jit's partitioner, left
+# alone, chose a tensor-parallel schedule that reduced activations in bf16 (`step.build`'s `whole`)
+JIT_BF16 = [(s, "mlp", "auto", 3) for s in JIT_STRATEGIES] + [
+    (s, model, axis, 3) for s in JIT_STRATEGIES for model in ("gpt", "gpt2") for axis in ("auto", "explicit")] + [
+    (s, "gpt2", "auto", 4) for s in JIT_STRATEGIES]
+REDUCTIONS = ("all-reduce", "reduce-scatter", "all-to-all")  # all-to-all: explicit's trade of the gradient
 
 
-@pytest.mark.parametrize("strategy", JIT_STRATEGIES)
-@pytest.mark.parametrize("model", ["mlp", pytest.param("gpt2", marks=JIT_BF16_BUG)])
-def test_the_jit_strategies_reduce_bf16_runs_in_fp32_in_the_compiled_program(strategy, model):
-    """The -jit forms, where the partitioner places every collective: the mlp's reduction is f32; gpt2's
-    is not yet (strict xfail: this test fails until the bug is fixed, and says so when it is)."""
-    cfg = BF16.replace(strategy=strategy, devices=3, batch_size=36)
-    if model == "gpt2":
-        cfg = cfg.replace(model="gpt2", data="text", n_layer=1, n_head=2, d_model=16, seq_len=8, accum=1)
-    _, dtypes = checks.compiled_step(cfg)
-    assert dtypes, "no collective found"
-    assert set().union(*dtypes.values()) == {"f32"}, dtypes
+def jit_bf16(strategy: str, model: str, axis_type: str, n: int = 3):
+    cfg = BF16.replace(strategy=strategy, devices=n, batch_size=12 * n, axis_type=axis_type)
+    return cfg if model == "mlp" else cfg.replace(model=model, **TEXT_MODEL)
+
+
+def reductions(dtypes: dict) -> set:
+    return set().union(*(kinds for op, kinds in dtypes.items() if op in REDUCTIONS))
+
+
+@pytest.mark.parametrize("case", JIT_BF16, ids=lambda c: "-".join(map(str, c)))
+def test_the_jit_strategies_reduce_bf16_runs_in_fp32_in_the_compiled_program(case):
+    """The -jit forms, where the partitioner places every collective: every reduction carries f32 (gpt and
+    gpt2 reduced part of the gradient in bf16 under `auto` before each device's gradient was taken apart:
+    `step.plain_body`); a gather may carry the parameters already cast to bf16 (the same values)."""
+    _, dtypes = checks.compiled_step(jit_bf16(*case))
+    assert reductions(dtypes) == {"f32"}, dtypes
+    assert set().union(*dtypes.values()) <= {"f32", "bf16"}, dtypes
+
+
+@pytest.mark.parametrize("strategy", JAX_DISTRIBUTED)
+def test_the_hand_written_strategies_reduce_gpt2s_bf16_gradient_in_fp32(strategy):
+    """gpt2, whose weight gradients are bf16 products on each device: every collective of the hand-written
+    strategies' bf16 step carries f32 (ddp-ring's sends are partial sums); dp's tree sends each leaf's own
+    gradient on its first hop, bf16 values widened to fp32 and summed in fp32 by the receiver (exact, as
+    docs/GPU.md says of the GPU program), which the mover's reading counts as bf16."""
+    _, dtypes = checks.compiled_step(jit_bf16(strategy, "gpt2", "auto"))
+    allowed = {op: {"f32", "bf16"} if (strategy, op) == ("dp", "collective-permute") else {"f32"} for op in dtypes}
+    assert dtypes and all(kinds <= allowed[op] for op, kinds in dtypes.items()), dtypes
+
+
+def test_the_gpt2_check_fails_on_ddp_reducing_in_bf16():
+    """The check above on gpt2 with the bf16-reduction bug injected (ddp casts the gradient to bf16 before its
+    psum): XLA:CPU runs that psum widened, and the check reads it as bf16."""
+    with mutations.inject("jax", "bf16-reduction"):
+        _, dtypes = checks.compiled_step(jit_bf16("ddp", "gpt2", "auto"))
+    assert "bf16" in dtypes["all-reduce"], dtypes
+
+
+def global_mean(loss_fn):
+    """The bug: `auto`'s micro-batch gradient as it was, that of the global mean loss over the rows."""
+    def rows(a):
+        return a.reshape(a.shape[0] * a.shape[1], *a.shape[2:])
+    return lambda params, x, y: jax.value_and_grad(loss_fn)(params, rows(x), rows(y))
+
+
+def test_the_jit_fp32_reduction_check_fails_on_the_global_gradient(monkeypatch):
+    """The check above, on the program as it was: gpt2's weight products reduced in bf16 (XLA:CPU runs them
+    widened, `analysis/widened.py`), read as bf16 by the check and as `bf16>f32` by `jaxdp inspect`."""
+    monkeypatch.setattr(jit_step, "device_mean", global_mean)
+    compiled = accounting.compile_step(jit_bf16("ddp-jit", "gpt2", "auto"))
+    assert "bf16" in reductions(checks.reduction_dtypes(compiled.program.as_text()))
+    found = accounting.collectives(compiled.program.as_text(), 3)
+    assert any("bf16>f32" in c["dtype"] and c["widened"] for c in found), [c["dtype"] for c in found]
 
 
 @pytest.mark.parametrize("strategy", TORCH_DISTRIBUTED)

@@ -40,7 +40,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from jaxdp.core import ckpt_folder, manifest
+from jaxdp.core import ckpt_folder, manifest, progress
 from jaxdp.core import record as rules
 from jaxdp.core.errors import ConfigError
 from jaxdp.core.record import RECORD_FIELDS, CheckpointError, DamagedCheckpoint  # noqa: F401 (one contract)
@@ -120,6 +120,16 @@ def step_dirs(directory) -> list[int]:
 
 
 # ---- save ---------------------------------------------------------------------------------------
+def maybe_save(directory, step: int, state, cfg, force: bool = False) -> bool:
+    """Save step `step` when it is due (every --checkpoint-every steps) or `force` (a run stopped by a signal),
+    as jaxdp's `Checkpointer.maybe_save`; every rank calls it."""
+    if cfg.checkpoint_every <= 0 or not (force or step % cfg.checkpoint_every == 0):
+        return False
+    save(directory, step, state, cfg)
+    progress.kept(directory, f"checkpoint step {step} in {directory}")
+    return True
+
+
 def save(directory, step: int, state, cfg) -> str:
     """Save `state` (a strategy's `checkpoint`) as step `step`; every rank calls it. Returns the path."""
     rank = dist.get_rank() if _distributed() else 0

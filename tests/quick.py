@@ -57,6 +57,11 @@ QUICK = {
         "test_a_cluster_host_holds_its_share"),
     "tests/jaxdp/core/test_paths.py": ALL,
     "tests/jaxdp/core/test_xla_flags.py": ALL,
+    "tests/jaxdp/core/test_stop.py": (  # in this process (the real runs: 3 min)
+        "test_stopped_is_an_interrupt_with_the_shells_status",
+        "test_a_signal_in_a_loop_waits_for_the_steps_end_and_a_second_does_not",
+        "test_a_command_answers_sigterm_with_its_line_and_143",
+    ),
     "tests/cli/test_sizes_checked.py": ALL,
     "tests/jaxdp/harness/test_interrupt.py": ("test_children_leave_ctrl_c_to_this_process_which_keeps_it",
                                               "test_a_closed_pipe_ends_the_command_quietly"),

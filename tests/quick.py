@@ -62,6 +62,7 @@ QUICK = {
         "test_a_signal_in_a_loop_waits_for_the_steps_end_and_a_second_does_not",
         "test_a_command_answers_sigterm_with_its_line_and_143",
     ),
+    "tests/torch_ref/test_stop_agreement.py": ALL,
     "tests/cli/test_sizes_checked.py": ALL,
     "tests/jaxdp/harness/test_interrupt.py": ("test_children_leave_ctrl_c_to_this_process_which_keeps_it",
                                               "test_a_closed_pipe_ends_the_command_quietly"),

@@ -21,7 +21,7 @@ from jaxdp.core import progress as run_progress  # where the run is, for the lin
 from jaxdp.core.config import ConfigError, RunConfig
 from jaxdp.core.results import NonFiniteLoss, RunResult  # one error type and one result for both frameworks
 
-from . import api, checkpoint, launch, models, optim, strategies
+from . import api, checkpoint, launch, models, optim, stop_agreement, strategies
 from .models import cnn
 from .strategies import finite
 from .trace import Recorder
@@ -163,6 +163,7 @@ def _train(cfg: RunConfig, place: Place, dataset, model, optimizer, start: int, 
     """Steps start+1..cfg.steps: batch -> step -> log -> trace -> checkpoint."""
     t0 = t1 = time.perf_counter()
     run_progress.step_done(start)
+    agreement = stop_agreement.Agreement(place.world, place.device)
     with stop.deferred() as request:  # SIGINT and SIGTERM wait for the step's end (jaxdp.core.stop)
         for k in range(start + 1, cfg.steps + 1):
             t_step = time.perf_counter()
@@ -180,21 +181,19 @@ def _train(cfg: RunConfig, place: Place, dataset, model, optimizer, start: int, 
             if k == start + 1:
                 t1 = time.perf_counter()
                 result.first_step_s = t1 - t0
-            _stop_here(cfg, place, model, k, saved)
+            _stop_here(cfg, model, k, saved, agreement.after_step(k))
+        agreement.close()
     if cfg.steps - start > 1:
         result.steps_per_s = (cfg.steps - start - 1) / max(time.perf_counter() - t1, 1e-9)
 
 
-def _stop_here(cfg: RunConfig, place: Place, model, k: int, saved: bool) -> None:
-    """After step `k`: the signal asked of any rank (`jaxdp.core.stop`), agreed by all (a MAX all-reduce of one
-    int: every rank stops after the same step); step `k` saved unless it just was, then Stopped."""
-    flag = torch.tensor([stop.asked() or 0], dtype=torch.int32, device=place.device)
-    if place.world > 1:
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    if flag.item():
+def _stop_here(cfg: RunConfig, model, k: int, saved: bool, signum: int) -> None:
+    """After step `k`, when the ranks agreed on a signal (`stop_agreement`): step `k` saved unless it just was,
+    then Stopped."""
+    if signum:
         if not saved:
             checkpoint.maybe_save(cfg.checkpoint_dir, k, api.state_of(model).checkpoint, cfg, force=True)
-        raise stop.Stopped(int(flag.item()))
+        raise stop.Stopped(signum)
 
 
 def _step(cfg: RunConfig, place: Place, model, optimizer, batch: tuple, k: int) -> float:

@@ -21,7 +21,8 @@ QUICK = {
     ),
     "tests/house/test_tests_tree.py": ALL,
     "tests/house/test_reruns.py": ALL,
-    "tests/jaxdp/test_multiprocess.py": ("test_gloos_notice_is_dropped_in_any_of_its_pieces_and_nothing_else_is",),
+    "tests/jaxdp/test_multiprocess.py": ("test_gloos_notice_is_dropped_in_any_of_its_pieces_and_nothing_else_is",
+                                         "test_jaxs_sigterm_notice_is_dropped_from_a_processs_stderr_and_nothing_else_is"),
     "tests/cli/test_entry_points.py": ALL,
     "tests/cli/test_exit_status.py": ("test_the_mapping", "test_bad_flag_is_2_and_every_help_has_the_table"),
     "tests/cli/test_bad_input.py": (

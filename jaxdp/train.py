@@ -125,7 +125,7 @@ def _train(cfg, dataset, par, state, start, saver, recorder, result, progress):
     run_progress.step_done(start)
     many = jax.process_count() > 1
     try:
-        with _signals_deferred(many, start) as request:
+        with _signals_deferred(many) as request:
             for k in range(start + 1, cfg.steps + 1):
                 t_step = time.perf_counter()
                 x, y = host_batch(cfg, dataset, k)  # the global batch; a process steps on its rows of it
@@ -146,7 +146,7 @@ def _train(cfg, dataset, par, state, start, saver, recorder, result, progress):
                 if bar is not None:
                     bar.set_postfix(loss=f"{loss:.4f}")
                     bar.update(1)
-                _stop_here(k, many, saver if not saved else None, state, cfg)
+                _stop_here(k, k - start if many else 0, saver if not saved else None, state, cfg)
     finally:
         if bar is not None:
             bar.close()  # on Ctrl-C too: the command's one line then starts a clean line
@@ -156,25 +156,26 @@ def _train(cfg, dataset, par, state, start, saver, recorder, result, progress):
         result.steps_per_s = (cfg.steps - start - 1) / max(time.perf_counter() - t1, 1e-9)
 
 
-def _signals_deferred(many: bool, start: int):
+def _signals_deferred(many: bool):
     """SIGINT and SIGTERM wait for the end of the step (`jaxdp.core.stop`). Several processes: SIGTERM is JAX's
-    preemption notice (its handler, installed by jax.distributed, is left alone) and SIGINT is made one; the
-    sync point's call counter starts at `start`, so a notice before the first step stops at step start + 1."""
+    preemption notice (its handler, installed by jax.distributed, is left alone) and SIGINT is made one. JAX's sync
+    point counts this run's steps from 0 (`_stop_here`): a notice before the first call agrees on 1, the run's
+    first step, where a resumed run's step numbers would never reach it."""
     if not many:
         return stop.deferred()
     from jax.experimental import multihost_utils
 
-    multihost_utils.reached_preemption_sync_point(start)
+    multihost_utils.reached_preemption_sync_point(0)
     return stop.deferred((signal.SIGINT,), notice=signal.SIGTERM)
 
 
-def _stop_here(k: int, many: bool, saver, state, cfg) -> None:
-    """After step `k`: when a stop was asked (several processes: when every one has reached JAX's preemption sync
-    point, the same step in all), save step `k` (unless it was just saved) and raise Stopped."""
-    if many:
+def _stop_here(k: int, nth: int, saver, state, cfg) -> None:
+    """After step `k`, the run's `nth` (0: one process): when a stop was asked (several processes: when every one
+    has reached JAX's preemption sync point, the same step in all), save step `k` (unless just saved), Stopped."""
+    if nth:
         from jax.experimental import multihost_utils
 
-        signum = (stop.asked() or signal.SIGTERM) if multihost_utils.reached_preemption_sync_point(k) else None
+        signum = (stop.asked() or signal.SIGTERM) if multihost_utils.reached_preemption_sync_point(nth) else None
     else:
         signum = stop.asked()
     if signum is None:

@@ -54,8 +54,9 @@ class Checkpointer:
         self.directory, self.every, self.lock = directory, every, lock
         self.manager = _manager(directory, every)
 
-    def maybe_save(self, step: int, state, cfg) -> bool:
-        if self.every <= 0 or step % self.every:
+    def maybe_save(self, step: int, state, cfg, force: bool = False) -> bool:
+        """Save step `step` when it is due (every `every` steps) or `force` (a run stopped by a signal)."""
+        if not force and (self.every <= 0 or step % self.every):
             return False
         import orbax.checkpoint as ocp
 

@@ -5,7 +5,10 @@ Nothing here is a protocol of our own: the children are ordinary `jaxdp train --
 --num-processes P --process-id I` runs, exactly what one would start by hand on P hosts of a
 cluster. The launcher only starts them and watches them: when one fails, the others are stopped and
 the launcher exits with status 3 (2 when a process refused its input), so a dead process never leaves
-the rest hanging. Ctrl-C is the launcher's alone: it stops the children and reaps them before it answers.
+the rest hanging. Ctrl-C is the launcher's alone. SIGINT or SIGTERM to the launcher is forwarded to every
+child as SIGTERM, JAX's preemption notice: all stop at the same step, save it, and exit 143 (`jaxdp.core.stop`);
+a child that a signal stopped (130, 143: a notice sent to it alone reaches all of them through JAX) makes the
+launcher wait for the others, then answer 130 or 143. A child not gone within STOP_S is killed.
 The children die with the launcher, by any signal (`jaxdp.core.lifeline`), and each beats a heartbeat
 file: one that stops beating for `--heartbeat` seconds (stopped, frozen), or has not started within
 `--startup-timeout`, is named and the run stopped (`jaxdp.core.heartbeat`). The coordinator listens on
@@ -21,12 +24,13 @@ import sys
 import threading
 import time
 
-from .core import heartbeat, lifeline, ports, progress, xla_flags
+from .core import heartbeat, lifeline, ports, progress, stop, xla_flags
 from .core.errors import EXIT_FAILED, EXIT_USAGE
 
 POLL_S = 0.2
 GRACE_S = 5.0
 FIRST_CAUSE_S = 1.0
+STOP_S = 8.0  # a signal's stop: the step in progress, JAX's sync (its notifier polls every 1 s), the save
 
 
 def launch(argv: list[str], processes: int, timeout_s: float | None = None,
@@ -38,7 +42,7 @@ def launch(argv: list[str], processes: int, timeout_s: float | None = None,
     env = {k: v for k, v in xla_flags.for_child(os.environ).items() if k != progress.ENV}
     env.update({lifeline.ENV: str(os.getpid()), heartbeat.ENV_S: str(heartbeat_s)})
     env.setdefault("PYTHONFAULTHANDLER", "1")  # a native crash prints each thread's Python stack first
-    children, beats = [], heartbeat.Watch(processes, heartbeat_s, startup_s)
+    children, relays, beats = [], [], heartbeat.Watch(processes, heartbeat_s, startup_s)
     with progress.channel() as report:
         try:
             with progress.sigint_left_to_this_process():  # inherited: the children leave Ctrl-C to this process
@@ -48,22 +52,24 @@ def launch(argv: list[str], processes: int, timeout_s: float | None = None,
                     child_env = {**env, heartbeat.ENV_FILE: beats.path(pid)}
                     if pid == 0:
                         child_env[progress.ENV] = report
-                    children.append(subprocess.Popen(cmd, env=child_env,
+                    children.append(subprocess.Popen(cmd, env=child_env, stderr=subprocess.PIPE,
                                                      stdout=subprocess.PIPE if pid == 0 else subprocess.DEVNULL))
                     print(f"jaxdp: started process {pid} (pid {children[-1].pid})", file=sys.stderr, flush=True)
-            relay = threading.Thread(target=_relay, args=(children[0].stdout,), daemon=True)
-            relay.start()
-            code = _watch(children, timeout_s, beats)
-            relay.join(timeout=GRACE_S)
-            return code
+            relays = [threading.Thread(target=_relay, args=(c.stdout, sys.stdout), daemon=True) for c in children[:1]]
+            relays += [threading.Thread(target=_relay, args=(c.stderr, sys.stderr), daemon=True) for c in children]
+            for relay in relays:
+                relay.start()
+            return _watch(children, timeout_s, beats)
         except KeyboardInterrupt:
             with progress.sigint_deferred():  # a second Ctrl-C does not cut the stopping short
-                _kill(children)
+                _halt(children)
                 progress.merge(report)
             raise
         finally:
             with progress.sigint_deferred():  # Ctrl-C while the children are reaped: answered (130) once they are
                 _stop(children)
+                for relay in relays:
+                    relay.join(timeout=GRACE_S)
                 progress.merge(report)
                 beats.close()
 
@@ -76,19 +82,24 @@ GLOO_NOTICE = re.compile(rb"(?:\s*(\[Gloo\]\s*)?(Rank\s*)?(\d+\s*)?(is connected
                          rb"(Expected number of connected peer ranks is :\s*)?(\d+\s*)?){1,4}")  # up to 4 on a line
 
 
+# JAX's preemption notifier's line, `W1207 05:43:22.687536 6529 preemption_notifier.cc:90] SIGTERM caught at ...`,
+# on each process the launcher stopped: the launcher's one line says it.
+SIGTERM_NOTICE = re.compile(rb"\S+ [\d:.]+\s+\d+ preemption_notifier\.cc:\d+\] SIGTERM caught at .*\s*")
+
+
 def notice(line: bytes) -> bool:
     """Whether a line of process 0's stdout is (a piece of) gloo's notice or blank (`jaxdp train` prints
-    neither: its lines are run summaries)."""
-    return GLOO_NOTICE.fullmatch(line) is not None
+    neither: its lines are run summaries), or a line of a child's stderr is JAX's SIGTERM notice."""
+    return GLOO_NOTICE.fullmatch(line) is not None or SIGTERM_NOTICE.fullmatch(line) is not None
 
 
-def _relay(pipe) -> None:
-    """Process 0's stdout, less gloo's connection notice and the blank line its separate newline sometimes
-    leaves (`notice`): not the user's business."""
+def _relay(pipe, out) -> None:
+    """A child's stdout or stderr to this process's `out`, less gloo's connection notice and the blank line its
+    separate newline sometimes leaves, and JAX's SIGTERM notice (`notice`): not the user's business."""
     for line in iter(pipe.readline, b""):
         if not notice(line):
-            sys.stdout.buffer.write(line)
-            sys.stdout.flush()
+            out.buffer.write(line)
+            out.flush()
 
 
 def _watch(children, timeout_s: float | None, beats: heartbeat.Watch) -> int:
@@ -98,6 +109,9 @@ def _watch(children, timeout_s: float | None, beats: heartbeat.Watch) -> int:
     while True:
         codes = [c.poll() for c in children]
         failed = [(i, code) for i, code in enumerate(codes) if code not in (None, 0)]
+        if failed and all(stop.signum_of(code) for _, code in failed):  # a signal's stop: the others follow
+            _halt(children, signal_them=False)
+            raise stop.Stopped(min(stop.signum_of(code) for _, code in failed))  # SIGINT's 130 before SIGTERM's
         if failed:
             # Peers of a dead process fail too (their connections close), sometimes first: wait a
             # moment, then blame a process killed by a signal before one that merely saw it go.
@@ -133,13 +147,25 @@ def _stopped(children, beats: heartbeat.Watch, after_s: float | None = None) -> 
 
 
 def _kill(children) -> None:
-    """Ctrl-C: SIGKILL every child at once, then reap them. Not SIGTERM: jax.distributed takes SIGTERM for a
-    preemption notice and carries on, and a child that outlives its peer by a moment logs their failure."""
+    """SIGKILL every child at once (a stopped one, or one past STOP_S), then reap them."""
     for c in children:
         if c.poll() is None:
             c.kill()
     for c in children:
         c.wait()
+
+
+def _halt(children, signal_them: bool = True) -> None:
+    """A stop asked by a signal: SIGTERM (JAX's preemption notice) to every child (`signal_them`), a wait of up to
+    STOP_S for them to save their step and exit, then SIGKILL for any left."""
+    if signal_them:
+        for c in children:
+            if c.poll() is None:
+                c.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_S
+    while any(c.poll() is None for c in children) and time.monotonic() < deadline:
+        time.sleep(POLL_S / 4)
+    _kill(children)
 
 
 def _stop(children) -> None:

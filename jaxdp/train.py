@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import signal
 import sys
 import time
 
@@ -9,6 +10,7 @@ import numpy as np
 
 from . import devices as devices_mod
 from .core import progress as run_progress  # where the run is, for the line Ctrl-C prints
+from .core import stop
 from .core.config import JIT_STRATEGIES, RunConfig
 from .core.results import NonFiniteLoss, RunResult  # noqa: F401 (re-exported: jaxdp.train's names)
 
@@ -121,29 +123,30 @@ def _train(cfg, dataset, par, state, start, saver, recorder, result, progress):
     bar = _progress_bar(cfg, progress) if jax.process_index() == 0 else None
     t0 = t1 = time.perf_counter()
     run_progress.step_done(start)
+    many = jax.process_count() > 1
     try:
-        for k in range(start + 1, cfg.steps + 1):
-            t_step = time.perf_counter()
-            x, y = host_batch(cfg, dataset, k)  # the global batch; a process steps on its rows of it
-            state, metrics = par.step(state, *(_process_rows(a, cfg.accum) for a in (x, y)))
-            loss = float(metrics["loss"])
-            if cfg.nan_check:  # before the step is recorded or checkpointed
-                check_finite(cfg, k, loss, metrics.get("finite"), par.problem.params)
-            result.losses.append(loss)
-            result.step_times.append(time.perf_counter() - t_step)  # float(loss) waited for the step
-            if recorder is not None:
-                recorder.step(k, loss, metrics["grads"], par.params(state), x, y, state=metrics.get("state"))
-            run_progress.step_done(k)
-            if saver is not None:
-                with run_progress.sigint_deferred():  # Ctrl-C during a save: the save completes first
-                    if saver.maybe_save(k, state, cfg):
-                        run_progress.kept(cfg.checkpoint_dir, f"checkpoint step {k} in {cfg.checkpoint_dir}")
-            if k == start + 1:
-                t1 = time.perf_counter()
-                result.first_step_s = t1 - t0
-            if bar is not None:
-                bar.set_postfix(loss=f"{loss:.4f}")
-                bar.update(1)
+        with _signals_deferred(many) as request:
+            for k in range(start + 1, cfg.steps + 1):
+                t_step = time.perf_counter()
+                x, y = host_batch(cfg, dataset, k)  # the global batch; a process steps on its rows of it
+                state, metrics = par.step(state, *(_process_rows(a, cfg.accum) for a in (x, y)))
+                loss = float(metrics["loss"])
+                if cfg.nan_check:  # before the step is recorded or checkpointed
+                    check_finite(cfg, k, loss, metrics.get("finite"), par.problem.params)
+                result.losses.append(loss)
+                result.step_times.append(time.perf_counter() - t_step)  # float(loss) waited for the step
+                if recorder is not None:
+                    recorder.step(k, loss, metrics["grads"], par.params(state), x, y, state=metrics.get("state"))
+                run_progress.step_done(k)
+                request.armed = True  # from here a signal waits for the step's end (and a save in progress)
+                saved = saver is not None and _save(saver, k, state, cfg, force=False)
+                if k == start + 1:
+                    t1 = time.perf_counter()
+                    result.first_step_s = t1 - t0
+                if bar is not None:
+                    bar.set_postfix(loss=f"{loss:.4f}")
+                    bar.update(1)
+                _stop_here(k, k - start if many else 0, saver if not saved else None, state, cfg)
     finally:
         if bar is not None:
             bar.close()  # on Ctrl-C too: the command's one line then starts a clean line
@@ -151,6 +154,43 @@ def _train(cfg, dataset, par, state, start, saver, recorder, result, progress):
         saver.close()
     if cfg.steps - start > 1:
         result.steps_per_s = (cfg.steps - start - 1) / max(time.perf_counter() - t1, 1e-9)
+
+
+def _signals_deferred(many: bool):
+    """SIGINT and SIGTERM wait for the end of the step (`jaxdp.core.stop`). Several processes: SIGTERM is JAX's
+    preemption notice (its handler, installed by jax.distributed, is left alone) and SIGINT is made one. JAX's sync
+    point counts this run's steps from 0 (`_stop_here`): a notice before the first call agrees on 1, the run's
+    first step, where a resumed run's step numbers would never reach it."""
+    if not many:
+        return stop.deferred()
+    from jax.experimental import multihost_utils
+
+    multihost_utils.reached_preemption_sync_point(0)
+    return stop.deferred((signal.SIGINT,), notice=signal.SIGTERM)
+
+
+def _stop_here(k: int, nth: int, saver, state, cfg) -> None:
+    """After step `k`, the run's `nth` (0: one process): when a stop was asked (several processes: when every one
+    has reached JAX's preemption sync point, the same step in all), save step `k` (unless just saved), Stopped."""
+    if nth:
+        from jax.experimental import multihost_utils
+
+        signum = (stop.asked() or signal.SIGTERM) if multihost_utils.reached_preemption_sync_point(nth) else None
+    else:
+        signum = stop.asked()
+    if signum is None:
+        return
+    if saver is not None:
+        _save(saver, k, state, cfg, force=True)
+    raise stop.Stopped(signum)
+
+
+def _save(saver, k: int, state, cfg, force: bool) -> bool:
+    """Checkpoint step `k` when it is due (or `force`); a signal meanwhile waits for it (`_signals_deferred`)."""
+    if not saver.maybe_save(k, state, cfg, force=force):
+        return False
+    run_progress.kept(cfg.checkpoint_dir, f"checkpoint step {k} in {cfg.checkpoint_dir}")
+    return True
 
 
 def check_finite(cfg: RunConfig, k: int, loss: float, finite, params) -> None:

@@ -22,7 +22,8 @@ QUICK = {
     "tests/house/test_tests_tree.py": ALL,
     "tests/house/test_docs_blocks.py": ALL,  # the docs' command blocks read only what an earlier block wrote
     "tests/house/test_reruns.py": ALL,
-    "tests/jaxdp/test_multiprocess.py": ("test_gloos_notice_is_dropped_in_any_of_its_pieces_and_nothing_else_is",),
+    "tests/jaxdp/test_multiprocess.py": ("test_gloos_notice_is_dropped_in_any_of_its_pieces_and_nothing_else_is",
+                                         "test_jaxs_sigterm_notice_is_dropped_from_a_processs_stderr_and_nothing_else_is"),
     "tests/cli/test_entry_points.py": ALL,
     "tests/cli/test_exit_status.py": ("test_the_mapping", "test_bad_flag_is_2_and_every_help_has_the_table"),
     "tests/cli/test_bad_input.py": (
@@ -60,6 +61,12 @@ QUICK = {
     "tests/jaxdp/core/test_nofollow.py": ALL,  # links in the checkpoint folder, on a hand-made folder, 2 s
     "tests/jaxdp/core/test_manifest_key.py": ALL,  # the manifest's MAC under the user's key, 1 s
     "tests/jaxdp/core/test_xla_flags.py": ALL,
+    "tests/jaxdp/core/test_stop.py": (  # in this process (the real runs: 3 min)
+        "test_stopped_is_an_interrupt_with_the_shells_status",
+        "test_a_signal_in_a_loop_waits_for_the_steps_end_and_a_second_does_not",
+        "test_a_command_answers_sigterm_with_its_line_and_143",
+    ),
+    "tests/torch_ref/test_stop_agreement.py": ALL,
     "tests/cli/test_sizes_checked.py": ALL,
     "tests/jaxdp/harness/test_interrupt.py": ("test_children_leave_ctrl_c_to_this_process_which_keeps_it",
                                               "test_a_closed_pipe_ends_the_command_quietly"),

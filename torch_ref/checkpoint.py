@@ -39,7 +39,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from jaxdp.core import ckpt_folder, manifest, nofollow
+from jaxdp.core import ckpt_folder, manifest, nofollow, progress
 from jaxdp.core import record as rules
 from jaxdp.core.atomic import writing
 from jaxdp.core.errors import ConfigError
@@ -120,6 +120,16 @@ def step_dirs(directory) -> list[int]:
 
 
 # ---- save ---------------------------------------------------------------------------------------
+def maybe_save(directory, step: int, state, cfg, force: bool = False) -> bool:
+    """Save step `step` when it is due (every --checkpoint-every steps) or `force` (a run stopped by a signal),
+    as jaxdp's `Checkpointer.maybe_save`; every rank calls it."""
+    if cfg.checkpoint_every <= 0 or not (force or step % cfg.checkpoint_every == 0):
+        return False
+    save(directory, step, state, cfg)
+    progress.kept(directory, f"checkpoint step {step} in {directory}")
+    return True
+
+
 def save(directory, step: int, state, cfg) -> str:
     """Save `state` (a strategy's `checkpoint`) as step `step`; every rank calls it. Returns the path."""
     rank = dist.get_rank() if _distributed() else 0

@@ -9,7 +9,9 @@ A rank that raises is reported to the parent, which waits a moment for the other
 terminates every rank still running and raises `RankError` carrying the *first* error in time
 (the originating one: the others are usually their peers' broken connections). The parent also
 gives up after `timeout` seconds. So a failure ends the run promptly, never a hang. Ctrl-C is the
-parent's alone (the ranks start with SIGINT ignored): it stops and reaps the ranks before it answers.
+parent's alone (the ranks start with SIGINT blocked); SIGINT or SIGTERM to it is forwarded to every rank as
+SIGTERM. A rank that a signal reaches ends its step, all agree on the step to stop after (torch_ref/train.py), save
+it and exit 143 (130: SIGINT); the parent raises `jaxdp.core.stop.Stopped`, and kills a rank left after STOP_S.
 
 Under torchrun, `from_env()` reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT.
 """
@@ -28,13 +30,14 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from jaxdp.core import heartbeat, lifeline, ports, progress
+from jaxdp.core import heartbeat, lifeline, ports, progress, stop
 from jaxdp.core.errors import ConfigError
 from jaxdp.core.ports import free_port  # noqa: F401  (torchrun-style tests pick a port with it)
 
 from . import fork_context
 
 GRACE_S = 2.0  # after the first error: how long to collect the others' before terminating them
+STOP_S = 7.0  # after a signal: how long the ranks have to end their step and save it before they are killed
 
 
 class RankError(RuntimeError):
@@ -126,11 +129,13 @@ def hsdp_grid(model, world: int) -> list[list[list[int]]]:
 
 
 def _entry(rank, world, port, platform, pg_timeout_s, results, report, beat, env, fn, args):
-    """Runs in each rank (Ctrl-C ignored: the launcher answers it). It takes the launcher's environment `env`
+    """Runs in each rank (Ctrl-C blocked but in its loop: jaxdp.core.stop). It takes the launcher's environment `env`
     (the fork server's is the one it started with), dies with the launcher (`jaxdp.core.lifeline`), beats
     (`beat`: the launcher's pid, this rank's heartbeat file and interval), joins the launcher's store on
     127.0.0.1:`port`. Rank 0 reports its progress through the file `report`."""
-    signal_mod.signal(signal_mod.SIGINT, signal_mod.SIG_IGN)
+    signal_mod.pthread_sigmask(signal_mod.SIG_BLOCK, [signal_mod.SIGINT])  # the loop takes it (jaxdp.core.stop)
+    signal_mod.signal(signal_mod.SIGINT, signal_mod.default_int_handler)
+    stop.on_sigterm()
     launcher, beat_path, heartbeat_s = beat
     faulthandler.enable()  # a native crash (SIGSEGV in torch or gloo) prints every thread's Python stack first
     lifeline.bind_to(launcher, through_server=True)
@@ -154,14 +159,19 @@ def _entry(rank, world, port, platform, pg_timeout_s, results, report, beat, env
         results.put(("ok", rank, value, time.time()))
         dist.destroy_process_group()
     except BaseException as e:  # report, then exit without waiting on peers that may be gone
-        try:
-            cause = pickle.loads(pickle.dumps(e))  # only what the parent can rebuild
-        except Exception:
-            cause = None
-        results.put(("error", rank, (f"{type(e).__name__}: {e}", traceback.format_exc(), cause), time.time()))
+        for s in stop.SIGNALS:  # the launcher's SIGTERM now must not cut the report short
+            signal_mod.signal(s, signal_mod.SIG_IGN)
+        if isinstance(e, stop.Stopped):  # a signal's stop, after the step every rank agreed on
+            results.put(("stopped", rank, e.signum, time.time()))
+        else:
+            try:
+                cause = pickle.loads(pickle.dumps(e))  # only what the parent can rebuild
+            except Exception:
+                cause = None
+            results.put(("error", rank, (f"{type(e).__name__}: {e}", traceback.format_exc(), cause), time.time()))
         results.close()
         results.join_thread()
-        os._exit(1)
+        os._exit(stop.status(e) if isinstance(e, stop.Stopped) else 1)
 
 
 def _store(timeout_s: float) -> tuple[dist.TCPStore, int]:
@@ -198,7 +208,7 @@ def launch(fn, nprocs: int, *args, platform: str = "auto", timeout_s: float = 36
             return values
         except KeyboardInterrupt:
             with progress.sigint_deferred():  # a second Ctrl-C does not cut the stopping short
-                _stop(fork_context.started(procs, starting), wait_s=0.0)
+                _halt(fork_context.started(procs, starting))
                 progress.merge(report)
             raise
         finally:
@@ -212,12 +222,12 @@ def launch(fn, nprocs: int, *args, platform: str = "auto", timeout_s: float = 36
 def _collect(procs, results, nprocs: int, timeout_s: float, beats: heartbeat.Watch) -> list:
     """Every rank's value, in rank order; RankError for the first failure in time, RankStopped for a rank
     that stopped beating, TimeoutError."""
-    values, errors = {}, []
+    values, errors, stops = {}, [], {}
     deadline = time.monotonic() + timeout_s
     first_error_at = dead_since = None
-    while len(values) < nprocs:
+    while len(values) + len(stops) < nprocs:
         now = time.monotonic()
-        if errors and now - first_error_at > GRACE_S:
+        if (errors and now - first_error_at > GRACE_S) or (stops and now - first_error_at > STOP_S):
             break
         if now > deadline:
             raise TimeoutError(f"torch_ref: the {nprocs} ranks did not finish within {timeout_s:.0f}s "
@@ -227,7 +237,8 @@ def _collect(procs, results, nprocs: int, timeout_s: float, beats: heartbeat.Wat
         try:
             kind, rank, payload, t = results.get(timeout=0.1)
         except queue_mod.Empty:
-            silent = [p for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in values]
+            said = values.keys() | stops.keys()
+            silent = [p for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in said]
             if silent and not errors:  # died without a word (killed, segfault): allow the pipe to drain
                 dead_since = dead_since or now
                 if now - dead_since > GRACE_S:
@@ -239,9 +250,14 @@ def _collect(procs, results, nprocs: int, timeout_s: float, beats: heartbeat.Wat
             continue
         if kind == "ok":
             values[rank] = payload
+        elif kind == "stopped":
+            stops[rank] = payload
+            first_error_at = first_error_at or time.monotonic()
         else:
             errors.append((t, rank, payload))
             first_error_at = first_error_at or time.monotonic()
+    if stops and not errors:  # every rank ended the same step (the others are killed if they have not)
+        raise stop.Stopped(max(stops.values()))
     if errors:
         _raise_stopped(procs, values, beats, heartbeat.STALE_S)  # a stopped rank: its peers' timeouts follow
         _, rank, (message, tb, cause) = min(errors, key=lambda e: e[0])
@@ -263,6 +279,14 @@ def _raise_stopped(procs, values, beats: heartbeat.Watch, after_s: float | None 
         if procs[stopped[0]].pid is not None:
             procs[stopped[0]].kill()  # a stopped process takes no other signal
         raise RankStopped(*stopped)
+
+
+def _halt(procs) -> None:
+    """A stop asked by a signal: SIGTERM to every rank, STOP_S for them to save their step and exit, then `_stop`."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    _stop(procs, wait_s=STOP_S)
 
 
 def _stop(procs, wait_s: float = 5.0) -> None:

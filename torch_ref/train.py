@@ -16,12 +16,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from jaxdp.core import ckpt_folder, data
+from jaxdp.core import ckpt_folder, data, stop
 from jaxdp.core import progress as run_progress  # where the run is, for the line Ctrl-C prints
 from jaxdp.core.config import ConfigError, RunConfig
 from jaxdp.core.results import NonFiniteLoss, RunResult  # one error type and one result for both frameworks
 
-from . import api, checkpoint, launch, models, optim, strategies
+from . import api, checkpoint, launch, models, optim, stop_agreement, strategies
 from .models import cnn
 from .strategies import finite
 from .trace import Recorder
@@ -163,26 +163,37 @@ def _train(cfg: RunConfig, place: Place, dataset, model, optimizer, start: int, 
     """Steps start+1..cfg.steps: batch -> step -> log -> trace -> checkpoint."""
     t0 = t1 = time.perf_counter()
     run_progress.step_done(start)
-    for k in range(start + 1, cfg.steps + 1):
-        t_step = time.perf_counter()
-        x, y = host_batch(cfg, dataset, k)  # the global batch; this rank steps on its rows of it
-        loss = _step(cfg, place, model, optimizer, (x, y), k)
-        result.step_times.append(time.perf_counter() - t_step)
-        if place.rank == 0 and cfg.nan_check:
-            check_finite(cfg, k, loss)
-        result.losses.append(loss)
-        if recorder:
-            recorder.step(k, loss, x, y)  # every rank: a collective for sharded strategies
-        run_progress.step_done(k)
-        if cfg.checkpoint_every > 0 and k % cfg.checkpoint_every == 0:
-            with run_progress.sigint_deferred():  # Ctrl-C during a save: the save completes first
-                checkpoint.save(cfg.checkpoint_dir, k, api.state_of(model).checkpoint, cfg)
-                run_progress.kept(cfg.checkpoint_dir, f"checkpoint step {k} in {cfg.checkpoint_dir}")
-        if k == start + 1:
-            t1 = time.perf_counter()
-            result.first_step_s = t1 - t0
+    agreement = stop_agreement.Agreement(place.world, place.device)
+    with stop.deferred() as request:  # SIGINT and SIGTERM wait for the step's end (jaxdp.core.stop)
+        for k in range(start + 1, cfg.steps + 1):
+            t_step = time.perf_counter()
+            x, y = host_batch(cfg, dataset, k)  # the global batch; this rank steps on its rows of it
+            loss = _step(cfg, place, model, optimizer, (x, y), k)
+            result.step_times.append(time.perf_counter() - t_step)
+            if place.rank == 0 and cfg.nan_check:
+                check_finite(cfg, k, loss)
+            result.losses.append(loss)
+            if recorder:
+                recorder.step(k, loss, x, y)  # every rank: a collective for sharded strategies
+            run_progress.step_done(k)
+            request.armed = True  # from here a signal waits for the step's end (and a save in progress)
+            saved = checkpoint.maybe_save(cfg.checkpoint_dir, k, api.state_of(model).checkpoint, cfg)
+            if k == start + 1:
+                t1 = time.perf_counter()
+                result.first_step_s = t1 - t0
+            _stop_here(cfg, model, k, saved, agreement.after_step(k))
+        agreement.close()
     if cfg.steps - start > 1:
         result.steps_per_s = (cfg.steps - start - 1) / max(time.perf_counter() - t1, 1e-9)
+
+
+def _stop_here(cfg: RunConfig, model, k: int, saved: bool, signum: int) -> None:
+    """After step `k`, when the ranks agreed on a signal (`stop_agreement`): step `k` saved unless it just was,
+    then Stopped."""
+    if signum:
+        if not saved:
+            checkpoint.maybe_save(cfg.checkpoint_dir, k, api.state_of(model).checkpoint, cfg, force=True)
+        raise stop.Stopped(signum)
 
 
 def _step(cfg: RunConfig, place: Place, model, optimizer, batch: tuple, k: int) -> float:

@@ -23,7 +23,8 @@ class RunFailed(RuntimeError):
 # The exit-status table, as the CLIs' `-h` epilog shows it.
 EPILOG = ("exit status: 0 success or the runs agree; 1 a MISMATCH verdict; 2 bad input (a flag, configuration "
           "or folder the run may not use); 3 a run or file that failed (damaged or hostile file, full disk, crashed "
-          "or hung rank, non-finite state)")
+          "or hung rank, non-finite state); 130 or 143 stopped by SIGINT or SIGTERM (the step saved, when "
+          "checkpointing)")
 
 
 def exit_status(error: BaseException) -> int:

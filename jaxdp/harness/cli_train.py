@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..core import argv, ckpt_folder, config, heartbeat, hsdp_hosts, paths, ports
+from ..core import argv, ckpt_folder, config, heartbeat, hsdp_hosts, lifeline, paths, ports, progress, stop
 from ..core.errors import EXIT_FAILED, ConfigError, RunFailed, exit_status
 
 
@@ -123,11 +123,7 @@ def _run(cfgs, trace_paths, progress, distributed) -> int:
             raise
         # Exit now: jax.distributed's exit-time barrier would otherwise wait for the other
         # processes, which wait for this one. The launcher (or cluster) sees the status at once.
-        import traceback
-
-        print(f"jaxdp: error: process {distributed.process_id}: {type(e).__name__}: {e}", file=sys.stderr)
-        if not isinstance(e, (config.ConfigError, RunFailed)):  # those are their one line
-            traceback.print_exc()
+        _report(e, distributed.process_id)
         sys.stderr.flush()
         os._exit(_status(e))
     return 0
@@ -143,10 +139,25 @@ def answered():
     return ConfigError, DeviceError, TraceError, CheckpointError, RunFailed, OSError
 
 
-def _status(e: BaseException) -> int:
-    """A process's exit status for `e`: an answered error's, 130 for Ctrl-C, 3 for a crash."""
+def _report(e: BaseException, process_id: int) -> None:
+    """A process's words for `e` on stderr: none for a stop under our launcher (it prints the run's one line),
+    the stop's line on a cluster, one error line (and the traceback of a crash) otherwise."""
     if isinstance(e, KeyboardInterrupt):
-        return 130
+        if lifeline.from_env() is None:
+            print(f"{progress.line(f'jaxdp: process {process_id}')} ({stop.status(e)})", file=sys.stderr)
+        return
+    import traceback
+
+    print(f"jaxdp: error: process {process_id}: {type(e).__name__}: {e}", file=sys.stderr)
+    if not isinstance(e, (config.ConfigError, RunFailed)):  # those are their one line
+        traceback.print_exc()
+
+
+def _status(e: BaseException) -> int:
+    """A process's exit status for `e`: an answered error's, 130 for Ctrl-C (143 for SIGTERM: jaxdp.core.stop),
+    3 for a crash."""
+    if isinstance(e, KeyboardInterrupt):
+        return stop.status(e)
     return exit_status(e) if isinstance(e, answered()) else EXIT_FAILED
 
 

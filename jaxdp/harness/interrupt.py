@@ -19,9 +19,9 @@ import signal
 import sys
 import threading
 
-from ..core import progress
+from ..core import progress, stop
 
-EXIT_STATUS = 130
+EXIT_STATUS = 130  # Ctrl-C; SIGTERM: 143 (jaxdp.core.stop)
 EXIT_PIPE = 141  # 128 + SIGPIPE
 
 
@@ -52,6 +52,14 @@ def guarded(prog: str):
     def wrap(main):
         @functools.wraps(main)
         def run(*args, **kwargs) -> int:
+            previous = stop.on_sigterm()  # SIGTERM answered as Ctrl-C is, with 143
+            try:
+                return answered(*args, **kwargs)
+            finally:
+                if previous is not None:  # a command run in a test's process leaves SIGTERM as it was
+                    signal.signal(signal.SIGTERM, previous)
+
+        def answered(*args, **kwargs) -> int:
             try:
                 status = main(*args, **kwargs)
                 sys.stdout.flush()  # what is still buffered meets a closed pipe here, not at exit
@@ -67,13 +75,14 @@ def guarded(prog: str):
                 if not stdout_closed():
                     raise  # a rank's pipe, not the reader of stdout: the command answers it (an error line)
                 return quiet_exit()
-            except KeyboardInterrupt:
+            except KeyboardInterrupt as e:
                 if threading.current_thread() is threading.main_thread():
-                    signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C ends the exit at once
+                    for s in stop.SIGNALS:  # a second Ctrl-C (or SIGTERM) ends the exit at once
+                        signal.signal(s, signal.SIG_DFL)
                 with contextlib.suppress(OSError, ValueError):  # stdout closed or gone: the line still goes out
                     sys.stdout.flush()
                 print(progress.line(prog), file=sys.stderr, flush=True)
-                return EXIT_STATUS
+                return stop.status(e)
 
         return run
 

@@ -92,3 +92,15 @@ def test_gloos_notice_is_dropped_in_any_of_its_pieces_and_nothing_else_is():
     ours = [b"ddp on 4 cpu device(s), mlp/synthetic, float64: 3 steps, loss 2.3824 -> 2.1366\n", b"Rank 1 failed\n",
             b"connected\n"]
     assert not any(launch.notice(line) for line in ours)
+
+
+def test_jaxs_sigterm_notice_is_dropped_from_a_processs_stderr_and_nothing_else_is():
+    """The line JAX's preemption notifier logs in each process the launcher stopped with SIGTERM (docs/RELIABILITY.md,
+    "Round two: stop signals"): the launcher's one line says it."""
+    from jaxdp import launch
+
+    line = b"W1207 05:43:22.687536    6529 preemption_notifier.cc:90] SIGTERM caught at 2026-12-07T05:43:22.6+00:00\n"
+    assert launch.notice(line)
+    ours = [b"jaxdp: error: process 1: SIGTERM caught at step 3\n",
+            b"W1207 05:43:22.687536    6529 coordination_service.cc:90] SIGTERM caught at 2026\n"]
+    assert not any(launch.notice(x) for x in ours)

@@ -15,18 +15,20 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
 import threading
 import time
 
-from .core import heartbeat, lifeline, ports, progress, xla_flags
+from .core import heartbeat, last_words, lifeline, ports, progress, xla_flags
 from .core.errors import EXIT_FAILED, EXIT_USAGE
 
 POLL_S = 0.2
 GRACE_S = 5.0
 FIRST_CAUSE_S = 1.0
+HOLD_S = 1.0  # a process's stderr is shown this late: time for a peer's failure to mute it
 
 
 def launch(argv: list[str], processes: int, timeout_s: float | None = None,
@@ -45,16 +47,20 @@ def launch(argv: list[str], processes: int, timeout_s: float | None = None,
                 for pid in range(processes):
                     cmd = [sys.executable, "-m", "jaxdp", *argv, "--coordinator", coordinator,
                            "--num-processes", str(processes), "--process-id", str(pid)]
-                    child_env = {**env, heartbeat.ENV_FILE: beats.path(pid)}
+                    child_env = {**env, heartbeat.ENV_FILE: beats.path(pid), last_words.ENV: _words(beats, pid)}
                     if pid == 0:
                         child_env[progress.ENV] = report
-                    children.append(subprocess.Popen(cmd, env=child_env,
+                    children.append(subprocess.Popen(cmd, env=child_env, stderr=subprocess.PIPE,
                                                      stdout=subprocess.PIPE if pid == 0 else subprocess.DEVNULL))
                     print(f"jaxdp: started process {pid} (pid {children[-1].pid})", file=sys.stderr, flush=True)
-            relay = threading.Thread(target=_relay, args=(children[0].stdout,), daemon=True)
-            relay.start()
+            relays = [threading.Thread(target=_relay, args=(children[0].stdout,), daemon=True)]
+            relays += [threading.Thread(target=_relay_errors, args=(c.stderr, c, children, _words(beats, i)),
+                                        daemon=True) for i, c in enumerate(children)]
+            for relay in relays:
+                relay.start()
             code = _watch(children, timeout_s, beats)
-            relay.join(timeout=GRACE_S)
+            for relay in relays:
+                relay.join(timeout=GRACE_S)
             return code
         except KeyboardInterrupt:
             with progress.sigint_deferred():  # a second Ctrl-C does not cut the stopping short
@@ -91,6 +97,37 @@ def _relay(pipe) -> None:
             sys.stdout.flush()
 
 
+def _relay_errors(pipe, me, children, words: str) -> None:
+    """Process `me`'s stderr (warnings, a progress bar), each piece held HOLD_S, then shown unless a process has
+    failed meanwhile (`me` itself: when it left its last words at `words`): from then on the launcher's one
+    line speaks for the run (`last_words`), not the echoes of the failure in its threads, nor each peer's
+    traceback or native abort as its connections close."""
+    fd, held, done = pipe.fileno(), [], False
+    while not done or held:
+        if done:
+            time.sleep(HOLD_S / 5)
+        elif select.select([fd], [], [], HOLD_S / 5)[0]:
+            chunk = os.read(fd, 1 << 16)
+            done = not chunk
+            held += [(time.monotonic(), chunk)] if chunk else []
+        if any(_failed(c) for c in children if c is not me) or _failed(me) and os.path.exists(words):
+            held.clear()
+        while held and (done or time.monotonic() - held[0][0] >= HOLD_S):
+            sys.stderr.buffer.write(held.pop(0)[1])
+            sys.stderr.flush()
+
+
+def _failed(child) -> bool:
+    """Has `child` ended with a nonzero status (or a signal)? Asked without reaping it (the watch reaps)."""
+    if child.returncode is not None:
+        return child.returncode != 0
+    try:
+        info = os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # reaped by the watch meanwhile
+        return child.returncode not in (None, 0)
+    return info is not None and not (info.si_code == os.CLD_EXITED and info.si_status == 0)
+
+
 def _watch(children, timeout_s: float | None, beats: heartbeat.Watch) -> int:
     """Wait for every child to finish (0), for one to fail or stop beating (3; 2 when it refused its input),
     or for the timeout (3)."""
@@ -105,11 +142,15 @@ def _watch(children, timeout_s: float | None, beats: heartbeat.Watch) -> int:
             failed = [(i, c.poll()) for i, c in enumerate(children) if c.poll() not in (None, 0)]
             if _stopped(children, beats, heartbeat.STALE_S):  # the first cause: its peer's failure follows
                 return EXIT_FAILED
-            i, code = min(failed, key=lambda ic: (ic[1] > 0, ic[0]))
+            words = {j: last_words.read(_words(beats, j)) for j, _ in failed}  # their one lines (last_words.py)
+            i, code = min(failed, key=lambda ic: (_named(words[ic[0]]) > 0, ic[1] > 0, _named(words[ic[0]]), ic[0]))
             how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
             others = "".join(f"; process {j} exited with status {c}" for j, c in failed if j != i)
-            print(f"jaxdp: error: process {i} {how}{others}; stopping the other processes",
-                  file=sys.stderr, flush=True)
+            said = words[i]
+            if said is not None and said["traceback"]:  # a crash: its traceback, the first cause's only
+                sys.stderr.write(said["traceback"])
+            head = said["line"] if said is not None else f"jaxdp: error: process {i} {how}"
+            print(f"{head}{others}; stopping the other processes", file=sys.stderr, flush=True)
             return EXIT_USAGE if code == EXIT_USAGE else EXIT_FAILED
         if all(code == 0 for code in codes):
             return 0
@@ -119,6 +160,18 @@ def _watch(children, timeout_s: float | None, beats: heartbeat.Watch) -> int:
             print(f"jaxdp: error: the run exceeded {timeout_s:.0f}s; stopping it", file=sys.stderr, flush=True)
             return EXIT_FAILED
         time.sleep(POLL_S)
+
+
+def _words(beats: heartbeat.Watch, i: int) -> str:
+    """Where process `i` leaves its last words (`jaxdp.core.last_words`): beside its heartbeat."""
+    return os.path.join(beats.folder, f"last-words-{i}")
+
+
+def _named(words: dict | None) -> int:
+    """The first cause among failed processes: one that named its error (a full disk, a bad input), then one a
+    signal killed, then one that crashed (its peer's failure, often: a connection reset), then one that said
+    nothing."""
+    return 2 if words is None else 1 if words["traceback"] else 0
 
 
 def _stopped(children, beats: heartbeat.Watch, after_s: float | None = None) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..core import argv, ckpt_folder, config, heartbeat, hsdp_hosts, paths, ports
+from ..core import argv, ckpt_folder, config, disk_full, heartbeat, hsdp_hosts, last_words, paths, ports
 from ..core.errors import EXIT_FAILED, ConfigError, RunFailed, exit_status
 
 
@@ -101,7 +101,8 @@ def train(args) -> int:
     if args.processes > 1:
         from .. import launch
 
-        return launch.launch(_argv_without_processes(), args.processes, args.timeout, args.heartbeat,
+        shown = ["--progress"] if args.progress is None and sys.stderr.isatty() else []  # their stderr is a pipe
+        return launch.launch(_argv_without_processes() + shown, args.processes, args.timeout, args.heartbeat,
                              args.startup_timeout)
     distributed = devices.Distributed.from_env()
     if args.coordinator:
@@ -123,20 +124,30 @@ def _run(cfgs, trace_paths, progress, distributed) -> int:
             raise
         # Exit now: jax.distributed's exit-time barrier would otherwise wait for the other
         # processes, which wait for this one. The launcher (or cluster) sees the status at once.
-        import traceback
-
-        print(f"jaxdp: error: process {distributed.process_id}: {type(e).__name__}: {e}", file=sys.stderr)
-        if not isinstance(e, (config.ConfigError, RunFailed)):  # those are their one line
-            traceback.print_exc()
-        sys.stderr.flush()
+        _last_words(e, distributed.process_id)
         os._exit(_status(e))
     return 0
+
+
+def _last_words(e: BaseException, process: int) -> None:
+    """Process `process`'s one line for `e` (and a crash's traceback): to its launcher (`last_words`), which
+    prints the first cause's alone, or printed here (a cluster process, started by hand)."""
+    import traceback
+
+    full = disk_full.find(e)
+    named = isinstance(e, (config.ConfigError, RunFailed)) or full is not None  # those are their one line
+    what = disk_full.line(full) if full is not None and not isinstance(e, RunFailed) else f"{type(e).__name__}: {e}"
+    line, tb = f"jaxdp: error: process {process}: {what}", "" if named else traceback.format_exc()
+    if not last_words.leave(line, _status(e), tb):
+        print(line, file=sys.stderr)
+        sys.stderr.write(tb)
+    sys.stderr.flush()
 
 
 def answered():
     """The errors a `jaxdp` command answers in one line (errors.exit_status: 2 bad input, 3 a failed run or
     file); any other is a crash."""
-    from ..checkpoint import CheckpointError
+    from ..core.record import CheckpointError  # jaxdp.checkpoint's, without importing orbax
     from ..core.trace import TraceError
     from ..devices import DeviceError
 
@@ -147,7 +158,7 @@ def _status(e: BaseException) -> int:
     """A process's exit status for `e`: an answered error's, 130 for Ctrl-C, 3 for a crash."""
     if isinstance(e, KeyboardInterrupt):
         return 130
-    return exit_status(e) if isinstance(e, answered()) else EXIT_FAILED
+    return exit_status(e) if isinstance(e, answered()) else EXIT_FAILED  # a full disk in a library's error: 3
 
 
 LAUNCHER_FLAGS = ("--processes", "--timeout", "--heartbeat", "--startup-timeout")  # the launcher's, not its children's

@@ -54,10 +54,8 @@ def launch(argv: list[str], processes: int, timeout_s: float | None = None,
                                                      stdout=subprocess.PIPE if pid == 0 else subprocess.DEVNULL))
                     print(f"jaxdp: started process {pid} (pid {children[-1].pid})", file=sys.stderr, flush=True)
             relays = [threading.Thread(target=_relay, args=(children[0].stdout,), daemon=True)]
-            relays += [threading.Thread(target=_relay_errors, args=(c.stderr, c, children, _words(beats, i)),
-                                        daemon=True) for i, c in enumerate(children)]
-            for relay in relays:
-                relay.start()
+            relays += relay_errors(children, beats)
+            relays[0].start()
             code = _watch(children, timeout_s, beats)
             for relay in relays:
                 relay.join(timeout=GRACE_S)
@@ -97,11 +95,22 @@ def _relay(pipe) -> None:
             sys.stdout.flush()
 
 
-def _relay_errors(pipe, me, children, words: str) -> None:
-    """Process `me`'s stderr (warnings, a progress bar), each piece held HOLD_S, then shown unless a process has
-    failed meanwhile (`me` itself: when it left its last words at `words`): from then on the launcher's one
-    line speaks for the run (`last_words`), not the echoes of the failure in its threads, nor each peer's
-    traceback or native abort as its connections close."""
+def relay_errors(children, beats: heartbeat.Watch) -> list[threading.Thread]:
+    """Start relaying each child's stderr (`_relay_errors`); the threads, to join."""
+    words = [_words(beats, i) for i in range(len(children))]
+    threads = [threading.Thread(target=_relay_errors, args=(c.stderr, c, children, words), daemon=True)
+               for c in children]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def _relay_errors(pipe, me, children, words: list[str]) -> None:
+    """Process `me`'s stderr (warnings, a progress bar), each piece held HOLD_S, then shown unless meanwhile a
+    process has left its last words (`words`) or another has failed: from then on the launcher's one line speaks
+    for the run (`last_words`), not the echoes of the failure in the failing process's threads (tensorstore's
+    'Event loop is closed' tracebacks, printed just before), nor each peer's traceback or native abort as its
+    connections close."""
     fd, held, done = pipe.fileno(), [], False
     while not done or held:
         if done:
@@ -110,7 +119,7 @@ def _relay_errors(pipe, me, children, words: str) -> None:
             chunk = os.read(fd, 1 << 16)
             done = not chunk
             held += [(time.monotonic(), chunk)] if chunk else []
-        if any(_failed(c) for c in children if c is not me) or _failed(me) and os.path.exists(words):
+        if any(_failed(c) for c in children if c is not me) or any(os.path.exists(w) for w in words):
             held.clear()
         while held and (done or time.monotonic() - held[0][0] >= HOLD_S):
             sys.stderr.buffer.write(held.pop(0)[1])

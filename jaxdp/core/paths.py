@@ -6,8 +6,9 @@ output, then removed (`_try_writing`). `os.access` answers yes to root for a rea
 (/proc, /sys, a read-only mount), where the run would fail only when it writes, after its work.
 
 `output_file`: a file this run will write (`--trace`, `--json`); `output_dir`: a folder it will
-fill (`--out`, `--checkpoint-dir`); `input_file`: a file it reads (`jaxdp diff A B`). Each raises
-ConfigError in one line naming the flag, the path and the fix.
+fill (`--out`, `--checkpoint-dir`); `input_file`: a file it reads (`jaxdp diff A B`), a regular file (a device,
+FIFO or socket would be read without end: `regular.py`). Each raises ConfigError in one line naming the flag, the
+path and the fix.
 """
 from __future__ import annotations
 

@@ -149,9 +149,9 @@ def answered():
     file); any other is a crash."""
     from ..core.record import CheckpointError  # jaxdp.checkpoint's, without importing orbax
     from ..core.trace import TraceError
-    from ..devices import DeviceError
 
-    return ConfigError, DeviceError, TraceError, CheckpointError, RunFailed, OSError
+    devices = sys.modules.get("jaxdp.devices")  # not imported (a refusal before any device): nothing it raised
+    return ConfigError, getattr(devices, "DeviceError", ConfigError), TraceError, CheckpointError, RunFailed, OSError
 
 
 def _status(e: BaseException) -> int:

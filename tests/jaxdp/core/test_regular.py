@@ -61,8 +61,8 @@ def test_open_regular_refuses_a_fifo_swapped_in_after_the_stat(odd, tmp_path, mo
     does not block on it (O_NONBLOCK) and its fstat refuses it."""
     real = tmp_path / "real"
     real.write_bytes(b"x")
-    said = os.stat(real)
-    monkeypatch.setattr(regular.os, "stat", lambda path: said)
+    said, stat_ = os.stat(real), os.stat  # os.stat says 'a regular file' for the FIFO alone
+    monkeypatch.setattr(regular.os, "stat", lambda p, *a, **k: said if p == odd["fifo"] else stat_(p, *a, **k))
     start = time.monotonic()
     with pytest.raises(regular.NotRegular, match="FIFO"):
         regular.open_regular(odd["fifo"])

@@ -24,6 +24,7 @@ ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 CODE = re.compile(r"os_error_code='?(\d+)|\[Errno (\d+)\]")  # tensorstore's, and an OSError's repr in a message
 QUOTED = re.compile(r'Failed writing: "([^"]+)"|"(/[^"]+)"')  # tensorstore quotes the file (and its database)
 WORDS = {os.strerror(code): code for code in ROOM}
+ROOM_LEFT = 64 << 10  # bytes: a disk with less than this left for the run is full (a write needs a block or more)
 
 
 class DiskFull(RunFailed):
@@ -69,6 +70,21 @@ def find(error: BaseException) -> OSError | None:
     return next((o for e in chain if not isinstance(e, OSError) and (o := _from_text(str(e))) is not None), None)
 
 
+def no_room(where) -> OSError | None:
+    """ENOSPC for `where` when the disk holding it has next to no room left (under ROOM_LEFT bytes for this user),
+    else None: for a failed write whose library lost the errno (torch's zip writer, in a rank of a DCP save:
+    'RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598')."""
+    folder = os.path.abspath(os.fspath(where))
+    while not os.path.exists(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return None
+    free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fspath(where)) if free < ROOM_LEFT else None
+
+
 def line(full: OSError, where=None, what: str = "") -> str:
     """'WHAT: PATH: No space left on device' (`where`: the path when the error names none)."""
     path = full.filename if full.filename is not None else where
@@ -78,13 +94,15 @@ def line(full: OSError, where=None, what: str = "") -> str:
 
 @contextlib.contextmanager
 def answered(what: str, where=None, then=None):
-    """Inside the block, a full disk anywhere in what is raised becomes one DiskFull line: `what` (e.g. 'checkpoint
-    step 3 not saved'), the path (`where` when the library named none) and the cause. `then()` runs first (the
+    """Inside the block, a full disk anywhere in what is raised (or any failure while the disk of `where` has no
+    room left: `no_room`) becomes one DiskFull line: `what` (e.g. 'checkpoint step 3 not saved'), the path
+    (`where` when the library named none) and the cause. `then()` runs first (the
     cleanup of what the failed write left, a torn save; what it returns ends the line: what was kept)."""
     try:
         yield
     except BaseException as e:
-        full = find(e)
+        stopped = isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit))  # not a failed write
+        full = find(e) or (no_room(where) if where is not None and not stopped else None)
         if full is None:
             raise
         try:

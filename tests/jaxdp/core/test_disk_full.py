@@ -80,6 +80,32 @@ def test_last_words_go_to_the_launcher_or_nowhere(tmp_path, monkeypatch):
     assert last_words.read(tmp_path / "none") is None
 
 
+@pytest.mark.quick
+def test_a_failed_write_on_a_disk_without_room_is_a_full_disk(tmp_path, monkeypatch):
+    """torch's zip writer loses the errno ('unexpected pos 704 vs 598'): a failure in a save while the disk has
+    no room left is the full disk; the same failure with room left is not."""
+    real = os.statvfs
+    room = {"blocks": 0}
+
+    def statvfs(path):
+        st = real(path)
+        return os.statvfs_result((st.f_bsize, st.f_frsize, st.f_blocks, room["blocks"], room["blocks"], *st[5:]))
+
+    monkeypatch.setattr(disk_full.os, "statvfs", statvfs)
+    hidden = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    with pytest.raises(disk_full.DiskFull, match=f"step 2 not saved: {tmp_path}/2.partial: {FULL}"):
+        with disk_full.answered("step 2 not saved", tmp_path / "2.partial"):
+            raise hidden
+    room["blocks"] = 1 << 20
+    with pytest.raises(RuntimeError, match="unexpected pos"):
+        with disk_full.answered("step 2 not saved", tmp_path / "2.partial"):
+            raise hidden
+    room["blocks"] = 0
+    with pytest.raises(KeyboardInterrupt):  # Ctrl-C is never a full disk
+        with disk_full.answered("step 2 not saved", tmp_path / "2.partial"):
+            raise KeyboardInterrupt
+
+
 def one_line(main, argv, capfd) -> tuple[int, str]:
     code = main(argv)
     err = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
@@ -230,3 +256,17 @@ def test_on_a_full_tmpfs_the_launcher_prints_one_line(small_disk):
         assert out.returncode == 3 and len(errors) == 1, out.stderr[-3000:]
         assert "checkpoint step" in errors[0] and FULL in errors[0] and f"{folder}/" in errors[0], errors
         kept_intact(folder, ckpt_folder.steps(folder), torn_gone=False)  # process 1's torn save goes at the next claim
+
+
+@pytest.mark.slow
+def test_on_a_full_tmpfs_torch_ranks_answer_in_one_line(small_disk, capfd):
+    """`python -m torch_ref train --devices 2`: rank 1's write fails inside torch's zip writer, without an errno;
+    the disk without room names it. The save, then the resume on the same disk."""
+    folder = os.path.join(small_disk, "ck")
+    argv = ["train", "--strategy", "ddp", "--devices", "2", "--steps", "12", "--checkpoint-dir", folder,
+            "--checkpoint-every", "1"]
+    for again in (False, True):
+        code, err = one_line(torch_cli.main, argv + ["--resume"] * again, capfd)
+        assert code == 3 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+        assert err.startswith("torch_ref: error: rank ") and f"{folder}/" in err and FULL in err, err
+        kept_intact(folder, ckpt_folder.steps(folder))

@@ -33,7 +33,6 @@ def dcp_failure(error) -> CheckpointException:
     return CheckpointException("CheckpointException ranks:dict_keys([0])", {0: (error, traceback.StackSummary())})
 
 
-@pytest.mark.quick
 @pytest.mark.parametrize("shape", ["oserror", "chained", "tensorstore", "dcp", "group", "quota", "file size"])
 def test_find_sees_a_full_disk_in_every_shape_a_library_raises(shape):
     inner = enospc("/d/x")
@@ -50,14 +49,12 @@ def test_find_sees_a_full_disk_in_every_shape_a_library_raises(shape):
     assert disk_full.line(full) == f"/d/x: {full.strerror}"
 
 
-@pytest.mark.quick
 def test_find_leaves_other_errors_alone():
     for error in (ValueError("RESOURCE_EXHAUSTED: out of memory"), OSError(errno.EACCES, "denied", "/x"),
                   KeyboardInterrupt(), dcp_failure(ValueError("bad"))):
         assert disk_full.find(error) is None, error
 
 
-@pytest.mark.quick
 def test_an_unnamed_write_error_is_named_by_the_file_it_was_writing(tmp_path, monkeypatch):
     path, out = tmp_path / "a.json", tmp_path / "report"
     with pytest.raises(OSError) as caught:
@@ -70,7 +67,6 @@ def test_an_unnamed_write_error_is_named_by_the_file_it_was_writing(tmp_path, mo
     assert caught.value.filename == str(out) and not out.exists()
 
 
-@pytest.mark.quick
 def test_last_words_go_to_the_launcher_or_nowhere(tmp_path, monkeypatch):
     monkeypatch.delenv(last_words.ENV, raising=False)
     assert not last_words.leave("x", 3)  # not a launched process: the caller prints
@@ -80,7 +76,6 @@ def test_last_words_go_to_the_launcher_or_nowhere(tmp_path, monkeypatch):
     assert last_words.read(tmp_path / "none") is None
 
 
-@pytest.mark.quick
 def test_a_failed_write_on_a_disk_without_room_is_a_full_disk(tmp_path, monkeypatch):
     """torch's zip writer loses the errno ('unexpected pos 704 vs 598'): a failure in a save while the disk has
     no room left is the full disk; the same failure with room left is not."""
@@ -191,7 +186,6 @@ def test_a_full_disk_writing_the_trace_is_one_line(tmp_path, monkeypatch, capfd,
     assert code == 3 and err == f"{prog}: error: {path}: {FULL}" and os.listdir(tmp_path) == [], err
 
 
-@pytest.mark.quick
 def test_a_full_disk_writing_diffs_json_is_one_line(tmp_path, monkeypatch, capfd):
     from jaxdp.core import trace
 

@@ -14,7 +14,6 @@ from jaxdp.core import ckpt_folder, manifest, paths, regular, trace
 from jaxdp.core.errors import ConfigError
 from jaxdp.harness import cli, torch_cli
 
-pytestmark = pytest.mark.quick
 DEVICES = ["/dev/zero", "/dev/urandom"]
 
 

@@ -20,7 +20,7 @@ import os
 import jax
 import numpy as np
 
-from .core import ckpt_folder, manifest
+from .core import ckpt_folder, disk_full, manifest
 from .core import record as rules
 from .core.record import RECORD_FIELDS, CheckpointError, DamagedCheckpoint  # noqa: F401 (re-exported)
 from .strategies import host_full
@@ -39,7 +39,9 @@ def _manager(directory, every: int = 1, read_only: bool = False):
     import orbax.checkpoint as ocp
     from absl import logging as absl_logging
 
-    absl_logging.set_verbosity(absl_logging.ERROR)  # orbax narrates every save at WARNING
+    # orbax narrates every save at WARNING, and logs a writer thread's error with its traceback at ERROR before
+    # raising it from `wait_until_finished` (where it is answered: a full disk in one line, disk_full.py)
+    absl_logging.set_verbosity(absl_logging.FATAL)
     options = ocp.CheckpointManagerOptions(
         max_to_keep=3, create=not read_only, enable_async_checkpointing=False, read_only=read_only
     )
@@ -68,14 +70,16 @@ class Checkpointer:
             "data_position": "batches are a pure function of (seed, step); the next step is step + 1",
         }
         primary = jax.process_index() == 0
-        if primary:  # listed before its first file: a save cut short is this run's too (ckpt_folder.py)
-            ckpt_folder.begin_step(self.directory, "jax", step)
-        self.manager.save(
-            step, args=ocp.args.Composite(state=ocp.args.StandardSave(flatten(state)), record=ocp.args.JsonSave(record))
-        )
-        self.manager.wait_until_finished()
-        if primary:  # orbax has renamed the step into place; the manifest comes last
-            manifest.write(os.path.join(self.directory, str(step)), "jax", step)
+        folder = os.path.join(self.directory, str(step))
+        then = (lambda: ckpt_folder.drop_unfinished(self.directory, step)) if primary else None
+        with disk_full.answered(f"checkpoint step {step} not saved", folder, then):  # one line, exit 3
+            if primary:  # listed before its first file: a save cut short is this run's too (ckpt_folder.py)
+                ckpt_folder.begin_step(self.directory, "jax", step)
+            self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(flatten(state)),
+                                                            record=ocp.args.JsonSave(record)))
+            self.manager.wait_until_finished()  # orbax's threads: their error is raised here
+            if primary:  # orbax has renamed the step into place; the manifest comes last
+                manifest.write(folder, "jax", step)
         return True
 
     def close(self):

@@ -18,19 +18,21 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
 import threading
 import time
 
-from .core import heartbeat, lifeline, ports, progress, stop, xla_flags
+from .core import heartbeat, last_words, lifeline, ports, progress, stop, xla_flags
 from .core.errors import EXIT_FAILED, EXIT_USAGE
 
 POLL_S = 0.2
 GRACE_S = 5.0
 FIRST_CAUSE_S = 1.0
 STOP_S = 8.0  # a signal's stop: the step in progress, JAX's sync (its notifier polls every 1 s), the save
+HOLD_S = 1.0  # a process's stderr is shown this late: time for a peer's failure to mute it
 
 
 def launch(argv: list[str], processes: int, timeout_s: float | None = None,
@@ -49,17 +51,19 @@ def launch(argv: list[str], processes: int, timeout_s: float | None = None,
                 for pid in range(processes):
                     cmd = [sys.executable, "-m", "jaxdp", *argv, "--coordinator", coordinator,
                            "--num-processes", str(processes), "--process-id", str(pid)]
-                    child_env = {**env, heartbeat.ENV_FILE: beats.path(pid)}
+                    child_env = {**env, heartbeat.ENV_FILE: beats.path(pid), last_words.ENV: _words(beats, pid)}
                     if pid == 0:
                         child_env[progress.ENV] = report
                     children.append(subprocess.Popen(cmd, env=child_env, stderr=subprocess.PIPE,
                                                      stdout=subprocess.PIPE if pid == 0 else subprocess.DEVNULL))
                     print(f"jaxdp: started process {pid} (pid {children[-1].pid})", file=sys.stderr, flush=True)
-            relays = [threading.Thread(target=_relay, args=(c.stdout, sys.stdout), daemon=True) for c in children[:1]]
-            relays += [threading.Thread(target=_relay, args=(c.stderr, sys.stderr), daemon=True) for c in children]
+            relays = [threading.Thread(target=_relay, args=(children[0].stdout, sys.stdout), daemon=True)]
+            relays += relay_errors(children, beats)
+            relays[0].start()
+            code = _watch(children, timeout_s, beats)
             for relay in relays:
-                relay.start()
-            return _watch(children, timeout_s, beats)
+                relay.join(timeout=GRACE_S)
+            return code
         except KeyboardInterrupt:
             with progress.sigint_deferred():  # a second Ctrl-C does not cut the stopping short
                 _halt(children)
@@ -85,6 +89,8 @@ GLOO_NOTICE = re.compile(rb"(?:\s*(\[Gloo\]\s*)?(Rank\s*)?(\d+\s*)?(is connected
 # JAX's preemption notifier's line, `W1207 05:43:22.687536 6529 preemption_notifier.cc:90] SIGTERM caught at ...`,
 # on each process the launcher stopped: the launcher's one line says it.
 SIGTERM_NOTICE = re.compile(rb"\S+ [\d:.]+\s+\d+ preemption_notifier\.cc:\d+\] SIGTERM caught at .*\s*")
+# The same lines inside a chunk of stderr (`_relay_errors`).
+SIGTERM_LINES = re.compile(rb"(?m)^\S+ [\d:.]+\s+\d+ preemption_notifier\.cc:\d+\] SIGTERM caught at .*\n?")
 
 
 def notice(line: bytes) -> bool:
@@ -100,6 +106,48 @@ def _relay(pipe, out) -> None:
         if not notice(line):
             out.buffer.write(line)
             out.flush()
+
+
+def relay_errors(children, beats: heartbeat.Watch) -> list[threading.Thread]:
+    """Start relaying each child's stderr (`_relay_errors`); the threads, to join."""
+    words = [_words(beats, i) for i in range(len(children))]
+    threads = [threading.Thread(target=_relay_errors, args=(c.stderr, c, children, words), daemon=True)
+               for c in children]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def _relay_errors(pipe, me, children, words: list[str]) -> None:
+    """Process `me`'s stderr (warnings, a progress bar), each piece held HOLD_S, then shown unless meanwhile a
+    process has left its last words (`words`) or another has failed: from then on the launcher's one line speaks
+    for the run (`last_words`), not the echoes of the failure in the failing process's threads (tensorstore's
+    'Event loop is closed' tracebacks, printed just before), nor each peer's traceback or native abort as its
+    connections close."""
+    fd, held, done = pipe.fileno(), [], False
+    while not done or held:
+        if done:
+            time.sleep(HOLD_S / 5)
+        elif select.select([fd], [], [], HOLD_S / 5)[0]:
+            chunk = os.read(fd, 1 << 16)
+            done = not chunk
+            held += [(time.monotonic(), chunk)] if chunk else []
+        if any(_failed(c) for c in children if c is not me) or any(os.path.exists(w) for w in words):
+            held.clear()
+        while held and (done or time.monotonic() - held[0][0] >= HOLD_S):
+            sys.stderr.buffer.write(SIGTERM_LINES.sub(b"", held.pop(0)[1]))
+            sys.stderr.flush()
+
+
+def _failed(child) -> bool:
+    """Has `child` ended with a nonzero status (or a signal)? Asked without reaping it (the watch reaps)."""
+    if child.returncode is not None:
+        return child.returncode != 0
+    try:
+        info = os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # reaped by the watch meanwhile
+        return child.returncode not in (None, 0)
+    return info is not None and not (info.si_code == os.CLD_EXITED and info.si_status == 0)
 
 
 def _watch(children, timeout_s: float | None, beats: heartbeat.Watch) -> int:
@@ -119,11 +167,15 @@ def _watch(children, timeout_s: float | None, beats: heartbeat.Watch) -> int:
             failed = [(i, c.poll()) for i, c in enumerate(children) if c.poll() not in (None, 0)]
             if _stopped(children, beats, heartbeat.STALE_S):  # the first cause: its peer's failure follows
                 return EXIT_FAILED
-            i, code = min(failed, key=lambda ic: (ic[1] > 0, ic[0]))
+            words = {j: last_words.read(_words(beats, j)) for j, _ in failed}  # their one lines (last_words.py)
+            i, code = min(failed, key=lambda ic: (_named(words[ic[0]]) > 0, ic[1] > 0, _named(words[ic[0]]), ic[0]))
             how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
             others = "".join(f"; process {j} exited with status {c}" for j, c in failed if j != i)
-            print(f"jaxdp: error: process {i} {how}{others}; stopping the other processes",
-                  file=sys.stderr, flush=True)
+            said = words[i]
+            if said is not None and said["traceback"]:  # a crash: its traceback, the first cause's only
+                sys.stderr.write(said["traceback"])
+            head = said["line"] if said is not None else f"jaxdp: error: process {i} {how}"
+            print(f"{head}{others}; stopping the other processes", file=sys.stderr, flush=True)
             return EXIT_USAGE if code == EXIT_USAGE else EXIT_FAILED
         if all(code == 0 for code in codes):
             return 0
@@ -133,6 +185,18 @@ def _watch(children, timeout_s: float | None, beats: heartbeat.Watch) -> int:
             print(f"jaxdp: error: the run exceeded {timeout_s:.0f}s; stopping it", file=sys.stderr, flush=True)
             return EXIT_FAILED
         time.sleep(POLL_S)
+
+
+def _words(beats: heartbeat.Watch, i: int) -> str:
+    """Where process `i` leaves its last words (`jaxdp.core.last_words`): beside its heartbeat."""
+    return os.path.join(beats.folder, f"last-words-{i}")
+
+
+def _named(words: dict | None) -> int:
+    """The first cause among failed processes: one that named its error (a full disk, a bad input), then one a
+    signal killed, then one that crashed (its peer's failure, often: a connection reset), then one that said
+    nothing."""
+    return 2 if words is None else 1 if words["traceback"] else 0
 
 
 def _stopped(children, beats: heartbeat.Watch, after_s: float | None = None) -> bool:

@@ -58,6 +58,15 @@ QUICK = {
         "test_the_machine_is_read_without_a_framework", "test_an_unknown_memory_skips_the_check_and_force_skips_both",
         "test_a_cluster_host_holds_its_share"),
     "tests/jaxdp/core/test_paths.py": ALL,
+    "tests/jaxdp/core/test_regular.py": (  # devices, FIFOs and sockets never read, 1 s
+        "test_kind_names_what_a_path_is", "test_input_file_refuses_what_is_not_a_regular_file",
+        "test_open_regular_refuses_without_blocking", "test_open_regular_refuses_a_fifo_swapped_in_after_the_stat",
+        "test_trace_load_refuses_a_fifo_or_device", "test_jaxdp_diff_refuses_in_one_line_status_2_within_a_second"),
+    "tests/jaxdp/core/test_disk_full.py": (  # a full disk in every shape a library raises it, 1 s
+        "test_find_sees_a_full_disk_in_every_shape_a_library_raises", "test_find_leaves_other_errors_alone",
+        "test_an_unnamed_write_error_is_named_by_the_file_it_was_writing",
+        "test_last_words_go_to_the_launcher_or_nowhere",
+        "test_a_failed_write_on_a_disk_without_room_is_a_full_disk", "test_a_full_disk_writing_diffs_json_is_one_line"),
     "tests/jaxdp/core/test_nofollow.py": ALL,  # links in the checkpoint folder, on a hand-made folder, 2 s
     "tests/jaxdp/core/test_manifest_key.py": ALL,  # the manifest's MAC under the user's key, 1 s
     "tests/jaxdp/core/test_xla_flags.py": ALL,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -39,7 +40,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from jaxdp.core import ckpt_folder, manifest, nofollow, progress
+from jaxdp.core import ckpt_folder, disk_full, manifest, nofollow, progress
 from jaxdp.core import record as rules
 from jaxdp.core.atomic import writing
 from jaxdp.core.errors import ConfigError
@@ -50,6 +51,8 @@ from .safe_dcp import SafePlanner, SafeReader
 RECORD = "record.json"
 PARTIAL = ".partial"
 KEEP = 3  # complete checkpoints kept (as orbax's max_to_keep in jaxdp)
+# DCP's notice on every save and load of one process (`no_dist`, chosen here): not the user's business
+SINGLE_PROCESS = "torch.distributed is disabled, unavailable or uninitialized"
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)  # one key per parameter: reshardable
 
 
@@ -143,7 +146,18 @@ def save(directory, step: int, state, cfg) -> str:
         nofollow.remove(partial)  # a save torn by an earlier crash (a link there: unlinked, never written through)
         os.mkdir(partial)  # made here, by this run: DCP writes into a folder, never through a link
     _barrier()
-    dcp.save({"train": state}, checkpoint_id=partial, no_dist=not _distributed())
+    then = (lambda: ckpt_folder.drop_unfinished(directory, step)) if rank == 0 else None  # the .partial goes
+    with disk_full.answered(f"checkpoint step {step} not saved", partial, then):  # one line, exit 3
+        _save_files(directory, step, state, cfg, rank, partial, final)
+    _barrier()  # nobody goes on before the step's directory exists
+    return final
+
+
+def _save_files(directory, step: int, state, cfg, rank: int, partial, final) -> None:
+    """DCP's files of every rank into `partial`; on rank 0 the record and the manifest, then the rename."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=SINGLE_PROCESS, category=UserWarning)
+        dcp.save({"train": state}, checkpoint_id=partial, no_dist=not _distributed())
     if rank == 0:
         record = {"step": step, "framework": "torch", "config": cfg.to_dict(), "strategy": cfg.strategy,
                   "devices": dist.get_world_size() if _distributed() else 1,
@@ -155,8 +169,6 @@ def save(directory, step: int, state, cfg) -> str:
         os.rename(partial, final)
         _fsync_dir(directory)
         ckpt_folder.prune(directory, KEEP)
-    _barrier()  # nobody goes on before the step's directory exists
-    return final
 
 
 def _write_json(path, obj) -> None:
@@ -203,7 +215,7 @@ def find(directory, cfg) -> tuple[int, str, dict]:
     path = os.path.join(directory, str(step))
     manifest.verify(directory, steps, step)  # before any byte of it is read
     try:
-        with open(os.path.join(path, RECORD)) as f:
+        with nofollow.open_plain(os.path.join(path, RECORD), "r") as f:  # a file, never a FIFO or a link
             record = json.load(f)
         saved = record["config"]
         assert record["step"] == step, f"record says step {record['step']}"
@@ -230,7 +242,10 @@ def restore(directory, state, cfg) -> int:
             f"strategy {cfg.strategy!r} with optimizer {cfg.optimizer!r} expects; missing: {', '.join(missing[:3])}"
             + (f" and {len(missing) - 3} more" if len(missing) > 3 else ""))
     try:
-        dcp.load({"train": state}, storage_reader=SafeReader(path), planner=SafePlanner(), no_dist=not _distributed())
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=SINGLE_PROCESS, category=UserWarning)
+            dcp.load({"train": state}, storage_reader=SafeReader(path), planner=SafePlanner(),
+                     no_dist=not _distributed())
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP's is a BaseException, one error per rank
         cause = next(iter(e.failures.values()), e) if isinstance(e, CheckpointException) else e
         if isinstance(cause, DamagedCheckpoint):

@@ -55,10 +55,12 @@ def writing(path, mode: str = "wb"):
         with os.fdopen(fd, mode) as f:
             yield f
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         remove_dirs(made)
+        if isinstance(e, OSError) and e.filename is None and e.strerror:  # a write's or close's: name the file
+            raise type(e)(e.errno, e.strerror, path) from None
         raise
 
 
@@ -107,9 +109,11 @@ def staged(out):
         yield stage
         for name in sorted(os.listdir(stage)):
             os.replace(os.path.join(stage, name), os.path.join(out, name))
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(stage, ignore_errors=True)
         remove_dirs(made)
+        if isinstance(e, OSError) and e.filename is None and e.strerror:  # a write's or close's: name the folder
+            raise type(e)(e.errno, e.strerror, out) from None
         raise
     os.rmdir(stage)
 

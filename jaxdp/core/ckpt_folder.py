@@ -33,6 +33,7 @@ from .errors import ConfigError
 from .record import TORN, DamagedCheckpoint
 
 MARKER = "jaxdp-checkpoints.json"
+MANIFEST = "jaxdp-manifest.json"  # manifest.NAME: a step is whole when it has one
 LOCK = ".jaxdp-lock"
 OVERWRITE = "--overwrite-checkpoints"
 PROGRAM = {"jax": "jaxdp", "torch": "torch_ref"}
@@ -173,6 +174,7 @@ def claim(directory, framework: str, *, resume: bool, overwrite: bool) -> Lock |
                 if name not in (MARKER, LOCK) and _ours(name, set(marker["steps"])):
                     nofollow.remove(os.path.join(directory, name))  # a link: unlinked, never followed
             marker["steps"] = []
+        discard_torn(directory)  # a save cut short (a full disk, a kill) is never read: its room comes back first
         _write_marker(directory, framework, marker["steps"], uuid.uuid4().hex)
     except BaseException:
         lock.release()
@@ -209,3 +211,16 @@ def discard_torn(directory) -> None:
     for name in os.listdir(directory):
         if any(mark in name for mark in TORN) and _ours(name, owned):
             nofollow.remove(os.path.join(directory, name))
+
+
+def drop_unfinished(directory, step: int) -> str:
+    """After a save of `step` failed (a full disk): remove what it left (its torn folder, or its folder when the
+    manifest is missing, which would make it a damaged step) and say what is kept, for the one line."""
+    discard_torn(directory)
+    folder = os.path.join(directory, str(step))
+    if step in (read_marker(directory) or {"steps": []})["steps"] and nofollow.is_folder(folder) \
+            and not os.path.lexists(os.path.join(folder, MANIFEST)):
+        nofollow.remove(folder)
+    kept = steps(directory)
+    return (f"kept checkpoint step{'s' * (len(kept) > 1)} {', '.join(map(str, kept))}: free space, then --resume"
+            if kept else "no checkpoint kept: free space and start again")

@@ -6,14 +6,16 @@ output, then removed (`_try_writing`). `os.access` answers yes to root for a rea
 (/proc, /sys, a read-only mount), where the run would fail only when it writes, after its work.
 
 `output_file`: a file this run will write (`--trace`, `--json`); `output_dir`: a folder it will
-fill (`--out`, `--checkpoint-dir`); `input_file`: a file it reads (`jaxdp diff A B`). Each raises
-ConfigError in one line naming the flag, the path and the fix.
+fill (`--out`, `--checkpoint-dir`); `input_file`: a file it reads (`jaxdp diff A B`), a regular file (a device,
+FIFO or socket would be read without end: `regular.py`). Each raises ConfigError in one line naming the flag, the
+path and the fix.
 """
 from __future__ import annotations
 
 import os
 import tempfile
 
+from . import regular
 from .errors import ConfigError
 
 PROBE = ".jaxdp-write-check-"
@@ -76,7 +78,8 @@ def output_dir(path, flag: str) -> None:
     if not path.strip():
         raise ConfigError(f"{flag} is empty; give a folder, e.g. {flag} reports/run")
     if os.path.exists(path) and not os.path.isdir(path):
-        raise ConfigError(f"{flag} {path}: is a file, not a folder; give a folder path")
+        other = regular.what(path) or "a file"  # a device or pipe named in words
+        raise ConfigError(f"{flag} {path}: is {other}, not a folder; give a folder path")
     if os.path.isdir(path):
         if not os.access(path, os.W_OK | os.X_OK):
             raise ConfigError(f"{flag} {path}: the folder is not writable; choose another")
@@ -86,11 +89,18 @@ def output_dir(path, flag: str) -> None:
 
 
 def input_file(path, flag: str) -> None:
-    """A file to be read: it exists and is a file."""
+    """A file to be read: it exists and is a regular file (a device, FIFO or socket would be read forever or
+    block: `regular.py`), nothing opened to find out."""
     path = os.fspath(path)
+    if not path.strip():
+        raise ConfigError(f"{flag} is empty; give a file path")
     if not os.path.exists(path):
         raise ConfigError(f"{flag} {path}: no such file")
     if os.path.isdir(path):
         raise ConfigError(f"{flag} {path}: is a folder, not a file")
+    other = regular.what(path)
+    if other is not None:
+        raise ConfigError(f"{flag} {path}: is {other}, not a regular file; give a file (a device or pipe would "
+                          f"be read without end)")
     if not os.access(path, os.R_OK):
         raise ConfigError(f"{flag} {path}: the file is not readable")

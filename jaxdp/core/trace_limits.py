@@ -51,20 +51,20 @@ class Refused(Exception):
     """What the headers show is not a trace that may be loaded; the message says what (no file name)."""
 
 
-def check(path: str, limit: int) -> dict:
-    """Everything about the trace at `path` that is known before loading it: its meta (a dict), checked;
-    raises Refused."""
-    with open(path, "rb") as f:
-        end = zipfile._EndRecData(f)  # the end record: 22 bytes (+ comment), no central directory yet
+def check(f, limit: int) -> dict:
+    """Everything about the trace open in `f` (a binary file, seekable: `regular.open_regular`) that is known
+    before loading it: its meta (a dict), checked; raises Refused."""
+    end = zipfile._EndRecData(f)  # the end record: 22 bytes (+ comment), no central directory yet
     if end is None:
         raise zipfile.BadZipFile("no zip end record (an .npz trace is a zip archive)")  # corrupt or truncated
     entries = int(end[zipfile._ECD_ENTRIES_TOTAL])
     if entries * ENTRY_BYTES > limit:
         raise Refused(f"{entries} entries would need {gib(entries * ENTRY_BYTES)} to index, over the budget of "
                       f"{gib(limit)}")
-    with zipfile.ZipFile(path) as z:
+    f.seek(0)
+    with zipfile.ZipFile(f) as z:  # leaves `f` open: the caller reads the arrays from it
         infos = z.infolist()
-        _check_sizes(infos, os.path.getsize(path), limit)
+        _check_sizes(infos, os.fstat(f.fileno()).st_size, limit)
         meta = _meta(z)
         arrays = sum(_array_bytes(z, info) for info in infos)
     if arrays + entries * ENTRY_BYTES > limit:

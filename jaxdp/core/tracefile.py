@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import atomic, trace_limits
+from . import atomic, regular, trace_limits
 from .errors import RunFailed
 from .trace_keys import parse_key
 
@@ -94,9 +94,13 @@ def load(path) -> Trace:
         raise TraceError(f"trace {path!r} does not exist")
     limit = trace_limits.budget()
     try:
-        trace_limits.check(path, limit)
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
+        with regular.open_regular(path) as f:  # one open file, a regular one, for the headers and the arrays
+            trace_limits.check(f, limit)
+            f.seek(0)
+            with np.load(f, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+    except regular.NotRegular as e:
+        raise TraceDamaged(f"trace {path!r} {e.strerror}; give a trace file (.npz)") from None
     except trace_limits.Refused as e:
         hint = f"; raise the budget with {trace_limits.BUDGET_ENV}, e.g. =16G" if "budget" in str(e) else ""
         raise TraceDamaged(f"trace {path!r} refused: {e}{hint}") from None

@@ -7,7 +7,7 @@ import contextlib
 import os
 import sys
 
-from ..core import argv, atomic, config, errors, heartbeat
+from ..core import argv, atomic, config, disk_full, errors, heartbeat
 from . import cli_diff, cli_runs, cli_train
 from .interrupt import guarded, stdout_closed
 
@@ -144,6 +144,12 @@ def main(argv_=None) -> int:
             raise  # stdout's reader has gone: a quiet end (interrupt.guarded), not an error line
         print(f"jaxdp: error: {errors.one_line(e)}", file=sys.stderr)
         return errors.exit_status(e)  # 2 bad input; 3 a failed run or file (RunFailed, OSError): errors.py
+    except BaseException as e:  # a full disk inside a library's own exception (orbax's, DCP's): its one line
+        full = disk_full.find(e)
+        if full is None:
+            raise
+        print(f"jaxdp: error: {disk_full.line(full)}", file=sys.stderr)
+        return errors.EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -5,7 +5,20 @@ from __future__ import annotations
 import os
 import sys
 
-from ..core import argv, ckpt_folder, config, heartbeat, hsdp_hosts, lifeline, paths, ports, progress, stop
+from ..core import (
+    argv,
+    ckpt_folder,
+    config,
+    disk_full,
+    heartbeat,
+    hsdp_hosts,
+    last_words,
+    lifeline,
+    paths,
+    ports,
+    progress,
+    stop,
+)
 from ..core.errors import EXIT_FAILED, ConfigError, RunFailed, exit_status
 
 
@@ -101,7 +114,8 @@ def train(args) -> int:
     if args.processes > 1:
         from .. import launch
 
-        return launch.launch(_argv_without_processes(), args.processes, args.timeout, args.heartbeat,
+        shown = ["--progress"] if args.progress is None and sys.stderr.isatty() else []  # their stderr is a pipe
+        return launch.launch(_argv_without_processes() + shown, args.processes, args.timeout, args.heartbeat,
                              args.startup_timeout)
     distributed = devices.Distributed.from_env()
     if args.coordinator:
@@ -129,14 +143,29 @@ def _run(cfgs, trace_paths, progress, distributed) -> int:
     return 0
 
 
+def _last_words(e: BaseException, process: int) -> None:
+    """Process `process`'s one line for `e` (and a crash's traceback): to its launcher (`last_words`), which
+    prints the first cause's alone, or printed here (a cluster process, started by hand)."""
+    import traceback
+
+    full = disk_full.find(e)
+    named = isinstance(e, (config.ConfigError, RunFailed)) or full is not None  # those are their one line
+    what = disk_full.line(full) if full is not None and not isinstance(e, RunFailed) else f"{type(e).__name__}: {e}"
+    line, tb = f"jaxdp: error: process {process}: {what}", "" if named else traceback.format_exc()
+    if not last_words.leave(line, _status(e), tb):
+        print(line, file=sys.stderr)
+        sys.stderr.write(tb)
+    sys.stderr.flush()
+
+
 def answered():
     """The errors a `jaxdp` command answers in one line (errors.exit_status: 2 bad input, 3 a failed run or
     file); any other is a crash."""
-    from ..checkpoint import CheckpointError
+    from ..core.record import CheckpointError  # jaxdp.checkpoint's, without importing orbax
     from ..core.trace import TraceError
-    from ..devices import DeviceError
 
-    return ConfigError, DeviceError, TraceError, CheckpointError, RunFailed, OSError
+    devices = sys.modules.get("jaxdp.devices")  # not imported (a refusal before any device): nothing it raised
+    return ConfigError, getattr(devices, "DeviceError", ConfigError), TraceError, CheckpointError, RunFailed, OSError
 
 
 def _report(e: BaseException, process_id: int) -> None:
@@ -146,16 +175,12 @@ def _report(e: BaseException, process_id: int) -> None:
         if lifeline.from_env() is None:
             print(f"{progress.line(f'jaxdp: process {process_id}')} ({stop.status(e)})", file=sys.stderr)
         return
-    import traceback
-
-    print(f"jaxdp: error: process {process_id}: {type(e).__name__}: {e}", file=sys.stderr)
-    if not isinstance(e, (config.ConfigError, RunFailed)):  # those are their one line
-        traceback.print_exc()
+    _last_words(e, process_id)
 
 
 def _status(e: BaseException) -> int:
     """A process's exit status for `e`: an answered error's, 130 for Ctrl-C (143 for SIGTERM: jaxdp.core.stop),
-    3 for a crash."""
+    3 for a crash (a full disk in a library's error: 3)."""
     if isinstance(e, KeyboardInterrupt):
         return stop.status(e)
     return exit_status(e) if isinstance(e, answered()) else EXIT_FAILED

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..core import argv, config, heartbeat, hsdp_hosts
+from ..core import argv, config, disk_full, heartbeat, hsdp_hosts
 from ..core.errors import EPILOG, EXIT_FAILED, ConfigError, RunFailed, exit_status, one_line
 from .interrupt import guarded, stdout_closed
 
@@ -107,13 +107,21 @@ def main(argv_=None) -> int:
         print(f"torch_ref: error: {one_line(e)}", file=sys.stderr)
         return exit_status(e)
     except RankError as e:
-        if isinstance(e.cause, answered):
-            print(f"torch_ref: error: rank {e.rank}: {one_line(e.cause)}", file=sys.stderr)
-            return exit_status(e.cause)
+        full = disk_full.find(e.cause) if e.cause is not None and not isinstance(e.cause, answered) else None
+        if isinstance(e.cause, answered) or full is not None:
+            print(f"torch_ref: error: rank {e.rank}: {disk_full.line(full) if full else one_line(e.cause)}",
+                  file=sys.stderr)
+            return EXIT_FAILED if full else exit_status(e.cause)
         if e.traceback:
             print(e.traceback, file=sys.stderr)
         print(f"torch_ref: error: {e}", file=sys.stderr)
         return EXIT_FAILED  # a crashed or stopped rank
     except TimeoutError as e:  # a hung rank
         print(f"torch_ref: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except BaseException as e:  # a full disk inside a library's own exception (DCP's): its one line
+        full = disk_full.find(e)
+        if full is None:
+            raise
+        print(f"torch_ref: error: {disk_full.line(full)}", file=sys.stderr)
         return EXIT_FAILED

@@ -99,12 +99,12 @@ def _check_cluster(args) -> None:
 
 
 def train(args) -> int:
-    from .. import devices
-
     cfgs = argv.configs(args)
     trace_paths = outputs(args.trace, [c.strategy for c in cfgs])
     check_checkpoints(cfgs)
     check_processes(args)
+    from .. import devices  # JAX: after the checks that need none (a refusal in about a second)
+
     for cfg in cfgs:
         if cfg.strategy == "hsdp":
             hsdp_hosts.check_hosts(cfg.devices, cfg.replicas, args.num_processes or args.processes, cfg.hsdp_hosts)

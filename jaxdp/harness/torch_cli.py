@@ -37,8 +37,6 @@ def build_parser() -> argv.Parser:
 
 def check(args) -> list:
     """Every input of `torch_ref train`, before any rank starts: the configurations, paths, timeouts, machine."""
-    from torch_ref.launch import check_platform
-
     from .cli_train import check_checkpoints, outputs
 
     cfgs = argv.configs(args, framework="torch")
@@ -46,6 +44,8 @@ def check(args) -> list:
     args.trace_paths = outputs(args.trace, [c.strategy for c in cfgs])
     check_checkpoints(cfgs, "torch")
     argv.check_seconds(args, ("timeout", "pg_timeout", "heartbeat", "startup_timeout"))
+    from torch_ref.launch import check_platform  # torch itself: after the checks that need none (in a second)
+
     check_platform(cfgs[0].platform, cfgs[0].devices)
     for cfg in cfgs:
         note = hsdp_hosts.one_group(cfg)
@@ -71,17 +71,28 @@ def _check_processes(processes: int | None, devices: int) -> None:
 
 
 def _train(args) -> int:
+    cfgs = check(args)  # before torch is imported: a refusal in about a second
     from torch_ref.train import summary
 
     from .torch_run import run
 
-    for cfg in check(args):
+    for cfg in cfgs:
         path = args.trace_paths[cfg.strategy]
         result = run(cfg, trace_path=path, timeout_s=args.timeout, pg_timeout_s=args.pg_timeout,
                      heartbeat_s=args.heartbeat)
         if result is not None:  # rank 0
             print(summary(result) + (f"; trace: {path}" if path else ""))
     return 0
+
+
+def _rank_error() -> type[BaseException]:
+    """torch_ref.launch's RankError once a rank has started (torch imported), else an error nothing raises."""
+    launch = sys.modules.get("torch_ref.launch")
+    return launch.RankError if launch is not None else _NotRaised
+
+
+class _NotRaised(Exception):
+    """No rank started: no RankError."""
 
 
 @guarded("torch_ref")  # Ctrl-C: one line and status 130 (interrupt.py)
@@ -92,9 +103,7 @@ def main(argv_=None) -> int:
     except ConfigError as e:
         print(f"torch_ref: error: {e}", file=sys.stderr)
         return 2
-    from torch_ref.checkpoint import CheckpointError
-    from torch_ref.launch import RankError
-
+    from ..core.record import CheckpointError  # torch_ref.checkpoint's, without importing torch
     from ..core.trace import TraceError
 
     answered = (ConfigError, TraceError, CheckpointError, RunFailed, OSError)  # errors.exit_status: 2 or 3
@@ -106,7 +115,7 @@ def main(argv_=None) -> int:
             raise  # stdout's reader has gone: a quiet end (interrupt.guarded), not an error line
         print(f"torch_ref: error: {one_line(e)}", file=sys.stderr)
         return exit_status(e)
-    except RankError as e:
+    except _rank_error() as e:
         full = disk_full.find(e.cause) if e.cause is not None and not isinstance(e.cause, answered) else None
         if isinstance(e.cause, answered) or full is not None:
             print(f"torch_ref: error: rank {e.rank}: {disk_full.line(full) if full else one_line(e.cause)}",

@@ -61,7 +61,7 @@ def main():
           f"loss {result.losses[0]:.3f} -> {result.losses[-1]:.3f} in {steps} steps")
 
     for strategy in ("ddp", "zero3"):
-        m = accounting.memory(cfg.replace(strategy=strategy, steps=1))["measured"]
+        m = accounting.memory(cfg.replace(strategy=strategy, steps=1), temporaries=False)["measured"]
         print(
             f"  {strategy:<6} holds per device: params {m['params'] / 1024:6.1f} KiB, "
             f"grads {m['grads'] / 1024:6.1f} KiB, "

@@ -149,11 +149,12 @@ def _compile_stats(par, state, x, host, cfg):
     return program.lower(params, state.batch_stats, x).compile()
 
 
-def memory(cfg, trains: CompiledStep | None = None) -> dict:
+def memory(cfg, trains: CompiledStep | None = None, temporaries: bool = True) -> dict:
     """Measure one step of `cfg` on device 0 of its mesh and set it next to the formula: parameters and optimizer
     state from the placed arrays, the gradient from the output shardings a step that also returns it declares
     when lowered (`declared_bytes_on`; compiled and run only where one is left to the compiler); `temp_bytes`
-    and `peak_bytes` (`step_memory`) from the step that trains (`trains`, compiled here when not given)."""
+    and `peak_bytes` (`step_memory`) from the step that trains (`trains`, compiled here when not given), or None
+    with `temporaries=False` (nothing compiled for them: what a caller reading only the state's bytes needs)."""
     c = compile_step(cfg, return_grads=True, lower_only=True)
     device = c.devices[0]
     # the state's bytes first: the step donates its state (every strategy, `single` included), so after it
@@ -165,7 +166,7 @@ def memory(cfg, trains: CompiledStep | None = None) -> dict:
         grads = bytes_on(metrics["grads"], device)
     measured = {"params": measured["params"], "grads": grads, "opt_state": measured["opt_state"]}
 
-    step = step_memory((trains or compile_step(cfg)).program)
+    step = step_memory((trains or compile_step(cfg)).program) if temporaries else dict(temp_bytes=None, peak_bytes=None)
     return {"strategy": cfg.strategy, "devices": cfg.devices, **formula_for(cfg, c.problem, c.optimizer),
             "measured": measured, "temp_bytes": step["temp_bytes"], "peak_bytes": step["peak_bytes"]}
 

@@ -29,13 +29,14 @@ def _env(**extra):
     return env
 
 
-def test_cli_trains_two_ranks_and_writes_a_trace(tmp_path):
+def test_cli_trains_two_ranks_and_writes_a_trace(tmp_path, capsys):
+    """`python -m torch_ref train`'s main (torch_ref/__main__.py runs it), in this process: its ranks come from this
+    process's fork server, not a fresh launcher's (a fresh `python -m torch_ref train` runs below: torchrun's ranks,
+    the killed-rank test's launcher, and tests/cli/)."""
     path = tmp_path / "zero2.npz"
-    out = subprocess.run([sys.executable, "-m", "torch_ref", "train", "--strategy", "zero2", "--devices", "2",
-                          *FLAGS, "--trace", str(path)], capture_output=True, text=True, timeout=180,
-                         cwd=REPO, env=_env())
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("zero2 on 2 cpu rank(s) (torch), mlp/synthetic, float64: 2 steps, loss ")
+    assert cli.main(["train", "--strategy", "zero2", "--devices", "2", *FLAGS, "--trace", str(path)]) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith("zero2 on 2 cpu rank(s) (torch), mlp/synthetic, float64: 2 steps, loss "), out.err
     got = trace.load(path)
     assert got.meta["framework"] == "torch" and got.meta["devices"] == 2
     assert max(trace.diff(got, as_trace(single(CFG)))["worst"].values()) < 1e-12

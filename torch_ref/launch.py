@@ -1,17 +1,15 @@
 """Start N ranks on this machine with torch.distributed, or join a world that torchrun started.
 
-`launch(fn, n, *args)` starts N processes (torch.multiprocessing's 'forkserver': a server process imports
-torch and torch_ref once, `torch_ref.rank_server`, and forks each rank from it, with this process's
-environment), gives them
-a free port on 127.0.0.1, initialises the process group in each (gloo on CPU, nccl on GPU, with a
-timeout on every collective), runs `fn(rank, n, *args)` and returns every rank's return value.
-A rank that raises is reported to the parent, which waits a moment for the other ranks' errors,
-terminates every rank still running and raises `RankError` carrying the *first* error in time
-(the originating one: the others are usually their peers' broken connections). The parent also
-gives up after `timeout` seconds. So a failure ends the run promptly, never a hang. Ctrl-C is the
-parent's alone (the ranks start with SIGINT blocked); SIGINT or SIGTERM to it is forwarded to every rank as
-SIGTERM. A rank that a signal reaches ends its step, all agree on the step to stop after (torch_ref/train.py), save
-it and exit 143 (130: SIGINT); the parent raises `jaxdp.core.stop.Stopped`, and kills a rank left after STOP_S.
+`launch(fn, n, *args)` starts N processes (torch.multiprocessing's 'forkserver': a server process imports torch and
+torch_ref once, `torch_ref.rank_server`, and forks each rank from it, with this process's environment), gives them a
+free port on 127.0.0.1, initialises the process group in each (gloo on CPU, nccl on GPU, with a timeout on every
+collective), runs `fn(rank, n, *args)` and returns every rank's return value. A rank that raises is reported to the
+parent, which waits a moment for the other ranks' errors, terminates every rank still running and raises `RankError`
+carrying the *first* error in time (the originating one: the others are usually their peers' broken connections).
+The parent also gives up after `timeout` seconds. So a failure ends the run promptly, never a hang. Ctrl-C is the
+parent's alone (the ranks start with SIGINT blocked); SIGINT or SIGTERM to it is forwarded to every rank as SIGTERM.
+A rank that a signal reaches ends its step, all agree on the step to stop after (torch_ref/train.py), save it and
+exit 143 (130: SIGINT); the parent raises `jaxdp.core.stop.Stopped`, and kills a rank left after STOP_S.
 
 Under torchrun, `from_env()` reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT.
 """
@@ -65,10 +63,7 @@ def _killed(procs) -> tuple[int, int] | None:
 
 
 def _signal_name(number: int) -> str:
-    try:
-        return signal_mod.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
+    return signal_mod.Signals(number).name if number in {s.value for s in signal_mod.Signals} else f"signal {number}"
 
 
 def backend_for(device: torch.device) -> str:

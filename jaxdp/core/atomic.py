@@ -2,7 +2,8 @@
 that a run stopped at any moment (Ctrl-C, a kill) leaves no half-written file and no empty folder.
 
 - `writing(path)`: a file object on a temporary file in the same folder, moved onto `path`
-  (`os.replace`, atomic on one file system) when the block ends normally, removed when it raises.
+  (`os.replace`, atomic on one file system) when the block ends normally, removed when it raises; the
+  file gets the mode a plain `open(path, "w")` would give (0666 less the umask), not mkstemp's 0600.
 - `write_bytes` / `write_text` / `write_json`: the one-call forms; `write_json("-", ...)` writes to stdout
   (`--json -`), the command's own stdout while `json_on_stdout()` sends the rest of what it prints to stderr.
 - `staged(out)`: a folder of files written together (a report, bench.json + bench.md): the files are
@@ -43,6 +44,17 @@ def remove_dirs(made: list[str]) -> None:
             os.rmdir(d)
 
 
+def _umask() -> int:
+    """The process's umask (read from /proc, so that no thread ever sees it changed; else set and reset)."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def writing(path, mode: str = "wb"):
     """`with writing(path) as f: ...`: `path` appears whole when the block ends, or not at all."""
@@ -52,6 +64,7 @@ def writing(path, mode: str = "wb"):
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would make the file unreadable to others
         with os.fdopen(fd, mode) as f:
             yield f
         os.replace(tmp, path)

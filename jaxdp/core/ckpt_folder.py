@@ -124,8 +124,12 @@ class Lock:
             os.close(self.fd)
             raise ConfigError(f"--checkpoint-dir {directory} is in use by another run (process {holder} holds "
                               f"{self.path}); wait for it to end, or give another --checkpoint-dir") from None
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+        try:
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+        except OSError as e:  # a full disk: the pid has no room; the error names no file, so name the lock
+            os.close(self.fd)
+            raise OSError(e.errno, e.strerror, self.path) from None
 
     def release(self) -> None:
         if self.fd is not None:

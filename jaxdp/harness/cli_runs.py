@@ -61,6 +61,21 @@ def _base(args, names) -> config.RunConfig:
                                if k != "strategy" and hasattr(args, k)}, strategy="ddp")
 
 
+def _single_on_one(args, names, untyped: bool) -> None:
+    """single runs on one device: alone, compare's default --devices becomes 1 and another is refused; with
+    others, every strategy runs on the same --devices, so one other than 1 is refused (both before any work)."""
+    if untyped and set(names) == {"single"}:  # compare's default --devices (cli._compare_devices)
+        args.devices = 1
+    if "single" not in names or args.devices == 1:
+        return
+    if set(names) == {"single"}:
+        raise config.ConfigError(f"strategy 'single' runs on one device; got --devices {args.devices} "
+                                 f"(use --devices 1)")
+    raise config.ConfigError(
+        f"--strategies {','.join(names)}: compare runs every strategy on the same --devices {args.devices}, and "
+        f"single runs on one device: compare single apart (--strategies single), or all of them on --devices 1")
+
+
 def compare(args) -> int:
     from .report.names import check_strategies
 
@@ -70,12 +85,7 @@ def compare(args) -> int:
     argv.check_target(args)
     paths.output_dir(args.out, "--out")
     untyped = "devices" not in argv.given(args)
-    if untyped and set(names) == {"single"}:  # compare's default --devices (cli._compare_devices)
-        args.devices = 1
-    if "single" in names and len(set(names)) > 1 and args.devices != 1:
-        raise config.ConfigError(
-            f"--strategies {','.join(names)}: compare runs every strategy on the same --devices {args.devices}, and "
-            f"single runs on one device: compare single apart (--strategies single), or all of them on --devices 1")
+    _single_on_one(args, names, untyped)
     base = _base(args, names)
 
     def say(message):

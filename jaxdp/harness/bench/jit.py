@@ -65,11 +65,11 @@ def section(results: dict) -> list:
 
 if __name__ == "__main__":  # item 10 alone: python -m jaxdp.harness.bench.jit [--quick] [--out DIR]
     import argparse
-    import json
     import os
     import sys
 
     from ... import devices
+    from ...core import atomic
     from .plan import plan
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -79,10 +79,8 @@ if __name__ == "__main__":  # item 10 alone: python -m jaxdp.harness.bench.jit [
     p = plan(args.quick)
     devices.setup(max(p.time_ns), "cpu")
     result = {"jit_vs_hand": jit_vs_hand(p, lambda m: print(m, file=sys.stderr, flush=True))}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "jit.json"), "w") as f:
-        json.dump(result, f, indent=1)
     table = "\n".join(section(result)) + "\n"
-    with open(os.path.join(args.out, "jit.md"), "w") as f:
-        f.write(table)
+    with atomic.staged(args.out) as stage:  # new files renamed in: a link there is replaced, not written through
+        atomic.write_json(os.path.join(stage, "jit.json"), result, indent=1)
+        atomic.write_text(os.path.join(stage, "jit.md"), table)
     print(table)

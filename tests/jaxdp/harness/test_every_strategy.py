@@ -94,6 +94,15 @@ def test_compare_runs_every_strategy_in_one_invocation_and_single_apart(tmp_path
         assert code == 0, err
 
 
+@pytest.mark.parametrize("names", ["single", "single,ddp"])
+def test_compare_refuses_single_on_several_devices_before_any_work(names, tmp_path, capsys):
+    """`compare --strategies single --devices 2` printed its "loading JAX" progress line, then the refusal: two
+    lines, after the first step of work. Now one line, first, alone or with others."""
+    argv = ["compare", "--strategies", names, "--devices", "2", "--out", str(tmp_path / "r")]
+    code, err, _ = answer(argv, capsys)
+    assert code == 2 and "loading JAX" not in err and "--devices 1" in err, err
+
+
 def test_bare_memory_measures_on_compares_devices_so_zero_shards_save(capsys):
     """`jaxdp memory` with no --devices ran on 1 device, where ZeRO's shards are whole and save nothing; it now
     takes compare's default (cli.COMPARE_DEVICES), and single in the list still runs on its one device."""

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import re
+import sys
 
 from .errors import RunFailed
 
@@ -98,6 +100,7 @@ def answered(what: str, where=None, then=None):
     room left: `no_room`) becomes one DiskFull line: `what` (e.g. 'checkpoint step 3 not saved'), the path
     (`where` when the library named none) and the cause. `then()` runs first (the
     cleanup of what the failed write left, a torn save; what it returns ends the line: what was kept)."""
+    quiet_closed_loop()
     try:
         yield
     except BaseException as e:
@@ -110,3 +113,33 @@ def answered(what: str, where=None, then=None):
         except Exception:  # noqa: BLE001 - the cleanup's own failure must not hide the full disk's line
             after = None
         raise DiskFull(line(full, where, what) + (f"; {after}" if after else "")) from None
+
+
+CLOSED_LOOP = "Event loop is closed"
+
+
+def quiet_closed_loop() -> None:
+    """From a save on: when it finds no room, tensorstore's writer threads still call back into orbax's event loop,
+    closed with the failed save, and each call is an unraisable `RuntimeError('Event loop is closed')` that Python
+    prints with its traceback (`sys.unraisablehook`, with no object: no "Exception ignored" line), while the save
+    is still failing: 7-97 lines before the one line in 3 of 3 runs. Those are dropped, as is asyncio's log of
+    the save's futures that failed for want of room (after it); any other error goes where it went."""
+    previous = sys.unraisablehook
+    if getattr(previous, "drops_closed_loops", False):
+        return
+
+    def hook(unraisable) -> None:
+        if isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == CLOSED_LOOP:
+            return
+        previous(unraisable)
+
+    hook.drops_closed_loops = True
+    sys.unraisablehook = hook
+    logging.getLogger("asyncio").addFilter(_not_a_full_disk)
+
+
+def _not_a_full_disk(record: logging.LogRecord) -> bool:
+    """asyncio's log of a future whose error nobody read (`_GatheringFuture exception was never retrieved`, when
+    the failed save's futures are collected): dropped when that error is the full disk the one line has said."""
+    error = record.exc_info[1] if record.exc_info else None
+    return not (isinstance(error, BaseException) and find(error) is not None)

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import subprocess
 import sys
 import traceback
+import types
 
 import numpy as np
 import pytest
@@ -65,6 +67,31 @@ def test_an_unnamed_write_error_is_named_by_the_file_it_was_writing(tmp_path, mo
         (open(os.path.join(stage, "a.md"), "w")).close()
         raise enospc()
     assert caught.value.filename == str(out) and not out.exists()
+
+
+def test_after_a_full_disk_the_closed_event_loop_s_echoes_are_dropped_and_nothing_else(monkeypatch):
+    """tensorstore's threads call into orbax's event loop after the failed save closed it: Python prints each as an
+    unraisable RuntimeError with its traceback (seen: 18-114 lines around the one line). Dropped; others are not."""
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    with pytest.raises(disk_full.DiskFull):
+        with disk_full.answered("checkpoint step 3 not saved"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/x/3/d")
+
+    def unraisable(error):  # what Python hands the hook (sys.UnraisableHookArgs' fields)
+        return types.SimpleNamespace(exc_type=type(error), exc_value=error, exc_traceback=None, err_msg=None,
+                                     object=None)
+
+    sys.unraisablehook(unraisable(RuntimeError(disk_full.CLOSED_LOOP)))
+    assert seen == []
+    other = unraisable(RuntimeError("something else"))
+    sys.unraisablehook(other)
+    assert seen == [other]
+    full = ValueError("RESOURCE_EXHAUSTED: Failed writing: \"/x/3/d\": No space left on device [os_error_code='28']")
+    for error, kept in ((full, False), (ValueError("another"), True)):
+        record = logging.LogRecord("asyncio", logging.ERROR, __file__, 1, "_GatheringFuture exception was never "
+                                   "retrieved", None, (type(error), error, None))
+        assert logging.getLogger("asyncio").filter(record) is kept
 
 
 def test_last_words_go_to_the_launcher_or_nowhere(tmp_path, monkeypatch):

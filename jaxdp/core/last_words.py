@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 
+from . import atomic
+
 ENV = "JAXDP_LAST_WORDS"
 
 
@@ -20,9 +22,8 @@ def leave(line: str, status: int, traceback: str = "") -> bool:
     path = os.environ.get(ENV)
     if not path:
         return False
-    try:
-        with open(path, "w") as f:
-            json.dump({"line": line, "status": status, "traceback": traceback}, f)
+    try:  # whole or not at all: the launcher reads the file once it exists
+        atomic.write_json(path, {"line": line, "status": status, "traceback": traceback})
     except OSError:
         return False
     return True

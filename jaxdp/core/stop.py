@@ -7,7 +7,8 @@ one line, children reaped) that carries its signal. `guarded` (jaxdp/harness/int
 SIGTERM anywhere in a command (`on_sigterm`); a training loop defers both signals to the end of its step
 (`deferred`), so that the step completes and is saved. Several processes must stop at the same step: JAX's
 multi-process runs take the step from JAX's preemption sync point (jaxdp/train.py), torch's ranks all-reduce
-the `asked` flag each step (torch_ref/train.py), and the launchers forward the signal to every worker.
+the `asked` flag at checks about 50 ms of training apart (torch_ref/stop_agreement.py), and the launchers
+forward the signal to every worker.
 """
 from __future__ import annotations
 

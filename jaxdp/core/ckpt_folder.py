@@ -25,6 +25,7 @@ import fcntl
 import json
 import os
 import stat
+import time
 import uuid
 
 from . import nofollow
@@ -37,6 +38,7 @@ MANIFEST = "jaxdp-manifest.json"  # manifest.NAME: a step is whole when it has o
 LOCK = ".jaxdp-lock"
 OVERWRITE = "--overwrite-checkpoints"
 PROGRAM = {"jax": "jaxdp", "torch": "torch_ref"}
+PROBE_S = 2.0  # how long a flock is tried before the folder is called in use (a probe holds it for microseconds)
 
 
 def read_marker(directory) -> dict | None:
@@ -106,24 +108,35 @@ def check(directory, framework: str, *, resume: bool, overwrite: bool) -> None:
 def precheck(directory, framework: str, *, resume: bool, overwrite: bool) -> None:
     """`check`, and a run holding the folder refused, without taking it (the CLIs, before a process starts)."""
     if os.path.lexists(os.path.join(directory, MARKER)):
-        Lock(directory).release()
+        Lock(directory, probe=True).release()
     check(directory, framework, resume=resume, overwrite=overwrite)
 
 
 class Lock:
     """An exclusive flock on DIR/.jaxdp-lock, held until `release` (or this process ends). The run writes its
-    pid into the lock: a link, a FIFO or a file with another name (a hard link) is refused, never written."""
+    pid into the lock: a link, a FIFO or a file with another name (a hard link) is refused, never written.
+    `probe`: a shared flock, taken and released by `precheck` to ask whether a run holds the folder: probes (the
+    processes of one run, each checking at its start) never refuse each other, and write nothing. A run's
+    exclusive flock that meets a probe tries again for up to PROBE_S; so does a probe, before it says "in use"."""
 
-    def __init__(self, directory):
+    def __init__(self, directory, probe: bool = False):
         self.path = os.path.join(directory, LOCK)
         self.fd = _open_lock(self.path, directory)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "?"
-            os.close(self.fd)
-            raise ConfigError(f"--checkpoint-dir {directory} is in use by another run (process {holder} holds "
-                              f"{self.path}); wait for it to end, or give another --checkpoint-dir") from None
+        deadline = time.monotonic() + PROBE_S
+        while True:
+            try:
+                fcntl.flock(self.fd, (fcntl.LOCK_SH if probe else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.monotonic() < deadline:  # a probe's moment (its file may still show a dead run's pid)
+                    time.sleep(0.02)
+                    continue
+                holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip()
+                os.close(self.fd)
+                raise ConfigError(f"--checkpoint-dir {directory} is in use by another run (process {holder or '?'} "
+                                  f"holds {self.path}); wait for it to end, or give another --checkpoint-dir") from None
+        if probe:
+            return
         try:
             os.ftruncate(self.fd, 0)
             os.pwrite(self.fd, str(os.getpid()).encode(), 0)

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from . import values
 from .errors import ConfigError
 from .hsdp_hosts import HOSTS
+from .kernels import KERNELS
+from .kernels import check as check_kernels
 from .reduction import REDUCTIONS, resolve_shards
 
 MODELS = ("mlp", "gpt", "cnn", "gpt2", "llama")
@@ -73,17 +75,11 @@ class RunConfig:
     accum: int = _flag(1, "gradient-accumulation micro-batches per step (one sync per step)")
     optimizer: str = _flag("adamw", "optimizer (torch.optim semantics)", OPTIMIZERS)
     lr: float = _flag(1e-3, "learning rate")
-    weight_decay: float = _flag(
-        0.0, "weight decay: coupled (L2 in the gradient) for sgd/momentum/adam, decoupled for adamw"
-    )
-    clip_norm: float = _flag(
-        0.0, "clip the global gradient norm to this value as torch.nn.utils.clip_grad_norm_ (0: off)"
-    )
-    dtype: str = _flag(
-        "float32",
-        "float64, float32, or bfloat16 (bf16 compute, fp32 master params, reduction and optimizer state)",
-        DTYPES,
-    )
+    weight_decay: float = _flag(0.0, "weight decay: coupled (L2 in the gradient) for sgd/momentum/adam, decoupled "
+                                "for adamw")
+    clip_norm: float = _flag(0.0, "clip the global gradient norm to this value as torch's clip_grad_norm_ (0: off)")
+    dtype: str = _flag("float32", "float64, float32, or bfloat16 (bf16 compute, fp32 master params, reduction and "
+                       "optimizer state)", DTYPES)
     seed: int = _flag(0, "seed for parameters and data")
     hidden: tuple = _flag((64, 64), "mlp hidden widths, comma separated", type=values.int_list)
     channels: tuple = _flag((8, 16), "cnn: output channels of its two 3x3 convolutions, comma separated",
@@ -123,6 +119,10 @@ class RunConfig:
         0, "canonical: shards per micro-batch, a power of two that --devices divides; S is the largest N you will "
         "compare (0: the largest power of two dividing batch/accum, at most 64, that keeps >= 64 rows or >= 512 "
         "tokens per shard)")
+    kernels: str = _flag("mirrored", "mirrored (the twins' op-for-op code, the reference) or fused (each framework "
+                         "as its users run it: fused attention, bf16 weights cast once, fused optimizers: "
+                         "docs/KERNELS.md)", KERNELS)
+    compile: bool = _flag(False, "torch_ref: torch.compile the model (jaxdp's step is always compiled by XLA)")
     nan_check: bool = _flag(True, "stop with the step and tensor on a NaN or Inf loss, gradient or parameter")
     checkpoint_dir: str = _flag("", "directory for checkpoints (orbax in jaxdp, torch.distributed.checkpoint in "
                                 "torch_ref)")
@@ -184,8 +184,7 @@ class RunConfig:
         if self.model == "cnn" and self.data != "digits":
             raise ConfigError("model 'cnn' trains on 8x8 images: use --data digits")
         if len(self.channels) != 2:
-            raise ConfigError(f"--channels takes two widths (conv1,conv2), got {len(self.channels)}; "
-                              f"e.g. --channels 8,16")
+            raise ConfigError(f"--channels takes two widths (conv1,conv2), got {len(self.channels)}; e.g. 8,16")
         if (self.resume or self.checkpoint_every > 0) and not self.checkpoint_dir:
             raise ConfigError("--resume and --checkpoint-every need --checkpoint-dir DIR")
         if self.overwrite_checkpoints and (self.resume or self.checkpoint_every <= 0):
@@ -195,6 +194,7 @@ class RunConfig:
         if self.axis_type != "auto" and self.strategy not in JIT_STRATEGIES:
             raise ConfigError(f"--axis-type is for {', '.join(JIT_STRATEGIES)}, not {self.strategy}: drop it")
         self._validate_reduction()
+        check_kernels(self.kernels, self.reduction)
         self._validate_jax_strategy(framework)
         return self
 

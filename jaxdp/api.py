@@ -10,10 +10,12 @@ strategy of `jaxdp train` (which is built on them: one path).
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
@@ -22,7 +24,9 @@ from . import devices as devices_mod
 from . import models, strategies
 from .core import data
 from .core.config import ConfigError
+from .core.kernels import KERNELS
 from .core.reduction import resolve_shards, row_tokens
+from .models import attention, cast_once
 from .optax_check import check_elementwise
 from .strategies import stats
 from .strategies.common import read_on
@@ -80,7 +84,8 @@ def setup_devices(n: int, platform: str = "auto", reduction: str = "native") -> 
 
 
 def parallelize(loss_fn, params, optimizer, *, strategy: str, devices=None, mesh: Mesh | None = None,
-                accum: int = 1, return_grads: bool = False, **strategy_options) -> Parallel:
+                accum: int = 1, return_grads: bool = False, kernels: str = "mirrored", compute_dtype=None,
+                **strategy_options) -> Parallel:
     """Train `loss_fn(params, x, y)` (any pure JAX function returning the mean loss of the rows it
     gets; `params` any pytree of arrays) with the optax `optimizer` under `strategy` (a name of
     `jaxdp train --strategy`, or `fsdp` for zero3) on `devices` (a count, a list, or None: all of
@@ -102,11 +107,15 @@ def parallelize(loss_fn, params, optimizer, *, strategy: str, devices=None, mesh
     units.py: units in forward order, `__call__` their fold); otherwise, and for a plain loss_fn, the
     whole loss is one unit, gathered at once (again for backward, its gradient reduce-scattered):
     sharded between steps, the step's peak about zero2's. Give `unit_specs()` to shard by layer.
+
+    `kernels="fused"` (docs/KERNELS.md): an NNX module's attention that offers the choice (jaxdp's gpt, gpt2,
+    llama) runs `jax.nn.dot_product_attention`; `compute_dtype` (e.g. jnp.bfloat16, fused only) casts the
+    floating parameters to it once per step, the master values, gradients and optimizer staying as given.
     """
     loss = strategy_options.pop("loss", None)
     name = strategies.resolve(strategy)
     opts = strategies.options(name, accum, **strategy_options)
-    problem = _problem(loss_fn, params, loss)
+    problem = _fused(_problem(loss_fn, params, loss, kernels), kernels, compute_dtype)
     mesh = _mesh(name, devices, mesh)
     if zero_layout.of(name).shards_opt_state:  # the optimizer runs on flat padded shards
         check_elementwise(optimizer, problem.params, mesh.size)
@@ -170,11 +179,23 @@ def _check_canonical(problem, mesh: Mesh) -> None:
                           f"product's bits): call jaxdp.setup_devices(n, reduction='canonical') first in the process")
 
 
-def _problem(loss_fn, params, loss) -> models.Problem:
+def _fused(problem: models.Problem, kernels: str, compute_dtype) -> models.Problem:
+    if kernels not in KERNELS:
+        raise ConfigError(f"kernels={kernels!r}; valid: {', '.join(KERNELS)}")
+    if compute_dtype is None:
+        return problem
+    if kernels != "fused":
+        raise ConfigError("compute_dtype= casts the weights once per step, which is kernels='fused'; the mirrored path "
+                          "computes in the module's own dtype=: pass kernels='fused' or drop compute_dtype")
+    return cast_once.problem(problem, jnp.dtype(compute_dtype))
+
+
+def _problem(loss_fn, params, loss, kernels: str = "mirrored") -> models.Problem:
     if isinstance(loss_fn, nnx.Module):
         if loss is None:
             raise ConfigError("an NNX module needs loss=: a callable (outputs, y) -> the mean loss")
-        problem = models.from_module(loss_fn, loss)
+        with attention.chosen(loss_fn, kernels) if kernels in KERNELS else contextlib.nullcontext():
+            problem = models.from_module(loss_fn, loss)
         if params is not None:
             _check_agree(params, problem.params, type(loss_fn).__name__)
             problem = problem._replace(params=params)

@@ -48,7 +48,8 @@ def prepare(cfg: RunConfig, return_grads: bool = False, distributed: devices_mod
         model = models.build(cfg, dataset)
     optimizer, options = strategy_options(cfg)
     par = api.parallelize(model, None, optimizer, loss=models.cross_entropy, strategy=cfg.strategy, devices=devices,
-                          accum=cfg.accum, return_grads=return_grads, **options)
+                          accum=cfg.accum, return_grads=return_grads, kernels=cfg.kernels,
+                          compute_dtype=models.fused_dtype(cfg), **options)
     return devices, dataset, par.problem, optimizer, par
 
 

@@ -58,7 +58,7 @@ def abstract_problem(cfg):
 
     dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
     model = nnx.eval_shape(lambda: models.build(cfg, dataset))
-    problem = models.from_module(model, models.cross_entropy)
+    problem = models.problem_of(model, cfg)
     optimizer, options = train.strategy_options(cfg)
     return dataset, problem, optimizer, strategies.options(cfg.strategy, cfg.accum, **options)
 

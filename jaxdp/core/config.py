@@ -194,7 +194,7 @@ class RunConfig:
         if self.axis_type != "auto" and self.strategy not in JIT_STRATEGIES:
             raise ConfigError(f"--axis-type is for {', '.join(JIT_STRATEGIES)}, not {self.strategy}: drop it")
         self._validate_reduction()
-        check_kernels(self.kernels, self.reduction)
+        check_kernels(self.kernels, self.reduction, self.dtype)
         self._validate_jax_strategy(framework)
         return self
 

@@ -10,8 +10,8 @@
   `MixedPrecisionPolicy` for the strategies built on `fully_shard`), and the fused optimizers
   (`AdamW(fused=True)`). `--compile` adds `torch.compile` on the torch side (jaxdp's step is always compiled).
 
-The judge holds the fused path to the same bounds as the mirrored one (docs/PARITY.md): a fused attention
-sums in another order, which the bounds already carry.
+float64 is the mirrored path's alone (`check`). The judge holds the fused path to the same bounds as the
+mirrored one (docs/PARITY.md): a fused attention sums in another order, which the bounds already carry.
 """
 from __future__ import annotations
 
@@ -20,10 +20,14 @@ from .errors import ConfigError
 KERNELS = ("mirrored", "fused")
 
 
-def check(kernels: str, reduction: str) -> None:
+def check(kernels: str, reduction: str, dtype: str) -> None:
     """One line naming the fix for a `--kernels` the run cannot take."""
     if kernels not in KERNELS:
         raise ConfigError(f"unknown kernels {kernels!r}; valid: {', '.join(KERNELS)}")
+    if kernels == "fused" and dtype == "float64":
+        raise ConfigError("--kernels fused has no float64 path (jax.nn.dot_product_attention takes its softmax in "
+                          "float32 whatever the inputs, and GPUs' fused attention has no float64 kernel): use --dtype "
+                          "float32 or bfloat16, or --kernels mirrored for the float64 reference")
     if kernels == "fused" and reduction == "canonical":
         raise ConfigError("--kernels fused sums in the kernels' own order (a GPU's fused attention and fused "
                           "optimizers fix no order), so --reduction canonical cannot give the same bits on any N: "

@@ -16,7 +16,7 @@ import optax
 from flax import nnx
 
 from ..core.recorder import unflatten
-from . import units
+from . import cast_once, units
 from .cnn import CNN
 from .gpt import GPT
 from .gpt2 import GPT2
@@ -34,15 +34,15 @@ def build(cfg, dataset) -> nnx.Module:
         return MLP((dataset.n_features, *cfg.hidden, dataset.n_classes), **kw)
     if cfg.model == "gpt":
         return GPT(vocab=dataset.n_classes, seq_len=cfg.seq_len, n_layer=cfg.n_layer, n_head=cfg.n_head,
-                   d_model=cfg.d_model, **kw)
+                   d_model=cfg.d_model, kernels=cfg.kernels, **kw)
     if cfg.model == "cnn":
         return CNN(cfg.channels, dataset.n_classes, batchnorm=cfg.batchnorm, conv_bias=cfg.conv_bias, **kw)
     if cfg.model == "gpt2":
         return GPT2(vocab=dataset.n_classes, seq_len=cfg.seq_len, n_layer=cfg.n_layer, n_head=cfg.n_head,
-                    d_model=cfg.d_model, **kw)
+                    d_model=cfg.d_model, kernels=cfg.kernels, **kw)
     if cfg.model == "llama":
         return Llama(vocab=dataset.n_classes, seq_len=cfg.seq_len, n_layer=cfg.n_layer, n_head=cfg.n_head,
-                     n_kv_head=cfg.kv_heads(), d_model=cfg.d_model, d_ff=cfg.ffn_width(), **kw)
+                     n_kv_head=cfg.kv_heads(), d_model=cfg.d_model, d_ff=cfg.ffn_width(), kernels=cfg.kernels, **kw)
     raise ValueError(f"unknown model {cfg.model!r}; valid: mlp, gpt, cnn, gpt2, llama")
 
 
@@ -73,7 +73,21 @@ def definition_order(node, prefix=()):
 
 def init(cfg, dataset) -> Problem:
     """The model of `cfg` as a pure loss over a nested dict of parameters, and those parameters."""
-    return from_module(build(cfg, dataset), cross_entropy)
+    return problem_of(build(cfg, dataset), cfg)
+
+
+def fused_dtype(cfg):
+    """The dtype `cfg`'s weights are cast to once per step (--kernels fused in bf16: cast_once.py), or None."""
+    narrower = COMPUTE_DTYPE[cfg.dtype] != MASTER_DTYPE[cfg.dtype]
+    return COMPUTE_DTYPE[cfg.dtype] if cfg.kernels == "fused" and narrower else None
+
+
+def problem_of(model: nnx.Module, cfg) -> Problem:
+    """`model` (built by `build(cfg, ...)`, or its shapes) as the Problem `cfg`'s run trains, as
+    `jaxdp.parallelize(model, loss=cross_entropy, kernels=cfg.kernels, compute_dtype=fused_dtype(cfg))` has it."""
+    problem = from_module(model, cross_entropy)
+    dtype = fused_dtype(cfg)
+    return cast_once.problem(problem, dtype) if dtype is not None else problem
 
 
 def from_module(model: nnx.Module, loss: Callable) -> Problem:

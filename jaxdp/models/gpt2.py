@@ -1,16 +1,15 @@
 """`gpt2`: GPT-2's architecture in Flax NNX, named as GPT-2's checkpoints name it.
 
-Learned token (`wte`) and position (`wpe`) embeddings; `n_layer` blocks `h/<i>` of pre-LayerNorm
-(`ln_1`, eps 1e-5) -> causal self-attention (fused `attn/c_attn` with bias, `attn/c_proj`) ->
-residual, `ln_2` -> MLP (`mlp/c_fc`, 4x, GELU tanh, `mlp/c_proj`) -> residual; a final `ln_f`; the
-output head is `wte` itself (tied: logits = h @ wte.T), so one parameter is used twice and its
-gradient is the sum of both uses. No dropout. Initialisation as GPT-2: normal(0.02) weights, the
+Learned token (`wte`) and position (`wpe`) embeddings; `n_layer` blocks `h/<i>` of pre-LayerNorm (`ln_1`, eps
+1e-5) -> causal self-attention (fused `attn/c_attn` with bias, `attn/c_proj`) -> residual (`kernels="fused"`:
+`jax.nn.dot_product_attention`, attention.py), `ln_2` -> MLP (`mlp/c_fc`, 4x, GELU tanh, `mlp/c_proj`) ->
+residual; a final `ln_f`; the output head is `wte` itself (tied: logits = h @ wte.T), so one parameter is used
+twice and its gradient is the sum of both uses. No dropout. Initialisation as GPT-2: normal(0.02) weights, the
 residual projections (`c_proj`) normal(0.02 / sqrt(2 n_layer)), zero biases, unit LayerNorm scales.
 
-FSDP units (`unit_specs`): the embeddings, each block, and `ln_f` with the head. `wte` is listed by
-both the first unit and the last: a parameter listed by several units is *shared*, owned by the root
-and gathered once for all its uses (`jaxdp/models/unit_vjp.py`), as torch FSDP2 does with a tied
-weight left to the root module.
+FSDP units (`unit_specs`): the embeddings, each block, and `ln_f` with the head. `wte` is listed by both the
+first unit and the last: a parameter listed by several units is *shared*, owned by the root and gathered once
+for all its uses (`jaxdp/models/unit_vjp.py`), as torch FSDP2 does with a tied weight left to the root module.
 """
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from . import units
+from . import attention, units
 
 LN_EPS = 1e-5
 VOCAB = 50304  # GPT-2's 50257 tokens padded to a multiple of 64 (`--preset gpt2-124m`, `--data tokens`)
@@ -31,8 +30,8 @@ def _linear(d_in, d_out, std, **kw):
 
 
 class CausalSelfAttention(nnx.Module):
-    def __init__(self, d_model, n_head, proj_std, **kw):
-        self.n_head = n_head
+    def __init__(self, d_model, n_head, proj_std, kernels="mirrored", **kw):
+        self.n_head, self.kernels = n_head, kernels
         self.c_attn = _linear(d_model, 3 * d_model, 0.02, **kw)  # q | k | v, each heads-contiguous
         self.c_proj = _linear(d_model, d_model, proj_std, **kw)
 
@@ -40,6 +39,8 @@ class CausalSelfAttention(nnx.Module):
         b, t, d = x.shape
         h = self.n_head
         q, k, v = (a.reshape(b, t, h, d // h) for a in jnp.split(self.c_attn(x), 3, axis=-1))
+        if self.kernels == "fused":
+            return self.c_proj(attention.fused(q, k, v).reshape(b, t, d))
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(d // h).astype(x.dtype)
         scores = scores.astype(jnp.float32 if x.dtype == jnp.bfloat16 else x.dtype)  # bf16: softmax in fp32
         scores = jnp.where(jnp.tril(jnp.ones((t, t), dtype=bool)), scores, -jnp.inf)
@@ -57,9 +58,9 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-    def __init__(self, d_model, n_head, proj_std, **kw):
+    def __init__(self, d_model, n_head, proj_std, kernels="mirrored", **kw):
         self.ln_1 = nnx.LayerNorm(d_model, epsilon=LN_EPS, **kw)
-        self.attn = CausalSelfAttention(d_model, n_head, proj_std, **kw)
+        self.attn = CausalSelfAttention(d_model, n_head, proj_std, kernels, **kw)
         self.ln_2 = nnx.LayerNorm(d_model, epsilon=LN_EPS, **kw)
         self.mlp = MLP(d_model, proj_std, **kw)
 
@@ -69,13 +70,14 @@ class Block(nnx.Module):
 
 
 class GPT2(nnx.Module):
-    def __init__(self, *, vocab, seq_len, n_layer, n_head, d_model, param_dtype, dtype, rngs: nnx.Rngs):
+    def __init__(self, *, vocab, seq_len, n_layer, n_head, d_model, param_dtype, dtype, rngs: nnx.Rngs,
+                 kernels="mirrored"):
         kw = dict(param_dtype=param_dtype, dtype=dtype, rngs=rngs)
         embed_init = nnx.initializers.normal(0.02)
         proj_std = 0.02 / math.sqrt(2 * n_layer)
         self.wte = nnx.Embed(vocab, d_model, embedding_init=embed_init, **kw)
         self.wpe = nnx.Embed(seq_len, d_model, embedding_init=embed_init, **kw)
-        self.h = nnx.List([Block(d_model, n_head, proj_std, **kw) for _ in range(n_layer)])
+        self.h = nnx.List([Block(d_model, n_head, proj_std, kernels, **kw) for _ in range(n_layer)])
         self.ln_f = nnx.LayerNorm(d_model, epsilon=LN_EPS, **kw)
 
     def unit_specs(self) -> list[units.UnitSpec]:

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from . import units
+from . import attention, units
 
 RMS_EPS = 1e-6
 ROPE_THETA = 10000.0
@@ -91,8 +91,8 @@ def apply_rotary(x, cos, sin):
 
 
 class Attention(nnx.Module):
-    def __init__(self, d_model, n_head, n_kv_head, qkv_bias, rope_theta, **kw):
-        self.n_head, self.n_kv_head, self.rope_theta = n_head, n_kv_head, rope_theta
+    def __init__(self, d_model, n_head, n_kv_head, qkv_bias, rope_theta, kernels="mirrored", **kw):
+        self.n_head, self.n_kv_head, self.rope_theta, self.kernels = n_head, n_kv_head, rope_theta, kernels
         head_dim = d_model // n_head
         self.q_proj = _linear(d_model, n_head * head_dim, qkv_bias, **kw)
         self.k_proj = _linear(d_model, n_kv_head * head_dim, qkv_bias, **kw)
@@ -107,6 +107,8 @@ class Attention(nnx.Module):
         q = apply_rotary(self.q_proj(x).reshape(b, t, h, hd), cos, sin)
         k = apply_rotary(self.k_proj(x).reshape(b, t, g, hd), cos, sin)
         v = self.v_proj(x).reshape(b, t, g, hd)
+        if self.kernels == "fused":
+            return self.o_proj(attention.fused(q, k, v).reshape(b, t, d))
         q = q.reshape(b, t, g, rep, hd)  # query head j = kv group j // rep, member j % rep (repeat_kv's order)
         scores = jnp.einsum("bqgrd,bkgd->bgrqk", q, k) * hd ** -0.5
         scores = scores.astype(jnp.float32 if x.dtype == jnp.bfloat16 else x.dtype)  # bf16: softmax in fp32
@@ -126,9 +128,9 @@ class MLP(nnx.Module):
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, d_model, n_head, n_kv_head, d_ff, *, qkv_bias, rope_theta, rms_eps, **kw):
+    def __init__(self, d_model, n_head, n_kv_head, d_ff, *, qkv_bias, rope_theta, rms_eps, kernels="mirrored", **kw):
         self.input_layernorm = _rms_norm(d_model, rms_eps, **kw)
-        self.self_attn = Attention(d_model, n_head, n_kv_head, qkv_bias, rope_theta, **kw)
+        self.self_attn = Attention(d_model, n_head, n_kv_head, qkv_bias, rope_theta, kernels, **kw)
         self.post_attention_layernorm = _rms_norm(d_model, rms_eps, **kw)
         self.mlp = MLP(d_model, d_ff, **kw)
 
@@ -140,7 +142,7 @@ class DecoderLayer(nnx.Module):
 class Llama(nnx.Module):
     def __init__(self, *, vocab, seq_len, n_layer, n_head, n_kv_head, d_model, d_ff, param_dtype, dtype,
                  rngs: nnx.Rngs, qkv_bias=False, tie_embeddings=False, rope_theta=ROPE_THETA, rms_eps=RMS_EPS,
-                 padding_idx=None):
+                 padding_idx=None, kernels="mirrored"):
         if n_head % n_kv_head or d_model % n_head or (d_model // n_head) % 2:
             raise ValueError(f"Llama needs n_kv_head | n_head | d_model and an even head dimension; got n_head "
                              f"{n_head}, n_kv_head {n_kv_head}, d_model {d_model}")
@@ -149,7 +151,7 @@ class Llama(nnx.Module):
         self.seq_len = seq_len  # the longest context it is trained on (rotary needs no table of it)
         self.embed_tokens = Embed(vocab, d_model, padding_idx=padding_idx, **kw)
         self.layers = nnx.List([DecoderLayer(d_model, n_head, n_kv_head, d_ff, qkv_bias=qkv_bias, rope_theta=rope_theta,
-                                             rms_eps=rms_eps, **kw) for _ in range(n_layer)])
+                                             rms_eps=rms_eps, kernels=kernels, **kw) for _ in range(n_layer)])
         self.norm = _rms_norm(d_model, rms_eps, **kw)
         self.lm_head = None if tie_embeddings else _linear(d_model, vocab, **kw)
 

@@ -8,7 +8,7 @@ import os
 import sys
 
 from ..core import argv, atomic, config, disk_full, errors, heartbeat
-from . import cli_diff, cli_runs, cli_train
+from . import cli_diff, cli_runs, cli_train, kernel_paths
 from .interrupt import guarded, stdout_closed
 
 TORCH_COMMANDS = ("compare", "parity", "bench")  # they run torch_ref too
@@ -89,6 +89,8 @@ def _add_pairs(sub) -> None:
     _compare_devices(compare)
     argv.add_strategies(compare, "ddp,ddp-ring,zero1,zero3", EITHER, "the strategies to compare (each must exist "
                         "in both frameworks: " + ", ".join(BOTH) + ")")
+    kernel_paths.add(compare, "mirrored", "the report is the first path's; each further path trains every strategy "
+                     "again in both frameworks, judged and timed in the report's 'Kernel paths'")
     argv.add_force(compare)
     argv.add_heartbeat(compare)
     compare.add_argument("--out", default="reports/compare", metavar="DIR", action=argv.Store,
@@ -109,6 +111,7 @@ def _add_pairs(sub) -> None:
                        help="tiny sizes and few repeats (a smoke run) (default: %(default)s)")
     bench.add_argument("--out", default="reports/bench", metavar="DIR", action=argv.Store,
                        help="folder for bench.json and bench.md (default: %(default)s)")
+    kernel_paths.add(bench, "mirrored,fused", "items 1-3's timed runs (item 13 always times both)")
     argv.add_heartbeat(bench)
 
 

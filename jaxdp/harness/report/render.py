@@ -8,7 +8,7 @@ import json
 import os
 
 from ...core import atomic
-from . import plots, projection, recommend
+from . import paths, plots, projection, recommend
 from .units import efficiency, nbytes, si
 
 NOTES = [
@@ -91,7 +91,8 @@ HEADER = ["strategy", "parity", "worst grad / param rel. diff", "step ms (JAX / 
 def _title(summary) -> str:
     c = summary["config"]
     return (f"jaxdp compare: {c['model']}/{c['data']}, {summary['devices']} devices, {c['steps']} steps, "
-            f"batch {c['batch_size']}, {c['optimizer']}, {c['dtype']}")
+            f"batch {c['batch_size']}, {c['optimizer']}, {c['dtype']}, kernels {c.get('kernels', 'mirrored')}"
+            + (" (torch compiled)" if c.get("compile") else ""))
 
 
 def _config_line(summary) -> str:
@@ -221,6 +222,7 @@ Parity tolerance: {summary["tolerance"]:g} ({e(summary["tolerance_why"])}).</p>
 {recommend.as_html(_which(summary))}
 <h2>Verdict</h2>
 {_table_html("verdict", HEADER, _rows(summary))}
+{paths.html(summary, _table_html)}
 <h2>Figures</h2>
 {figs}
 <h2>Projection</h2>
@@ -259,6 +261,7 @@ def markdown(summary, image_files: list[str]) -> str:
         "## Verdict",
         "",
         *_table_md(HEADER, _rows(summary)),
+        *paths.markdown(summary, _table_md),
         "",
         "## Figures",
         "",

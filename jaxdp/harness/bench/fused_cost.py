@@ -7,7 +7,8 @@ called in turn (interleaved, as items 9 and 11: load from elsewhere on the machi
 the loss read each step; the statistic is the median. torch: one world of N ranks per N (`launch.launch`, N = 1
 too), in each rank both models built from the same values (`canonical_cost`'s builders), parallelized once
 per path and called in turn the same way, with `cores // N` intra-op threads (the ranks share the cores);
-the slowest rank's median. torch's fused path runs eager here (no `--compile`): every row says so.
+the slowest rank's median. torch runs eager, or both its paths under torch.compile with the bench's `--compile`:
+every row says which.
 Also runnable alone: `python -m jaxdp.harness.bench.fused_cost [--quick] --out DIR` (fused_cost.json and
 fused_cost.md, the section bench.md carries)."""
 from __future__ import annotations
@@ -62,14 +63,17 @@ def torch_medians(cfgs: list, n: int, repeats: int) -> list[list[float]]:
 
 
 def configs(p: Plan) -> list:
-    """Item 13's configurations (kernels left to the measurement), in the plan's row order."""
-    return [p.fused_model.replace(dtype=dtype, strategy=strategy, devices=n) for dtype, strategy, n in p.fused_runs]
+    """Item 13's configurations (kernels left to the measurement; torch.compile as the bench's `--compile`), in the
+    plan's row order."""
+    return [p.fused_model.replace(dtype=dtype, strategy=strategy, devices=n, compile=p.torch_compile)
+            for dtype, strategy, n in p.fused_runs]
 
 
 def row(cfg, framework: str, step_s: list[float]) -> dict:
     mirrored, fused = step_s
     return {"framework": framework, "model": cfg.model, "dtype": cfg.dtype, "strategy": cfg.strategy,
-            "devices": cfg.devices, "paths": list(KERNELS), "torch_compiled": False if framework == "torch" else None,
+            "devices": cfg.devices, "paths": list(KERNELS),
+            "torch_compiled": cfg.compile if framework == "torch" else None,
             "mirrored_step_s": mirrored, "fused_step_s": fused, "ratio": ratio(fused, mirrored)}
 
 
@@ -92,7 +96,7 @@ def fused_cost_benchmark(p: Plan, say) -> dict:
         "model": {f: getattr(m, f) for f in ("model", "data", "n_layer", "n_head", "d_model", "seq_len",
                                              "batch_size", "optimizer")},
         "repeats": p.fused_repeats, "warmup_calls": WARMUP_CALLS, "statistic": "median",
-        "torch_threads": "cores // N per rank", "torch_compiled": False}}
+        "torch_threads": "cores // N per rank", "torch_compiled": p.torch_compile}}
 
 
 def section(results: dict) -> list:
@@ -105,7 +109,8 @@ def section(results: dict) -> list:
              "", f"Model: {m['model']} n_layer {m['n_layer']}, n_head {m['n_head']}, d_model {m['d_model']}, seq_len "
              f"{m['seq_len']}, batch {m['batch_size']}, {m['optimizer']}, on {m['data']}; both paths called in turn, "
              f"{s['warmup_calls']} warm-up then the {s['statistic']} of {s['repeats']}; torch: one world per N, "
-             f"{s['torch_threads']}, the slowest rank's median, eager (no torch.compile).", "",
+             f"{s['torch_threads']}, the slowest rank's median, "
+             + ("both paths under torch.compile." if s.get("torch_compiled") else "eager (no torch.compile)."), "",
              "| framework | dtype | strategy | N | mirrored ms | fused ms | fused / mirrored |",
              "|---|---|---|---:|---:|---:|---:|"]
     for r in item["rows"]:
@@ -130,9 +135,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny gpt2 and 3 repeats (a smoke run)")
     parser.add_argument("--out", default="reports/bench", help="folder for fused_cost.json and fused_cost.md")
+    parser.add_argument("--compile", action="store_true", help="torch_ref's both paths under torch.compile")
     args = parser.parse_args()
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the bench (bench._passive_omp), before torch loads
-    p = plan(args.quick)
+    p = plan(args.quick, torch_compile=args.compile)
     devices.setup(max(n for *_, n in p.fused_runs), "cpu")
     t0 = time.perf_counter()
     result = fused_cost_benchmark(p, lambda m: print(m, file=sys.stderr, flush=True))

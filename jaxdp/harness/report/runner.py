@@ -173,7 +173,7 @@ def compare(cfg: RunConfig, strategies: list[str], progress=None, started: float
     """Run and measure everything; returns the summary dictionary (`progress(message)`: say where it is;
     `started`: the command's start, time.time(), for the torch ranks' own progress lines; `target`: also
     compile each JAX step for --devices GPUs of that kind on `nodes` nodes, its peak in `entries[i]["target"]`,
-    which "Which strategy" then reads: `recommend`; `kernels`: further paths, `paths.run`)."""
+    which "Which strategy" then reads: `recommend`; `kernels`: further paths, each `run_path`)."""
     check_strategies(strategies)
     hsdp_hosts.check_listed(cfg.replicas, strategies, hosts=cfg.hsdp_hosts)
     say = progress or (lambda message: None)

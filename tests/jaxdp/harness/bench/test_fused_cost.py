@@ -52,8 +52,18 @@ def test_the_plan_times_every_path_asked_and_item_13_both():
     assert paths == [(1, "mirrored"), (1, "fused"), (2, "mirrored"), (2, "fused")]
     assert fused_cost.configs(plan(False)) == [
         plan(False).fused_model.replace(dtype=d, strategy=s, devices=n) for d, s, n in FUSED_RUNS]
-    assert {(c.model, c.dtype, c.strategy, c.devices) for c in fused_cost.configs(p)} == {
-        ("gpt2", d, s, n) for d in ("float32", "bfloat16") for s, n in (("single", 1), ("ddp", 2))}
+    assert {(c.model, c.dtype, c.strategy, c.devices, c.compile) for c in fused_cost.configs(p)} == {
+        ("gpt2", d, s, n, False) for d in ("float32", "bfloat16") for s, n in (("single", 1), ("ddp", 2))}
+    compiled = fused_cost.configs(plan(True, torch_compile=True))  # bench --compile: torch's rows compiled, named so
+    assert all(c.compile for c in compiled)
+    rows = [fused_cost.row(compiled[0], f, [0.2, 0.1]) for f in ("jax", "torch")]
+    assert [r["torch_compiled"] for r in rows] == [None, True] and rows[1]["ratio"] == pytest.approx(0.5)
+    text = "\n".join(fused_cost.section({"fused_cost": {"rows": rows, "setup": {
+        "model": {f: getattr(compiled[0], f) for f in ("model", "data", "n_layer", "n_head", "d_model", "seq_len",
+                                                        "batch_size", "optimizer")},
+        "repeats": 1, "warmup_calls": 2, "statistic": "median", "torch_threads": "1", "torch_compiled": True}}}))
+    assert "| torch_ref (compiled) | float32 | single | 1 | 200.0 | 100.0 | 0.50 |" in text
+    assert "both paths under torch.compile" in text
 
 
 def test_item_13_times_both_paths_of_each_framework_in_one_run():

@@ -77,9 +77,9 @@ def test_bench_quick_writes_valid_json_and_markdown(tmp_path):
     assert all(r["step_s"] > 0 and r["peak_bytes"] > 0 and r["jit_over_hand"] > 0 for r in jit)
     assert jit[0]["measured_bytes"] == jit[2]["measured_bytes"] == jit[2]["theory_bytes"]  # once per step
     assert jit[2]["loop_bytes"] == 0 < jit[1]["loop_bytes"]  # auto: the gradient all-reduced per micro-batch
-    fused = results["fused_cost"]["rows"]  # item 13: fused / mirrored, both frameworks, f32 and bf16, N = 1 and 2
-    assert {(r["framework"], r["dtype"], r["devices"]) for r in fused} == {
-        (f, d, n) for f in ("jax", "torch") for d in ("float32", "bfloat16") for n in (1, 2)}
+    fused = results["fused_cost"]["rows"]  # item 13: fused / mirrored, both frameworks; --quick: f32 N=1, bf16 N=2
+    assert [(r["framework"], r["dtype"], r["devices"]) for r in fused] == [
+        (f, d, n) for f in ("jax", "torch") for d, n in (("float32", 1), ("bfloat16", 2))]
     assert all(r["ratio"] > 0 for r in fused)
     for n in (*range(1, 12), 13):
         assert f"## {n}." in table

@@ -52,8 +52,10 @@ def test_the_plan_times_every_path_asked_and_item_13_both():
     assert paths == [(1, "mirrored"), (1, "fused"), (2, "mirrored"), (2, "fused")]
     assert fused_cost.configs(plan(False)) == [
         plan(False).fused_model.replace(dtype=d, strategy=s, devices=n) for d, s, n in FUSED_RUNS]
-    assert {(c.model, c.dtype, c.strategy, c.devices, c.compile) for c in fused_cost.configs(p)} == {
+    assert {(c.model, c.dtype, c.strategy, c.devices, c.compile) for c in fused_cost.configs(plan(False))} == {
         ("gpt2", d, s, n, False) for d in ("float32", "bfloat16") for s, n in (("single", 1), ("ddp", 2))}
+    assert [(c.dtype, c.strategy, c.devices) for c in fused_cost.configs(p)] == [("float32", "single", 1),
+                                                                                 ("bfloat16", "ddp", 2)]
     compiled = fused_cost.configs(plan(True, torch_compile=True))  # bench --compile: torch's rows compiled, named so
     assert all(c.compile for c in compiled)
     rows = [fused_cost.row(compiled[0], f, [0.2, 0.1]) for f in ("jax", "torch")]

@@ -7,8 +7,9 @@ those run while the collective is in flight. For each collective (by its start's
 run synchronously), `overlap_ops` (the instructions scheduled between start and done, less the free ones:
 tuple plumbing, bitcasts, constants) and `overlap_flops` (their matrix-product FLOPs: 2 x the output's
 elements x the contracted size of each `dot` they run, through fusions, calls and loops, a loop body
-counted once per known trip), and those of cuDNN's fused attention custom calls (`fmha_flops`). Elementwise work
-is not counted: the FLOPs are the tensor-core ones.
+counted once per known trip), those of the GEMMs XLA:GPU hands to cuBLAS as custom calls (`__cublas$gemm`,
+`__cublas$lt$matmul`: a dot by its backend config's dimension numbers) and those of cuDNN's fused attention custom
+calls (`fmha_flops`). Elementwise work is not counted: the FLOPs are the tensor-core ones.
 """
 from __future__ import annotations
 
@@ -42,11 +43,14 @@ def defs(lines: list[str]) -> list[tuple[str, str, str, str]]:
     return out
 
 
-def _dot_flops(line: str, shape: str, shapes: dict[str, str]) -> float:
-    operands = re.findall(r"%([^\s,)]+)", line.split(" dot(", 1)[1].split(")", 1)[0])
-    m = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", line)
+def _dot_flops(line: str, shape: str, shapes: dict[str, str], op: str = "dot") -> float:
+    """2 x the (first) result's elements x the contracted size: a `dot`'s, or a cuBLAS GEMM custom call's (its
+    contracting dimensions in its backend config's `dot_dimension_numbers`)."""
+    operands = re.findall(r"%([^\s,)]+)", line.split(f" {op}(", 1)[1].split(")", 1)[0])
+    m = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", line) if op == "dot" else \
+        re.search(r'"lhs_contracting_dimensions":\s*\[([^\]]*)\]', line)
     lhs = _dims(shapes.get(operands[0], "")) if operands else []
-    contracted = math.prod(lhs[int(c)] for c in m.group(1).split(",") if c) if m and lhs else 0
+    contracted = math.prod(lhs[int(c.strip('" '))] for c in m.group(1).split(",") if c.strip()) if m and lhs else 0
     return 2.0 * math.prod(_dims(shape)) * contracted
 
 
@@ -111,6 +115,8 @@ class Flops:
             return _dot_flops(line, shape, shapes)
         if op == "custom-call" and fmha_target(line):
             return fmha_flops(line)
+        if op == "custom-call" and 'custom_call_target="__cublas$' in line:
+            return _dot_flops(line, shape, shapes, op)
         if depth > 32 or op.endswith("-done") or op == "async-update":
             return 0.0
         total = 0.0

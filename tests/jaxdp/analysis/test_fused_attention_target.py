@@ -151,3 +151,41 @@ def test_a_fused_run_cudnn_refuses_compiles_xlas_attention_and_says_so(monkeypat
     assert (r["attention"], r["fused_attention"]) == ("xla", 0)
     assert "cuDNN's fused attention refused this model (The head dim must be" in r["attention_note"]
     assert f"note: {r['attention_note']}" in gpu_program.format_target(r).splitlines()
+
+
+# One cuDNN attention call and one cuBLAS GEMM as XLA:GPU prints them (trimmed: no metadata, a shorter config).
+FMHA = ('  %fmha = (bf16[2,4,64,16]{3,1,2,0}, f32[2,4,64]{2,1,0}, u8[0]{0}) custom-call(%q, %k, %v), '
+        'custom_call_target="__cudnn$fmhaSoftmax", operand_layout_constraints={bf16[2,64,4,16]{3,2,1,0}, '
+        'bf16[2,64,4,16]{3,2,1,0}, bf16[2,64,4,16]{3,2,1,0}}, api_version=API_VERSION_STATUS_RETURNING, '
+        'backend_config={"cudnn_fmha_backend_config": {"intermediate_tensor_shape": {"element_type": "BF16", '
+        '"dimensions": ["2", "4", "64", "64"]}, "mask_type": "CAUSAL", "sliding_window_length": 0}}')
+GEMM = """HloModule m
+
+ENTRY %main (a: bf16[2,2304,8192], b: bf16[2,8192,768]) -> (f32[2,2304,768], s8[4194304]) {
+  %a = bf16[2,2304,8192]{2,1,0} parameter(0)
+  %b = bf16[2,8192,768]{2,1,0} parameter(1)
+  ROOT %custom-call.1 = (f32[2,2304,768]{2,1,0}, s8[4194304]{0}) custom-call(%a, %b), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["2"],"rhs_contracting_dimensions":["1"],"lhs_batch_dimensions":["0"],"rhs_batch_dimensions":["0"]}}}
+}
+"""  # noqa: E501
+
+
+@pytest.mark.parametrize("change, pairs, per_pair", [
+    ({}, 64 * 65 // 2, 2 * D),  # causal: the lower triangle; Q K^T and P V
+    ({'"CAUSAL"': '"NO_MASK"'}, 64 * 64, 2 * D),
+    ({'"sliding_window_length": 0': '"sliding_window_length": 16'}, 16 * 17 // 2 + 48 * 16, 2 * D),
+    ({"fmhaSoftmax": "fmhaSoftmaxBackward"}, 64 * 65 // 2, 5 * D)])  # Q K^T again, dV, dP, dQ, dK
+def test_a_cudnn_attention_call_counts_its_matmuls_per_pair_it_computes(change, pairs, per_pair):
+    line = FMHA
+    for old, new in change.items():
+        line = line.replace(old, new)
+    assert schedule.fmha_flops(line) == 2 * 2 * 4 * pairs * per_pair
+    assert schedule.Flops({}).of_line("custom-call", "", line, {}) == schedule.fmha_flops(line)
+    assert schedule.fmha_calls(line) == ({"forward": 0, "backward": 1} if "Backward" in line
+                                         else {"forward": 1, "backward": 0})
+
+
+def test_a_cublas_gemm_custom_call_counts_as_its_dot():
+    """XLA:GPU hands some GEMMs to cuBLAS as custom calls (GPT-2 124M's fused step: the 12 c_attn weight
+    gradients, split in 2 over the 16,384 rows, as __cublas$lt$matmul); they were counted as nothing."""
+    assert schedule.total_flops(GEMM) == 2 * 2 * 2304 * 768 * 8192
+    assert schedule.total_flops(GEMM.replace("__cublas$", "__other$")) == 0  # any other custom call: no matmul

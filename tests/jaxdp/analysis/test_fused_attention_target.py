@@ -5,12 +5,14 @@ fused; the fallbacks to XLA's attention on one tiny model."""
 from __future__ import annotations
 
 import inspect as pyinspect
+import json
 
 import pytest
 
 from jaxdp.analysis import aot, gpu_program, hlo, inspect, projection, schedule
 from jaxdp.core import targets
 from jaxdp.core.config import RunConfig
+from jaxdp.harness import cli
 
 needs_extra = pytest.mark.skipif(not targets.extra_installed(), reason='needs pip install -e ".[gpu-aot]"')
 B, H, T, D = 8, 4, 64, 16  # batch, heads, tokens, head dim
@@ -189,3 +191,15 @@ def test_a_cublas_gemm_custom_call_counts_as_its_dot():
     gradients, split in 2 over the 16,384 rows, as __cublas$lt$matmul); they were counted as nothing."""
     assert schedule.total_flops(GEMM) == 2 * 2 * 2304 * 768 * 8192
     assert schedule.total_flops(GEMM.replace("__cublas$", "__other$")) == 0  # any other custom call: no matmul
+
+
+@needs_extra
+def test_memory_target_says_when_fused_has_xlas_attention(capsys, tmp_path):
+    path = tmp_path / "rows.json"
+    argv = ["memory", "--target", "h100", "--devices", "1", "--strategies", "single", "--model", "gpt2",
+            "--data", "text", "--n-layer", "1", "--n-head", "2", "--d-model", "16", "--seq-len", "8",
+            "--batch-size", "4", "--kernels", "fused", "--dtype", "float32", "--json", str(path)]
+    assert cli.main(argv) == 0
+    row = json.loads(path.read_text())[0]
+    assert (row["attention"], row["fused_attention"]) == ("xla", 0)
+    assert f"note: {row['attention_note']}" in capsys.readouterr().out.splitlines()

@@ -9,7 +9,11 @@ strategies that gather parameters `prefetch` (an all-gather with compute schedul
 unit gathered while this one computes); `combined` (collectives carrying several arrays: XLA:GPU's
 combiners merged them) and `bytes_by_kind` against `theory_by_kind`, with `difference` saying where the
 program's bytes leave the theory and why; per collective `inter_node` (a group spanning nodes: over
-InfiniBand); `projection` (`projection.project`: a projected step time and MFU, labelled as such).
+InfiniBand); `projection` (`projection.project`: a projected step time and MFU, labelled as such); `attention`
+(the attention compiled: "mirrored", "cudnn" or "xla", `aot.attention_for`), `fused_attention` (cuDNN's fused
+attention custom calls in the program text, forward and backward each one instruction per layer, a loop body's
+counted once), `fused_attention_calls` ({"forward", "backward"}) and, where --kernels fused got XLA's attention,
+`attention_note` (why).
 """
 from __future__ import annotations
 
@@ -58,6 +62,10 @@ def describe(out: dict, step) -> dict:
     out["fits"] = out["peak_bytes"] <= t.memory_bytes
     ops = out["collectives"]
     out["step_flops"] = schedule.total_flops(text)
+    out["attention"], out["fused_attention_calls"] = step.attention, step.fused_calls
+    out["fused_attention"] = sum(step.fused_calls.values())
+    if step.attention_note:
+        out["attention_note"] = step.attention_note
     out["overlap_flops"] = sum(c["overlap_flops"] * (c["trips"] or 1) for c in ops)
     out["collectives_in_loop"] = sum(1 for c in ops if (c["trips"] or 0) > 1)
     if cfg.strategy in GATHERS_PARAMS:
@@ -134,6 +142,12 @@ def format_target(r: dict) -> str:
         lines.append(f"prefetch (a unit's all-gather overlapping compute): {'yes' if r['prefetch'] else 'no'}"
                      + prefetch_note(r))
     lines.append(f"bytes against theory: {r['difference']}")
+    if r["attention"] != "mirrored":
+        calls = r["fused_attention_calls"]
+        lines.append(f"attention: {r['attention']}, {r['fused_attention']} cuDNN fused attention calls "
+                     f"({calls['forward']} forward, {calls['backward']} backward)")
+    if "attention_note" in r:
+        lines.append(f"note: {r['attention_note']}")
     if r["copies"]["count"]:
         lines.append(copies_note(r))
     p = r["projection"]

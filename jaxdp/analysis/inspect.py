@@ -31,12 +31,13 @@ from . import accounting
 
 def inspect(cfg, step: accounting.CompiledStep | None = None, target: str | None = None, nodes: int = 1) -> dict:
     """The contract's dictionary for `cfg`'s compiled training step (the one `jaxdp train` runs);
-    `step`: that step already compiled (`accounting.compile_step(cfg)`); `target` (--target): compiled for
-    --devices GPUs of that kind on `nodes` nodes instead, read with its schedule (`gpu_program.describe`)."""
+    `step`: that step already compiled (`accounting.compile_step(cfg)`; with `target`, `aot.TargetStep`); `target`
+    (--target): compiled for --devices GPUs of that kind on `nodes` nodes instead, read with its schedule
+    (`gpu_program.describe`)."""
     if target is not None:
         from . import aot, gpu_program
 
-        step = aot.TargetStep(cfg, target, nodes)
+        step = step or aot.TargetStep(cfg, target, nodes)
         return gpu_program.describe(_read(cfg, step), step)
     return _read(cfg, step or accounting.compile_step(cfg))
 

@@ -4,7 +4,9 @@ One row per strategy (a contract: docs/GPU.md): `strategy`, `devices`, `nodes`, 
 compiled program's, `accounting.step_memory`: arguments + temporaries + outputs not aliased to donated
 arguments), `state_bytes`, `temp_bytes`, `device_memory_bytes` (the target's), `fits` (peak within it), `psi`,
 `k_bytes`, `param_bytes` and `formula` (params, grads, optimizer state per device, `accounting.formula_for`)
-with its sum `formula_bytes`. Compiled from shapes (`aot.TargetStep`): nothing is allocated.
+with its sum `formula_bytes`, `attention` and `fused_attention` (`gpu_program`'s: the attention compiled, its
+cuDNN calls) and, where --kernels fused got XLA's attention, `attention_note`. Compiled from shapes
+(`aot.TargetStep`): nothing is allocated.
 """
 from __future__ import annotations
 
@@ -21,7 +23,9 @@ def row(cfg, target: str, nodes: int) -> dict:
             "peak_bytes": mem["peak_bytes"], "state_bytes": mem["state_bytes"], "temp_bytes": mem["temp_bytes"],
             "device_memory_bytes": limit, "fits": mem["peak_bytes"] <= limit, "psi": f["psi"],
             "k_bytes": f["k_bytes"], "param_bytes": f["param_bytes"], "formula": f["formula"],
-            "formula_bytes": sum(f["formula"].values()), "compile_s": round(step.compile_s, 2)}
+            "formula_bytes": sum(f["formula"].values()), "compile_s": round(step.compile_s, 2),
+            "attention": step.attention, "fused_attention": sum(step.fused_calls.values())
+            } | ({"attention_note": step.attention_note} if step.attention_note else {})
 
 
 def format_rows(rows: list[dict]) -> str:
@@ -42,6 +46,8 @@ def main(cfgs, target: str, nodes: int, json_path: str | None = None) -> int:
           f"{base.dtype}, N = {base.devices} on {nodes} node(s); peak compiled by XLA:GPU from shapes, formula "
           f"the ZeRO paper's")
     print(format_rows(rows))
+    for note in dict.fromkeys(r["attention_note"] for r in rows if "attention_note" in r):
+        print(f"note: {note}")
     if json_path:
         atomic.write_json(json_path, rows, indent=1)
         print(f"wrote {json_path}")

@@ -175,6 +175,8 @@ NO_TWIN = {
     "canonical/compiler.py": "chooses XLA's compiler options for canonical programs; torch runs no compiler",
     "models/dot_fold.py": "fixes the weight gradients' layout in canonical's per-shard program, as XLA's simplifier "
                           "would; torch's autograd computes the weight gradient in its layout",
+    "models/cast_once.py": "bf16 weights cast once per step for a pure loss; torch's cast is a forward on bf16 copies "
+                           "or FSDP2's MixedPrecisionPolicy, built with the model in torch_ref/kernels.py",
     "models/loop_conv.py": "a convolution backward XLA:CPU runs with Eigen inside a loop body; torch has no compiler",
     "analysis/hlo.py": "reads XLA's compiled program; torch has none (analysis/profiler.py reads what ran)",
     "analysis/inspect.py": "`jaxdp inspect` prints the compiled program's collectives; torch has no compiled program",

@@ -18,6 +18,7 @@ import functools
 import inspect
 
 import torch
+from torch.utils._pytree import tree_map
 
 from jaxdp.core.config import ConfigError
 
@@ -88,7 +89,8 @@ def cast_once(module: torch.nn.Module, dtype: torch.dtype = torch.bfloat16) -> N
     """Fused bf16 without FSDP2: the module's forward runs on `dtype` copies of its floating parameters, each
     cast once per forward (`torch.func.functional_call`), so autograd sums every use of a copy and casts the
     gradient back onto the fp32 master parameter (DDP's and the hand-written strategies' hooks fire on it).
-    Buffers stay as they are. functional_call calls the module again: that inner call runs the original forward."""
+    Float inputs are cast too; buffers stay as they are. functional_call calls the module again: that inner call
+    runs the original forward."""
     forward = module.forward
     inside = [False]
 
@@ -97,6 +99,8 @@ def cast_once(module: torch.nn.Module, dtype: torch.dtype = torch.bfloat16) -> N
         if inside[0]:
             return forward(*args, **kwargs)
         copies = {name: p.to(dtype) if p.is_floating_point() else p for name, p in module.named_parameters()}
+        args, kwargs = tree_map(lambda a: a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a,
+                                (args, kwargs))  # float inputs too, as FSDP2's cast_forward_inputs
         inside[0] = True
         try:
             return torch.func.functional_call(module, copies, args, kwargs)

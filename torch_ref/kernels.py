@@ -58,15 +58,12 @@ def fused_optimizer(optimizer):
     Adam, AdamW; their param groups and hyperparameters kept); any other class as built."""
     def build(params):
         built = optimizer(params)
-        cls = type(built)
-        if "fused" not in inspect.signature(cls.__init__).parameters or built.defaults.get("fused"):
+        accepted = inspect.signature(type(built).__init__).parameters
+        if "fused" not in accepted or built.defaults.get("fused"):
             return built
-        accepted = inspect.signature(cls.__init__).parameters
-        defaults = {k: v for k, v in built.defaults.items() if k in accepted}
-        groups = [dict(g, fused=True, foreach=None) if "foreach" in g else dict(g, fused=True)
-                  for g in built.param_groups]
-        return cls(groups, **dict(defaults, fused=True, foreach=None) if "foreach" in defaults else
-                   dict(defaults, fused=True))
+        fused = {"fused": True, **({"foreach": None} if "foreach" in accepted else {})}  # (fused excludes foreach)
+        defaults = {k: v for k, v in built.defaults.items() if k in accepted} | fused
+        return type(built)([dict(g, **fused) for g in built.param_groups], **defaults)
 
     return build
 

@@ -17,7 +17,7 @@ KINDS = ("no-gradient-sync", "wrong-axis", "sync-per-microbatch", "extra-gradien
          "no-replica-sync", "no-overlap")
 DTYPE_NAMES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "f64": "float64", "bf16>f32": "bfloat16",
                "float": "float32", "c10::BFloat16": "bfloat16", "c10::Half": "float16", "double": "float64"}
-REDUCTIONS = ("all-reduce", "reduce-scatter")
+REDUCTIONS = ("all-reduce", "reduce-scatter", "reduce")
 FLOATS = {"float32", "bfloat16", "float16", "float64"}
 
 
@@ -117,12 +117,14 @@ def _sync(bulk, intent: Intent, devices: int, p: int) -> list[Finding]:
 def _hsdp(bulk, intent: Intent, devices: int, p: int) -> list[Finding]:
     """hsdp: reduce-scatter and gathers within a shard group of S < D devices, the shards all-reduced across
     the R = D / S replica groups."""
-    whole = [c for c in bulk if c.op == "all-reduce" and c.group >= devices]
+    whole = [c for c in bulk if c.op in REDUCTIONS and c.group >= devices]
     if _per_step(whole, p) >= 0.5:
-        return [Finding("wrong-axis", f"the gradients are all-reduced whole over all {devices} devices: the 2-D "
-                        "mesh became plain replication (ddp), with no shard groups",
+        ops = " and ".join(sorted({c.op for c in whole}))
+        return [Finding("wrong-axis", f"the gradients are reduced over all {devices} devices at once ({ops}), not "
+                        "within shard groups and then across replicas: the 2-D mesh became one flat group",
                         "shard parameters and gradients over the shard axis only (P('data') on a ('replica', "
-                        "'data') mesh; torch: fully_shard(model, mesh=init_device_mesh(..., (R, S))))")]
+                        "'data') mesh, the batch over both; torch: fully_shard(model, mesh=init_device_mesh(..., "
+                        "(R, S))))")]
     inner = [c for c in bulk if c.op in ("reduce-scatter", "all-gather") and 1 < c.group < devices]
     if not inner:
         return [Finding("wrong-axis", f"every gather and reduction runs over all {devices} devices: this is zero3 "
@@ -171,11 +173,12 @@ def _gathers(bulk, intent: Intent, p: int, state_sharded: bool | None, params_sh
 
 
 def _overlap(bulk) -> list[Finding]:
-    """ddp's buckets overlap backward: several gradient reductions, none with compute running beside it."""
-    reductions = [c for c in bulk if c.op in REDUCTIONS]
+    """ddp's buckets (all-reduces) overlap backward: several gradient all-reduces, none with compute running
+    beside it. A reduce to one root (the project's `dp`, a tree) is not DDP's and is not judged here."""
+    reductions = [c for c in bulk if c.op == "all-reduce"]
     if len(reductions) < 2 or any(c.overlaps is None or c.overlaps for c in reductions):
         return []
-    return [Finding("no-overlap", f"none of the {len(reductions)} gradient reductions runs while backward "
+    return [Finding("no-overlap", f"none of the {len(reductions)} gradient all-reduces runs while backward "
                     "computes: each starts after the last gradient is ready, so communication adds to the step",
                     "let DDP's reducer launch each bucket from its gradient hooks (no manual all_reduce after "
                     "loss.backward(); bucket_cap_mb below the model's gradient bytes)")]

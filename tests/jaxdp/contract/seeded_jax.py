@@ -17,8 +17,9 @@ F, H, C, B = 16, 32, 8, 16  # features, hidden, classes, global batch
 
 def init_params():
     k1, k2 = jax.random.split(jax.random.key(0))
-    return {"w1": jax.random.normal(k1, (F, H)) * 0.1, "b1": jnp.zeros(H),
-            "w2": jax.random.normal(k2, (H, C)) * 0.1, "b2": jnp.zeros(C)}
+    f32 = jnp.float32  # as written with JAX's default dtypes (the test suite runs with x64 enabled)
+    return {"w1": jax.random.normal(k1, (F, H), f32) * 0.1, "b1": jnp.zeros(H, f32),
+            "w2": jax.random.normal(k2, (H, C), f32) * 0.1, "b2": jnp.zeros(C, f32)}
 
 
 def loss_fn(params, x, y):
@@ -199,3 +200,34 @@ def hsdp_became_replication(devices):
     return placed(mesh, lambda a: P("data") if a.ndim and a.shape[0] % 2 == 0 else P(),
                   lambda a: P("data") if a.ndim and a.shape[0] % 2 == 0 else P(),
                   optax.adamw(1e-3, weight_decay=0.01), batch_spec=P(("replica", "data")))
+
+
+# name -> (build, intent keywords, the kind jaxdp.check must report first, the public source of the mistake)
+CASES = {
+    "bf16-product-reduced-before-the-fp32-cast": (bf16_reduce, {"intent": "ddp"}, "reduce-dtype",
+                                                  "https://github.com/jax-ml/jax/issues/27496"),
+    "accumulation-reducing-every-micro-batch": (accumulate_in_scan, {"intent": "ddp", "accumulation": 4},
+                                                "sync-per-microbatch",
+                                                "https://github.com/AI-Hypercomputer/maxtext/pull/5099"),
+    "pmean-over-one-axis-of-a-2d-mesh": (wrong_axis, {"intent": "ddp"}, "wrong-axis",
+                                         "https://github.com/NVIDIA-NeMo/Automodel/pull/3135"),
+    "zero1-optimizer-state-left-replicated": (zero1_state_replicated, {"intent": "zero1"}, "state-replicated",
+                                              "https://github.com/AI-Hypercomputer/maxtext/pull/5099"),
+    "ddp-with-the-batch-sharding-on-the-parameters": (ddp_params_sharded, {"intent": "ddp"}, "unexpected-gather",
+                                                      "https://github.com/NVIDIA/TransformerEngine/pull/2023"),
+    "fsdp-whose-parameter-sharding-never-applied": (fsdp_params_replicated, {"intent": "zero3"},
+                                                    "params-replicated",
+                                                    "https://github.com/AI-Hypercomputer/maxtext/pull/556"),
+    "gradients-never-averaged": (missing_pmean, {"intent": "ddp"}, "no-gradient-sync",
+                                 "https://github.com/HenryNdubuaku/nanodl/issues/12"),
+    "pmean-on-top-of-shard_map-implicit-psum": (double_pmean, {"intent": "ddp"}, "extra-gradient-sync",
+                                                "https://github.com/jax-ml/jax/issues/19175"),
+    "hsdp-on-a-1d-mesh": (hsdp_on_1d, {"intent": "hsdp"}, "wrong-axis",
+                          "https://github.com/meta-pytorch/tnt/pull/1077"),
+    "hsdp-2d-mesh-became-replication": (hsdp_became_replication, {"intent": "hsdp"}, "wrong-axis",
+                                        "https://github.com/pytorch/pytorch/issues/154888"),
+}
+# the same code with the mistake undone: must pass
+HONEST = {"ddp": (ddp, {"intent": "ddp"}), "pmean": (with_pmean, {"intent": "ddp"}),
+          "pmean-over-both-axes": (both_axes, {"intent": "ddp"}), "zero1": (zero1, {"intent": "zero1"}),
+          "fsdp": (fsdp, {"intent": "zero3"})}

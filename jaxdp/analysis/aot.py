@@ -160,3 +160,4 @@ class TargetStep:
             jax.config.update("jax_disable_most_optimizations", before)
         self.lower_s, self.compile_s = t1 - t0, time.perf_counter() - t1
         self.cfg, self.target, self.nodes = cfg, targets.TARGETS[target], nodes
+        self.state, self.batch, self.strategy = state, batch, strat  # read by the contract (contract/strategies.py)

@@ -27,10 +27,9 @@ def _judged(compiled, args, name: str, params, mesh, want) -> Report:
     """The report of a strategy's compiled step: P from the model's (unsharded) parameters; where the state
     lives from the shardings the program takes it with (ddp-pmap's stacked copies, one per device, are
     replicas, not shards)."""
-    mesh = check.mesh_of(args) or mesh
-    pmap = name == "ddp-pmap"
+    text, pmap = compiled.as_text(), name == "ddp-pmap"
     _, state = check.parts(args)
-    return check.of_program(compiled.as_text(), tuple(mesh.devices.shape), tuple(mesh.axis_names), want,
+    return check.of_program(text, *check.mesh_shape(text, check.mesh_of(args) or mesh), want,
                             check.sizes(params), False if pmap else check.sharded(compiled, args, state),
                             False if pmap else check.sharded(compiled, args, check.parts(args)[0]))
 
@@ -41,8 +40,15 @@ def of_compiled(step, cfg) -> Report:
 
     want = of_strategy(cfg.strategy, cfg.accum, np.dtype(MASTER_DTYPE[cfg.dtype]).name,
                        cfg.replicas if cfg.strategy == "hsdp" else 0)
-    return _judged(step.program, (step.state, *step.batch), cfg.strategy, step.problem.params, step.strategy.mesh,
-                   want)
+    return _judged(step.program, (step.state, *step.batch), cfg.strategy, step.problem.params,
+                   getattr(step.strategy, "mesh", None), want)
+
+
+def note(contract: dict) -> str:
+    """A report's dict in a few words, for a line of `jaxdp compare`: '; contract kept' or its departures."""
+    if contract["ok"]:
+        return f"; contract {contract['intent']} kept"
+    return f"; contract {contract['intent']} DEPARTS: " + ", ".join(f["kind"] for f in contract["findings"])
 
 
 def _replicas(par) -> int:

@@ -1,0 +1,39 @@
+"""The contract beside the project's own programs: `jaxdp inspect` prints it and writes it under 'contract';
+`jaxdp compare`'s line says kept or names the departures; a GPU target's program says what overlaps."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jaxdp.contract import strategies
+from jaxdp.core import targets
+from jaxdp.harness import cli
+
+
+def test_inspect_prints_the_contract_and_writes_it(tmp_path, capsys):
+    path = tmp_path / "i.json"
+    assert cli.main(["inspect", "--strategy", "zero1", "--devices", "2", "--model", "mlp", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "communication contract: intent zero1" in out and "OK: the program communicates as zero1 intends" in out
+    contract = json.loads(path.read_text())["contract"]
+    assert contract["ok"] and {c["op"] for c in contract["collectives"]} >= {"all-reduce", "all-gather"}
+
+
+def test_compares_line_says_kept_or_names_the_departures():
+    kept = {"ok": True, "intent": "ddp", "findings": []}
+    departs = {"ok": False, "intent": "ddp", "findings": [{"kind": "sync-per-microbatch"}, {"kind": "reduce-dtype"}]}
+    assert strategies.note(kept) == "; contract ddp kept"
+    assert strategies.note(departs) == "; contract ddp DEPARTS: sync-per-microbatch, reduce-dtype"
+
+
+@pytest.mark.skipif(not targets.extra_installed(), reason='needs pip install -e ".[gpu-aot]"')
+def test_a_gpu_target_says_what_overlaps(tmp_path):
+    """XLA:GPU's scheduler runs collectives as start/done pairs: the overlap column reads yes or no there (the
+    CPU's synchronous collectives read '?')."""
+    path = tmp_path / "i.json"
+    cli.main(["inspect", "--strategy", "ddp", "--devices", "8", "--model", "mlp", "--target", "h100", "--json",
+              str(path)])
+    contract = json.loads(path.read_text())["contract"]
+    assert contract["ok"], contract["findings"]
+    assert all(c["overlaps"] in (True, False) for c in contract["collectives"])

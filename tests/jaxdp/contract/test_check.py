@@ -39,6 +39,7 @@ def test_the_same_program_with_the_mistake_undone_passes(name):
     assert r.ok, r.to_text()
 
 
+@pytest.mark.quick
 def test_the_report_reads_each_collective():
     """ddp: one all-reduce of the P gradient elements, f32, over 'data' (4), once per step; the CPU runs it
     synchronously, so its overlap is unknown, not 'no'."""
@@ -51,6 +52,7 @@ def test_the_report_reads_each_collective():
     assert "OK: the program communicates as ddp intends" in r.to_text()
 
 
+@pytest.mark.quick
 def test_bad_intent_is_one_line_naming_the_fix():
     fn, args = seeded_jax.ddp(jax.devices())
     with pytest.raises(ConfigError, match="--intent 'fsdp' is not a data-parallel layout; use one of ddp, zero1"):

@@ -54,6 +54,7 @@ def test_a_departure_exits_1_and_the_json_names_it():
     assert "DEPARTS [reduce-dtype]" in done.stderr
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("argv,status,words", [
     (["nocolon"], 2, "give FILE.py:FUNCTION"),
     (["{tmp}/none.py:make"], 2, "no such file"),

@@ -20,6 +20,7 @@ def test_inspect_prints_the_contract_and_writes_it(tmp_path, capsys):
     assert contract["ok"] and {c["op"] for c in contract["collectives"]} >= {"all-reduce", "all-gather"}
 
 
+@pytest.mark.quick
 def test_compares_line_says_kept_or_names_the_departures():
     kept = {"ok": True, "intent": "ddp", "findings": []}
     departs = {"ok": False, "intent": "ddp", "findings": [{"kind": "sync-per-microbatch"}, {"kind": "reduce-dtype"}]}

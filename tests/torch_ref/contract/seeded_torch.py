@@ -5,6 +5,8 @@ torch's own wrappers. `run(rank, n)` returns {case: the report's dict} (rank 0's
 `CASES`: name -> (the expected kind, None for an honest program)."""
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -196,6 +198,6 @@ def run(rank: int, n: int, names=None) -> dict:
     for strategy in PROJECT:
         for k in (1, 2):
             out[f"torch_ref {strategy} accum {k}"] = project(x, y, strategy, k)
-    for wrap in ("ddp", "fsdp2"):
+    for wrap in ("ddp", "fsdp2") if importlib.util.find_spec("transformers") else ():  # the hf extra
         out[f"transformers gpt2 under {wrap}"] = gpt2(wrap)
     return out if rank == 0 else {}

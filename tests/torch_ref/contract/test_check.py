@@ -33,6 +33,8 @@ def test_a_seeded_misconfiguration_is_caught_with_its_kind(reports, name):
 
 @pytest.mark.parametrize("name", HONEST + PROJECT + GPT2)
 def test_an_honest_program_passes(reports, name):
+    if name in GPT2:
+        pytest.importorskip("transformers")
     r = reports[name]
     assert r["ok"], (r["findings"], r["collectives"])
 

@@ -81,6 +81,13 @@ def fsdp_mixed(x, y, reduce_dtype):
     return check(model, adamw(model.parameters()), x, y, "zero3")
 
 
+def zero2_fsdp2(x, y, reshard: bool):
+    """ZeRO-2 meant with FSDP2: `reshard_after_forward=False` (SHARD_GRAD_OP); its default (True) is ZeRO-3,
+    the parameters gathered again in backward."""
+    model = fsdp(net(), reshard_after_forward=reshard)
+    return check(model, adamw(model.parameters()), x, y, "zero2")
+
+
 def zero1(x, y, zero: bool):
     model = DDP(net())
     opt = (ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3,
@@ -139,6 +146,9 @@ CASES = {  # name -> (expected kind or None for an honest program, the function,
     "fsdp2-bf16-reduce-dtype-not-set": ("reduce-dtype", fsdp_mixed, (None,),
                                         "https://github.com/meta-pytorch/torchtune/issues/2267"),
     "fsdp2-bf16-reduce-dtype-float32": (None, fsdp_mixed, (torch.float32,), ""),
+    "zero2-with-fully_shard-defaults": ("gathered-too-often", zero2_fsdp2, (True,),
+                                        "https://github.com/radixark/miles_diffusion/pull/196"),
+    "zero2-fully_shard-reshard_after_forward-False": (None, zero2_fsdp2, (False,), ""),
     "zero1-without-ZeroRedundancyOptimizer": ("state-replicated", zero1, (False,),
                                               "https://github.com/pytorch/tutorials/pull/1375"),
     "zero1-ZeroRedundancyOptimizer": (None, zero1, (True,), ""),

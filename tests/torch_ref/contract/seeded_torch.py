@@ -211,3 +211,29 @@ def run(rank: int, n: int, names=None) -> dict:
     for wrap in ("ddp", "fsdp2") if importlib.util.find_spec("transformers") else ():  # the hf extra
         out[f"transformers gpt2 under {wrap}"] = gpt2(wrap)
     return out if rank == 0 else {}
+
+
+def hsdp_fsdp2(x, y, mesh_2d: bool):
+    """HSDP meant with FSDP2: a 2-D (replicate, shard) DeviceMesh; without one, fully_shard shards over the
+    whole world (FSDP), with no replica groups."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard")) if mesh_2d else None
+    model = fsdp(net(), mesh=mesh) if mesh_2d else fsdp(net())
+    return check(model, adamw(model.parameters()), x, y, "hsdp")
+
+
+HSDP_CASES = {"fsdp2-1d-mesh-where-hsdp-was-meant": ("wrong-axis", hsdp_fsdp2, (False,),
+                                                     "https://github.com/meta-pytorch/tnt/pull/1077"),
+              "fsdp2-2d-mesh": (None, hsdp_fsdp2, (True,), "")}
+
+
+def run_hsdp(rank: int, n: int) -> dict:
+    """A world of 4 ranks (2 replicas of 2 shards): hsdp needs shard groups of more than one rank."""
+    x, y = batch(rank)
+    out = {name: fn(x, y, *args) for name, (_, fn, args, _) in HSDP_CASES.items()}
+    model, opt = torch_ref.parallelize(net(), strategy="hsdp", optimizer=adamw, replicas=2)
+    out["torch_ref hsdp"] = check(model, opt, x, y, "hsdp",
+                                  step=lambda: torch_ref.train_step(model, opt, x, y, F.cross_entropy))
+    return out if rank == 0 else {}

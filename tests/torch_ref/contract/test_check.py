@@ -53,3 +53,23 @@ def test_what_the_process_group_ran_is_read(reports):
             if c["op"] == "reduce-scatter"} == {"float32"}
     (bucket,) = [c for c in reports["ddp"]["collectives"] if c["elements"] > 1]
     assert (bucket["op"], bucket["count"], bucket["overlaps"]) == ("all-reduce", 1, False)
+
+
+@pytest.fixture(scope="module")
+def hsdp_reports():
+    from torch_ref.launch import launch
+
+    return launch(seeded_torch.run_hsdp, 4, timeout_s=600, pg_timeout_s=120)[0]
+
+
+def test_hsdp_on_a_world_of_4(hsdp_reports):
+    """2 replicas of 2 shards: FSDP2 on a 1-D mesh where HSDP was meant is caught (every collective over the
+    world); FSDP2 on a (replicate, shard) mesh and torch_ref's hsdp keep the contract."""
+    kind, *_, source = seeded_torch.HSDP_CASES["fsdp2-1d-mesh-where-hsdp-was-meant"]
+    bad = hsdp_reports["fsdp2-1d-mesh-where-hsdp-was-meant"]
+    assert bad["findings"][0]["kind"] == kind, (source, bad["findings"])
+    for name in ("fsdp2-2d-mesh", "torch_ref hsdp"):
+        r = hsdp_reports[name]
+        assert r["ok"], (name, r["findings"], r["collectives"])
+        assert {c["axis"] for c in r["collectives"] if c["op"] == "reduce-scatter"} == {"shard"}
+        assert "replicate" in {c["axis"] for c in r["collectives"] if c["op"] == "all-reduce"}

@@ -38,3 +38,21 @@ def test_a_gpu_target_says_what_overlaps(tmp_path):
     contract = json.loads(path.read_text())["contract"]
     assert contract["ok"], contract["findings"]
     assert all(c["overlaps"] in (True, False) for c in contract["collectives"])
+
+
+@pytest.mark.parametrize("name,dtype,kind", [("bf16-reduction", "float32", "reduce-dtype"),
+                                             ("bf16-reduction", "bfloat16", "reduce-dtype"),
+                                             ("summed-twice", "float32", "sync-per-microbatch")])
+def test_the_projects_planted_communication_bugs_break_its_contract(name, dtype, kind):
+    """The mutation catalogue's bugs that change what is sent (docs/MUTATIONS.md), planted in the project's own
+    step: the gradients reduced in bf16; shard_map's implicit psum on top of the explicit one, inside the
+    accumulation loop (accum 3), so the gradient is reduced once per micro-batch."""
+    from jaxdp.analysis import accounting
+    from jaxdp.harness import mutations
+
+    m = next(m for m in mutations.CATALOGUE if m.name == name)
+    cfg = m.cfg.replace(strategy=m.jax, devices=4, batch_size=48, dtype=dtype).validate()
+    with mutations.inject("jax", name):
+        report = strategies.of_compiled(accounting.compile_step(cfg), cfg)
+    assert kind in [f.kind for f in report.findings], report.to_text()
+    assert strategies.of_compiled(accounting.compile_step(cfg), cfg).ok  # the same step without the bug

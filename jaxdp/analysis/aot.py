@@ -208,6 +208,7 @@ class TargetStep:
         if self.attention == "cudnn" and not sum(self.fused_calls.values()):  # the model traced no attention.fused
             self.attention_note = "--kernels fused: the compiled program holds no cuDNN attention call"
         self.cfg, self.target, self.nodes = cfg, targets.TARGETS[target], nodes
+        self.state, self.batch, self.strategy = state, batch, strat  # read by the contract (contract/strategies.py)
 
     def _lower(self, strat, state, batch):
         """The step lowered with the attention `attention_for` chose; where cuDNN refuses this attention at trace

@@ -26,7 +26,7 @@ from .. import models
 from ..core import atomic
 from ..core.config import JIT_STRATEGIES
 from ..strategies import bucket
-from . import accounting
+from . import accounting, aot
 
 
 def inspect(cfg, step: accounting.CompiledStep | None = None, target: str | None = None, nodes: int = 1) -> dict:
@@ -35,7 +35,7 @@ def inspect(cfg, step: accounting.CompiledStep | None = None, target: str | None
     (--target): compiled for --devices GPUs of that kind on `nodes` nodes instead, read with its schedule
     (`gpu_program.describe`)."""
     if target is not None:
-        from . import aot, gpu_program
+        from . import gpu_program
 
         step = step or aot.TargetStep(cfg, target, nodes)
         return gpu_program.describe(_read(cfg, step), step)
@@ -102,8 +102,13 @@ def format_inspect(r: dict) -> str:
 
 
 def main(cfg, json_path: str | None = None, target: str | None = None, nodes: int = 1) -> int:
-    result = inspect(cfg, target=target, nodes=nodes)
-    print(format_inspect(result))
+    from ..contract import strategies as contract
+
+    step = aot.TargetStep(cfg, target, nodes) if target is not None else accounting.compile_step(cfg)
+    result = inspect(cfg, step, target, nodes)
+    report = contract.of_compiled(step, cfg)  # the textbook beside the program (docs/CHECK.md)
+    result["contract"] = report.to_dict()
+    print(format_inspect(result) + "\n" + report.to_text())
     if target is not None:
         from . import gpu_program
 

@@ -93,6 +93,7 @@ def compare(args) -> int:
 
     say(f"jaxdp compare: {', '.join(names)} in jaxdp and torch_ref, {base.model}, {base.steps} steps; loading JAX")
     from .. import devices  # the inputs are checked: the heavy imports (JAX, matplotlib) now, after one line
+    from ..contract.strategies import note as contract_note
     from .report import recommend, render, runner
 
     if untyped and base.platform == "auto" and not _accelerators(base.devices):
@@ -106,7 +107,7 @@ def compare(args) -> int:
         p = e["parity"]
         print(f"{e['name']:<12} parity {'pass' if p['pass'] else 'FAIL'} (worst grad {p['worst']['grad']:.1e}, "
               f"param {p['worst']['param']:.1e}); comm JAX {e['frameworks']['jax']['comm']['total'] / 1024:.1f} "
-              f"KiB/step" + render.finding(e))
+              f"KiB/step" + render.finding(e) + contract_note(e["frameworks"]["jax"]["contract"]))
     print("\n".join(recommend.as_lines(written["recommendation"])))  # the report's "Which strategy", in short
     print(f"report: {written['html']} ({written['md']}, {written['json']}) in {time.time() - t0:.0f}s")
     return 0 if all(e["parity"]["pass"] for e in summary["strategies"]) else 1

@@ -56,6 +56,7 @@ def jax_accounting(cfg: RunConfig) -> dict:
         "sizes": sizes,
         "itemsize": itemsize,
         "theory_at": accounting.theory_for(cfg.replace(devices=THEORY_N, replicas=1), **acc["theory_inputs"])["total"],
+        "contract": acc["contract"],
     }
 
 
@@ -115,6 +116,7 @@ def _entry(name: str, c: RunConfig, j, jacc: dict, t, tacc: dict) -> dict:
         "memory": jacc["memory"],
         "temp_bytes": jacc["temp_bytes"],
         "peak_bytes": jacc["peak_bytes"],
+        "contract": jacc["contract"],  # the compiled step against its layout's textbook (docs/CHECK.md)
     }
     torch_entry = {
         "losses": t.losses,

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import functools
 import os
+import tempfile
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: see torch_ref/__init__.py
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # a GPU: JAX shares it with torch (test_gpu.py)
+# --target's compiled programs (analysis/program_cache.py): the session's own folder, not the user's cache
+os.environ.setdefault("JAXDP_PROJECTION_CACHE", tempfile.mkdtemp(prefix="jaxdp-projection-"))
 
 import jax  # noqa: E402
 

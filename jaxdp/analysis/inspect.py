@@ -32,12 +32,15 @@ from . import accounting
 def inspect(cfg, step: accounting.CompiledStep | None = None, target: str | None = None, nodes: int = 1) -> dict:
     """The contract's dictionary for `cfg`'s compiled training step (the one `jaxdp train` runs);
     `step`: that step already compiled (`accounting.compile_step(cfg)`); `target` (--target): compiled for
-    --devices GPUs of that kind on `nodes` nodes instead, read with its schedule (`gpu_program.describe`)."""
+    --devices GPUs of that kind on `nodes` nodes instead, read with its schedule (`gpu_program.describe`), once:
+    `program_cache` keeps the reading, and the projection is made from it (`calibration`)."""
     if target is not None:
-        from . import aot, gpu_program
+        from ..core import targets
+        from . import calibration, program_cache
 
-        step = aot.TargetStep(cfg, target, nodes)
-        return gpu_program.describe(_read(cfg, step), step)
+        out, found, cached = program_cache.compiled(cfg, target, nodes, _read)
+        out["projection"] = calibration.reproject(out, targets.TARGETS[target], found, cfg, nodes)
+        return {**out, "cache": cached}
     return _read(cfg, step or accounting.compile_step(cfg))
 
 

@@ -148,18 +148,22 @@ def figures(low: float, high: float) -> int:
     return 1 if high > 1.2 * low else 2
 
 
-def rounded(x: float, digits: int) -> str:
-    """`x` to `digits` significant figures, written without an exponent (0.04, 300, 5800)."""
+def rounded(x: float, digits: int, way=round) -> str:
+    """`x` to `digits` significant figures (`way`: round, math.floor, math.ceil), without an exponent (0.04,
+    300, 5800)."""
     if x == 0:
         return "0"
     places = digits - 1 - math.floor(math.log10(abs(x)))
-    return f"{round(x, places):.{max(places, 0)}f}"
+    scaled = x * 10**places
+    nudge = {math.floor: 1e-9, math.ceil: -1e-9}.get(way, 0.0)  # 5.999999999 is 6, not 5 (nor 6.000000001 7)
+    return f"{way(scaled + nudge) / 10**places:.{max(places, 0)}f}"
 
 
 def span(low: float, high: float, scale: float = 1.0) -> str:
-    """'300-600' (x `scale`): a range to the figures it supports; one value where both ends round alike."""
+    """'300-600' (x `scale`): a range to the figures it supports, its low end rounded down and its high end up
+    (the printed range holds the computed one); one value where both ends come out alike."""
     digits = figures(low, high)
-    a, b = rounded(low * scale, digits), rounded(high * scale, digits)
+    a, b = rounded(low * scale, digits, math.floor), rounded(high * scale, digits, math.ceil)
     return a if a == b else f"{a}-{b}"
 
 

@@ -47,7 +47,8 @@ def usable(path: str) -> str | None:
 
 # what neither compiles the program nor reads it: the projection made from the reading, the reports, this file
 NOT_IN_PROGRAM = ("harness", os.path.join("analysis", "calibration.py"), os.path.join("analysis", "network.py"),
-                  os.path.join("analysis", "calibration_points.py"), os.path.join("analysis", "program_cache.py"))
+                  os.path.join("analysis", "calibration_points.py"), os.path.join("analysis", "program_cache.py"),
+                  os.path.join("analysis", "target_memory.py"))
 
 
 @functools.cache
@@ -66,11 +67,16 @@ def source_digest() -> str:
     return h.hexdigest()
 
 
+# run settings the compiled step does not depend on (how long to train, where to save, which host platform)
+NOT_IN_KEY = ("steps", "platform", "checkpoint_dir", "checkpoint_every", "resume", "overwrite_checkpoints")
+
+
 def key(cfg, target: str, nodes: int) -> str:
     import jax
     import jaxlib
 
-    fields = {"format": FORMAT, "cfg": cfg.to_dict(), "target": target, "nodes": nodes,
+    run = {k: v for k, v in cfg.to_dict().items() if k not in NOT_IN_KEY}
+    fields = {"format": FORMAT, "cfg": run, "target": target, "nodes": nodes,
               "target_config": targets.config_text(target), "jax": jax.__version__, "jaxlib": jaxlib.__version__,
               "source": source_digest()}
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:32]

@@ -25,8 +25,8 @@ from . import kernels, network
 
 GEMM_EFFICIENCY = 0.801  # sourced: 792.1 of 989 TFLOP/s, H100 SXM bf16 matmul at its best shape (CUDA 12.1)
 ATTENTION_EFFICIENCY = 0.75  # sourced: FlashAttention-3 forward, 740 TFLOP/s bf16/fp16 on H100 (75%)
-MEMORY_EFFICIENCY = 0.54  # fitted: GPT-2 124M single on one H100 at micro-batch 8, 16, 32 (calibration_points)
-LAUNCH_S = 6.0e-6  # fitted with MEMORY_EFFICIENCY on the same points
+MEMORY_EFFICIENCY = 0.68  # fitted: GPT-2 124M on one H100 at micro-batch 8, 16, 32 (calibration_points.fit)
+LAUNCH_S = 1.5e-6  # fitted with MEMORY_EFFICIENCY on the same points
 
 CONSTANTS = {
     "gemm_efficiency": (GEMM_EFFICIENCY, "sourced", "stas00/ml-engineering, compute/accelerator/README.md, 'Maximum "
@@ -81,17 +81,16 @@ def comm_seconds(collectives: list[dict], target, peak: float, scale_to: tuple[i
     return comm, exposed
 
 
-def project(r: dict, target, found: list[list], model_flops: float, cfg, scale_to=None) -> dict:
+def project(r: dict, target, found: list[list], model_flops: float, cfg) -> dict:
     """The calibrated projection of inspect's target dictionary `r` with the program's kernels `found`."""
     peak = target.peak_flops * (1.0 if cfg.dtype == "bfloat16" else 0.5)
     parts = compute_seconds(found, target, cfg.dtype)
     compute = sum(parts.values())
-    devices = scale_to[0] if scale_to else cfg.devices
-    comm, exposed = comm_seconds([{**c, "devices": cfg.devices} for c in r["collectives"]], target, peak, scale_to)
+    comm, exposed = comm_seconds([{**c, "devices": cfg.devices} for c in r["collectives"]], target, peak)
     step = compute + exposed
-    tokens = cfg.batch_size * cfg.tokens_per_row() / cfg.devices * devices
+    tokens = cfg.batch_size * cfg.tokens_per_row()
     return {"projected": True, "calibrated": True, "peak_flops": peak, "compute_s": compute,
-            "compute_by_kind_s": parts, "kernels": {k: v for k, v in kernels.by_kind(found).items()},
+            "compute_by_kind_s": parts, "kernels": kernels.by_kind(found),
             "comm_s": comm, "exposed_comm_s": exposed, "step_s": step,
             "mfu": model_flops / (step * peak) if step else 0.0, "model_flops": model_flops,
             "tokens_per_s": tokens / step if step else 0.0}
@@ -106,7 +105,7 @@ def results(path: str = RESULTS) -> dict:
         return {}
 
 
-def error_range(step_s: float, devices: int, nodes: int, table: dict | None = None) -> dict:
+def error_range(step_s: float, devices: int, table: dict | None = None) -> dict:
     """`step_low_s`, `step_high_s`: the step times the calibration's residuals allow (reference / projected, of
     every included point this projection rests on: the one-GPU step points always, the scaling points beside
     them for several GPUs), the projection itself inside; `calibrated_on`: those points' names."""
@@ -132,7 +131,7 @@ def for_target(out: dict, target, found: list[list], roofline: dict, cfg, nodes:
     `roofline_mfu`: every kernel at peak, an upper bound)."""
     p = project(out, target, found, roofline["model_flops"], cfg)
     return {**p, "hbm_bytes": roofline["hbm_bytes"], "roofline_step_s": roofline["step_s"],
-            "roofline_mfu": roofline["mfu"], **error_range(p["step_s"], cfg.devices, nodes), "parts": PARTS}
+            "roofline_mfu": roofline["mfu"], **error_range(p["step_s"], cfg.devices), "parts": PARTS}
 
 
 def reproject(out: dict, target, found: list[list], cfg, nodes: int) -> dict:

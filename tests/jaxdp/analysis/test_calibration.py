@@ -94,11 +94,11 @@ def test_the_range_holds_every_calibration_point_of_its_kind():
                         {"name": "b", "kind": "step", "included": True, "ratio": 1.2},
                         {"name": "c", "kind": "scaling", "included": True, "ratio": 1.5},
                         {"name": "d", "kind": "published", "included": False, "ratio": 3.0}]}
-    one = calibration.error_range(1.0, 1, 1, table)
+    one = calibration.error_range(1.0, 1, table)
     assert (one["step_low_s"], one["step_high_s"], one["calibrated_on"]) == (0.9, 1.2, ["a", "b"])
-    many = calibration.error_range(1.0, 16, 2, table)
+    many = calibration.error_range(1.0, 16, table)
     assert (many["step_low_s"], many["step_high_s"], many["calibrated_on"]) == (0.9, 1.5, ["a", "b", "c"])
-    assert calibration.error_range(2.0, 1, 1, {"points": []})["step_low_s"] == 2.0  # no point: no range
+    assert calibration.error_range(2.0, 1, {"points": []})["step_low_s"] == 2.0  # no point: no range
 
 
 def misses(table: dict) -> list[str]:

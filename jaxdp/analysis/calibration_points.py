@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 from ..core import atomic, targets
 from ..core.config import RunConfig
+from ..core.errors import ConfigError
 from . import calibration
 
 TARGET = "h100"
@@ -175,6 +176,11 @@ def render(docs: str, t: dict) -> None:
 
 
 def main(argv: list[str]) -> int:
+    """The command: `[OUT.json]` (default: the package's jaxdp/assets/calibration.json, then docs/GPU.md's table
+    too); exit 0 when every point meets its target, 1 when one misses, 2 on bad input."""
+    if len(argv) > 1 or (argv and not argv[0].endswith(".json")):
+        raise ConfigError(f"calibration_points takes one optional argument, the results file: got {' '.join(argv)!r}"
+                          f"; give a path ending in .json (default: {calibration.RESULTS})")
     out = argv[0] if argv else calibration.RESULTS
     targets.require_extra()
     t = table()
@@ -190,8 +196,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from ..core.errors import ConfigError
-
     try:
         sys.exit(main(sys.argv[1:]))
     except ConfigError as e:

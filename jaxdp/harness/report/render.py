@@ -46,8 +46,8 @@ LINKS_NOTE = (
     "them; the published points alone are set in mixed precision as those runs trained (2-byte gathered "
     "parameters, 4-byte reduced gradients). The projection adds compute and communication (no overlap, a lower "
     "bound on efficiency); the published runs overlap them (prefetched gathers, reduce-scatters behind backward), "
-    "so they land between the two bounds, "
-    "near full overlap while communication hides behind compute.")
+    "so they land between the two bounds, near full overlap while communication hides behind compute. Every byte "
+    "across nodes at one NIC is this model's pessimism: NCCL's rings cross on all 8 NICs of a node (docs/GPU.md).")
 
 
 def _kib(b) -> str:

@@ -138,3 +138,14 @@ def test_the_table_was_written_with_the_codes_constants_and_its_fit(table):
     for name, (value, how, _) in calibration.CONSTANTS.items():
         assert table["constants"][name]["value"] == value and table["constants"][name]["how"] == how
     assert table["fit"] == {"memory_efficiency": calibration.MEMORY_EFFICIENCY, "launch_s": calibration.LAUNCH_S}
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["a.json", "b.json"], ["table.txt"]])
+def test_the_command_refuses_bad_input_in_one_line(argv):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "jaxdp.analysis.calibration_points", *argv], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2 and out.stdout == "" and len(out.stderr.strip().splitlines()) == 1
+    assert "results file" in out.stderr and ".json" in out.stderr

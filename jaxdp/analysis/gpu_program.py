@@ -22,7 +22,7 @@ import math
 import jax
 
 from ..core.config import JIT_STRATEGIES
-from . import accounting, hlo, projection, schedule
+from . import accounting, calibration, hlo, kernels, projection, schedule
 
 GATHERS_PARAMS = ("zero3", "hsdp", "fsdp-jit")
 SYNC = {"async": False, "overlap_ops": 0, "overlap_flops": 0.0}
@@ -54,7 +54,8 @@ def describe(out: dict, step) -> dict:
     for op, c in zip(out["collectives"], found, strict=True):
         op.update(overlap.get(c["name"], SYNC))
         op["arrays"] = c["arrays"]
-        op["inter_node"] = any(len({d // per_node for d in g}) > 1 for g in c["groups"])
+        op["nodes"] = max((len({d // per_node for d in g}) for g in c["groups"]), default=1)
+        op["inter_node"] = op["nodes"] > 1
     t = step.target
     out["target"] = {"name": t.name, "description": t.description, "devices": cfg.devices, "nodes": step.nodes,
                      "gpus_per_node": cfg.devices // step.nodes, "device_memory_bytes": t.memory_bytes,
@@ -75,7 +76,9 @@ def describe(out: dict, step) -> dict:
     out["bytes_by_kind"], out["theory_by_kind"] = _by_kind(ops), _theory(cfg, step)
     out["difference"] = difference(out)
     psi = sum(int(math.prod(p.shape)) for p in jax.tree.leaves(step.problem.params))
-    out["projection"] = projection.project(out, t, text, psi, cfg)
+    step.kernels = kernels.read(text)
+    roofline = projection.project(out, t, text, psi, cfg)
+    out["projection"] = calibration.for_target(out, t, step.kernels, roofline, cfg, step.nodes)
     return out
 
 
@@ -150,10 +153,7 @@ def format_target(r: dict) -> str:
         lines.append(f"note: {r['attention_note']}")
     if r["copies"]["count"]:
         lines.append(copies_note(r))
-    p = r["projection"]
-    lines.append(f"PROJECTED (not measured: docs/GPU.md): step {p['step_s'] * 1e3:.2f} ms = compute "
-                 f"{p['compute_s'] * 1e3:.2f} ms + exposed communication {p['exposed_comm_s'] * 1e3:.2f} ms (of "
-                 f"{p['comm_s'] * 1e3:.2f} ms), MFU {p['mfu']:.1%}, {p['tokens_per_s']:.4g} rows or tokens/s")
+    lines.append(calibration.summary_line(r["projection"]))
     return "\n".join(lines)
 
 

@@ -26,19 +26,25 @@ from .. import models
 from ..core import atomic
 from ..core.config import JIT_STRATEGIES
 from ..strategies import bucket
-from . import accounting, aot
+from . import accounting
 
 
 def inspect(cfg, step: accounting.CompiledStep | None = None, target: str | None = None, nodes: int = 1) -> dict:
     """The contract's dictionary for `cfg`'s compiled training step (the one `jaxdp train` runs);
     `step`: that step already compiled (`accounting.compile_step(cfg)`; with `target`, `aot.TargetStep`); `target`
     (--target): compiled for --devices GPUs of that kind on `nodes` nodes instead, read with its schedule
-    (`gpu_program.describe`)."""
+    (`gpu_program.describe`) and its contract (`_read_target`), once: `program_cache` keeps the reading (unless
+    `step` is given), and the projection is made from it (`calibration`)."""
     if target is not None:
-        from . import gpu_program
+        from ..core import targets
+        from . import calibration, gpu_program, program_cache
 
-        step = step or aot.TargetStep(cfg, target, nodes)
-        return gpu_program.describe(_read(cfg, step), step)
+        if step is not None:
+            out, found, cached = gpu_program.describe(_read_target(cfg, step), step), step.kernels, {"hit": False}
+        else:
+            out, found, cached = program_cache.compiled(cfg, target, nodes, _read_target)
+        out["projection"] = calibration.reproject(out, targets.TARGETS[target], found, cfg, nodes)
+        return {**out, "cache": cached}
     return _read(cfg, step or accounting.compile_step(cfg))
 
 
@@ -101,13 +107,23 @@ def format_inspect(r: dict) -> str:
     return "\n".join(lines)
 
 
-def main(cfg, json_path: str | None = None, target: str | None = None, nodes: int = 1) -> int:
+def _read_target(cfg, step) -> dict:
+    """A target step's reading with its contract (kept together in the program cache)."""
     from ..contract import strategies as contract
 
-    step = aot.TargetStep(cfg, target, nodes) if target is not None else accounting.compile_step(cfg)
-    result = inspect(cfg, step, target, nodes)
-    report = contract.of_compiled(step, cfg)  # the textbook beside the program (docs/CHECK.md)
-    result["contract"] = report.to_dict()
+    return {**_read(cfg, step), "contract": contract.of_compiled(step, cfg).to_dict()}
+
+
+def main(cfg, json_path: str | None = None, target: str | None = None, nodes: int = 1) -> int:
+    from ..contract import strategies as contract
+    from ..core.contract.report import Report
+
+    if target is not None:  # the reading and its contract from the program cache, or compiled once
+        result = inspect(cfg, None, target, nodes)
+    else:
+        step = accounting.compile_step(cfg)
+        result = {**inspect(cfg, step), "contract": contract.of_compiled(step, cfg).to_dict()}
+    report = Report.from_dict(result["contract"])  # the textbook beside the program (docs/CHECK.md)
     print(format_inspect(result) + "\n" + report.to_text())
     if target is not None:
         from . import gpu_program

@@ -51,6 +51,12 @@ class Report:
         return {"ok": self.ok, "intent": self.intent, "facts": self.facts,
                 "findings": [asdict(f) for f in self.findings], "collectives": [asdict(c) for c in self.comms]}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> Report:
+        """The inverse of `to_dict` (a report kept in a cache or a JSON file)."""
+        return cls(d["intent"], [Comm(**c) for c in d.get("collectives", [])],
+                   [Finding(**f) for f in d.get("findings", [])], dict(d.get("facts", {})))
+
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 

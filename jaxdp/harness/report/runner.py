@@ -226,8 +226,15 @@ def compare(cfg: RunConfig, strategies: list[str], progress=None, started: float
 
 
 def compiled_for(cfg: RunConfig, target: str, nodes: int) -> dict:
-    """A strategy's step compiled for the target (`analysis.target_memory.row`): its peak and whether it fits."""
-    from ...analysis import target_memory
+    """A strategy's step compiled for the target, once (`analysis.inspect`, through `analysis.program_cache`: a
+    shape compiled before is read back): its peak, whether it fits the target's memory as it is now, and its
+    projected step (a range, `analysis.calibration`)."""
+    from ...analysis import inspect
+    from ...core import targets
 
-    row = target_memory.row(cfg, target, nodes)
-    return {k: row[k] for k in ("target", "devices", "nodes", "peak_bytes", "device_memory_bytes", "fits")}
+    r = inspect.inspect(cfg, target=target, nodes=nodes)
+    memory = targets.TARGETS[target].memory_bytes
+    p = r["projection"]
+    return {"target": target, "devices": cfg.devices, "nodes": nodes, "peak_bytes": r["peak_bytes"],
+            "device_memory_bytes": memory, "fits": r["peak_bytes"] <= memory, "cached": r["cache"]["hit"],
+            "projection": {k: p[k] for k in ("step_s", "step_low_s", "step_high_s", "mfu", "calibrated_on")}}

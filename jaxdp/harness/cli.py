@@ -1,4 +1,4 @@
-"""The `jaxdp` command line: `train`, `diff`, `memory`, `inspect`, `parity`, `compare`, `bench` (see `jaxdp -h`).
+"""The `jaxdp` command line: `train`, `diff`, `memory`, `inspect`, `parity`, `compare`, `bench`, `check` (`jaxdp -h`).
 The flags come from `jaxdp.core.argv` (the run flags from `RunConfig`, the one definition both frameworks
 use); every input is checked before any device, process or model is made (`cli_runs.py`, `cli_train.py`)."""
 from __future__ import annotations
@@ -7,6 +7,7 @@ import contextlib
 import os
 import sys
 
+from ..contract import cli as cli_check
 from ..core import argv, atomic, config, disk_full, errors, heartbeat
 from . import cli_diff, cli_runs, cli_train, kernel_paths
 from .interrupt import guarded, stdout_closed
@@ -124,6 +125,7 @@ def build_parser() -> argv.Parser:
     _add_analyses(sub)
     _add_pairs(sub)
     cli_diff.add_parser(sub)
+    cli_check.add_parser(sub)
     return parser
 
 
@@ -138,7 +140,7 @@ def main(argv_=None) -> int:
             argv.check_seconds(args, ("heartbeat", "startup_timeout"))  # its torch ranks' (torch_ref.launch)
         run = {"train": cli_train.train, "memory": cli_runs.memory, "inspect": cli_runs.inspect,
                "parity": cli_runs.parity, "compare": cli_runs.compare, "bench": cli_runs.bench,
-               "diff": cli_diff.main}[args.command]
+               "diff": cli_diff.main, "check": cli_check.main}[args.command]
         json_out = atomic.json_on_stdout() if getattr(args, "json", None) == atomic.STDOUT else contextlib.nullcontext()
         with heartbeat.configured(getattr(args, "heartbeat", None), getattr(args, "startup_timeout", None)), json_out:
             return run(args)  # --json -: stdout is the document's, the text stderr's

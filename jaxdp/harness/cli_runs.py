@@ -96,6 +96,7 @@ def compare(args) -> int:
 
     say(f"jaxdp compare: {', '.join(names)} in jaxdp and torch_ref, {base.model}, {base.steps} steps; loading JAX")
     from .. import devices  # the inputs are checked: the heavy imports (JAX, matplotlib) now, after one line
+    from ..contract.strategies import note as contract_note
     from .report import recommend, render, runner
 
     if untyped and base.platform == "auto" and not _accelerators(base.devices):
@@ -110,7 +111,7 @@ def compare(args) -> int:
         p = e["parity"]
         print(f"{e['name']:<12} parity {'pass' if p['pass'] else 'FAIL'} (worst grad {p['worst']['grad']:.1e}, "
               f"param {p['worst']['param']:.1e}); comm JAX {e['frameworks']['jax']['comm']['total'] / 1024:.1f} "
-              f"KiB/step" + render.finding(e))
+              f"KiB/step" + render.finding(e) + contract_note(e["frameworks"]["jax"]["contract"]))
     for r in summary["paths"][len(summary["strategies"]):]:  # the further kernel paths (report.paths)
         print(f"{r['name']:<12} parity {'pass' if r['pass'] else 'FAIL'} on the {r['kernels']} path (worst grad "
               f"{r['worst']['grad']:.1e}); step ms JAX {1e3 * r['jax']['median_step_s']:.2f}, torch "

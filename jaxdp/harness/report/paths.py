@@ -44,7 +44,7 @@ def html(summary, table_html) -> str:
     """The section in the HTML page (`table_html`: render's), or nothing for a summary without paths."""
     if not summary.get("paths"):
         return ""
-    return f"<h2>Kernel paths</h2>\n{table_html('paths', HEADER, table_rows(summary))}\n<p class='small'>{NOTE}</p>"
+    return f"\n<h2>Kernel paths</h2>\n{table_html('paths', HEADER, table_rows(summary))}\n<p class='small'>{NOTE}</p>"
 
 
 def markdown(summary, table_md) -> list[str]:

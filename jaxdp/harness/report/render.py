@@ -8,7 +8,7 @@ import json
 import os
 
 from ...core import atomic
-from . import paths, plots, projection, recommend
+from . import paths, plots, projection, recommend, target_rows
 from .units import efficiency, nbytes, si
 
 NOTES = [
@@ -46,8 +46,8 @@ LINKS_NOTE = (
     "them; the published points alone are set in mixed precision as those runs trained (2-byte gathered "
     "parameters, 4-byte reduced gradients). The projection adds compute and communication (no overlap, a lower "
     "bound on efficiency); the published runs overlap them (prefetched gathers, reduce-scatters behind backward), "
-    "so they land between the two bounds, "
-    "near full overlap while communication hides behind compute.")
+    "so they land between the two bounds, near full overlap while communication hides behind compute. Every byte "
+    "across nodes at one NIC is this model's pessimism: NCCL's rings cross on all 8 NICs of a node (docs/GPU.md).")
 
 
 def _kib(b) -> str:
@@ -106,8 +106,8 @@ def _count(x: float) -> str:
 
 
 PROJECTION_HEADER = ["model", "parameters", "training FLOPs/token", "strategy", "measured bytes/param",
-                     f"weak E, {projection.NS[0]} / {projection.NS[-1]} GPUs",
-                     f"strong E, {projection.NS[0]} GPUs / largest N"]
+                     f"weak E (modelled), {projection.NS[0]} / {projection.NS[-1]} GPUs",
+                     f"strong E (modelled), {projection.NS[0]} GPUs / largest N"]
 
 
 def _projection_rows(summary) -> list[list[str]]:
@@ -130,8 +130,8 @@ def _bpp(proj: dict, name: str) -> str:
     return f"{proj['bytes_per_param'][name]:.2f}" if name in proj["bytes_per_param"] else "links model"
 
 
-LINKS_HEADER = ["model", "strategy", "N", "comm s/step", "compute s/step", "weak E (no overlap)",
-                "weak E (full overlap)"]
+LINKS_HEADER = ["model", "strategy", "N", "comm s/step", "compute s/step", "weak E (modelled, no overlap)",
+                "weak E (modelled, full overlap)"]
 
 
 def _links_rows(summary) -> list[list[str]]:
@@ -221,11 +221,10 @@ Parity tolerance: {summary["tolerance"]:g} ({e(summary["tolerance_why"])}).</p>
 <h2>Which strategy</h2>
 {recommend.as_html(_which(summary))}
 <h2>Verdict</h2>
-{_table_html("verdict", HEADER, _rows(summary))}
-{paths.html(summary, _table_html)}
+{_table_html("verdict", HEADER, _rows(summary))}{paths.html(summary, _table_html)}
 <h2>Figures</h2>
 {figs}
-<h2>Projection</h2>
+{target_rows.as_html(summary, _table_html)}<h2>Projection</h2>
 {_table_html("projection", PROJECTION_HEADER, _projection_rows(summary))}
 {_table_html("presets", ["preset", "value"], _preset_rows(summary))}
 <ul class="small">{"".join(f"<li>{e(line)}</li>" for line in _projection_sources(summary))}</ul>
@@ -267,7 +266,8 @@ def markdown(summary, image_files: list[str]) -> str:
         "",
     ]
     lines += [f"![{name}]({name})" for name in image_files]
-    lines += ["", "## Projection", "", *_table_md(PROJECTION_HEADER, _projection_rows(summary)), ""]
+    lines += [*target_rows.markdown(summary, _table_md), "", "## Projection", "",
+              *_table_md(PROJECTION_HEADER, _projection_rows(summary)), ""]
     lines += _table_md(["preset", "value"], _preset_rows(summary))
     lines += [""] + [f"- {line}" for line in _projection_sources(summary)]
     lines += ["", "### Links: NVLink inside a node, InfiniBand between nodes (hsdp at S = 8)", "",

@@ -56,6 +56,7 @@ def jax_accounting(cfg: RunConfig) -> dict:
         "sizes": sizes,
         "itemsize": itemsize,
         "theory_at": accounting.theory_for(cfg.replace(devices=THEORY_N, replicas=1), **acc["theory_inputs"])["total"],
+        "contract": acc["contract"],
     }
 
 
@@ -119,6 +120,7 @@ def _entry(name: str, c: RunConfig, j, jacc: dict, t, tacc: dict) -> dict:
         "memory": jacc["memory"],
         "temp_bytes": jacc["temp_bytes"],
         "peak_bytes": jacc["peak_bytes"],
+        "contract": jacc["contract"],  # the compiled step against its layout's textbook (docs/CHECK.md)
     }
     torch_entry = {
         "losses": t.losses,
@@ -245,8 +247,15 @@ def run_path(cfgs: dict, kernels: str, say, started: float | None = None) -> lis
 
 
 def compiled_for(cfg: RunConfig, target: str, nodes: int) -> dict:
-    """A strategy's step compiled for the target (`analysis.target_memory.row`): its peak and whether it fits."""
-    from ...analysis import target_memory
+    """A strategy's step compiled for the target, once (`analysis.inspect`, through `analysis.program_cache`: a
+    shape compiled before is read back): its peak, whether it fits the target's memory as it is now, and its
+    projected step (a range, `analysis.calibration`)."""
+    from ...analysis import inspect
+    from ...core import targets
 
-    row = target_memory.row(cfg, target, nodes)
-    return {k: row[k] for k in ("target", "devices", "nodes", "peak_bytes", "device_memory_bytes", "fits")}
+    r = inspect.inspect(cfg, target=target, nodes=nodes)
+    memory = targets.TARGETS[target].memory_bytes
+    p = r["projection"]
+    return {"target": target, "devices": cfg.devices, "nodes": nodes, "peak_bytes": r["peak_bytes"],
+            "device_memory_bytes": memory, "fits": r["peak_bytes"] <= memory, "cached": r["cache"]["hit"],
+            "projection": {k: p[k] for k in ("step_s", "step_low_s", "step_high_s", "mfu", "calibrated_on")}}

@@ -83,6 +83,10 @@ def test_inspect_target_keys_and_bytes_against_theory(inspected, strategy):
     assert ("prefetch" in r) == (strategy == "zero3")
     p = r["projection"]
     assert p["projected"] and p["step_s"] >= p["compute_s"] > 0 and 0 < p["mfu"] < 1
+    assert p["step_low_s"] <= p["step_s"] <= p["step_high_s"] and set(p["parts"]) == {"compiled", "measured",
+                                                                                       "modelled"}
+    assert p["calibrated_on"] and all(isinstance(name, str) for name in p["calibrated_on"])
+    assert all(c["nodes"] == (2 if c["inter_node"] else 1) for c in r["collectives"])
 
 
 def test_bf16_collectives_explain_dp_and_zero3_only_when_the_program_sends_bf16():

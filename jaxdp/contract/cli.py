@@ -1,0 +1,111 @@
+"""`jaxdp check FILE.py:FUNCTION --intent ddp|zero1|zero2|zero3|hsdp`: your own data-parallel step, compiled, its
+collectives read from the program and set against what you meant (`jaxdp.check`, docs/CHECK.md).
+
+FUNCTION(devices) gets the devices to build a mesh on (`--devices` CPU devices, simulated, or the GPUs of a
+`--target`) and returns `(step, args)`: the jitted step and its arguments, placed with their shardings (under
+`--target`: `jax.ShapeDtypeStruct`s with shardings, nothing is allocated). Exit status 0 when the program keeps
+the contract, 1 when it departs from it, 2 on bad input, 3 when FUNCTION or the compilation fails."""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+
+from ..core import argv, atomic, paths, targets
+from ..core.contract.intent import DTYPES, INTENTS, Intent
+from ..core.errors import ConfigError, RunFailed
+
+
+def add_parser(sub) -> None:
+    check = argv.subcommand(sub, "check", help="what your own data-parallel step sends, read from its compiled "
+                            "program, against what you meant", description="Is my data parallelism doing what I "
+                            "think? (docs/CHECK.md)")
+    check.add_argument("step", metavar="FILE.py:FUNCTION", help="FUNCTION(devices) in FILE.py (or a module:FUNCTION) "
+                       "returns (the jitted step, its arguments placed with their shardings)")
+    check.add_argument("--intent", default="ddp", choices=INTENTS, action=argv.Store,
+                       help="the data-parallel layout you meant (default: %(default)s)")
+    check.add_argument("--accumulation", type=int, default=1, metavar="K", action=argv.Store,
+                       help="micro-batches per optimizer step: the gradients synced once per step "
+                            "(default: %(default)s)")
+    check.add_argument("--reduce-dtype", default="float32", choices=DTYPES, action=argv.Store,
+                       help="the dtype the gradients should be reduced in (default: %(default)s)")
+    check.add_argument("--devices", type=int, default=4, metavar="N", action=argv.Store,
+                       help="devices given to FUNCTION (simulated CPU devices unless GPUs are present, or the GPUs "
+                            "of --target) (default: %(default)s)")
+    check.add_argument("--json", default=None, metavar="PATH", action=argv.Store,
+                       help="also write the report as JSON here ('-': stdout, the text then on stderr)")
+    argv.add_target(check)
+
+
+def _checked(args) -> tuple[str, str, Intent]:
+    """(where FUNCTION lives, its name, the intent), every input checked before any work; one line naming the fix."""
+    where, _, name = args.step.rpartition(":")
+    if not where or not name.isidentifier():
+        raise ConfigError(f"check {args.step!r}: give FILE.py:FUNCTION (a function of the devices returning (step, "
+                          f"args)), e.g. jaxdp check my_train.py:make_step")
+    if where.endswith(".py"):
+        paths.input_file(where, "FILE.py")
+    if args.json not in (None, atomic.STDOUT):
+        paths.output_file(args.json, "--json")
+    if args.devices < 1:
+        raise ConfigError(f"--devices {args.devices}: give a whole number of devices >= 1")
+    if args.nodes < 1:
+        raise ConfigError(f"--nodes {args.nodes}: give a whole number of nodes >= 1")
+    if args.target is not None:
+        targets.require_extra()
+        targets.check(args.target, args.devices, args.nodes)
+    elif "nodes" in argv.given(args):
+        raise ConfigError("--nodes is for --target (the nodes of the GPUs compiled for): add --target or drop it")
+    return where, name, Intent(args.intent, args.accumulation, args.reduce_dtype)
+
+
+def _function(where: str, name: str):
+    try:
+        if where.endswith(".py"):
+            spec = importlib.util.spec_from_file_location(os.path.basename(where)[:-3], where)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+    except Exception as e:
+        raise RunFailed(f"{where}: importing it failed: {type(e).__name__}: {e}") from e
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ConfigError(f"{where} has no function {name!r}; give FILE.py:FUNCTION naming a function in it")
+    return fn
+
+
+def _devices(args) -> list:
+    if args.target is not None:
+        from ..analysis import aot
+
+        return list(aot.topology_mesh(args.target, args.devices, args.nodes).devices.flat)
+    from .. import devices
+
+    return devices.setup(args.devices)
+
+
+def main(args) -> int:
+    where, name, want = _checked(args)
+    fn = _function(where, name)
+    found = _devices(args)
+    try:
+        built = fn(found)
+    except (ConfigError, RunFailed):
+        raise
+    except Exception as e:
+        raise RunFailed(f"{args.step}: {type(e).__name__}: {e}") from e
+    if not (isinstance(built, tuple) and len(built) == 2 and callable(built[0])):
+        raise ConfigError(f"{args.step} returned {type(built).__name__}; it must return (step, args): the jitted "
+                          f"step and a tuple of its arguments")
+    from .check import check
+
+    try:
+        report = check(built[0], *built[1], intent=want.name, accumulation=want.accumulation,
+                       reduce_dtype=want.reduce_dtype)
+    except Exception as e:
+        raise RunFailed(f"{args.step}: compiling the step failed: {type(e).__name__}: {e}") from e
+    print(report.to_text())
+    if args.json:
+        atomic.write_json(args.json, report.to_dict(), indent=1)
+    return 0 if report.ok else 1

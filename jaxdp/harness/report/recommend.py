@@ -209,6 +209,10 @@ def across_nodes(summary, model, meas: dict, budget: float, n: int = ACROSS_NODE
                  f"({si(preset.nics * preset.ib_bytes_s, 'B/s')}, near NVLink's {si(preset.nvlink_bytes_s, 'B/s')}),"
                  f" while hsdp's all-reduce across nodes runs on one NIC per GPU ({si(preset.ib_bytes_s, 'B/s')}) "
                  "after its in-node phases" if fits["hsdp"] else "; hsdp does not fit: it shards over one node only")
+    close = [s for s in pool if s != pick and efficiency(eff[s]) == efficiency(eff[pick])]
+    if close:
+        lead += (f" ({', '.join(close)} {'is' if len(close) == 1 else 'are'} {efficiency(eff[pick])} too, to the one "
+                 "figure a modelled efficiency has: a close call)")
     return {"situation": f"{model.name} on {n} GPUs ({n // NODE_GPUS} nodes, 8 x 400 Gb/s NICs each)",
             "model": model.name, "params": p, "devices": n, "pick": pick,
             "projected_only": bool(pool and cands[pick].get("projected")), "fits": fits, "efficiency": eff,

@@ -125,7 +125,7 @@ PARTS = {"compiled": "the kernels with their FLOPs and bytes, the collectives wi
                      "the nodes' NICs: sourced, not measured here)"}
 
 
-def for_target(out: dict, target, found: list[list], roofline: dict, cfg, nodes: int) -> dict:
+def for_target(out: dict, target, found: list[list], roofline: dict, cfg) -> dict:
     """inspect --target's `projection`: the calibrated one (`project`), its range (`error_range`), which parts
     are compiled, measured and modelled (PARTS), and the uncalibrated roofline beside it (`roofline_step_s`,
     `roofline_mfu`: every kernel at peak, an upper bound)."""
@@ -134,12 +134,12 @@ def for_target(out: dict, target, found: list[list], roofline: dict, cfg, nodes:
             "roofline_mfu": roofline["mfu"], **error_range(p["step_s"], cfg.devices), "parts": PARTS}
 
 
-def reproject(out: dict, target, found: list[list], cfg, nodes: int) -> dict:
+def reproject(out: dict, target, found: list[list], cfg) -> dict:
     """`for_target` again from a stored projection's roofline (a cached program, `program_cache`)."""
     old = out["projection"]
     roofline = {"model_flops": old["model_flops"], "hbm_bytes": old["hbm_bytes"],
                 "step_s": old.get("roofline_step_s", old["step_s"]), "mfu": old.get("roofline_mfu", old["mfu"])}
-    return for_target(out, target, found, roofline, cfg, nodes)
+    return for_target(out, target, found, roofline, cfg)
 
 
 def figures(low: float, high: float) -> int:

@@ -78,7 +78,7 @@ def describe(out: dict, step) -> dict:
     psi = sum(int(math.prod(p.shape)) for p in jax.tree.leaves(step.problem.params))
     step.kernels = kernels.read(text)
     roofline = projection.project(out, t, text, psi, cfg)
-    out["projection"] = calibration.for_target(out, t, step.kernels, roofline, cfg, step.nodes)
+    out["projection"] = calibration.for_target(out, t, step.kernels, roofline, cfg)
     return out
 
 

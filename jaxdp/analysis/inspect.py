@@ -43,7 +43,7 @@ def inspect(cfg, step: accounting.CompiledStep | None = None, target: str | None
             out, found, cached = gpu_program.describe(_read_target(cfg, step), step), step.kernels, {"hit": False}
         else:
             out, found, cached = program_cache.compiled(cfg, target, nodes, _read_target)
-        out["projection"] = calibration.reproject(out, targets.TARGETS[target], found, cfg, nodes)
+        out["projection"] = calibration.reproject(out, targets.TARGETS[target], found, cfg)
         return {**out, "cache": cached}
     return _read(cfg, step or accounting.compile_step(cfg))
 

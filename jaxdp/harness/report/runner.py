@@ -202,7 +202,7 @@ def compare(cfg: RunConfig, strategies: list[str], progress=None, started: float
             say(f"jaxdp: compiling {name} for {c.devices} {target.upper()}s (XLA:GPU, from shapes)")
             entries[-1]["target"] = compiled_for(c, target, nodes)
     measured = cfg.devices > 1  # else nothing was sent: the theory's bytes at THEORY_N (projection.SOURCES)
-    say("projection: alpha-beta model, reference models with the " + ("measured" if measured else "theory's")
+    say("projection: NCCL network model, reference models with the " + ("measured" if measured else "theory's")
         + " bytes per parameter")
     fps = flops_per_sample(cfg)
     sent = {e["name"]: e["frameworks"]["jax"]["comm"]["total"] for e in entries} if measured else theory_sent

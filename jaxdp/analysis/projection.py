@@ -87,7 +87,7 @@ def project(r: dict, target, text: str, psi: int, cfg) -> dict:
     comm = exposed = 0.0
     for c in r["collectives"]:
         nodes = c.get("nodes", 2 if c["inter_node"] else 1)  # a ring over every NIC of its nodes (network.py)
-        link = network.bus_bytes_s(c["group_size"], nodes, network.fabric(target))
+        link = network.bus_bytes_s(c.get("group_size", 8 * nodes), nodes, network.fabric(target))
         seconds = c["bytes_per_device"] * (c["trips"] or 1) / link
         comm += seconds
         hidden = c["overlap_flops"] * (c["trips"] or 1) / peak if c["async"] else 0.0

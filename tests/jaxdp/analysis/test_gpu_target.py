@@ -144,7 +144,7 @@ def test_memory_rows_fit_or_not_by_the_targets_memory(monkeypatch, tmp_path):
 def test_the_projection_charges_a_synchronous_collective_in_full():
     target = targets.TARGETS["h100"]
     op = {"bytes_per_device": target.nvlink_bytes_s * 1e-3, "trips": 1, "inter_node": False, "async": True,
-          "overlap_flops": target.peak_flops * 1e-3}
+          "overlap_flops": target.peak_flops * 1e-3, "group_size": 8}
     r = {"step_flops": target.peak_flops * 2e-3, "collectives": [op]}
     cfg = RunConfig(dtype="bfloat16")
     assert projection.project(r, target, HLO, 1, cfg)["exposed_comm_s"] == 0  # 1 ms hidden behind 1 ms of compute

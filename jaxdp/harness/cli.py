@@ -9,7 +9,7 @@ import sys
 
 from ..contract import cli as cli_check
 from ..core import argv, atomic, config, disk_full, errors, heartbeat
-from . import cli_diff, cli_runs, cli_train
+from . import check_torch, cli_diff, cli_runs, cli_train
 from .interrupt import guarded, stdout_closed
 
 TORCH_COMMANDS = ("compare", "parity", "bench")  # they run torch_ref too
@@ -137,7 +137,9 @@ def main(argv_=None) -> int:
             argv.check_seconds(args, ("heartbeat", "startup_timeout"))  # its torch ranks' (torch_ref.launch)
         run = {"train": cli_train.train, "memory": cli_runs.memory, "inspect": cli_runs.inspect,
                "parity": cli_runs.parity, "compare": cli_runs.compare, "bench": cli_runs.bench,
-               "diff": cli_diff.main, "check": cli_check.main}[args.command]
+               "diff": cli_diff.main,
+               "check": check_torch.main if getattr(args, "framework", "jax") == "torch" else cli_check.main
+               }[args.command]
         json_out = atomic.json_on_stdout() if getattr(args, "json", None) == atomic.STDOUT else contextlib.nullcontext()
         with heartbeat.configured(getattr(args, "heartbeat", None), getattr(args, "startup_timeout", None)), json_out:
             return run(args)  # --json -: stdout is the document's, the text stderr's

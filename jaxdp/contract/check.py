@@ -53,7 +53,8 @@ def of_program(text: str, shape, names, want: Intent, param_sizes: list[int], st
     comms = read.comms(text, tuple(shape), tuple(names))
     devices, p = int(np.prod(shape)), sum(param_sizes)
     facts = {"accumulation": want.accumulation, "reduce_dtype": want.reduce_dtype,
-             "master_dtype": want.master_dtype, "devices": devices,
+             "master_dtype": want.master_dtype, "held_dtypes": {k: sorted(v) for k, v in (held_dtypes or {}).items()},
+             "devices": devices,
              "mesh": dict(zip(names, map(int, shape), strict=True)), "param_elements": p,
              "bytes_per_step": sum(judge.sent(c) for c in comms), "theory_bytes_per_step": textbook(want, param_sizes,
                                                                                                    devices)}

@@ -70,3 +70,11 @@ def test_bad_torch_input_is_one_line(argv, status, words, capsys, tmp_path):
                 for a in (flag, value)]
     code, _, err = check(["--framework", "torch", *defaults, *given], capsys)
     assert code == status and err.count("\n") == 1 and words in err, err
+
+
+def test_the_jax_example_runs_the_check_on_itself(monkeypatch, capsys, tmp_path):
+    """`python examples/check_jax.py --function make_bf16_params`: the same check as its `jaxdp check` line."""
+    from tests.examples.test_examples import run_example
+
+    code, out, _ = run_example("check_jax.py", ["--function", "make_bf16_params"], monkeypatch, capsys, tmp_path)
+    assert code == 1 and "DEPARTS [master-dtype]" in out, out

@@ -69,6 +69,8 @@ def check(step, *args, model, intent: str = "ddp", accumulation: int = 1, reduce
     facts = {"accumulation": accumulation, "reduce_dtype": reduce_dtype, "master_dtype": master_dtype,
              "devices": devices, "param_elements": p, "bytes_per_step": sum(judge.sent(c) for c in comms),
              "backend": dist.get_backend()}
-    found = master.findings(held(model, optimizer), want) + judge.findings(comms, want, devices, p, state_sharded,
+    dtypes = held(model, optimizer)
+    facts["held_dtypes"] = {k: sorted(v) for k, v in dtypes.items()}
+    found = master.findings(dtypes, want) + judge.findings(comms, want, devices, p, state_sharded,
                                                                            params_sharded)
     return Report(want.name, comms, found, facts)

@@ -177,11 +177,12 @@ CASES = {  # name -> (expected kind or None for an honest program, the function,
 }
 
 
-def project(x, y, strategy: str, k: int):
-    """A project strategy, built by torch_ref's own API, checked against the layout it stands for."""
+def project(x, y, strategy: str, k: int, compute_dtype=None):
+    """A project strategy, built by torch_ref's own API, checked against the layout it stands for (bf16
+    compute: over float32 masters, the gradients reduced in float32)."""
     from jaxdp.core.contract.intent import of_strategy
 
-    model, opt = torch_ref.parallelize(net(), strategy=strategy, optimizer=adamw, accum=k)
+    model, opt = torch_ref.parallelize(net(), strategy=strategy, optimizer=adamw, accum=k, compute_dtype=compute_dtype)
     return check(model, opt, x, y, of_strategy(strategy).name, k,
                  step=lambda: torch_ref.train_step(model, opt, x, y, F.cross_entropy))
 
@@ -222,6 +223,7 @@ def run(rank: int, n: int, names=None) -> dict:
     for strategy in PROJECT:
         for k in (1, 2):
             out[f"torch_ref {strategy} accum {k}"] = project(x, y, strategy, k)
+        out[f"torch_ref {strategy} bf16"] = project(x, y, strategy, 1, torch.bfloat16)
     for wrap in ("ddp", "fsdp2") if importlib.util.find_spec("transformers") else ():  # the hf extra
         out[f"transformers gpt2 under {wrap}"] = gpt2(wrap)
     return out if rank == 0 else {}

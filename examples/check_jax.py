@@ -51,16 +51,8 @@ def make_bf16_params(devices):
     return build(devices, jnp.bfloat16)
 
 
+
 if __name__ == "__main__":  # python examples/check_jax.py [--function F]: the same as the jaxdp check lines above
-    import argparse
-    import sys
+    from jaxdp.harness.cli import check_example
 
-    from jaxdp.harness import cli
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--function", default="make", choices=("make", "make_bf16_params"),
-                        help="the FUNCTION of this file to check")
-    parser.add_argument("--devices", type=int, default=2, help="simulated CPU devices given to it")
-    given = parser.parse_args()
-    sys.exit(cli.main(["check", f"{__file__}:{given.function}", "--devices", str(given.devices), "--intent", "ddp"]))
+    check_example(__file__, ("make", "make_bf16_params"), "--intent", "ddp")

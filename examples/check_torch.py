@@ -42,17 +42,9 @@ def make_without_no_sync(rank, world):
     return build(rank, world, no_sync=False)
 
 
+
 if __name__ == "__main__":  # python examples/check_torch.py [--function F]: the same as the jaxdp check lines above
-    import argparse
-    import sys
+    from jaxdp.harness.cli import check_example
 
-    from jaxdp.harness import cli
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--function", default="make", choices=("make", "make_without_no_sync"),
-                        help="the FUNCTION of this file to check")
-    parser.add_argument("--devices", type=int, default=2, help="ranks of the gloo CPU world given to it")
-    given = parser.parse_args()
-    sys.exit(cli.main(["check", "--framework", "torch", f"{__file__}:{given.function}", "--devices",
-                       str(given.devices), "--intent", "ddp", "--accumulation", "2"]))
+    check_example(__file__, ("make", "make_without_no_sync"), "--framework", "torch", "--intent", "ddp",
+                  "--accumulation", "2")

@@ -156,5 +156,19 @@ def main(argv_=None) -> int:
         return errors.EXIT_FAILED
 
 
+def check_example(path: str, functions: tuple, *flags: str) -> None:
+    """`python examples/check_*.py [--function F] [--devices N]`: `jaxdp check PATH:F --devices N FLAGS`, and exit
+    with its status (examples/check_jax.py, examples/check_torch.py)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=f"jaxdp check {os.path.basename(path)}:FUNCTION {' '.join(flags)}",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--function", default=functions[0], choices=functions,
+                        help="the FUNCTION of this file to check")
+    parser.add_argument("--devices", type=int, default=2, help="the devices (or torch ranks) given to it")
+    given = parser.parse_args()
+    sys.exit(main(["check", f"{path}:{given.function}", "--devices", str(given.devices), *flags]))
+
+
 if __name__ == "__main__":
     sys.exit(main())

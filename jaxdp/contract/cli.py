@@ -4,16 +4,20 @@ collectives read from the program and set against what you meant (`jaxdp.check`,
 FUNCTION(devices) gets the devices to build a mesh on (`--devices` CPU devices, simulated, or the GPUs of a
 `--target`) and returns `(step, args)`: the jitted step and its arguments, placed with their shardings (under
 `--target`: `jax.ShapeDtypeStruct`s with shardings, nothing is allocated). Exit status 0 when the program keeps
-the contract, 1 when it departs from it, 2 on bad input, 3 when FUNCTION or the compilation fails."""
+the contract, 1 when it departs from it, 2 on bad input, 3 when FUNCTION or the compilation fails.
+
+`--framework torch`: FUNCTION(rank, world) runs on every rank of a gloo CPU world of `--devices` ranks and returns
+`(step, args, model, optimizer)`; one step runs under `torch_ref.check` and rank 0's report is printed
+(jaxdp/harness/check_torch.py)."""
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import os
-
 from ..core import argv, atomic, paths, targets
+from ..core.contract import user
 from ..core.contract.intent import DTYPES, INTENTS, Intent
 from ..core.errors import ConfigError, RunFailed
+
+RETURNS = {"jax": "a function of the devices returning (step, args)",
+           "torch": "a function of (rank, world) returning (step, args, model, optimizer)"}
 
 
 def add_parser(sub) -> None:
@@ -21,7 +25,11 @@ def add_parser(sub) -> None:
                             "program, against what you meant", description="Is my data parallelism doing what I "
                             "think? (docs/CHECK.md)")
     check.add_argument("step", metavar="FILE.py:FUNCTION", help="FUNCTION(devices) in FILE.py (or a module:FUNCTION) "
-                       "returns (the jitted step, its arguments placed with their shardings)")
+                       "returns (the jitted step, its arguments placed with their shardings); with --framework "
+                       "torch FUNCTION(rank, world) returns (step, args, model, optimizer)")
+    check.add_argument("--framework", default="jax", choices=("jax", "torch"), action=argv.Store,
+                       help="jax: compile the step and read its program; torch: run one step on every rank of a "
+                            "gloo CPU world of --devices ranks and record its collectives (default: %(default)s)")
     check.add_argument("--intent", default="ddp", choices=INTENTS, action=argv.Store,
                        help="the data-parallel layout you meant (default: %(default)s)")
     check.add_argument("--accumulation", type=int, default=1, metavar="K", action=argv.Store,
@@ -29,50 +37,38 @@ def add_parser(sub) -> None:
                             "(default: %(default)s)")
     check.add_argument("--reduce-dtype", default="float32", choices=DTYPES, action=argv.Store,
                        help="the dtype the gradients should be reduced in (default: %(default)s)")
+    check.add_argument("--master-dtype", default="float32", choices=DTYPES, action=argv.Store,
+                       help="the dtype the parameters the step updates and the optimizer state should be held in "
+                            "(default: %(default)s)")
     check.add_argument("--devices", type=int, default=4, metavar="N", action=argv.Store,
                        help="devices given to FUNCTION (simulated CPU devices unless GPUs are present, or the GPUs "
                             "of --target) (default: %(default)s)")
     check.add_argument("--json", default=None, metavar="PATH", action=argv.Store,
                        help="also write the report as JSON here ('-': stdout, the text then on stderr)")
     argv.add_target(check)
+    argv.add_timeout(check, "--framework torch's world")
+    check.set_defaults(timeout=600.0)
 
 
 def _checked(args) -> tuple[str, str, Intent]:
     """(where FUNCTION lives, its name, the intent), every input checked before any work; one line naming the fix."""
-    where, _, name = args.step.rpartition(":")
-    if not where or not name.isidentifier():
-        raise ConfigError(f"check {args.step!r}: give FILE.py:FUNCTION (a function of the devices returning (step, "
-                          f"args)), e.g. jaxdp check my_train.py:make_step")
-    if where.endswith(".py"):
-        paths.input_file(where, "FILE.py")
+    where, name = user.split(args.step, RETURNS[args.framework])
     if args.json not in (None, atomic.STDOUT):
         paths.output_file(args.json, "--json")
     if args.devices < 1:
         raise ConfigError(f"--devices {args.devices}: give a whole number of devices >= 1")
     if args.nodes < 1:
         raise ConfigError(f"--nodes {args.nodes}: give a whole number of nodes >= 1")
+    argv.check_seconds(args, ("timeout",))
+    if args.framework == "torch" and args.target is not None:
+        raise ConfigError("--target is for --framework jax (a compiled program); a torch step runs on a CPU world: "
+                          "drop --target")
     if args.target is not None:
         targets.require_extra()
         targets.check(args.target, args.devices, args.nodes)
     elif "nodes" in argv.given(args):
         raise ConfigError("--nodes is for --target (the nodes of the GPUs compiled for): add --target or drop it")
-    return where, name, Intent(args.intent, args.accumulation, args.reduce_dtype)
-
-
-def _function(where: str, name: str):
-    try:
-        if where.endswith(".py"):
-            spec = importlib.util.spec_from_file_location(os.path.basename(where)[:-3], where)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(where)
-    except Exception as e:
-        raise RunFailed(f"{where}: importing it failed: {type(e).__name__}: {e}") from e
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise ConfigError(f"{where} has no function {name!r}; give FILE.py:FUNCTION naming a function in it")
-    return fn
+    return where, name, Intent(args.intent, args.accumulation, args.reduce_dtype, master_dtype=args.master_dtype)
 
 
 def _devices(args) -> list:
@@ -85,9 +81,16 @@ def _devices(args) -> list:
     return devices.setup(args.devices)
 
 
+def checked(args) -> tuple[str, str, Intent]:
+    """(FILE.py or module, FUNCTION, the intent): every flag checked and FUNCTION found, before any work."""
+    where, name, want = _checked(args)
+    user.load(where, name)
+    return where, name, want
+
+
 def main(args) -> int:
     where, name, want = _checked(args)
-    fn = _function(where, name)
+    fn = user.load(where, name)
     found = _devices(args)
     try:
         built = fn(found)
@@ -102,10 +105,15 @@ def main(args) -> int:
 
     try:
         report = check(built[0], *built[1], intent=want.name, accumulation=want.accumulation,
-                       reduce_dtype=want.reduce_dtype)
+                       reduce_dtype=want.reduce_dtype, master_dtype=want.master_dtype)
     except Exception as e:
         raise RunFailed(f"{args.step}: compiling the step failed: {type(e).__name__}: {e}") from e
-    print(report.to_text())
+    return shown(args, report.to_text(), report.to_dict())
+
+
+def shown(args, text: str, report: dict) -> int:
+    """Print the report, write its JSON (--json), and answer 0 kept, 1 departed."""
+    print(text)
     if args.json:
-        atomic.write_json(args.json, report.to_dict(), indent=1)
-    return 0 if report.ok else 1
+        atomic.write_json(args.json, report, indent=1)
+    return 0 if report["ok"] else 1

@@ -11,13 +11,13 @@ from ..core.contract.report import Report
 from . import check
 
 
-def of_parallel(par, state, x, y, reduce_dtype: str = "float32") -> Report:
+def of_parallel(par, state, x, y, reduce_dtype: str = "float32", master_dtype: str = "float32") -> Report:
     """`jaxdp.parallelize`'s strategy `par` (its state, and one global batch x, y as NumPy) checked against
     its layout: the step `par.step` runs, compiled as it runs it."""
     local = len(par.mesh.local_devices)
     xb, yb = par.put_batch(*(data.micro_major(np.asarray(a), local, par.accum) for a in (x, y)))
     state = state if getattr(state, "batch_stats", None) is None else state._replace(batch_stats=None)
-    want = of_strategy(par.name, par.accum, reduce_dtype, _replicas(par))
+    want = of_strategy(par.name, par.accum, reduce_dtype, _replicas(par), master_dtype)
     args = (state, xb, yb)
     compiled = par.compiled_step.lower(*args).compile()
     return _judged(compiled, args, par.name, par.problem.params, par.mesh, want)
@@ -28,18 +28,19 @@ def _judged(compiled, args, name: str, params, mesh, want) -> Report:
     lives from the shardings the program takes it with (ddp-pmap's stacked copies, one per device, are
     replicas, not shards)."""
     text, pmap = compiled.as_text(), name == "ddp-pmap"
-    _, state = check.parts(args)
+    params_in, state = check.parts(args)
     return check.of_program(text, *check.mesh_shape(text, check.mesh_of(args) or mesh), want,
                             check.sizes(params), False if pmap else check.sharded(compiled, args, state),
-                            False if pmap else check.sharded(compiled, args, check.parts(args)[0]))
+                            False if pmap else check.sharded(compiled, args, params_in),
+                            check.held(params_in, state))
 
 
 def of_compiled(step, cfg) -> Report:
     """The contract of `accounting.compile_step(cfg)`'s program (inspect's, compare's), not compiled again."""
     from ..models import MASTER_DTYPE
 
-    want = of_strategy(cfg.strategy, cfg.accum, np.dtype(MASTER_DTYPE[cfg.dtype]).name,
-                       cfg.replicas if cfg.strategy == "hsdp" else 0)
+    master = np.dtype(MASTER_DTYPE[cfg.dtype]).name
+    want = of_strategy(cfg.strategy, cfg.accum, master, cfg.replicas if cfg.strategy == "hsdp" else 0, master)
     return _judged(step.program, (step.state, *step.batch), cfg.strategy, step.problem.params,
                    getattr(step.strategy, "mesh", None), want)
 

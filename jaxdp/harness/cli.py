@@ -9,7 +9,7 @@ import sys
 
 from ..contract import cli as cli_check
 from ..core import argv, atomic, config, disk_full, errors, heartbeat
-from . import cli_diff, cli_runs, cli_train, kernel_paths
+from . import check_torch, cli_diff, cli_runs, cli_train, kernel_paths
 from .interrupt import guarded, stdout_closed
 
 TORCH_COMMANDS = ("compare", "parity", "bench")  # they run torch_ref too
@@ -140,7 +140,9 @@ def main(argv_=None) -> int:
             argv.check_seconds(args, ("heartbeat", "startup_timeout"))  # its torch ranks' (torch_ref.launch)
         run = {"train": cli_train.train, "memory": cli_runs.memory, "inspect": cli_runs.inspect,
                "parity": cli_runs.parity, "compare": cli_runs.compare, "bench": cli_runs.bench,
-               "diff": cli_diff.main, "check": cli_check.main}[args.command]
+               "diff": cli_diff.main,
+               "check": check_torch.main if getattr(args, "framework", "jax") == "torch" else cli_check.main
+               }[args.command]
         json_out = atomic.json_on_stdout() if getattr(args, "json", None) == atomic.STDOUT else contextlib.nullcontext()
         with heartbeat.configured(getattr(args, "heartbeat", None), getattr(args, "startup_timeout", None)), json_out:
             return run(args)  # --json -: stdout is the document's, the text stderr's
@@ -155,6 +157,20 @@ def main(argv_=None) -> int:
             raise
         print(f"jaxdp: error: {disk_full.line(full)}", file=sys.stderr)
         return errors.EXIT_FAILED
+
+
+def check_example(path: str, functions: tuple, *flags: str) -> None:
+    """`python examples/check_*.py [--function F] [--devices N]`: `jaxdp check PATH:F --devices N FLAGS`, and exit
+    with its status (examples/check_jax.py, examples/check_torch.py)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=f"jaxdp check {os.path.basename(path)}:FUNCTION {' '.join(flags)}",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--function", default=functions[0], choices=functions,
+                        help="the FUNCTION of this file to check")
+    parser.add_argument("--devices", type=int, default=2, help="the devices (or torch ranks) given to it")
+    given = parser.parse_args()
+    sys.exit(main(["check", f"{path}:{given.function}", "--devices", str(given.devices), *flags]))
 
 
 if __name__ == "__main__":

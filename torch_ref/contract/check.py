@@ -8,12 +8,14 @@ rank (an initialised process group; every rank calls it), record the collectives
 
 `model` gives P (its parameters' elements, DTensors counted whole) and whether the parameters are sharded
 (FSDP2's DTensors); `optimizer` whether its state is: the elements it updates on this rank (a
-ZeroRedundancyOptimizer's partition, FSDP2's local shards, a flat shard) against P."""
+ZeroRedundancyOptimizer's partition, FSDP2's local shards, a flat shard) against P. After the step, the
+parameters the optimizer updates (the model's, without one) and the optimizer's floating state (Adam's
+moments; its step counts aside) must be held in `master_dtype` (jaxdp/core/contract/master.py)."""
 from __future__ import annotations
 
 import torch.distributed as dist
 
-from jaxdp.core.contract import judge
+from jaxdp.core.contract import judge, master
 from jaxdp.core.contract.intent import Intent
 from jaxdp.core.contract.report import Report
 
@@ -41,16 +43,34 @@ def layout(model, optimizer) -> tuple[bool, bool | None, dict]:
     return sharded, updated < 0.75 * p, dims
 
 
+def held(model, optimizer) -> dict[str, set[str]]:
+    """{"parameters": the floating dtypes of those the optimizer updates, "optimizer state": of its tensors
+    that are no scalar} by name (`master.name`)."""
+    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer's local optimizer
+    params = [x for g in inner.param_groups for x in g["params"]] if optimizer is not None else [
+        x for x in model.parameters() if x.requires_grad]
+    out = {"parameters": {master.name(x.dtype) for x in params if x.is_floating_point()}}
+    if optimizer is not None:
+        out["optimizer state"] = {master.name(t.dtype) for s in inner.state.values() for t in s.values()
+                                  if hasattr(t, "is_floating_point") and t.is_floating_point() and t.dim() > 0}
+    return {k: v for k, v in out.items() if v}
+
+
 def check(step, *args, model, intent: str = "ddp", accumulation: int = 1, reduce_dtype: str = "float32",
-          optimizer=None, **kwargs) -> Report:
+          optimizer=None, master_dtype: str = "float32", **kwargs) -> Report:
     """Run `step(*args, **kwargs)` once while recording; the report of what it sent (module docstring)."""
-    want = Intent(intent, accumulation, reduce_dtype)
+    want = Intent(intent, accumulation, reduce_dtype, master_dtype=master_dtype)
     rec = read.Recorder()
     with rec:
         step(*args, **kwargs)
     params_sharded, state_sharded, dims = layout(model, optimizer)
     comms = read.comms(rec, dims)
     devices, p = dist.get_world_size(), sum(x.numel() for x in model.parameters())
-    facts = {"accumulation": accumulation, "reduce_dtype": reduce_dtype, "devices": devices, "param_elements": p,
-             "bytes_per_step": sum(judge.sent(c) for c in comms), "backend": dist.get_backend()}
-    return Report(want.name, comms, judge.findings(comms, want, devices, p, state_sharded, params_sharded), facts)
+    facts = {"accumulation": accumulation, "reduce_dtype": reduce_dtype, "master_dtype": master_dtype,
+             "devices": devices, "param_elements": p, "bytes_per_step": sum(judge.sent(c) for c in comms),
+             "backend": dist.get_backend()}
+    dtypes = held(model, optimizer)
+    facts["held_dtypes"] = {k: sorted(v) for k, v in dtypes.items()}
+    found = master.findings(dtypes, want) + judge.findings(comms, want, devices, p, state_sharded,
+                                                                           params_sharded)
+    return Report(want.name, comms, found, facts)

@@ -1,4 +1,5 @@
-"""What the user meant: a data-parallel layout, the accumulation steps, the dtype gradients are reduced in.
+"""What the user meant: a data-parallel layout, the accumulation steps, the dtype gradients are reduced in and
+the dtype the parameters the step updates (its master copy, and the optimizer state) are held in.
 
 The textbook collectives of each layout, per optimizer step, over the D data-parallel devices (P: the
 parameters' elements):
@@ -32,11 +33,13 @@ OF_STRATEGY = {"single": "ddp", "dp": "ddp", "ddp": "ddp", "ddp-pmap": "ddp", "d
 @dataclass(frozen=True)
 class Intent:
     """`name` one of INTENTS; `accumulation` micro-batches per step; `reduce_dtype` the gradients'
-    reduction dtype; `replicas` (hsdp) the R replica groups (0: read from the program's groups)."""
+    reduction dtype; `replicas` (hsdp) the R replica groups (0: read from the program's groups); `master_dtype` the
+    dtype of the parameters the optimizer updates and of its floating state (Adam's moments)."""
     name: str
     accumulation: int = 1
     reduce_dtype: str = "float32"
     replicas: int = 0
+    master_dtype: str = "float32"
 
     def __post_init__(self):
         if self.name not in INTENTS:
@@ -48,8 +51,12 @@ class Intent:
             raise ConfigError(f"--reduce-dtype {self.reduce_dtype!r} is not a dtype; use one of {', '.join(DTYPES)}")
         if self.replicas < 0 or (self.replicas and self.name != "hsdp"):
             raise ConfigError(f"--replicas {self.replicas} is for --intent hsdp (R >= 1 replica groups); drop it")
+        if self.master_dtype not in DTYPES:
+            raise ConfigError(f"--master-dtype {self.master_dtype!r} is not a dtype; use one of {', '.join(DTYPES)}")
 
 
-def of_strategy(strategy: str, accumulation: int = 1, reduce_dtype: str = "float32", replicas: int = 0) -> Intent:
+def of_strategy(strategy: str, accumulation: int = 1, reduce_dtype: str = "float32", replicas: int = 0,
+                master_dtype: str = "float32") -> Intent:
     """The intent a project strategy stands for (`OF_STRATEGY`)."""
-    return Intent(OF_STRATEGY[strategy], accumulation, reduce_dtype, replicas if strategy == "hsdp" else 0)
+    return Intent(OF_STRATEGY[strategy], accumulation, reduce_dtype, replicas if strategy == "hsdp" else 0,
+                  master_dtype)

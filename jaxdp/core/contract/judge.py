@@ -14,7 +14,7 @@ from .report import Comm, Finding
 
 KINDS = ("no-gradient-sync", "wrong-axis", "sync-per-microbatch", "extra-gradient-sync", "reduce-dtype",
          "unexpected-gather", "state-replicated", "params-replicated", "gathered-too-often", "all-reduce-not-scatter",
-         "no-replica-sync", "no-overlap")
+         "no-replica-sync", "no-overlap", "master-dtype")
 DTYPE_NAMES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "f64": "float64", "bf16>f32": "bfloat16",
                "float": "float32", "c10::BFloat16": "bfloat16", "c10::Half": "float16", "double": "float64"}
 REDUCTIONS = ("all-reduce", "reduce-scatter", "reduce")

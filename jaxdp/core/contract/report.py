@@ -75,8 +75,8 @@ def lines(r: Report) -> list[str]:
     """The report as text: a header, one line per collective, then one line per finding with its fix."""
     f = r.facts
     out = [f"communication contract: intent {r.intent} (accumulation {f.get('accumulation', 1)}, reduce dtype "
-           f"{f.get('reduce_dtype', 'float32')}) on {f.get('devices', '?')} data-parallel devices, "
-           f"{f.get('param_elements', '?')} parameter elements",
+           f"{f.get('reduce_dtype', 'float32')}, master dtype {f.get('master_dtype', 'float32')}) on "
+           f"{f.get('devices', '?')} data-parallel devices, {f.get('param_elements', '?')} parameter elements",
            f"  {'op':<18} {'dtype':<9} {'elements':>10} {'bytes':>11} {'group':<14} {'per step':>8} {'overlaps':>8}"]
     for c in r.comms:
         ran = f"  ran as {c.ran_as}" if c.ran_as else ""

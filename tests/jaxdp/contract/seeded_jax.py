@@ -48,9 +48,10 @@ def train_step(loss, tx):
     return step
 
 
-def placed(mesh, params_spec, state_spec, tx, loss=loss_fn, batch_spec=None):
-    """The step jitted with the shardings a user gives, and its arguments placed."""
-    params = init_params()
+def placed(mesh, params_spec, state_spec, tx, loss=loss_fn, batch_spec=None, dtype=None):
+    """The step jitted with the shardings a user gives, and its arguments placed (the parameters cast to
+    `dtype` first, if given, as a user casts a whole model)."""
+    params = init_params() if dtype is None else jax.tree.map(lambda p: p.astype(dtype), init_params())
     p_sh = jax.tree.map(lambda a: NamedSharding(mesh, params_spec(a)), params)
     params = jax.device_put(params, p_sh)
     opt_state = tx.init(params)
@@ -76,6 +77,16 @@ def ddp(devices):
 def bf16_reduce(devices):
     """bf16 compute from an fp32 master: the partitioner reduces the bf16 product (before the cast back)."""
     return placed(mesh1(devices), lambda a: P(), lambda a: P(), optax.adamw(1e-3, weight_decay=0.01), loss=bf16_loss)
+
+
+def params_cast(devices, dtype=jnp.bfloat16):
+    """The whole model cast to bf16 before the optimizer is built: the parameters and Adam's moments live in
+    bf16, and updates below half a bf16 step of a weight round away."""
+    return placed(mesh1(devices), lambda a: P(), lambda a: P(), optax.adamw(1e-3, weight_decay=0.01), dtype=dtype)
+
+
+def params_kept_float32(devices):
+    return params_cast(devices, jnp.float32)
 
 
 def accumulate_in_scan(devices, k=4):
@@ -226,8 +237,10 @@ CASES = {
                           "https://github.com/meta-pytorch/tnt/pull/1077"),
     "hsdp-2d-mesh-became-replication": (hsdp_became_replication, {"intent": "hsdp"}, "wrong-axis",
                                         "https://github.com/pytorch/pytorch/issues/154888"),
+    "params-cast-to-bf16-before-the-optimizer": (params_cast, {"intent": "ddp"}, "master-dtype",
+                                                 "https://github.com/keras-team/keras-hub/issues/2629"),
 }
 # the same code with the mistake undone: must pass
 HONEST = {"ddp": (ddp, {"intent": "ddp"}), "pmean": (with_pmean, {"intent": "ddp"}),
           "pmean-over-both-axes": (both_axes, {"intent": "ddp"}), "zero1": (zero1, {"intent": "zero1"}),
-          "fsdp": (fsdp, {"intent": "zero3"})}
+          "fsdp": (fsdp, {"intent": "zero3"}), "params-kept-float32": (params_kept_float32, {"intent": "ddp"})}

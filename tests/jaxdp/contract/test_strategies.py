@@ -55,4 +55,6 @@ def test_the_projects_planted_communication_bugs_break_its_contract(name, dtype,
     with mutations.inject("jax", name):
         report = strategies.of_compiled(accounting.compile_step(cfg), cfg)
     assert kind in [f.kind for f in report.findings], report.to_text()
-    assert strategies.of_compiled(accounting.compile_step(cfg), cfg).ok  # the same step without the bug
+    honest = strategies.of_compiled(accounting.compile_step(cfg), cfg)
+    assert honest.ok, honest.to_text()  # the same step without the bug
+    assert honest.facts["held_dtypes"] == {"parameters": ["float32"], "optimizer state": ["float32"]}  # bf16 too

@@ -81,6 +81,17 @@ def fsdp_mixed(x, y, reduce_dtype):
     return check(model, adamw(model.parameters()), x, y, "zero3")
 
 
+def bf16_model(x, y, cast: bool):
+    """bf16 training as `model.to(torch.bfloat16)` before fully_shard: the sharded parameters FSDP2 keeps and
+    AdamW's moments are bf16 (no float32 master); the twin computes in bf16 from float32 through FSDP2's policy."""
+    if cast:
+        model = fsdp(net().to(torch.bfloat16))
+        x = x.to(torch.bfloat16)
+    else:
+        model = fsdp(net(), mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+    return check(model, adamw(model.parameters()), x, y, "zero3")
+
+
 def zero2_fsdp2(x, y, reshard: bool):
     """ZeRO-2 meant with FSDP2: `reshard_after_forward=False` (SHARD_GRAD_OP); its default (True) is ZeRO-3,
     the parameters gathered again in backward."""
@@ -146,6 +157,9 @@ CASES = {  # name -> (expected kind or None for an honest program, the function,
     "fsdp2-bf16-reduce-dtype-not-set": ("reduce-dtype", fsdp_mixed, (None,),
                                         "https://github.com/meta-pytorch/torchtune/issues/2267"),
     "fsdp2-bf16-reduce-dtype-float32": (None, fsdp_mixed, (torch.float32,), ""),
+    "model-cast-to-bf16-before-fully_shard": ("master-dtype", bf16_model, (True,),
+                                              "https://github.com/tianweiy/CausVid/issues/19"),
+    "fsdp2-bf16-compute-from-float32-master": (None, bf16_model, (False,), ""),
     "zero2-with-fully_shard-defaults": ("gathered-too-often", zero2_fsdp2, (True,),
                                         "https://github.com/radixark/miles_diffusion/pull/196"),
     "zero2-fully_shard-reshard_after_forward-False": (None, zero2_fsdp2, (False,), ""),
@@ -163,11 +177,12 @@ CASES = {  # name -> (expected kind or None for an honest program, the function,
 }
 
 
-def project(x, y, strategy: str, k: int):
-    """A project strategy, built by torch_ref's own API, checked against the layout it stands for."""
+def project(x, y, strategy: str, k: int, compute_dtype=None):
+    """A project strategy, built by torch_ref's own API, checked against the layout it stands for (bf16
+    compute: over float32 masters, the gradients reduced in float32)."""
     from jaxdp.core.contract.intent import of_strategy
 
-    model, opt = torch_ref.parallelize(net(), strategy=strategy, optimizer=adamw, accum=k)
+    model, opt = torch_ref.parallelize(net(), strategy=strategy, optimizer=adamw, accum=k, compute_dtype=compute_dtype)
     return check(model, opt, x, y, of_strategy(strategy).name, k,
                  step=lambda: torch_ref.train_step(model, opt, x, y, F.cross_entropy))
 
@@ -208,6 +223,7 @@ def run(rank: int, n: int, names=None) -> dict:
     for strategy in PROJECT:
         for k in (1, 2):
             out[f"torch_ref {strategy} accum {k}"] = project(x, y, strategy, k)
+        out[f"torch_ref {strategy} bf16"] = project(x, y, strategy, 1, torch.bfloat16)
     for wrap in ("ddp", "fsdp2") if importlib.util.find_spec("transformers") else ():  # the hf extra
         out[f"transformers gpt2 under {wrap}"] = gpt2(wrap)
     return out if rank == 0 else {}

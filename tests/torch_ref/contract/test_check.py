@@ -19,7 +19,8 @@ def reports():
 
 SEEDED = sorted(n for n, case in seeded_torch.CASES.items() if case[0])
 HONEST = sorted(n for n, case in seeded_torch.CASES.items() if not case[0])
-PROJECT = [f"torch_ref {s} accum {k}" for s in seeded_torch.PROJECT for k in (1, 2)]
+PROJECT = [f"torch_ref {s} accum {k}" for s in seeded_torch.PROJECT for k in (1, 2)] + [
+    f"torch_ref {s} bf16" for s in seeded_torch.PROJECT]
 GPT2 = [f"transformers gpt2 under {w}" for w in ("ddp", "fsdp2")]
 
 

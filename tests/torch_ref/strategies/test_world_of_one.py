@@ -38,21 +38,19 @@ FUSED_ONE = GPT2_SMALL.replace(devices=1, accum=2, optimizer="adamw", lr=1e-3, c
 
 @pytest.fixture(scope="module")
 def fused_single():
-    return {d: run(FUSED_ONE.replace(strategy="single", dtype=d), record=True) for d in ("float64", "bfloat16")}
+    return {d: run(FUSED_ONE.replace(strategy="single", dtype=d), record=True) for d in ("float32", "bfloat16")}
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_every_strategy_runs_the_fused_kernels(strategy, fused_single):
-    """--kernels fused under every strategy (gpt2: SDPA, fused AdamW): float64 equals fused `single` to 1e-12;
-    bf16 (cast once, or FSDP2's MixedPrecisionPolicy) passes the judge against it, with what ran in the meta."""
+    """--kernels fused under every strategy (gpt2: SDPA, fused AdamW; float64 is the mirrored path's alone):
+    float32 and bf16 (cast once, or FSDP2's MixedPrecisionPolicy) pass the judge against fused `single`, with
+    what ran in the meta."""
     for dtype, ref in fused_single.items():
         got = run(FUSED_ONE.replace(strategy=strategy, dtype=dtype), record=True)
         detail = got.meta["kernels_detail"]
         assert detail["attention"].startswith("sdpa:") and detail["optimizer"] == "fused", detail
-        if dtype == "float64":
-            worst = trace.diff(trace.Trace(got.meta, got.arrays), trace.Trace(ref.meta, ref.arrays))["worst"]
-            assert max(worst.values()) <= 1e-12, worst
-        else:
+        if dtype == "bfloat16":
             fsdp = strategy in ("zero3", "hsdp", "fsdp-jit")
             assert detail["bf16"] == ("MixedPrecisionPolicy" if fsdp else "cast once"), detail
-            assert_judged_ok(got, ref)
+        assert_judged_ok(got, ref)

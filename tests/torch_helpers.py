@@ -78,7 +78,11 @@ HSDP = [BASE.replace(strategy="hsdp", devices=4, replicas=r, accum=3, clip_norm=
         for r, o, k in ((2, "adamw", True), (1, "adam", False), (4, "momentum", True))]
 HSDP_COMM = [BASE.replace(strategy=s, devices=4, replicas=r) for s, r in (("hsdp", 2), ("zero3", 1))]  # collectives
 HSDP_BYTES = BASE.replace(strategy="hsdp", devices=4, replicas=2, optimizer="adam", clip_norm=0.5)  # bytes by group
-TRAIN = CASES + GPT_CASES + [FLOAT32] + BF16 + [KEEP_GATHERED] + CNN_TORCH + HSDP
+# --kernels fused (torch_ref/kernels.py) at N = 2, judged against mirrored `single`: SDPA, fused AdamW, bf16 weights
+# cast once (ddp) or by FSDP2's MixedPrecisionPolicy (zero3)
+FUSED = [GPT2_SMALL.replace(strategy=s, devices=2, dtype=d, kernels="fused", optimizer="adamw", lr=1e-3, steps=3)
+         for s in ("ddp", "zero3") for d in ("bfloat16", "float32")]
+TRAIN = CASES + GPT_CASES + [FLOAT32] + BF16 + [KEEP_GATHERED] + CNN_TORCH + HSDP + FUSED
 TRAIN += [c for c in GPT2_CASES if c.strategy in DISTRIBUTED]
 RING_SIZES = [1, 2, 3, 5, 7, 12, 13, 100]
 API_SIZES = (1, 2, 3)  # the world sizes tests/torch_ref/test_torch_api.py's cases need

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from jaxdp.core.config import ConfigError
 
+from . import kernels as kernels_
 from . import strategies
 from .strategies.common import Strategy, train
 
@@ -33,7 +34,8 @@ class NotParallelized(ConfigError):
 
 
 def parallelize(model: torch.nn.Module, *, strategy: str, optimizer: Callable, accum: int = 1,
-                reduction: str = "native", shards: int | None = None,
+                reduction: str = "native", shards: int | None = None, kernels: str = "mirrored",
+                compute_dtype: torch.dtype | None = None, compile: bool = False,
                 **strategy_options) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """Wrap `model` (on this rank's device, parameters set) for `strategy` and build its optimizer.
 
@@ -46,7 +48,11 @@ def parallelize(model: torch.nn.Module, *, strategy: str, optimizer: Callable, a
     `hsdp_hosts` (hsdp: "shard", each torchrun host holds whole shard groups, or "replica": whole replica groups).
     `reduction="canonical"` makes the step's bits independent of the number of
     ranks (torch_ref/canonical/reduce.py): `shards` per micro-batch (a power of two the ranks divide; None: the
-    default of the global rows per micro-batch). Every rank calls it, inside an initialised process group (none is
+    default of the global rows per micro-batch). `kernels="fused"`: the models' attention by SDPA and the
+    optimizer's fused implementation; `compute_dtype=torch.bfloat16`: bf16 compute over fp32 master parameters
+    (mirrored: autocast; fused: the weights cast once per forward, FSDP2's MixedPrecisionPolicy under zero3 and
+    hsdp); `compile=True`: torch.compile of each unit's forward (torch_ref/kernels.py, docs/KERNELS.md). Every rank
+    calls it, inside an initialised process group (none is
     needed for 'single'). Returns (model, optimizer): pass both to `train_step`.
     """
     if not isinstance(model, torch.nn.Module):
@@ -67,7 +73,9 @@ def parallelize(model: torch.nn.Module, *, strategy: str, optimizer: Callable, a
     if reduction not in ("native", "canonical") or (shards is not None and reduction != "canonical"):
         raise ConfigError(f"reduction must be 'native' or 'canonical' (shards= only with 'canonical'), got "
                           f"reduction={reduction!r}, shards={shards!r}; pass reduction='canonical', shards=S")
-    par = strategies.build(name, model, _checked(optimizer), accum, reduction, shards, **strategy_options)
+    kernels_.check(kernels, compute_dtype, compile, reduction)
+    optimizer, policy = kernels_.prepare(model, name, _checked(optimizer), kernels, compute_dtype, compile)
+    par = strategies.build(name, model, optimizer, accum, reduction, shards, mp_policy=policy, **strategy_options)
     setattr(par.model, _STATE, par)
     return par.model, par.optimizer
 

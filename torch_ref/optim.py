@@ -10,8 +10,11 @@ ADAM = dict(betas=(0.9, 0.999), eps=1e-8)
 
 def optimizer_class(cfg) -> tuple[type[torch.optim.Optimizer], dict]:
     """The torch.optim class and its keyword arguments for `cfg` (ZeroRedundancyOptimizer wants
-    them apart). Weight decay is always passed: coupled for SGD/Adam, decoupled for AdamW."""
+    them apart). Weight decay is always passed: coupled for SGD/Adam, decoupled for AdamW. `--kernels fused`:
+    torch's fused implementation (`fused=True`, one kernel over all parameters, on CPU as on CUDA)."""
     kw = dict(lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if getattr(cfg, "kernels", "mirrored") == "fused":
+        kw["fused"] = True
     if cfg.optimizer == "sgd":
         return torch.optim.SGD, kw
     if cfg.optimizer == "momentum":

@@ -5,7 +5,6 @@ is the entry point: one process (`single`, or any strategy with --devices 1), N 
 """
 from __future__ import annotations
 
-import functools
 import math
 import time
 import warnings
@@ -21,7 +20,7 @@ from jaxdp.core import progress as run_progress  # where the run is, for the lin
 from jaxdp.core.config import ConfigError, RunConfig
 from jaxdp.core.results import NonFiniteLoss, RunResult  # one error type and one result for both frameworks
 
-from . import api, checkpoint, launch, models, optim, stop_agreement, strategies
+from . import api, checkpoint, kernels, launch, models, optim, stop_agreement, strategies
 from .models import cnn
 from .strategies import finite
 from .trace import Recorder
@@ -44,26 +43,13 @@ def cross_entropy(outputs, y):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
-def autocast_forward(module: torch.nn.Module, device_type: str) -> None:
-    """--dtype bfloat16: the module's forward runs under autocast (bf16 compute, fp32 master
-    parameters); the loss and backward stay outside it, as torch's AMP recipe has them."""
-    forward = module.forward
-
-    @functools.wraps(forward)
-    def autocast(*args, **kwargs):
-        with torch.autocast(device_type, dtype=torch.bfloat16):
-            return forward(*args, **kwargs)
-
-    module.forward = autocast
-
-
 def configured(module: torch.nn.Module, cfg: RunConfig):
-    """`module` parallelized as `cfg` says: (model, optimizer) for `torch_ref.train_step`."""
-    if cfg.dtype == "bfloat16":
-        autocast_forward(module, next(module.parameters()).device.type)
+    """`module` parallelized as `cfg` says: (model, optimizer) for `torch_ref.train_step`, through the library's
+    own arguments (--kernels, --dtype bfloat16 as compute_dtype, --compile)."""
     reduction = {"reduction": "canonical", "shards": cfg.shards or None} if cfg.reduction == "canonical" else {}
     return api.parallelize(module, strategy=cfg.strategy, optimizer=optim.factory(cfg), accum=cfg.accum,
-                           **reduction, **strategies.options_of(cfg))
+                           kernels=cfg.kernels, compute_dtype=torch.bfloat16 if cfg.dtype == "bfloat16" else None,
+                           compile=cfg.compile, **reduction, **strategies.options_of(cfg))
 
 
 class Parallel(NamedTuple):
@@ -122,6 +108,7 @@ def train_rank(rank: int, world: int, cfg: RunConfig, init: dict[str, np.ndarray
     dataset, module, model, optimizer = prepare(place, cfg, init)
     start = _start(cfg, model)
     result = RunResult(cfg, meta=_meta(cfg, place, module, start))  # a resumed run's init/ is what it resumed from
+    result.meta["kernels_detail"] = kernels.detail(api.state_of(model))  # what torch ran, read from the objects
     recorder = Recorder(None, result.meta, model) if record else None
     if recorder:
         result.meta = recorder.meta  # with what the Recorder declares (`broadcast_buffers`)

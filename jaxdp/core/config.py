@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from . import values
 from .errors import ConfigError
 from .hsdp_hosts import HOSTS
-from .kernels import KERNELS
+from .kernels import KERNELS, check_compile
 from .kernels import check as check_kernels
 from .reduction import REDUCTIONS, resolve_shards
 
@@ -195,6 +195,7 @@ class RunConfig:
             raise ConfigError(f"--axis-type is for {', '.join(JIT_STRATEGIES)}, not {self.strategy}: drop it")
         self._validate_reduction()
         check_kernels(self.kernels, self.reduction, self.dtype)
+        check_compile(self.compile, self.reduction)
         self._validate_jax_strategy(framework)
         return self
 

@@ -32,3 +32,10 @@ def check(kernels: str, reduction: str, dtype: str) -> None:
         raise ConfigError("--kernels fused sums in the kernels' own order (a GPU's fused attention and fused "
                           "optimizers fix no order), so --reduction canonical cannot give the same bits on any N: "
                           "drop --kernels fused (the canonical reference is mirrored) or use --reduction native")
+
+
+def check_compile(compile: bool, reduction: str) -> None:
+    """One line for a `--compile` the run cannot take (torch_ref compiles each unit: torch_ref/kernels.py)."""
+    if compile and reduction == "canonical":
+        raise ConfigError("--compile with --reduction canonical: inductor's kernels fix no summation order the "
+                          "canonical tree could hold on any N; drop --compile or use --reduction native")

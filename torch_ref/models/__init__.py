@@ -32,22 +32,24 @@ def numpy_master_dtype(dtype: str) -> np.dtype:
 
 
 def build(cfg, dataset) -> nn.Module:
-    """The torch model of `cfg` in its master dtype (parameters still torch's: call `load_flax`)."""
+    """The torch model of `cfg` in its master dtype (parameters still torch's: call `load_flax`); the
+    transformers' attention as `cfg.kernels` says (`attention.py`)."""
+    kernels = getattr(cfg, "kernels", "mirrored")
     if cfg.model == "mlp":
         model = MLP((dataset.n_features, *cfg.hidden, dataset.n_classes))
     elif cfg.model == "gpt":
         model = GPT(vocab=dataset.n_classes, seq_len=cfg.seq_len, n_layer=cfg.n_layer, n_head=cfg.n_head,
-                    d_model=cfg.d_model)
+                    d_model=cfg.d_model, kernels=kernels)
     elif cfg.model == "cnn":
         from .cnn import CNN
 
         model = CNN(cfg.channels, dataset.n_classes, cfg.batchnorm, cfg.conv_bias)
     elif cfg.model == "gpt2":
         model = GPT2(vocab=dataset.n_classes, seq_len=cfg.seq_len, n_layer=cfg.n_layer, n_head=cfg.n_head,
-                     d_model=cfg.d_model)
+                     d_model=cfg.d_model, kernels=kernels)
     elif cfg.model == "llama":
         model = Llama(vocab=dataset.n_classes, seq_len=cfg.seq_len, n_layer=cfg.n_layer, n_head=cfg.n_head,
-                      n_kv_head=cfg.kv_heads(), d_model=cfg.d_model, d_ff=cfg.ffn_width())
+                      n_kv_head=cfg.kv_heads(), d_model=cfg.d_model, d_ff=cfg.ffn_width(), kernels=kernels)
     else:
         raise ValueError(f"unknown model {cfg.model!r}; valid: mlp, gpt, cnn, gpt2, llama")
     return model.to(MASTER_DTYPE[cfg.dtype])

@@ -7,15 +7,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import attention
+
 LN_EPS = 1e-5  # as jaxdp/models/gpt.py and torch.nn.LayerNorm
 
 
 class Attention(nn.Module):
-    """Causal self-attention written out as jaxdp's: qkv (no bias) split q | k | v, heads contiguous."""
+    """Causal self-attention written out as jaxdp's: qkv (no bias) split q | k | v, heads contiguous
+    (`kernels="fused"`: `attention.fused`)."""
 
-    def __init__(self, d_model, n_head):
+    def __init__(self, d_model, n_head, kernels="mirrored"):
         super().__init__()
-        self.n_head = n_head
+        self.n_head, self.kernels = n_head, attention.checked(kernels)
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.proj = nn.Linear(d_model, d_model)
 
@@ -24,6 +27,8 @@ class Attention(nn.Module):
         h = self.n_head
         q, k, v = self.qkv(x).split(d, dim=-1)
         q, k, v = (a.reshape(b, t, h, d // h) for a in (q, k, v))
+        if self.kernels == "fused":
+            return self.proj(attention.fused(q, k, v).reshape(b, t, d))
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d // h)
         if scores.dtype == torch.bfloat16:  # softmax in fp32, as the JAX side
             scores = scores.float()
@@ -45,10 +50,10 @@ class MLPBlock(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, d_model, n_head):
+    def __init__(self, d_model, n_head, kernels="mirrored"):
         super().__init__()
         self.ln1 = nn.LayerNorm(d_model, eps=LN_EPS)
-        self.attn = Attention(d_model, n_head)
+        self.attn = Attention(d_model, n_head, kernels)
         self.ln2 = nn.LayerNorm(d_model, eps=LN_EPS)
         self.mlp = MLPBlock(d_model)
 
@@ -60,11 +65,11 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """Decoder-only transformer, as jaxdp/models/gpt.py: embeddings, pre-norm blocks, final LN, head."""
 
-    def __init__(self, *, vocab, seq_len, n_layer, n_head, d_model):
+    def __init__(self, *, vocab, seq_len, n_layer, n_head, d_model, kernels="mirrored"):
         super().__init__()
         self.tok_embed = nn.Embedding(vocab, d_model)
         self.pos_embed = nn.Embedding(seq_len, d_model)
-        self.blocks = nn.ModuleList([Block(d_model, n_head) for _ in range(n_layer)])
+        self.blocks = nn.ModuleList([Block(d_model, n_head, kernels) for _ in range(n_layer)])
         self.ln_f = nn.LayerNorm(d_model, eps=LN_EPS)
         self.head = nn.Linear(d_model, vocab)
 

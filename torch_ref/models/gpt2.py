@@ -16,13 +16,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import attention
+
 LN_EPS = 1e-5
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, d_model, n_head):
+    def __init__(self, d_model, n_head, kernels="mirrored"):
         super().__init__()
-        self.n_head = n_head
+        self.n_head, self.kernels = n_head, attention.checked(kernels)
         self.c_attn = nn.Linear(d_model, 3 * d_model)
         self.c_proj = nn.Linear(d_model, d_model)
 
@@ -30,6 +32,8 @@ class CausalSelfAttention(nn.Module):
         b, t, d = x.shape
         h = self.n_head
         q, k, v = (a.reshape(b, t, h, d // h) for a in self.c_attn(x).split(d, dim=-1))
+        if self.kernels == "fused":
+            return self.c_proj(attention.fused(q, k, v).reshape(b, t, d))
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d // h)
         scores = scores.float() if scores.dtype == torch.bfloat16 else scores  # softmax in fp32, as JAX
         causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
@@ -48,10 +52,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, d_model, n_head):
+    def __init__(self, d_model, n_head, kernels="mirrored"):
         super().__init__()
         self.ln_1 = nn.LayerNorm(d_model, eps=LN_EPS)
-        self.attn = CausalSelfAttention(d_model, n_head)
+        self.attn = CausalSelfAttention(d_model, n_head, kernels)
         self.ln_2 = nn.LayerNorm(d_model, eps=LN_EPS)
         self.mlp = MLP(d_model)
 
@@ -63,11 +67,11 @@ class Block(nn.Module):
 class GPT2(nn.Module):
     """GPT-2 (jaxdp/models/gpt2.py): embeddings, pre-LN blocks, final LN, the head tied to `wte`."""
 
-    def __init__(self, *, vocab, seq_len, n_layer, n_head, d_model):
+    def __init__(self, *, vocab, seq_len, n_layer, n_head, d_model, kernels="mirrored"):
         super().__init__()
         self.wte = nn.Embedding(vocab, d_model)
         self.wpe = nn.Embedding(seq_len, d_model)
-        self.h = nn.ModuleList([Block(d_model, n_head) for _ in range(n_layer)])
+        self.h = nn.ModuleList([Block(d_model, n_head, kernels) for _ in range(n_layer)])
         self.ln_f = nn.LayerNorm(d_model, eps=LN_EPS)
 
     def forward(self, tokens):

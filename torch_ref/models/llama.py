@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import attention
+
 RMS_EPS = 1e-6
 ROPE_THETA = 10000.0
 
@@ -53,9 +55,10 @@ def apply_rotary(x, cos, sin):
 
 
 class Attention(nn.Module):
-    def __init__(self, d_model, n_head, n_kv_head, qkv_bias, rope_theta):
+    def __init__(self, d_model, n_head, n_kv_head, qkv_bias, rope_theta, kernels="mirrored"):
         super().__init__()
         self.n_head, self.n_kv_head, self.rope_theta = n_head, n_kv_head, rope_theta
+        self.kernels = attention.checked(kernels)
         head_dim = d_model // n_head
         self.q_proj = nn.Linear(d_model, n_head * head_dim, bias=qkv_bias)
         self.k_proj = nn.Linear(d_model, n_kv_head * head_dim, bias=qkv_bias)
@@ -71,6 +74,8 @@ class Attention(nn.Module):
         q = apply_rotary(q.reshape(b, t, h, hd), cos, sin)
         k = apply_rotary(k.reshape(b, t, g, hd), cos, sin)
         v = v.reshape(b, t, g, hd)
+        if self.kernels == "fused":  # query head j reads kv head j // rep (SDPA's enable_gqa)
+            return self.o_proj(attention.fused(q, k, v).reshape(b, t, d))
         q = q.reshape(b, t, g, rep, hd)  # query head j = kv group j // rep (transformers' repeat_kv)
         scores = torch.einsum("bqgrd,bkgd->bgrqk", q, k) * hd ** -0.5
         scores = scores.float() if scores.dtype == torch.bfloat16 else scores  # softmax in fp32, as JAX
@@ -91,10 +96,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, d_model, n_head, n_kv_head, d_ff, *, qkv_bias, rope_theta, rms_eps):
+    def __init__(self, d_model, n_head, n_kv_head, d_ff, *, qkv_bias, rope_theta, rms_eps, kernels="mirrored"):
         super().__init__()
         self.input_layernorm = RMSNorm(d_model, eps=rms_eps)
-        self.self_attn = Attention(d_model, n_head, n_kv_head, qkv_bias, rope_theta)
+        self.self_attn = Attention(d_model, n_head, n_kv_head, qkv_bias, rope_theta, kernels)
         self.post_attention_layernorm = RMSNorm(d_model, eps=rms_eps)
         self.mlp = MLP(d_model, d_ff)
 
@@ -107,12 +112,13 @@ class Llama(nn.Module):
     """Llama (jaxdp/models/llama.py): embedding, pre-RMSNorm decoder layers, final RMSNorm, head."""
 
     def __init__(self, *, vocab, seq_len, n_layer, n_head, n_kv_head, d_model, d_ff, qkv_bias=False,
-                 tie_embeddings=False, rope_theta=ROPE_THETA, rms_eps=RMS_EPS, padding_idx=None):
+                 tie_embeddings=False, rope_theta=ROPE_THETA, rms_eps=RMS_EPS, padding_idx=None, kernels="mirrored"):
         super().__init__()
         self.seq_len = seq_len
         self.embed_tokens = nn.Embedding(vocab, d_model, padding_idx=padding_idx)
         self.layers = nn.ModuleList([DecoderLayer(d_model, n_head, n_kv_head, d_ff, qkv_bias=qkv_bias,
-                                                  rope_theta=rope_theta, rms_eps=rms_eps) for _ in range(n_layer)])
+                                                  rope_theta=rope_theta, rms_eps=rms_eps, kernels=kernels)
+                                     for _ in range(n_layer)])
         self.norm = RMSNorm(d_model, eps=rms_eps)
         self.lm_head = None if tie_embeddings else nn.Linear(d_model, vocab, bias=False)
 

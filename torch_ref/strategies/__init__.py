@@ -57,15 +57,17 @@ def twin_note(name: str) -> str | None:
 
 
 def build(name: str, model, optimizer, accum: int = 1, reduction: str = "native", shards: int | None = None,
-          **options) -> Strategy:
+          mp_policy=None, **options) -> Strategy:
     """Wrap `model` for strategy `name` with the optimizer factory `optimizer`; every rank calls it.
-    `reduction="canonical"`: the strategy's step is the canonical one (`canonical.step.Canonical`)."""
+    `reduction="canonical"`: the strategy's step is the canonical one (`canonical.step.Canonical`); `mp_policy`:
+    FSDP2's MixedPrecisionPolicy (zero3, hsdp: torch_ref/kernels.py)."""
     name = resolve(name)
     unknown = sorted(set(options) - set(OPTIONS[name]))
     if unknown:
         takes = ", ".join(OPTIONS[name]) or "none"
         raise ConfigError(f"strategy {name!r} takes no option {', '.join(map(repr, unknown))}; its options: {takes}")
-    par = FACTORIES[name](model, optimizer, StrategyOptions(accum=accum, reduction=reduction, shards=shards, **options))
+    par = FACTORIES[name](model, optimizer, StrategyOptions(accum=accum, reduction=reduction, shards=shards,
+                                                                mp_policy=mp_policy, **options))
     if reduction == "canonical":
         par.canonical = Canonical(par, shards)
     return par

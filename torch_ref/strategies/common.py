@@ -33,6 +33,7 @@ class StrategyOptions(NamedTuple):
     hsdp_hosts: str = "shard"  # hsdp: a host holds whole shard groups ("shard") or whole replica groups
     reduction: str = "native"  # "canonical": the same bits on any N (torch_ref/canonical/step.py)
     shards: int | None = None  # canonical: shards per micro-batch (None: the default)
+    mp_policy: object = None  # zero3, hsdp: FSDP2's MixedPrecisionPolicy (fused bf16: torch_ref/kernels.py)
 
 
 def _nothing() -> None:

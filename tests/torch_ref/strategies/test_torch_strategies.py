@@ -16,7 +16,7 @@ from jaxdp import models
 from jaxdp.core import data, trace
 from jaxdp.harness import parity
 from jaxdp.strategies import bucket
-from tests.helpers import assert_judged_ok
+from tests.helpers import assert_judged_ok, judged
 from tests.torch_helpers import (
     BASE,
     BF16,
@@ -24,6 +24,7 @@ from tests.torch_helpers import (
     DIMENSIONS,
     DISTRIBUTED,
     FLOAT32,
+    FUSED,
     GPT_CASES,
     HSDP,
     HSDP_BYTES,
@@ -186,6 +187,23 @@ def test_bfloat16_gradients_track_single_and_float32(strategy):
     assert_judged_ok(bf16, single(cfg))
     row = assert_judged_ok(bf16, fp32, tol=parity.tolerance(cfg), sides=("bf16", "fp32"), check_config=False)
     assert row.tol.why.startswith("bf16") and 0 < row.worst["grad"] < 0.1  # bf16 compute really happened
+
+
+@pytest.mark.torch_jobs(lambda p: [c for c in FUSED if c.strategy == p["strategy"]])
+@pytest.mark.parametrize("strategy", ["ddp", "zero3"])
+def test_the_fused_kernels_pass_the_judge_against_mirrored_single(strategy):
+    """--kernels fused at N = 2 (SDPA, fused AdamW; bf16: the weights cast once, or FSDP2's MixedPrecisionPolicy
+    under zero3) against mirrored `single` by the bounds of its dtype, in float32 and bf16 (the reduction in
+    fp32: `parity.bf16_reduced`); a 1e-5 relative change of the reference's lr fails the float32 judge."""
+    for cfg in (c for c in FUSED if c.strategy == strategy):
+        got, mirrored = result(cfg), cfg.replace(kernels="mirrored")
+        detail = got.meta["kernels_detail"]
+        assert detail["attention"].startswith("sdpa") and detail["optimizer"] == "fused"
+        assert detail["bf16"] == ({"ddp": "cast once", "zero3": "MixedPrecisionPolicy"}[strategy]
+                                  if cfg.dtype == "bfloat16" else None)
+        assert_judged_ok(got, single(mirrored), check_config=False)
+        if cfg.dtype == "float32":
+            assert not judged(got, single(mirrored.replace(lr=cfg.lr * (1 + 1e-5))), check_config=False).ok
 
 
 @pytest.mark.torch_jobs(KEEP_GATHERED, ("keep_gathered", 2), ("comm", 2))

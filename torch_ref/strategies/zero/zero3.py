@@ -75,10 +75,11 @@ def units_of(model) -> list[list]:
 
 
 def apply_fsdp(model, reshard_after_forward: bool = True, units=None, replicas: int | None = None,
-               hosts: str = "shard"):
+               hosts: str = "shard", mp_policy=None):
     """fully_shard each unit (a submodule, or a list of submodules sharded as one group), then the root,
     over a 1-D mesh of every rank, or (`replicas` R given: hsdp) FSDP2's 2-D mesh (R, S) named
-    ("replicate", "shard"), its rows in `hosts` order (`jaxdp.core.hsdp_hosts.grid_order`). Units given
+    ("replicate", "shard"), its rows in `hosts` order (`jaxdp.core.hsdp_hosts.grid_order`); `mp_policy`: FSDP2's
+    MixedPrecisionPolicy on every unit and the root (None: FSDP2's default, none). Units given
     that split a shared parameter between groups are an error,
     before any collective."""
     given = units is not None
@@ -96,16 +97,18 @@ def apply_fsdp(model, reshard_after_forward: bool = True, units=None, replicas: 
             init_device_mesh(device_type, (replicas, world // replicas), mesh_dim_names=("replicate", "shard"))
             if hosts == "shard" else DeviceMesh(device_type, torch.tensor(grid_order(world, replicas, hosts)),
                                                 mesh_dim_names=("replicate", "shard")))
+    policy = {} if mp_policy is None else {"mp_policy": mp_policy}
     for unit in units:
-        fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh)  # the root: whatever parameters no unit took
+        fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh, reshard_after_forward=reshard_after_forward,
+                    **policy)
+    fully_shard(model, mesh=mesh, **policy)  # the root: whatever parameters no unit took
     return model
 
 
 def make(model, optimizer, opts, name: str = "zero3", replicas: int | None = None, hosts: str = "shard") -> Strategy:
     """zero3 (or, with `replicas`, hsdp: `hsdp.py`) on `model`, with the optimizer factory `optimizer`."""
     twin = twin_of(model) if opts.reduction == "canonical" else None  # before FSDP2 shards the model
-    model = apply_fsdp(model, opts.reshard_after_forward, opts.units, replicas, hosts)
+    model = apply_fsdp(model, opts.reshard_after_forward, opts.units, replicas, hosts, opts.mp_policy)
     built = optimizer(model.parameters())  # over the local shards: 1/N of the state
 
     def full_grads():  # all-gather, tracing only

@@ -7,11 +7,14 @@ framework's fused against its mirrored). torch_ref runs in the shared torch worl
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
 
 import pytest
 
+from jaxdp.core.config import FRAMEWORK_STRATEGIES
 from jaxdp.harness import fused_matrix as fm
-from jaxdp.harness import pair_runs
+from jaxdp.harness import fused_matrix_doc, pair_runs
 from tests.torch_helpers import world
 
 CROSS = [p for n in (1, 2) for p in fm.pairs(fm.GPT2, n, "float32", (fm.KINDS[2],)) if (n == 1) == (p.strategy ==
@@ -38,6 +41,31 @@ def jax_run(cfg):
 
 def result(side, cfg):
     return jax_run(cfg) if side == "jax" else world(cfg.devices)[cfg]
+
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_the_matrix_holds_every_strategy_of_each_framework_at_every_n_and_dtype():
+    todo = fm.matrix()
+    for kind, framework in ((fm.KINDS[0], "jax"), (fm.KINDS[1], "torch")):
+        for n in fm.DEVICES:
+            got = {p.strategy for p in todo if p.kind == kind and p.a.devices == n}
+            assert got | ({"single"} if n > 1 else set()) == set(FRAMEWORK_STRATEGIES[framework]), (kind, n)
+    assert {p.strategy for p in todo if p.kind == fm.KINDS[2]} == set(fm.BOTH)
+    assert {(p.b.model, p.b.dtype) for p in todo} == {(m, d) for m in fm.MODELS for d in fm.DTYPES}
+    assert all(p.a.kernels == "fused" and p.b.kernels == ("fused" if p.kind == fm.KINDS[2] else "mirrored")
+               for p in todo)
+
+
+def test_kernels_md_holds_what_the_results_file_renders_and_every_pair_passed():
+    results = json.loads((ROOT / "docs/fused_matrix.json").read_text())
+    page = (ROOT / "docs/KERNELS.md").read_text()
+    rendered = fused_matrix_doc.section(page, results)
+    assert rendered == page, "stale: python -m jaxdp.harness.fused_matrix --render docs/KERNELS.md"
+    keys = [(r["kind"], r["model"], r["dtype"], r["devices"], r["strategy"]) for r in results["rows"]]
+    assert sorted(keys) == sorted((p.kind, p.b.model, p.b.dtype, p.a.devices, p.strategy) for p in fm.matrix())
+    assert all(r["ok"] for r in results["rows"]), [r for r in results["rows"] if not r["ok"]][:3]
 
 
 def test_the_sample_covers_every_strategy_both_frameworks_have_and_each_kind_dtype_and_n():

@@ -18,6 +18,7 @@ import functools
 import inspect
 
 import torch
+from torch.utils._pytree import tree_map
 
 from jaxdp.core.config import ConfigError
 
@@ -57,15 +58,12 @@ def fused_optimizer(optimizer):
     Adam, AdamW; their param groups and hyperparameters kept); any other class as built."""
     def build(params):
         built = optimizer(params)
-        cls = type(built)
-        if "fused" not in inspect.signature(cls.__init__).parameters or built.defaults.get("fused"):
+        accepted = inspect.signature(type(built).__init__).parameters
+        if "fused" not in accepted or built.defaults.get("fused"):
             return built
-        accepted = inspect.signature(cls.__init__).parameters
-        defaults = {k: v for k, v in built.defaults.items() if k in accepted}
-        groups = [dict(g, fused=True, foreach=None) if "foreach" in g else dict(g, fused=True)
-                  for g in built.param_groups]
-        return cls(groups, **dict(defaults, fused=True, foreach=None) if "foreach" in defaults else
-                   dict(defaults, fused=True))
+        fused = {"fused": True, **({"foreach": None} if "foreach" in accepted else {})}  # (fused excludes foreach)
+        defaults = {k: v for k, v in built.defaults.items() if k in accepted} | fused
+        return type(built)([dict(g, **fused) for g in built.param_groups], **defaults)
 
     return build
 
@@ -88,7 +86,8 @@ def cast_once(module: torch.nn.Module, dtype: torch.dtype = torch.bfloat16) -> N
     """Fused bf16 without FSDP2: the module's forward runs on `dtype` copies of its floating parameters, each
     cast once per forward (`torch.func.functional_call`), so autograd sums every use of a copy and casts the
     gradient back onto the fp32 master parameter (DDP's and the hand-written strategies' hooks fire on it).
-    Buffers stay as they are. functional_call calls the module again: that inner call runs the original forward."""
+    Float inputs are cast too; buffers stay as they are. functional_call calls the module again: that inner call
+    runs the original forward."""
     forward = module.forward
     inside = [False]
 
@@ -97,6 +96,8 @@ def cast_once(module: torch.nn.Module, dtype: torch.dtype = torch.bfloat16) -> N
         if inside[0]:
             return forward(*args, **kwargs)
         copies = {name: p.to(dtype) if p.is_floating_point() else p for name, p in module.named_parameters()}
+        args, kwargs = tree_map(lambda a: a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a,
+                                (args, kwargs))  # float inputs too, as FSDP2's cast_forward_inputs
         inside[0] = True
         try:
             return torch.func.functional_call(module, copies, args, kwargs)
@@ -138,9 +139,10 @@ def detail(par) -> dict:
     policy = next((s._mp_policy.param_dtype for s in states if s._mp_policy.param_dtype is not None), None)
     bf16 = ("MixedPrecisionPolicy" if policy == torch.bfloat16 else
             getattr(module, "_torch_ref_bf16", None))
-    kinds = {m.kernels for m in module.modules() if hasattr(m, "kernels")}
-    compute = torch.bfloat16 if bf16 else p.dtype
-    sdpa = f"sdpa:{attention.backend(compute, p.device)}" if kinds == {"fused"} else None
+    layers = [m for m in module.modules() if hasattr(m, "kernels")]
+    kinds = {m.kernels for m in layers}
+    sdpa = f"sdpa:{attention.backend(torch.bfloat16 if bf16 else p.dtype, p.device, *heads(layers[0]))}" \
+        if kinds == {"fused"} else None
     return {"attention": sdpa or ("mirrored" if kinds else None), "optimizer": impl,
             "compile": any(getattr(m, "_torch_ref_compiled", False) for m in module.modules()), "bf16": bf16}
 
@@ -162,3 +164,12 @@ def prepare(model: torch.nn.Module, strategy: str, optimizer, kernels: str, comp
     if compile:
         compile_units(zero3.units_of(model))
     return (fused_optimizer(optimizer) if kernels == "fused" else optimizer), policy
+
+
+def heads(layer: torch.nn.Module) -> tuple[int, int, int]:
+    """(heads, kv heads, head dim) of one of torch_ref's attention modules (its first Linear reads d_model);
+    a module of another kind: a small stand-in, (2, 2, 8)."""
+    linear = next((m for m in layer.modules() if isinstance(m, torch.nn.Linear)), None)
+    if not isinstance(getattr(layer, "n_head", None), int) or linear is None:
+        return 2, 2, 8
+    return layer.n_head, getattr(layer, "n_kv_head", layer.n_head), linear.in_features // layer.n_head

@@ -168,3 +168,15 @@ def test_compile_runs_a_step_and_says_so():
         losses.append(torch_ref.train_step(model, opt, *batch(), loss_fn))
         assert kernels.detail(torch_ref.api.state_of(model))["compile"] is compile_
     assert abs(losses[1] - losses[0]) < 2e-2 * abs(losses[0])
+
+
+@pytest.mark.quick
+def test_fused_bf16_casts_float_inputs_with_the_weights():
+    """A model fed float inputs (the mlp, the cnn): cast once casts them as FSDP2's `cast_forward_inputs` does,
+    else the first Linear meets fp32 inputs and bf16 weights."""
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    model, opt = torch_ref.parallelize(net, strategy="single", optimizer=ADAMW, kernels="fused",
+                                       compute_dtype=torch.bfloat16)
+    x, y = torch.randn(6, 3), torch.randint(0, 2, (6,))
+    assert model(x).dtype == torch.bfloat16
+    assert torch.isfinite(torch.tensor(torch_ref.train_step(model, opt, x, y, loss_fn)))

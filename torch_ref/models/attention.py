@@ -30,14 +30,16 @@ def fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return out.transpose(1, 2)
 
 
-def backend(dtype: torch.dtype, device: torch.device) -> str:
-    """The SDPA backend torch chooses for a causal call in `dtype` on `device` (e.g. 'flash_attention',
-    'cudnn_attention', 'math'), asked of torch's own chooser (`torch._fused_sdp_choice`); 'unknown' where it
-    cannot say."""
+def backend(dtype: torch.dtype, device: torch.device, heads: int = 2, kv_heads: int = 2, head_dim: int = 8) -> str:
+    """The SDPA backend torch chooses for a causal call of these heads in `dtype` on `device` (e.g.
+    'flash_attention', 'cudnn_attention', 'math'), asked of torch's own chooser (`torch._fused_sdp_choice`);
+    'unknown' where it cannot say."""
     from torch.nn.attention import SDPBackend
 
-    q = torch.zeros(1, 2, 4, 8, dtype=dtype, device=device)
+    q = torch.zeros(1, heads, 16, head_dim, dtype=dtype, device=device)
+    kv = torch.zeros(1, kv_heads, 16, head_dim, dtype=dtype, device=device)
     try:
-        return SDPBackend(torch._fused_sdp_choice(q, q, q, None, 0.0, True)).name.lower()
-    except (AttributeError, RuntimeError, ValueError):
+        choice = torch._fused_sdp_choice(q, kv, kv, None, 0.0, True, enable_gqa=heads != kv_heads)
+        return SDPBackend(choice).name.lower()
+    except (AttributeError, RuntimeError, TypeError, ValueError):
         return "unknown"

@@ -37,6 +37,7 @@ BF16 = mutations.ADAM.replace(dtype="bfloat16", steps=2)
 TORCH_DISTRIBUTED = [s for s in FRAMEWORK_STRATEGIES["torch"] if s not in ("single", "hsdp", *JIT_STRATEGIES)]
 JAX_DISTRIBUTED = [s for s in FRAMEWORK_STRATEGIES["jax"] if s not in ("single", "hsdp", *JIT_STRATEGIES)]
 TORCH_FLOATS = {"float", "double", "c10::BFloat16", "c10::Half"}
+FUSED_STRATEGIES = ("ddp", "zero2", "zero3")  # --kernels fused's bf16: cast once (ddp, zero2), FSDP2's policy (zero3)
 REPLICATED = [s for s in JAX_DISTRIBUTED if s != "zero3"]  # zero3 keeps no replica but Adam's count
 
 
@@ -44,6 +45,7 @@ REPLICATED = [s for s in JAX_DISTRIBUTED if s != "zero3"]  # zero3 keeps no repl
 def torch_runs() -> dict:
     """One torch world of 2 ranks: the subset's runs and every strategy's collective dtypes in bf16."""
     items = score.torch_items(SUBSET) + [(BF16.replace(strategy=s), None, "dtypes") for s in TORCH_DISTRIBUTED]
+    items += [(BF16.replace(strategy=s, kernels="fused"), None, "dtypes") for s in FUSED_STRATEGIES]
     return pair_runs.run_torch(list(dict.fromkeys(items)))
 
 
@@ -147,6 +149,18 @@ def test_torch_process_group_receives_fp32_tensors_in_bf16_runs(strategy):
     per_rank = torch_runs()[(BF16.replace(strategy=strategy), None, "dtypes")]
     for seen in per_rank:
         assert set().union(*seen.values()) & TORCH_FLOATS == {"float"}, seen
+
+
+@pytest.mark.parametrize("strategy", FUSED_STRATEGIES)
+def test_torch_fused_bf16_reduces_in_fp32_and_gathers_only_bf16_parameters(strategy):
+    """--kernels fused in bf16: every reduction the process group is handed is fp32 (the weights cast once
+    change no gradient's dtype); only FSDP2's all-gather carries bf16, the parameters MixedPrecisionPolicy cast
+    before gathering them (docs/KERNELS.md)."""
+    per_rank = torch_runs()[(BF16.replace(strategy=strategy, kernels="fused"), None, "dtypes")]
+    for seen in per_rank:
+        floats = {op: dtypes & TORCH_FLOATS for op, dtypes in seen.items() if dtypes & TORCH_FLOATS}
+        assert all(d == {"float"} for op, d in floats.items() if op != "gloo:all_gather"), seen
+        assert floats.get("gloo:all_gather", set()) <= ({"c10::BFloat16"} if strategy == "zero3" else {"float"}), seen
 
 
 @pytest.mark.parametrize("strategy", REPLICATED)

@@ -2,7 +2,8 @@
 
 The library API (docs/LIBRARY.md): `jaxdp.setup_devices(n)`, `jaxdp.parallelize(loss_fn, params,
 optimizer, strategy=...)`, `jaxdp.trace.Recorder(path, meta, optimizer=...)`,
-`jaxdp.diff(a, b)` (the `Verdict` of trace a against reference b).
+`jaxdp.diff(a, b)` (the `Verdict` of trace a against reference b), `jaxdp.check(step, *args, intent=...)`
+(what a jitted step really communicates against what was meant: docs/CHECK.md).
 
 Importing jaxdp does not initialise JAX's backends (nor import JAX): the API is loaded on first
 use, so `jaxdp.setup_devices(n)` can still ask for n simulated CPU devices afterwards. Besides the
@@ -32,8 +33,8 @@ def _quiet_cuda_plugin() -> None:
 _quiet_cuda_plugin()
 
 _LAZY = {"setup_devices": "api", "parallelize": "api", "Parallel": "api", "diff": "harness.verdict",
-         "Verdict": "harness.verdict"}
-__all__ = ["Parallel", "Verdict", "diff", "parallelize", "setup_devices"]
+         "Verdict": "harness.verdict", "check": "contract.check"}
+__all__ = ["Parallel", "Verdict", "check", "diff", "parallelize", "setup_devices"]
 
 
 def __getattr__(name):

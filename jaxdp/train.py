@@ -22,7 +22,21 @@ def versions() -> dict:
     import optax
 
     return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
-            "optax": optax.__version__, "numpy": np.__version__}
+            "optax": optax.__version__, "numpy": np.__version__, **gpu_libraries()}
+
+
+def gpu_libraries() -> dict:
+    """On a GPU, the CUDA runtime and cuDNN versions JAX's CUDA plugin loaded (recorded with every figure:
+    `--kernels fused` runs cuDNN's attention); {} elsewhere."""
+    import jax
+
+    try:
+        from jax._src.lib import cuda_versions
+        if cuda_versions is None or jax.default_backend() != "gpu":
+            return {}
+        return {"cudnn": cuda_versions.cudnn_get_version(), "cuda_runtime": cuda_versions.cuda_runtime_get_version()}
+    except (ImportError, RuntimeError, AttributeError):  # a plugin without the probe: nothing to record
+        return {}
 
 
 def prepare(cfg: RunConfig, return_grads: bool = False, distributed: devices_mod.Distributed | None = None):

@@ -2,11 +2,19 @@
 JAX initialises), and a session cache of runs so each configuration trains once."""
 from __future__ import annotations
 
+import atexit
 import functools
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: see torch_ref/__init__.py
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # a GPU: JAX shares it with torch (test_gpu.py)
+# --target's compiled programs (analysis/program_cache.py): the session's own folder, not the user's cache,
+# removed when the session ends
+if "JAXDP_PROJECTION_CACHE" not in os.environ:
+    os.environ["JAXDP_PROJECTION_CACHE"] = tempfile.mkdtemp(prefix="jaxdp-projection-")
+    atexit.register(shutil.rmtree, os.environ["JAXDP_PROJECTION_CACHE"], ignore_errors=True)
 
 import jax  # noqa: E402
 

@@ -3,7 +3,8 @@ ddp-ring, zero1, zero2, zero3/fsdp, hsdp), with the same flags and the same trac
 
 `python -m torch_ref train ...`; from Python: `torch_ref.train.run(RunConfig(...), trace_path=..., init=...)`
 (`jaxdp.harness.torch_run.run` passes the JAX side's initial parameters as `init`); as a library for
-your own model: `torch_ref.parallelize`, `torch_ref.train_step`, `torch_ref.trace.Recorder` (torch_ref/api.py).
+your own model: `torch_ref.parallelize`, `torch_ref.train_step`, `torch_ref.trace.Recorder` (torch_ref/api.py);
+what a step really sends against what was meant: `torch_ref.check` (docs/CHECK.md).
 """
 import os
 
@@ -14,7 +15,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"
 
-_LAZY = {"parallelize": "api", "train_step": "api"}  # torch loads on first use, not on `import torch_ref`
+# torch loads on first use, not on `import torch_ref`
+_LAZY = {"parallelize": "api", "train_step": "api", "check": "contract.check"}
 
 
 def __getattr__(name):

@@ -209,6 +209,9 @@ def measure_step(cfg) -> dict:
     if c.stats_program is not None:  # the running statistics' own program, apart from the train step
         out["stats_comm"] = communication(c.stats_program.as_text(), cfg.devices)["total"]
         out["stats_theory"] = stats_theory_for(cfg, list(c.stats_sizes), channels)["total"]
+    from ..contract import strategies as contract  # the textbook beside the program (docs/CHECK.md)
+
+    out["contract"] = contract.of_compiled(c, cfg).to_dict()
     return out
 
 

@@ -8,9 +8,11 @@ optimizer state from `jax.eval_shape` of the optimizer's, and each is a `ShapeDt
 `NamedSharding` the strategy's `init` gives it (`abstract_state`, from its layout row), so GPT-2 124M and
 Llama 3 8B compile on a CPU machine. XLA:GPU's own passes run (its combiners, its latency-hiding scheduler,
 its buffer assignment): the program, the schedule and `memory_analysis()` are the GPU's; no kernel runs.
+`--kernels fused` compiles cuDNN's fused attention (`attention_for`, `cudnn_built_version`; docs/KERNELS.md).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -19,6 +21,7 @@ import warnings
 from ..core import data, targets
 from ..core.config import JIT_STRATEGIES
 from ..strategies.zero import layout as zero_layout
+from . import schedule
 
 CACHE_READ = "Error reading persistent compilation cache entry"  # JAX's warning, for a target program
 REPLICATED = ("single", "dp", "ddp", "ddp-bucket", "ddp-ring")  # a full copy on every device (single: its one)
@@ -30,6 +33,46 @@ def one_device(name: str, opts) -> bool:
     `@data` under an explicit mesh, and an embedding's gather then refuses to trace (ShardingTypeError).
     Canonical single is ddp's program on a one-device mesh: it takes ddp's shardings."""
     return name == "single" and opts.reduction != "canonical"
+
+
+def attention_for(cfg) -> tuple[str, str]:
+    """(the attention a --target step compiles, the note saying why where --kernels fused gets XLA's): "mirrored"
+    (the twins' einsums), "cudnn" (cuDNN's fused attention: custom calls) or "xla" (jax.nn's XLA attention)."""
+    if cfg.kernels != "fused" or cfg.model not in ("gpt", "gpt2", "llama"):
+        return "mirrored", ""
+    if cfg.dtype != "bfloat16":
+        return "xla", (f"--kernels fused --dtype {cfg.dtype}: cuDNN's fused attention computes in bf16/fp16 only, so "
+                       f"this program has XLA's attention (jax.nn.dot_product_attention, implementation='xla')")
+    return "cudnn", ""
+
+
+@contextlib.contextmanager
+def cudnn_built_version():
+    """Let JAX trace cuDNN attention where no cuDNN is loaded (the gpu-aot extra installs none). JAX asks the
+    loaded cuDNN its version while tracing (`fused_attention_stablehlo.check_cudnn_version`, which raises
+    "cuDNN not found." without one) and uses it only to refuse features older versions lack (compute capability
+    10.3 before 9.11, multi-head latent attention before 9.10). Here the probe answers the version the CUDA
+    plugin was built against (`cudnn_build_version()`, 90800 for jax-cuda12-plugin 0.10.2): the least cuDNN its
+    `with-cuda` install accepts (>=9.8, <10). Restored on exit; where cuDNN answers (a GPU machine), nothing is
+    changed."""
+    from jax._src.cudnn import fused_attention_stablehlo as fmha
+    from jax._src.lib import cuda_versions
+
+    probe = getattr(fmha, "check_cudnn_version", None)  # JAX 0.10's name (a later JAX may probe elsewhere)
+    try:
+        if probe is not None:
+            probe()
+        loaded = True
+    except RuntimeError:
+        loaded = cuda_versions is None  # no plugin: nothing to answer with (--target needs it: require_extra)
+    if loaded:
+        yield
+        return
+    fmha.check_cudnn_version = cuda_versions.cudnn_build_version
+    try:
+        yield
+    finally:
+        fmha.check_cudnn_version = probe
 
 
 def check(cfg) -> None:
@@ -133,7 +176,8 @@ def abstract_batch(cfg, dataset, name: str, mesh, opts):
 
 class TargetStep:
     """`cfg`'s step compiled for its target: `program` (jax.stages.Compiled), `lowered`, the `problem` (shapes)
-    and `optimizer`, and the lowering and compile times."""
+    and `optimizer`, the lowering and compile times, the `attention` compiled (`attention_for`) with its
+    `attention_note` ("" or why --kernels fused has no cuDNN attention) and `fused_calls` (`schedule.fmha_calls`)."""
     stats_program = None  # no running statistics (`check`): the train step is the only program
 
     def __init__(self, cfg, target: str, nodes: int):
@@ -151,7 +195,8 @@ class TargetStep:
         jax.config.update("jax_disable_most_optimizations", False)
         try:
             t0 = time.perf_counter()
-            self.lowered = strat.compiled_step.lower(state, *batch)
+            self.attention, self.attention_note = attention_for(cfg)
+            self.lowered = self._lower(strat, state, batch)
             t1 = time.perf_counter()
             with warnings.catch_warnings():  # with a persistent cache set, JAX reads a target program back through
                 warnings.filterwarnings("ignore", message=CACHE_READ)  # a client it has not; it compiles anew
@@ -159,4 +204,25 @@ class TargetStep:
         finally:
             jax.config.update("jax_disable_most_optimizations", before)
         self.lower_s, self.compile_s = t1 - t0, time.perf_counter() - t1
+        self.fused_calls = schedule.fmha_calls(self.program.as_text() if self.attention == "cudnn" else "")
+        if self.attention == "cudnn" and not sum(self.fused_calls.values()):  # the model traced no attention.fused
+            self.attention_note = "--kernels fused: the compiled program holds no cuDNN attention call"
         self.cfg, self.target, self.nodes = cfg, targets.TARGETS[target], nodes
+        self.state, self.batch, self.strategy = state, batch, strat  # read by the contract (contract/strategies.py)
+
+    def _lower(self, strat, state, batch):
+        """The step lowered with the attention `attention_for` chose; where cuDNN refuses this attention at trace
+        time (NotImplementedError: a head dim, a dtype), XLA's, with the refusal in `attention_note`."""
+        from ..models import attention
+
+        if self.attention != "cudnn":
+            with attention.implementation("xla" if self.attention == "xla" else None):
+                return strat.compiled_step.lower(state, *batch)
+        try:
+            with attention.implementation("cudnn"), cudnn_built_version():
+                return strat.compiled_step.lower(state, *batch)
+        except NotImplementedError as refused:
+            self.attention, self.attention_note = "xla", (f"--kernels fused: cuDNN's fused attention refused this "
+                                                          f"model ({refused}), so this program has XLA's attention")
+        with attention.implementation("xla"):
+            return strat.compiled_step.lower(state, *batch)

@@ -9,7 +9,11 @@ strategies that gather parameters `prefetch` (an all-gather with compute schedul
 unit gathered while this one computes); `combined` (collectives carrying several arrays: XLA:GPU's
 combiners merged them) and `bytes_by_kind` against `theory_by_kind`, with `difference` saying where the
 program's bytes leave the theory and why; per collective `inter_node` (a group spanning nodes: over
-InfiniBand); `projection` (`projection.project`: a projected step time and MFU, labelled as such).
+InfiniBand); `projection` (`projection.project`: a projected step time and MFU, labelled as such); `attention`
+(the attention compiled: "mirrored", "cudnn" or "xla", `aot.attention_for`), `fused_attention` (cuDNN's fused
+attention custom calls in the program text, forward and backward each one instruction per layer, a loop body's
+counted once), `fused_attention_calls` ({"forward", "backward"}) and, where --kernels fused got XLA's attention,
+`attention_note` (why).
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import math
 import jax
 
 from ..core.config import JIT_STRATEGIES
-from . import accounting, hlo, projection, schedule
+from . import accounting, calibration, hlo, kernels, projection, schedule
 
 GATHERS_PARAMS = ("zero3", "hsdp", "fsdp-jit")
 SYNC = {"async": False, "overlap_ops": 0, "overlap_flops": 0.0}
@@ -50,7 +54,8 @@ def describe(out: dict, step) -> dict:
     for op, c in zip(out["collectives"], found, strict=True):
         op.update(overlap.get(c["name"], SYNC))
         op["arrays"] = c["arrays"]
-        op["inter_node"] = any(len({d // per_node for d in g}) > 1 for g in c["groups"])
+        op["nodes"] = max((len({d // per_node for d in g}) for g in c["groups"]), default=1)
+        op["inter_node"] = op["nodes"] > 1
     t = step.target
     out["target"] = {"name": t.name, "description": t.description, "devices": cfg.devices, "nodes": step.nodes,
                      "gpus_per_node": cfg.devices // step.nodes, "device_memory_bytes": t.memory_bytes,
@@ -58,6 +63,10 @@ def describe(out: dict, step) -> dict:
     out["fits"] = out["peak_bytes"] <= t.memory_bytes
     ops = out["collectives"]
     out["step_flops"] = schedule.total_flops(text)
+    out["attention"], out["fused_attention_calls"] = step.attention, step.fused_calls
+    out["fused_attention"] = sum(step.fused_calls.values())
+    if step.attention_note:
+        out["attention_note"] = step.attention_note
     out["overlap_flops"] = sum(c["overlap_flops"] * (c["trips"] or 1) for c in ops)
     out["collectives_in_loop"] = sum(1 for c in ops if (c["trips"] or 0) > 1)
     if cfg.strategy in GATHERS_PARAMS:
@@ -67,7 +76,9 @@ def describe(out: dict, step) -> dict:
     out["bytes_by_kind"], out["theory_by_kind"] = _by_kind(ops), _theory(cfg, step)
     out["difference"] = difference(out)
     psi = sum(int(math.prod(p.shape)) for p in jax.tree.leaves(step.problem.params))
-    out["projection"] = projection.project(out, t, text, psi, cfg)
+    step.kernels = kernels.read(text)
+    roofline = projection.project(out, t, text, psi, cfg)
+    out["projection"] = calibration.for_target(out, t, step.kernels, roofline, cfg)
     return out
 
 
@@ -134,12 +145,15 @@ def format_target(r: dict) -> str:
         lines.append(f"prefetch (a unit's all-gather overlapping compute): {'yes' if r['prefetch'] else 'no'}"
                      + prefetch_note(r))
     lines.append(f"bytes against theory: {r['difference']}")
+    if r["attention"] != "mirrored":
+        calls = r["fused_attention_calls"]
+        lines.append(f"attention: {r['attention']}, {r['fused_attention']} cuDNN fused attention calls "
+                     f"({calls['forward']} forward, {calls['backward']} backward)")
+    if "attention_note" in r:
+        lines.append(f"note: {r['attention_note']}")
     if r["copies"]["count"]:
         lines.append(copies_note(r))
-    p = r["projection"]
-    lines.append(f"PROJECTED (not measured: docs/GPU.md): step {p['step_s'] * 1e3:.2f} ms = compute "
-                 f"{p['compute_s'] * 1e3:.2f} ms + exposed communication {p['exposed_comm_s'] * 1e3:.2f} ms (of "
-                 f"{p['comm_s'] * 1e3:.2f} ms), MFU {p['mfu']:.1%}, {p['tokens_per_s']:.4g} rows or tokens/s")
+    lines.append(calibration.summary_line(r["projection"]))
     return "\n".join(lines)
 
 

@@ -89,7 +89,17 @@ def _top_level(shape_text: str) -> list[str]:
 def _groups(line: str, n_devices: int) -> list[list[int]]:
     """The device groups of a collective's `replica_groups`: explicit (`{{0,1},{2,3}}`), iota
     (`[G,S]<=[dims]T(perm)`: arange(prod(dims)) reshaped to dims, transposed by perm, read as G rows of
-    S), or empty / absent (one group of every device)."""
+    S), over mesh axes (`mesh['axis_0'=2,'axis_1'=2] {'axis_0'}`, an explicit-axes mesh's: a group per
+    combination of the other axes, along the named ones), or empty / absent (one group of every device)."""
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
+    if m:
+        axes = re.findall(r"'([^']+)'=(\d+)", m.group(1))
+        over = set(re.findall(r"'([^']+)'", m.group(2)))
+        dims = [int(size) for _, size in axes]
+        along = [i for i, (name, _) in enumerate(axes) if name in over]
+        order = [i for i in range(len(axes)) if i not in along] + along
+        return np.arange(math.prod(dims)).reshape(dims).transpose(order).reshape(
+            -1, math.prod(dims[i] for i in along)).tolist()
     m = re.search(r"replica_groups=\{(\{[\d,]*\}(?:,\{[\d,]*\})*)\}", line)
     if m:
         return [[int(d) for d in g.split(",") if d] for g in re.findall(r"\{([\d,]*)\}", m.group(1))]

@@ -31,13 +31,20 @@ from . import accounting
 
 def inspect(cfg, step: accounting.CompiledStep | None = None, target: str | None = None, nodes: int = 1) -> dict:
     """The contract's dictionary for `cfg`'s compiled training step (the one `jaxdp train` runs);
-    `step`: that step already compiled (`accounting.compile_step(cfg)`); `target` (--target): compiled for
-    --devices GPUs of that kind on `nodes` nodes instead, read with its schedule (`gpu_program.describe`)."""
+    `step`: that step already compiled (`accounting.compile_step(cfg)`; with `target`, `aot.TargetStep`); `target`
+    (--target): compiled for --devices GPUs of that kind on `nodes` nodes instead, read with its schedule
+    (`gpu_program.describe`) and its contract (`_read_target`), once: `program_cache` keeps the reading (unless
+    `step` is given), and the projection is made from it (`calibration`)."""
     if target is not None:
-        from . import aot, gpu_program
+        from ..core import targets
+        from . import calibration, gpu_program, program_cache
 
-        step = aot.TargetStep(cfg, target, nodes)
-        return gpu_program.describe(_read(cfg, step), step)
+        if step is not None:
+            out, found, cached = gpu_program.describe(_read_target(cfg, step), step), step.kernels, {"hit": False}
+        else:
+            out, found, cached = program_cache.compiled(cfg, target, nodes, _read_target)
+        out["projection"] = calibration.reproject(out, targets.TARGETS[target], found, cfg)
+        return {**out, "cache": cached}
     return _read(cfg, step or accounting.compile_step(cfg))
 
 
@@ -100,9 +107,24 @@ def format_inspect(r: dict) -> str:
     return "\n".join(lines)
 
 
+def _read_target(cfg, step) -> dict:
+    """A target step's reading with its contract (kept together in the program cache)."""
+    from ..contract import strategies as contract
+
+    return {**_read(cfg, step), "contract": contract.of_compiled(step, cfg).to_dict()}
+
+
 def main(cfg, json_path: str | None = None, target: str | None = None, nodes: int = 1) -> int:
-    result = inspect(cfg, target=target, nodes=nodes)
-    print(format_inspect(result))
+    from ..contract import strategies as contract
+    from ..core.contract.report import Report
+
+    if target is not None:  # the reading and its contract from the program cache, or compiled once
+        result = inspect(cfg, None, target, nodes)
+    else:
+        step = accounting.compile_step(cfg)
+        result = {**inspect(cfg, step), "contract": contract.of_compiled(step, cfg).to_dict()}
+    report = Report.from_dict(result["contract"])  # the textbook beside the program (docs/CHECK.md)
+    print(format_inspect(result) + "\n" + report.to_text())
     if target is not None:
         from . import gpu_program
 

@@ -5,8 +5,8 @@ program is read instead (`schedule`): its matrix-product FLOPs per device, and i
 the scheduled program writes its result and reads what it uses of its operands once: a fusion the elements its
 computation draws from each, `fusion_reads`; `hbm_bytes`). Then
   compute  = max(FLOPs / peak FLOP/s, HBM bytes / HBM bandwidth)        (a roofline per step, not per kernel)
-  comm     = sum over collectives of bytes sent per device x trips / link bandwidth, the link NVLink when
-             every group of the collective lies within a node, InfiniBand when one crosses nodes
+  comm     = sum over collectives of bytes sent per device x trips / a ring's bus bandwidth: NVLink when
+             every group of the collective lies within a node, else the NICs its GPUs drive (network.py)
   exposed  = per collective, its time less the compute scheduled under it (`overlap_flops` / peak), >= 0;
              all of it for a collective run synchronously
   step     = compute + exposed
@@ -19,7 +19,7 @@ optimizer's elementwise FLOPs; so the projection is an upper bound on what the h
 """
 from __future__ import annotations
 
-from . import fusion_reads, hlo, schedule
+from . import fusion_reads, hlo, network, schedule
 
 KERNEL_FREE = schedule.FREE + ("while", "conditional", "call", "after-all")
 
@@ -86,7 +86,8 @@ def project(r: dict, target, text: str, psi: int, cfg) -> dict:
     compute = max(r["step_flops"] / peak, traffic / target.hbm_bytes_s)
     comm = exposed = 0.0
     for c in r["collectives"]:
-        link = target.ib_bytes_s if c["inter_node"] else target.nvlink_bytes_s
+        nodes = c.get("nodes", 2 if c["inter_node"] else 1)  # a ring over every NIC of its nodes (network.py)
+        link = network.bus_bytes_s(c.get("group_size", 8 * nodes), nodes, network.fabric(target))
         seconds = c["bytes_per_device"] * (c["trips"] or 1) / link
         comm += seconds
         hidden = c["overlap_flops"] * (c["trips"] or 1) / peak if c["async"] else 0.0

@@ -7,7 +7,9 @@ those run while the collective is in flight. For each collective (by its start's
 run synchronously), `overlap_ops` (the instructions scheduled between start and done, less the free ones:
 tuple plumbing, bitcasts, constants) and `overlap_flops` (their matrix-product FLOPs: 2 x the output's
 elements x the contracted size of each `dot` they run, through fusions, calls and loops, a loop body
-counted once per known trip). Elementwise work is not counted: the FLOPs are the tensor-core ones.
+counted once per known trip), those of the GEMMs XLA:GPU hands to cuBLAS as custom calls (`__cublas$gemm`,
+`__cublas$lt$matmul`: a dot by its backend config's dimension numbers) and those of cuDNN's fused attention custom
+calls (`fmha_flops`). Elementwise work is not counted: the FLOPs are the tensor-core ones.
 """
 from __future__ import annotations
 
@@ -19,6 +21,10 @@ from . import hlo
 FREE = ("get-tuple-element", "bitcast", "tuple", "constant", "parameter", "copy-start", "copy-done")
 _DEF = re.compile(r"^\s*(?:ROOT )?%(?P<name>[^\s=]+) = (?P<shape>.+?) (?P<op>[a-z][\w-]*)\(")
 _DIMS = re.compile(r"\[([\d,]*)\]")
+FMHA = "__cudnn$fmha"  # cuDNN's fused attention custom calls: __cudnn$fmhaSoftmax, ...Backward, ...F8
+_TARGET = re.compile(r'custom_call_target="([^"]+)"')
+_SCORES = re.compile(r'"intermediate_tensor_shape":\s*\{"element_type":\s*"\w+",\s*"dimensions":\s*\[([^\]]*)\]')
+_CONSTRAINTS = re.compile(r"operand_layout_constraints=\{(.*?)\}, (?:api_version|metadata|backend_config)")
 _ASYNC = re.compile(r"(?P<op>" + "|".join(hlo.OPS) + r"|async)-(?P<end>start|done)\((?P<args>[^)]*)\)")
 
 
@@ -37,12 +43,57 @@ def defs(lines: list[str]) -> list[tuple[str, str, str, str]]:
     return out
 
 
-def _dot_flops(line: str, shape: str, shapes: dict[str, str]) -> float:
-    operands = re.findall(r"%([^\s,)]+)", line.split(" dot(", 1)[1].split(")", 1)[0])
-    m = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", line)
+def _dot_flops(line: str, shape: str, shapes: dict[str, str], op: str = "dot") -> float:
+    """2 x the (first) result's elements x the contracted size: a `dot`'s, or a cuBLAS GEMM custom call's (its
+    contracting dimensions in its backend config's `dot_dimension_numbers`)."""
+    operands = re.findall(r"%([^\s,)]+)", line.split(f" {op}(", 1)[1].split(")", 1)[0])
+    m = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", line) if op == "dot" else \
+        re.search(r'"lhs_contracting_dimensions":\s*\[([^\]]*)\]', line)
     lhs = _dims(shapes.get(operands[0], "")) if operands else []
-    contracted = math.prod(lhs[int(c)] for c in m.group(1).split(",") if c) if m and lhs else 0
+    contracted = math.prod(lhs[int(c.strip('" '))] for c in m.group(1).split(",") if c.strip()) if m and lhs else 0
     return 2.0 * math.prod(_dims(shape)) * contracted
+
+
+def fmha_target(line: str) -> str | None:
+    """The cuDNN fused attention custom call's target a line holds (None for any other instruction)."""
+    m = _TARGET.search(line)
+    return m.group(1) if m and m.group(1).startswith(FMHA) else None
+
+
+def fmha_calls(hlo_text: str) -> dict[str, int]:
+    """The cuDNN fused attention custom calls of a compiled program, as its text has them (an instruction inside a
+    loop body counted once): {"forward": n, "backward": m}."""
+    found = {"forward": 0, "backward": 0}
+    for line in hlo_text.splitlines():
+        if " custom-call(" in line and (target := fmha_target(line)):
+            found["backward" if "Backward" in target else "forward"] += 1
+    return found
+
+
+def _pairs(t: int, s: int, window: int, causal: bool) -> float:
+    """The (query, key) pairs a causal mask (and a sliding window) leaves of t x s: what cuDNN computes."""
+    if not causal:
+        return float(t * s)
+    cap = min(s, window) if window > 0 else s  # query i sees min(i + 1, cap) keys
+    return float(t * (t + 1) // 2 if t <= cap else cap * (cap + 1) // 2 + (t - cap) * cap)
+
+
+def fmha_flops(line: str) -> float:
+    """Matrix FLOPs of one cuDNN fused attention call, from its backend config's scores shape [b, h, t, s] and its
+    q and v operands' head dims d, dv (their last dimension in either layout): the forward's Q K^T and P V,
+    2 b h (d + dv) per pair; the backward's recomputed Q K^T, then dV, dP, dQ, dK: 2 b h (3 d + 2 dv) per pair.
+    A causal mask counts the pairs of its lower triangle, t (t + 1) / 2 for t = s (cuDNN skips the masked
+    blocks; the blocks on the diagonal, computed whole, are not modelled)."""
+    scores, constraints = _SCORES.search(line), _CONSTRAINTS.search(line)
+    if not scores or not constraints:
+        return 0.0
+    b, h, t, s = (int(x.strip('" ')) for x in scores.group(1).split(","))
+    operands = _DIMS.findall(constraints.group(1))
+    d, dv = int(operands[0].split(",")[-1]), int(operands[2].split(",")[-1])
+    window, mask = re.search(r'"sliding_window_length":\s*(\d+)', line), re.search(r'"mask_type":\s*"(\w+)"', line)
+    pairs = _pairs(t, s, int(window.group(1)) if window else 0, bool(mask) and "CAUSAL" in mask.group(1))
+    per_pair = 3 * d + 2 * dv if "Backward" in (fmha_target(line) or "") else d + dv
+    return 2.0 * b * h * pairs * per_pair
 
 
 class Flops:
@@ -62,6 +113,10 @@ class Flops:
     def of_line(self, op: str, shape: str, line: str, shapes: dict[str, str], depth: int = 0) -> float:
         if op == "dot":
             return _dot_flops(line, shape, shapes)
+        if op == "custom-call" and fmha_target(line):
+            return fmha_flops(line)
+        if op == "custom-call" and 'custom_call_target="__cublas$' in line:
+            return _dot_flops(line, shape, shapes, op)
         if depth > 32 or op.endswith("-done") or op == "async-update":
             return 0.0
         total = 0.0

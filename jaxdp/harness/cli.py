@@ -1,4 +1,4 @@
-"""The `jaxdp` command line: `train`, `diff`, `memory`, `inspect`, `parity`, `compare`, `bench` (see `jaxdp -h`).
+"""The `jaxdp` command line: `train`, `diff`, `memory`, `inspect`, `parity`, `compare`, `bench`, `check` (`jaxdp -h`).
 The flags come from `jaxdp.core.argv` (the run flags from `RunConfig`, the one definition both frameworks
 use); every input is checked before any device, process or model is made (`cli_runs.py`, `cli_train.py`)."""
 from __future__ import annotations
@@ -7,8 +7,9 @@ import contextlib
 import os
 import sys
 
+from ..contract import cli as cli_check
 from ..core import argv, atomic, config, disk_full, errors, heartbeat
-from . import cli_diff, cli_runs, cli_train
+from . import check_torch, cli_diff, cli_runs, cli_train, kernel_paths
 from .interrupt import guarded, stdout_closed
 
 TORCH_COMMANDS = ("compare", "parity", "bench")  # they run torch_ref too
@@ -89,6 +90,8 @@ def _add_pairs(sub) -> None:
     _compare_devices(compare)
     argv.add_strategies(compare, "ddp,ddp-ring,zero1,zero3", EITHER, "the strategies to compare (each must exist "
                         "in both frameworks: " + ", ".join(BOTH) + ")")
+    kernel_paths.add(compare, "mirrored", "the report is the first path's; each further path trains every strategy "
+                     "again in both frameworks, judged and timed in the report's 'Kernel paths'")
     argv.add_force(compare)
     argv.add_heartbeat(compare)
     compare.add_argument("--out", default="reports/compare", metavar="DIR", action=argv.Store,
@@ -109,6 +112,7 @@ def _add_pairs(sub) -> None:
                        help="tiny sizes and few repeats (a smoke run) (default: %(default)s)")
     bench.add_argument("--out", default="reports/bench", metavar="DIR", action=argv.Store,
                        help="folder for bench.json and bench.md (default: %(default)s)")
+    kernel_paths.add(bench, "mirrored,fused", "items 1-3's timed runs (item 13 always times both)")
     argv.add_heartbeat(bench)
 
 
@@ -121,6 +125,7 @@ def build_parser() -> argv.Parser:
     _add_analyses(sub)
     _add_pairs(sub)
     cli_diff.add_parser(sub)
+    cli_check.add_parser(sub)
     return parser
 
 
@@ -135,7 +140,9 @@ def main(argv_=None) -> int:
             argv.check_seconds(args, ("heartbeat", "startup_timeout"))  # its torch ranks' (torch_ref.launch)
         run = {"train": cli_train.train, "memory": cli_runs.memory, "inspect": cli_runs.inspect,
                "parity": cli_runs.parity, "compare": cli_runs.compare, "bench": cli_runs.bench,
-               "diff": cli_diff.main}[args.command]
+               "diff": cli_diff.main,
+               "check": check_torch.main if getattr(args, "framework", "jax") == "torch" else cli_check.main
+               }[args.command]
         json_out = atomic.json_on_stdout() if getattr(args, "json", None) == atomic.STDOUT else contextlib.nullcontext()
         with heartbeat.configured(getattr(args, "heartbeat", None), getattr(args, "startup_timeout", None)), json_out:
             return run(args)  # --json -: stdout is the document's, the text stderr's
@@ -150,6 +157,20 @@ def main(argv_=None) -> int:
             raise
         print(f"jaxdp: error: {disk_full.line(full)}", file=sys.stderr)
         return errors.EXIT_FAILED
+
+
+def check_example(path: str, functions: tuple, *flags: str) -> None:
+    """`python examples/check_*.py [--function F] [--devices N]`: `jaxdp check PATH:F --devices N FLAGS`, and exit
+    with its status (examples/check_jax.py, examples/check_torch.py)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=f"jaxdp check {os.path.basename(path)}:FUNCTION {' '.join(flags)}",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--function", default=functions[0], choices=functions,
+                        help="the FUNCTION of this file to check")
+    parser.add_argument("--devices", type=int, default=2, help="the devices (or torch ranks) given to it")
+    given = parser.parse_args()
+    sys.exit(main(["check", f"{path}:{given.function}", "--devices", str(given.devices), *flags]))
 
 
 if __name__ == "__main__":

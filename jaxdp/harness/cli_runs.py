@@ -86,30 +86,39 @@ def compare(args) -> int:
     paths.output_dir(args.out, "--out")
     untyped = "devices" not in argv.given(args)
     _single_on_one(args, names, untyped)
-    base = _base(args, names)
+    kernels = args.kernels  # compare's --kernels: a list of paths (kernel_paths); each checked in both frameworks
+    for path in reversed(kernels):  # the first path's last: the report's base
+        args.kernels = path
+        base = _base(args, names)
 
     def say(message):
         return print(f"[{time.time() - t0:6.1f}s] {message}", file=sys.stderr, flush=True)
 
     say(f"jaxdp compare: {', '.join(names)} in jaxdp and torch_ref, {base.model}, {base.steps} steps; loading JAX")
     from .. import devices  # the inputs are checked: the heavy imports (JAX, matplotlib) now, after one line
+    from ..contract.strategies import note as contract_note
     from .report import recommend, render, runner
 
     if untyped and base.platform == "auto" and not _accelerators(base.devices):
         base = base.replace(platform="cpu")  # the default 4 devices, simulated: not the 1 or 2 GPUs present
     devices.setup(base.devices, base.platform)
 
-    summary = runner.compare(base, names, progress=say, started=t0, target=args.target, nodes=args.nodes)
+    summary = runner.compare(base, names, progress=say, started=t0, target=args.target, nodes=args.nodes,
+                             kernels=kernels[1:])
     say("drawing figures and writing the report")
     written = render.write(summary, args.out)
     for e in summary["strategies"]:
         p = e["parity"]
         print(f"{e['name']:<12} parity {'pass' if p['pass'] else 'FAIL'} (worst grad {p['worst']['grad']:.1e}, "
               f"param {p['worst']['param']:.1e}); comm JAX {e['frameworks']['jax']['comm']['total'] / 1024:.1f} "
-              f"KiB/step" + render.finding(e))
+              f"KiB/step" + render.finding(e) + contract_note(e["frameworks"]["jax"]["contract"]))
+    for r in summary["paths"][len(summary["strategies"]):]:  # the further kernel paths (report.paths)
+        print(f"{r['name']:<12} parity {'pass' if r['pass'] else 'FAIL'} on the {r['kernels']} path (worst grad "
+              f"{r['worst']['grad']:.1e}); step ms JAX {1e3 * r['jax']['median_step_s']:.2f}, torch "
+              f"{1e3 * r['torch']['median_step_s']:.2f}")
     print("\n".join(recommend.as_lines(written["recommendation"])))  # the report's "Which strategy", in short
     print(f"report: {written['html']} ({written['md']}, {written['json']}) in {time.time() - t0:.0f}s")
-    return 0 if all(e["parity"]["pass"] for e in summary["strategies"]) else 1
+    return 0 if all(r["pass"] for r in summary["paths"]) else 1
 
 
 def _accelerators(n: int) -> bool:
@@ -132,7 +141,8 @@ def parity(args) -> int:
     devices.setup(base.devices, base.platform)
     rows = parity_mod.check(base, pairs)
     print(f"jaxdp vs torch_ref: {base.model}/{base.data}, {base.optimizer}, {base.dtype}, {base.steps} steps, "
-          f"batch {base.batch_size}, accum {base.accum}, clip {base.clip_norm}, {base.devices} devices")
+          f"batch {base.batch_size}, accum {base.accum}, clip {base.clip_norm}, {base.devices} devices, kernels "
+          f"{base.kernels}{' (torch compiled)' if base.compile else ''}")
     print(parity_mod.format_table(rows))
     return 0 if all(r.ok for r in rows) else 1
 
@@ -141,7 +151,7 @@ def bench(args) -> int:
     from . import bench as bench_mod
 
     paths.output_dir(args.out, "--out")
-    results = bench_mod.run(quick=args.quick, out=args.out)
+    results = bench_mod.run(quick=args.quick, out=args.out, kernels=args.kernels, compile=args.compile)
     table = bench_mod.write(results, args.out)  # bench.json and bench.md, both or neither
     print(table)
     print(f"wrote {os.path.join(args.out, 'bench.json')} and bench.md")

@@ -1,8 +1,12 @@
-"""Causal self-attention under `--kernels fused` (jaxdp/core/kernels.py): `jax.nn.dot_product_attention`,
-as JAX users call it. On NVIDIA GPUs JAX picks cuDNN's fused attention for bf16 and fp16 (no fp32 mode),
-elsewhere XLA's own composition; `implementation(...)` fixes the choice (`--target h100` asks for cuDNN).
-The mirrored attention stays written out in each model (gpt.py, gpt2.py, llama.py), the torch twins' op
-order. torch_ref/models/attention.py is the twin (`F.scaled_dot_product_attention`).
+"""Causal self-attention as JAX users write it (`--kernels fused`): one call to `jax.nn.dot_product_attention`.
+
+`fused(q, k, v)` takes and gives [batch, tokens, heads, head dim]; k and v may have fewer heads than q (grouped-query
+attention: each key/value head serves n_head / n_kv_head query heads). Which kernel computes it is JAX's
+`implementation=` argument, read from `implementation(...)` here at trace time: None (the default) lets JAX
+choose (XLA's attention in JAX 0.10: its `None` case is XLA's, "cuDNN later"; `fused` itself asks for cuDNN
+on a GPU in bf16, `on_gpu`), "cudnn" asks for cuDNN's fused
+(flash) attention, a custom call on NVIDIA GPUs, bf16/fp16 only, "xla" for XLA's einsum-softmax-einsum.
+`jaxdp inspect --target` chooses "cudnn" around the lowering of a fused step (jaxdp/analysis/aot.py).
 """
 from __future__ import annotations
 
@@ -10,29 +14,51 @@ import contextlib
 
 import jax
 
-_CHOSEN: list = [None]  # None: JAX's choice; "xla" or "cudnn"
+IMPLEMENTATIONS = (None, "xla", "cudnn")
+_CHOSEN: list[str | None] = [None]  # the innermost `implementation(...)` in force
 
 
 @contextlib.contextmanager
 def implementation(name: str | None):
-    """Within the block, `fused` asks `jax.nn.dot_product_attention` for `name` ("xla", "cudnn", None)."""
-    before = _CHOSEN[0]
-    _CHOSEN[0] = name
+    """Trace `fused` with JAX's attention implementation `name` inside this block (None: JAX's choice)."""
+    if name not in IMPLEMENTATIONS:
+        raise ValueError(f"attention implementation {name!r}; valid: {IMPLEMENTATIONS}")
+    _CHOSEN.append(name)
     try:
         yield
     finally:
-        _CHOSEN[0] = before
+        _CHOSEN.pop()
+
+
+def chosen() -> str | None:
+    return _CHOSEN[-1]
 
 
 def fused(q, k, v):
-    """Causal attention of q [b, t, h, d] over k, v [b, t, g, d] (g divides h: grouped-query, query head j
-    reads key/value head j // (h / g), as transformers' repeat_kv), scale 1 / sqrt(d); [b, t, h, d] out."""
-    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=_CHOSEN[0])
+    """Causal attention of q [b, t, h, d] over k, v [b, t, h_kv, d], scaled by 1 / sqrt(d): [b, t, h, d]. Query
+    head j reads key/value head j // (h / h_kv), as transformers' repeat_kv. On a GPU with no implementation
+    chosen, bf16 takes cuDNN's attention (`on_gpu`), XLA's where cuDNN refuses the shape."""
+    name = chosen()
+    if name is None and on_gpu(q):
+        try:
+            return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+        except NotImplementedError:  # a shape cuDNN cannot take (a head dim over 128, not a multiple of 8)
+            name = "xla"
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=name)
 
+
+def on_gpu(q) -> str | None:
+    """JAX's choice for `q` on this backend when none is chosen: cuDNN for bf16/fp16 on a GPU (JAX 0.10's own
+    None is XLA's attention everywhere), else XLA's."""
+    import jax.numpy as jnp
+
+    if jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16):
+        return "cudnn"
+    return None
 
 
 @contextlib.contextmanager
-def chosen(module, kernels: str):
+def switched(module, kernels: str):
     """Within the block, every submodule of `module` that offers the choice (a `kernels` attribute: the
     attention of gpt, gpt2 and llama) has `kernels`; restored after (a Problem built inside keeps it: the
     graph definition is taken then). A user's own attention is theirs to write."""

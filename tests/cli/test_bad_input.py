@@ -111,7 +111,7 @@ def call(prog, argv_, tmp, monkeypatch, capsys):
 
 
 def base(prog, name, dest) -> list[str]:
-    head = {"diff": ["diff", "{tmp}/a.npz", "{tmp}/b.npz"]}.get(name, [name])
+    head = {"diff": ["diff", "{tmp}/a.npz", "{tmp}/b.npz"], "check": ["check", "{tmp}/step.py:make"]}.get(name, [name])
     launcher = dest in ("timeout", "heartbeat", "startup_timeout") and (prog, name) != ("jaxdp", "train")
     return head + ([] if launcher else CONTEXT.get(dest, []))  # --processes only in jaxdp train
 
@@ -122,6 +122,7 @@ def tmp(tmp_path):
     (tmp_path / "adir").mkdir()
     for trace in ("a.npz", "b.npz"):
         (tmp_path / trace).write_bytes(b"")
+    (tmp_path / "step.py").write_text("def make(devices):\n    raise AssertionError('not reached')\n")  # jaxdp check's
     return tmp_path
 
 

@@ -175,6 +175,8 @@ NO_TWIN = {
     "canonical/compiler.py": "chooses XLA's compiler options for canonical programs; torch runs no compiler",
     "models/dot_fold.py": "fixes the weight gradients' layout in canonical's per-shard program, as XLA's simplifier "
                           "would; torch's autograd computes the weight gradient in its layout",
+    "models/cast_once.py": "bf16 weights cast once per step for a pure loss; torch's cast is a forward on bf16 copies "
+                           "or FSDP2's MixedPrecisionPolicy, built with the model in torch_ref/kernels.py",
     "models/loop_conv.py": "a convolution backward XLA:CPU runs with Eigen inside a loop body; torch has no compiler",
     "analysis/hlo.py": "reads XLA's compiled program; torch has none (analysis/profiler.py reads what ran)",
     "analysis/inspect.py": "`jaxdp inspect` prints the compiled program's collectives; torch has no compiled program",
@@ -184,6 +186,11 @@ NO_TWIN = {
     "analysis/target_memory.py": "XLA:GPU's compiled peak for a target; torch's is docs/GPU.md's part 5",
     "analysis/projection.py": "a step time projected from XLA:GPU's compiled program; torch has none to read",
     "analysis/fusion_reads.py": "what a fused XLA:GPU kernel reads, for the projection; torch has no fused program",
+    "analysis/kernels.py": "XLA:GPU's compiled kernels by kind, for the projection; torch has no compiled program",
+    "analysis/calibration.py": "the calibrated projection of XLA:GPU's compiled program; torch has none to read",
+    "analysis/calibration_points.py": "the projection's calibration table, of JAX programs compiled for GPUs",
+    "analysis/network.py": "the cluster's network for the projection of a compiled JAX program",
+    "analysis/program_cache.py": "XLA:GPU target programs kept on disk; torch compiles none for a target",
     "analysis/widened.py": "the bf16 reductions XLA:CPU runs widened, read from its HLO; torch has no compiled program",
     "strategies/ddp_pmap.py": "pmap is JAX's own form of DDP",
     "strategies/grads.py": "local gradients with accumulation: torch's are strategies/common.py:local_grads (no_sync)",

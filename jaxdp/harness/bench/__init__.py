@@ -5,7 +5,8 @@ Nine measurements (the keys of the result dictionary, written to bench.json by t
 1. `step_time`: JAX vs torch step time for every strategy both have, at N = 2 and 4, on one
    `mlp` large enough that compute matters and one small `gpt`: same model, batch, dtype and
    initial parameters on both sides; the first (compiling) step and one warm-up step excluded,
-   the median of the rest.
+   the median of the rest. On each `--kernels` path (default both: `mirrored,fused`; items 2-3 and
+   6's first steps too), every row naming its path (torch's: eager, or compiled with `--compile`).
 2. `dp_overhead`: each strategy at N devices over `single` on the same global batch and cores.
 3. `ring_vs_xla`: the explicit ring (`ddp-ring`) over XLA's all-reduce (`ddp`).
 4. `communication`: bytes sent per device per step read from the compiled HLO, against the ring
@@ -31,6 +32,8 @@ Nine measurements (the keys of the result dictionary, written to bench.json by t
    compiled peak and fits, bytes against theory, overlap, and a PROJECTED step time and MFU (`gpu_target.py`,
    docs/GPU.md); the headline rows here, every strategy on 8 and 16 H100s with `python -m
    jaxdp.harness.bench.gpu_target`; skipped without the gpu-aot extra and in --quick.
+13. `fused_cost`: fused / mirrored step time per framework, gpt2 in float32 and bf16, single and ddp at N = 2,
+   both paths interleaved in one run (`fused_cost.py`); whatever `--kernels` says.
 
 Items 1-6, 8 and 9 run on simulated CPU devices (`--platform cpu`) on every machine: the "devices" share
 the machine's cores, and torch's ranks are processes (gloo) on the same cores, so times say how
@@ -45,19 +48,20 @@ from __future__ import annotations
 
 import datetime
 import os
-import platform as platform_mod
 import sys
 import time
 
-from ... import devices, train
+from ... import devices
 from ...core import atomic
 from ...core.timing import WARMUP_STEPS
 from . import tables
 from .collectives import collectives_benchmark
+from .fused_cost import fused_cost_benchmark
 from .goals import goals
 from .gpu import gpu_throughput
 from .gpu_target import gpu_projection
 from .jit import jit_vs_hand
+from .machine import machine
 from .markdown import markdown
 from .measure import start_inspect, time_strategies
 from .nan_check import nan_check_benchmark
@@ -68,10 +72,12 @@ MODEL_FIELDS = ("model", "data", "hidden", "n_layer", "n_head", "n_kv_head", "d_
                 "batchnorm", "batch_size", "dtype", "optimizer")
 
 
-def run(quick: bool = False, out: str | None = None, progress=None) -> dict:
-    """Run every item; returns the JSON-serialisable result (the CLI writes bench.json / bench.md)."""
+def run(quick: bool = False, out: str | None = None, progress=None, kernels: tuple = ("mirrored", "fused"),
+        compile: bool = False) -> dict:
+    """Run every item; returns the JSON-serialisable result (the CLI writes bench.json / bench.md). `kernels`:
+    the paths items 1-3 time; `compile`: torch.compile on the torch side of those runs."""
     say = progress or (lambda m: print(m, flush=True))
-    p = plan(quick)
+    p = plan(quick, tuple(kernels), compile)
     omp = _passive_omp()
     devices.setup(max(p.time_ns), "cpu")  # before JAX initialises: the count is then fixed
     t0 = time.perf_counter()
@@ -82,7 +88,8 @@ def run(quick: bool = False, out: str | None = None, progress=None) -> dict:
     measured = {"gpu_throughput": _timed(clock, "item 7", gpu_throughput, p, say),
                 "reduction": _timed(clock, "item 9", reduction_benchmark, p, say),
                 "jit_vs_hand": _timed(clock, "item 10", jit_vs_hand, p, say),
-                "nan_check": _timed(clock, "item 11", nan_check_benchmark, p, say)}
+                "nan_check": _timed(clock, "item 11", nan_check_benchmark, p, say),
+                "fused_cost": _timed(clock, "item 13", fused_cost_benchmark, p, say)}
     # untimed from here: items 4-5's compile child runs beside item 12's compiles (2 cores, one each)
     child = start_inspect(p, say)
     try:
@@ -106,6 +113,7 @@ def run(quick: bool = False, out: str | None = None, progress=None) -> dict:
         "reduction": measured["reduction"],
         "jit_vs_hand": measured["jit_vs_hand"],
         "nan_check": measured["nan_check"],
+        "fused_cost": measured["fused_cost"],
         "gpu_projection": projection,
     }
     results["goals"] = goals(results)
@@ -134,6 +142,7 @@ def write(results: dict, out: str) -> str:
 def _setup(p: Plan, omp: str) -> dict:
     return {"omp_wait_policy": omp,
             "platform": "cpu (simulated devices share the cores; torch ranks are gloo processes on the same cores)",
+            "kernels": list(p.kernels), "torch_compile": p.torch_compile,
             "steps_per_run": p.steps, "excluded": f"first step (compile) + {WARMUP_STEPS} warm-up",
             "timed_steps": p.steps - 1 - WARMUP_STEPS, "statistic": "median",
             "steps_of": {label: steps for label, steps in p.steps_of},
@@ -141,25 +150,6 @@ def _setup(p: Plan, omp: str) -> dict:
             "comm_model": {f: getattr(p.comm_model, f)
                            for f in ("model", "hidden", "batch_size", "dtype", "optimizer")},
             "ported_models": {label: {f: getattr(c, f) for f in MODEL_FIELDS} for label, c, *_ in p.model_comm}}
-
-
-def machine() -> dict:
-    cpu = platform_mod.processor() or platform_mod.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-    except OSError:
-        pass
-    versions = train.versions()
-    try:
-        import torch
-
-        versions["torch"] = torch.__version__
-    except ImportError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform_mod.python_version(),
-            "system": f"{platform_mod.system()} {platform_mod.release()}", "versions": versions}
 
 
 def _passive_omp() -> str:
@@ -173,4 +163,4 @@ def _passive_omp() -> str:
     return os.environ.get("OMP_WAIT_POLICY", "default") + " (torch was imported before the bench set it)"
 
 
-__all__ = ["markdown", "run", "write"]
+__all__ = ["machine", "markdown", "run", "write"]

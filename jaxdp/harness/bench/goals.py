@@ -20,20 +20,27 @@ def _step_time(results: dict) -> dict:
     return {"item": 1, "goal": "JAX at least as fast as torch for every strategy (JAX/torch <= 1)",
             "met": all(r["jax_over_torch"] <= 1.0 for r in st),
             "detail": f"worst {worst['jax_over_torch']:.2f}x ({worst['model']} {worst['strategy']} "
-                      f"N={worst['devices']}); {sum(r['jax_over_torch'] <= 1.0 for r in st)}/{len(st)} rows met"}
+                      f"N={worst['devices']}{_path(worst)}); {sum(r['jax_over_torch'] <= 1.0 for r in st)}/{len(st)} "
+                      "rows met"}
 
 
 def _overhead(results: dict) -> dict:
     ov = [r for r in results["dp_overhead"]["rows"] if r["framework"] == "jax" and r["goal"] is not None]
     return {"item": 2, "goal": "ddp, zero1, zero2 at most 1.15x single (JAX)",
             "met": bool(ov) and all(r["met"] for r in ov),
-            "detail": ", ".join(f"{r['model']} {r['strategy']}@{r['devices']} {r['over_single']:.2f}x" for r in ov)}
+            "detail": ", ".join(f"{r['model']} {r['strategy']}@{r['devices']}{_path(r)} {r['over_single']:.2f}x"
+                                for r in ov)}
 
 
 def _ring(results: dict) -> dict:
     rg = [r for r in results["ring_vs_xla"]["rows"] if r["framework"] == "jax"]
     return {"item": 3, "goal": "ddp-ring at most 1.25x ddp (JAX)", "met": bool(rg) and all(r["met"] for r in rg),
-            "detail": ", ".join(f"{r['model']}@{r['devices']} {r['ring_over_ddp']:.2f}x" for r in rg)}
+            "detail": ", ".join(f"{r['model']}@{r['devices']}{_path(r)} {r['ring_over_ddp']:.2f}x" for r in rg)}
+
+
+def _path(row: dict) -> str:
+    """A row's kernels path after its name, when it is not the mirrored reference."""
+    return "" if row.get("kernels", "mirrored") == "mirrored" else f" {row['kernels']}"
 
 
 def _communication(results: dict) -> dict:

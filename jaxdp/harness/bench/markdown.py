@@ -1,7 +1,7 @@
 """bench.md: the results as markdown tables, one section per item."""
 from __future__ import annotations
 
-from . import gpu_target, jit, nan_check
+from . import fused_cost, gpu_target, jit, nan_check
 
 
 def _f(x, spec=".2f", none="-"):
@@ -34,7 +34,7 @@ def markdown(results: dict) -> str:
     lines = (_header(results) + _step_time(results) + _overhead(results) + _ring(results)
              + _communication(results, ns) + _memory(results, ns) + _compile(results, ns) + _gpu(results)
              + _collectives(results) + reduction_section(results) + jit.section(results)
-             + nan_check.section(results) + gpu_target.section(results))
+             + nan_check.section(results) + gpu_target.section(results) + fused_cost.section(results))
     return "\n".join(lines) + "\n"
 
 
@@ -60,32 +60,35 @@ def _header(results: dict) -> list:
 
 def _step_time(results: dict) -> list:
     lines = ["", "## 1. Step time, JAX vs torch (median ms; same model, batch, dtype, initial parameters)", "",
-             "| model | strategy | N | JAX ms | torch ms | JAX/torch |", "|---|---|---:|---:|---:|---:|"]
+             "| model | strategy | N | kernels (JAX / torch) | JAX ms | torch ms | JAX/torch |",
+             "|---|---|---:|---|---:|---:|---:|"]
     for r in results["step_time"]["rows"]:
         twin = f" (its twin {r['torch_timed_as']}'s run)" if "torch_timed_as" in r else ""
-        lines.append(f"| {r['model']} | {r['strategy']} | {r['devices']} | {_ms(r['jax_s'])} | "
+        lines.append(f"| {r['model']} | {r['strategy']} | {r['devices']} | {r.get('jax_path', 'mirrored')} / "
+                     f"{r.get('torch_path', 'mirrored, eager')} | {_ms(r['jax_s'])} | "
                      f"{_ms(r['torch_s'])}{twin} | {_f(r['jax_over_torch'])} |")
     return lines
 
 
 def _overhead(results: dict) -> list:
     lines = ["", "## 2. Data-parallel overhead: strategy at N over `single` (same global batch, same cores)", "",
-             "| model | strategy | N | JAX | torch | goal |", "|---|---|---:|---:|---:|---:|"]
-    by = _by(results["dp_overhead"]["rows"], lambda r: (r["model"], r["strategy"], r["devices"], r["framework"]))
-    for (model, strat, n), fw in by.items():
+             "| model | strategy | N | kernels | JAX | torch | goal |", "|---|---|---:|---|---:|---:|---:|"]
+    by = _by(results["dp_overhead"]["rows"], lambda r: (r["model"], r["strategy"], r["devices"],
+                                                         r.get("kernels", "mirrored"), r["framework"]))
+    for (model, strat, n, path), fw in by.items():
         goal = fw.get("jax", fw.get("torch"))["goal"]
-        lines.append(f"| {model} | {strat} | {n} | {_f(fw.get('jax', {}).get('over_single'))}x | "
+        lines.append(f"| {model} | {strat} | {n} | {path} | {_f(fw.get('jax', {}).get('over_single'))}x | "
                      f"{_f(fw.get('torch', {}).get('over_single'))}x | {'<= ' + _f(goal) if goal else '-'} |")
     return lines
 
 
 def _ring(results: dict) -> list:
     lines = ["", "## 3. Explicit ring vs XLA's all-reduce (`ddp-ring` / `ddp`, goal <= 1.25)", "",
-             "| model | N | JAX ring/ddp | torch ring/ddp |", "|---|---:|---:|---:|"]
-    by = _by(results["ring_vs_xla"]["rows"], lambda r: (r["model"], r["devices"], r["framework"]),
-             lambda r: r["ring_over_ddp"])
-    for (model, n), fw in by.items():
-        lines.append(f"| {model} | {n} | {_f(fw.get('jax'))}x | {_f(fw.get('torch'))}x |")
+             "| model | N | kernels | JAX ring/ddp | torch ring/ddp |", "|---|---:|---|---:|---:|"]
+    by = _by(results["ring_vs_xla"]["rows"], lambda r: (r["model"], r["devices"], r.get("kernels", "mirrored"),
+                                                         r["framework"]), lambda r: r["ring_over_ddp"])
+    for (model, n, path), fw in by.items():
+        lines.append(f"| {model} | {n} | {path} | {_f(fw.get('jax'))}x | {_f(fw.get('torch'))}x |")
     return lines
 
 
@@ -154,11 +157,12 @@ def _compile(results: dict, ns: list) -> list:
     for strat, per_n in _by(compiled, lambda r: (r["strategy"], r["devices"]),
                             lambda r: r["lower_s"] + r["compile_s"]).items():
         lines.append(f"| {strat} | " + " | ".join(_f(per_n.get(n)) for n in ns) + " |")
-    lines += ["", "First step (s; JAX: trace + compile + run; torch: eager, no compilation):", "",
-              "| model | strategy | N | JAX | torch |", "|---|---|---:|---:|---:|"]
+    lines += ["", "First step (s; JAX: trace + compile + run; torch: as its path says, eager or torch.compile):", "",
+              "| model | strategy | N | kernels (torch) | JAX | torch |", "|---|---|---:|---|---:|---:|"]
     for r in rows:
         if r["source"] == "first_step":
-            lines.append(f"| {r['model']} | {r['strategy']} | {r['devices']} | {_f(r['jax_first_step_s'])} | "
+            lines.append(f"| {r['model']} | {r['strategy']} | {r['devices']} | "
+                         f"{r.get('torch_path', 'mirrored, eager')} | {_f(r['jax_first_step_s'])} | "
                          f"{_f(r['torch_first_step_s'])} |")
     return lines
 

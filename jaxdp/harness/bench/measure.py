@@ -14,7 +14,7 @@ from ...core import data
 from ...core.config import RunConfig
 from ...core.timing import timing
 from .plan import Plan, comm_runs, plan, time_runs
-from .tables import jsonable
+from .tables import jsonable, key
 
 # ---- timed runs (items 1, 2, 3, 6) --------------------------------------------------------------
 
@@ -71,24 +71,26 @@ def run_jax(cfg: RunConfig) -> dict:
 
 
 def _entry(cfg: RunConfig, res: dict) -> dict:
-    return {"strategy": cfg.strategy, "devices": cfg.devices, **timing(res["step_times"]),
+    return {"strategy": cfg.strategy, "devices": cfg.devices, "kernels": cfg.kernels, "compile": cfg.compile,
+            **timing(res["step_times"]),
             "loss_first": res["losses"][0], "loss_last": res["losses"][-1],
             **({"timed_as": res["timed_as"]} if "timed_as" in res else {})}
 
 
 def time_strategies(p: Plan, say) -> dict:
-    """{model: {framework: {"strategy@N": timing + losses}}}; per model and N, the torch world runs
-    first, then the JAX strategies, in the same process run."""
+    """{model: {framework: {`tables.key`, "strategy@N" (and the path when not mirrored): timing + losses}}}; per
+    model, N and kernels path, the torch world runs first, then the JAX strategies, in the same process run."""
     out = {}
     for label, n, cfgs in time_runs(p):
         rows = out.setdefault(label, {"jax": {}, "torch": {}})
         cfgs = [c.validate("jax") for c in cfgs]
-        say(f"bench: {label} N={n}: torch_ref {', '.join(c.strategy for c in cfgs)}")
+        path = f" ({cfgs[0].kernels})"
+        say(f"bench: {label} N={n}{path}: torch_ref {', '.join(c.strategy for c in cfgs)}")
         t_res = run_torch(cfgs, n)
         for c in cfgs:
-            say(f"bench: {label} N={n}: jaxdp {c.strategy}")
-            rows["jax"][f"{c.strategy}@{n}"] = _entry(c, run_jax(c))
-            rows["torch"][f"{c.strategy}@{n}"] = _entry(c, t_res[c.strategy])
+            say(f"bench: {label} N={n}{path}: jaxdp {c.strategy}")
+            rows["jax"][key(c.strategy, n, c.kernels)] = _entry(c, run_jax(c))
+            rows["torch"][key(c.strategy, n, c.kernels)] = _entry(c, t_res[c.strategy])
     return out
 
 

@@ -2,7 +2,7 @@
 torch_ref/strategies/finite.py). JAX: for each strategy, on item 10's mlp at N = max(time_ns) (single at 1),
 the step compiled with the check and without it from the same configuration, called in turn
 (as item 9 does: load from elsewhere falls on both alike), the host reading the flags each step as the
-train loop does; the statistic is the fastest step (`_timed`) and the ratio with / without. torch: one rank in this
+train loop does; the statistic is the fastest step (`in_turn`) and the ratio with / without. torch: one rank in this
 process, the same model with the optimizer's hooks and without, interleaved likewise."""
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ STRATEGIES = ("single", "ddp", "ddp-bucket", "zero1", "zero2", "zero3", "hsdp", 
 QUICK = ("single", "ddp", "zero2")
 
 
-def _timed(calls, repeats: int) -> list[float]:
-    """The fastest wall seconds of each of `calls`, called in turn after WARMUP_CALLS: the cost of a few
-    reductions is far below the load other jobs put on a shared machine, which the minimum leaves out."""
+def in_turn(calls, repeats: int, statistic=min) -> list[float]:
+    """`statistic` (default the fastest) of each of `calls`' wall seconds, called in turn after WARMUP_CALLS: the
+    cost of a few reductions is far below the load other jobs put on a shared machine, which the minimum leaves
+    out. Item 13 (`kernels.py`, its torch ranks too) takes the median."""
     times = [[] for _ in calls]
     for i in range(WARMUP_CALLS + repeats):
         for call, t in zip(calls, times, strict=True):
@@ -30,10 +31,11 @@ def _timed(calls, repeats: int) -> list[float]:
             call()
             if i >= WARMUP_CALLS:
                 t.append(time.perf_counter() - t0)
-    return [min(t) for t in times]
+    return [statistic(t) for t in times]
 
 
-def _jax_call(cfg):
+def jax_call(cfg):
+    """`cfg`'s step compiled, as a call that runs one step and reads what the train loop reads (items 11, 13)."""
     c = accounting.compile_step(cfg)
     box = {"state": c.state}
 
@@ -70,12 +72,12 @@ def nan_check_benchmark(p: Plan, say) -> dict:
         devices = 1 if strategy == "single" else n
         say(f"nan check: {strategy} at N = {devices}, with and without")
         cfgs = [model.replace(strategy=strategy, devices=devices, nan_check=c).validate("jax") for c in (True, False)]
-        on, off = _timed([_jax_call(c) for c in cfgs], repeats)
+        on, off = in_turn([jax_call(c) for c in cfgs], repeats)
         rows.append({"framework": "jax", "strategy": strategy, "devices": devices, "with_s": on, "without_s": off,
                      "ratio": ratio(on, off)})
         jax.clear_caches()
     cfgs = [model.replace(strategy="single", devices=1, nan_check=c) for c in (True, False)]
-    on, off = _timed([_torch_call(c) for c in cfgs], repeats)
+    on, off = in_turn([_torch_call(c) for c in cfgs], repeats)
     rows.append({"framework": "torch", "strategy": "single", "devices": 1, "with_s": on, "without_s": off,
                  "ratio": ratio(on, off)})
     return {"rows": rows}

@@ -42,9 +42,20 @@ class Plan:
     jit_accums: tuple = ()
     time_ns_of: tuple = ()          # items 1-3: (model label, its device counts) where not `time_ns`
     steps_of: tuple = ()            # items 1-3: (model label, its steps per timed run) where not `steps`
+    kernels: tuple = ("mirrored",)  # items 1-3: the --kernels paths each framework is timed on (bench --kernels)
+    torch_compile: bool = False     # items 1-3: torch.compile on the torch side (bench --compile)
+    fused_model: RunConfig | None = None  # item 13: fused / mirrored step time, per framework
+    fused_runs: tuple = ()          # item 13: (dtype, strategy, N) of every row
+    fused_repeats: int = 0          # item 13: interleaved calls of each path
 
 
-def plan(quick: bool) -> Plan:
+# item 13's rows; --quick keeps the first and the last (float32 single, bf16 ddp at 2: every dtype and strategy once)
+FUSED_RUNS = tuple((d, s, n) for d in ("float32", "bfloat16") for s, n in (("single", 1), ("ddp", 2)))
+
+
+def plan(quick: bool, kernels: tuple = ("mirrored",), torch_compile: bool = False) -> Plan:
+    """The bench's plan, full or `quick`; `kernels`: the paths items 1-3 time (item 13 always measures both),
+    `torch_compile`: their torch runs under torch.compile."""
     base = RunConfig(optimizer="adamw", dtype="float32", platform="cpu", seed=0, lr=1e-3)
     if quick:
         # A smoke run (the test suite's): one small model, one device count, every item present; cnn and
@@ -52,13 +63,14 @@ def plan(quick: bool) -> Plan:
         # compiles cost twice as much; tests/jaxdp/analysis/test_model_accounting.py and test_gpt2.py cover it),
         # gpt2 on the character text (its 50304-token vocabulary alone would double this smoke run).
         models = {"mlp": base.replace(model="mlp", data="synthetic", hidden=(64, 64), batch_size=32)}
-        ported = (("cnn", _cnn(base, (4, 8), 32), ("ddp",), (2,)),
-                  ("gpt2", _gpt2(base, 1, 2, 16, 16, 8).replace(data="text"), ("ddp",), (2,)))
+        tiny = _gpt2(base, 1, 2, 16, 16, 8).replace(data="text")  # item 13's too
+        ported = (("cnn", _cnn(base, (4, 8), 32), ("ddp",), (2,)), ("gpt2", tiny, ("ddp",), (2,)))
         return Plan(True, 4, models, (2,), ("single", "ddp", "ddp-ring"), (2,), ("ddp", "zero3"),
                     models["mlp"], _gpu_config(base), 4, (0.01,), 1, ported,
                     base.replace(model="mlp", data="synthetic", hidden=(16,), batch_size=16, shards=4),
                     (("ddp", None), ("zero1", "xla")), (2,), 3, False, _cnn(base, (2, 4), 16).replace(shards=4),
-                    (("ddp", None),), (2,), (), models["mlp"], JIT_PAIRS[:1], (2,))
+                    (("ddp", None),), (2,), (), models["mlp"], JIT_PAIRS[:1], (2,), kernels=kernels,
+                    torch_compile=torch_compile, fused_model=tiny, fused_runs=FUSED_RUNS[::3], fused_repeats=3)
     models = {"mlp": base.replace(model="mlp", data="synthetic", hidden=(1024, 1024), batch_size=512),
               "gpt": base.replace(model="gpt", data="text", n_layer=2, n_head=4, d_model=128, seq_len=64,
                                   batch_size=32),
@@ -81,17 +93,21 @@ def plan(quick: bool) -> Plan:
                 tuple(_with_collectives(HAND)), (4,), 8, True, _cnn(base, (8, 16), 256), few, (2, 4), more,
                 base.replace(model="mlp", data="synthetic", hidden=(1024, 1024), batch_size=64), JIT_PAIRS, (1, 4),
                 (("gpt", (4,)), ("cnn", (4,)), ("gpt2", (4,))),  # timed at N = 4 (and single): the mlp keeps 2 and 4
-                (("gpt2", 8),))  # gpt2's 50257-way logits: 0.4-0.5 s a step, a third of items 1-3's timed steps
+                (("gpt2", 8),),  # gpt2's 50257-way logits: 0.4-0.5 s a step, a third of items 1-3's timed steps
+                kernels, torch_compile, models["gpt2"], FUSED_RUNS, 8)
 
 
 def time_runs(p: Plan):
-    """Items 1-3: (model label, N, [RunConfig]) in order; single at N = 1, the others at each N, the
-    -jit strategies only on models without BatchNorm (they run none: the cnn)."""
+    """Items 1-3: (model label, N, [RunConfig]) in order; single at N = 1, the others at each N, each on every
+    path of `p.kernels`; the -jit strategies only on models without BatchNorm (they run none: the cnn)."""
     for label, base in p.models.items():
         for n in (1,) + tuple(dict(p.time_ns_of).get(label, p.time_ns)):
             names = ["single"] if n == 1 else [s for s in p.time_strategies if s != "single"
                                                and not (base.model == "cnn" and s in JIT_STRATEGIES)]
-            yield label, n, [base.replace(strategy=s, devices=n, steps=steps_of(p, label)) for s in names]
+            for k in p.kernels:
+                steps = steps_of(p, label)
+                yield label, n, [base.replace(strategy=s, devices=n, steps=steps, kernels=k, compile=p.torch_compile)
+                                 for s in names]
 
 
 def steps_of(p: Plan, label: str) -> int:
@@ -143,7 +159,7 @@ def reduction_configs(base: RunConfig, strategy: str, collectives: str | None, n
 
 
 def every_config(p: Plan):
-    """(item, framework, RunConfig) of every run the plan makes (items 1-5, 9, 10): what the CLI would
+    """(item, framework, RunConfig) of every run the plan makes (items 1-5, 9, 10, 13): what the CLI would
     check first (`RunConfig.validate`), so a test can refuse a plan that asks for a refused run."""
     for _, _, cfgs in time_runs(p):
         for c in cfgs:
@@ -159,6 +175,10 @@ def every_config(p: Plan):
             yield "reduction", "torch", c
     for _, c in jit_configs(p):
         yield "jit", "jax", c
+    for dtype, strategy, n in p.fused_runs:
+        for k in ("mirrored", "fused"):
+            for framework in ("jax", "torch"):
+                yield "fused", framework, p.fused_model.replace(dtype=dtype, strategy=strategy, devices=n, kernels=k)
 
 
 def jit_configs(p: Plan):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...core.config import JIT_STRATEGIES
+from .. import kernel_paths
 from .goals import OVERHEAD_GOAL, RING_GOAL
 
 COMM_NOTES = {
@@ -16,6 +17,16 @@ COMM_NOTES = {
 } | {name: "theory is the layout's least, one gradient reduction per step; with the default --axis-type auto the "
              "partitioner places the collectives itself (per micro-batch, or moving activations instead of "
              "gathering parameters): item 10 and docs/STRATEGIES.md" for name in JIT_STRATEGIES}
+
+
+def key(strategy: str, n: int, kernels: str = "mirrored") -> str:
+    """Items 1-3's key of a timed run: "strategy@N", and " fused" after it on the fused path."""
+    return f"{strategy}@{n}" + ("" if kernels == "mirrored" else f" {kernels}")
+
+
+def path(entry: dict, framework: str) -> str:
+    """The path a timed run took, as its row says it: mirrored, fused; torch's with eager or compiled."""
+    return kernel_paths.label(entry.get("kernels", "mirrored"), framework, entry.get("compile", False))
 
 
 def ratio(a, b):
@@ -43,7 +54,8 @@ def step_time_table(times: dict) -> list:
         for key, j in fws["jax"].items():
             t = fws["torch"][key]
             rows.append({"model": label, "strategy": j["strategy"], "devices": j["devices"],
-                         "jax_s": j["median_step_s"], "torch_s": t["median_step_s"],
+                         "kernels": j.get("kernels", "mirrored"), "jax_path": path(j, "jax"),
+                         "torch_path": path(t, "torch"), "jax_s": j["median_step_s"], "torch_s": t["median_step_s"],
                          "jax_over_torch": ratio(j["median_step_s"], t["median_step_s"]),
                          "jax_p25_p75": [j["p25_step_s"], j["p75_step_s"]],
                          "torch_p25_p75": [t["p25_step_s"], t["p75_step_s"]],
@@ -56,14 +68,15 @@ def overhead_table(times: dict) -> list:
     rows = []
     for label, fws in times.items():
         for fw, entries in fws.items():
-            single = entries["single@1"]["median_step_s"]
             for e in entries.values():
                 if e["strategy"] == "single":
                     continue
+                single = entries[key("single", 1, e.get("kernels", "mirrored"))]["median_step_s"]
                 over = ratio(e["median_step_s"], single)
                 goal = OVERHEAD_GOAL.get(e["strategy"])
                 rows.append({"model": label, "framework": fw, "strategy": e["strategy"], "devices": e["devices"],
-                             "step_s": e["median_step_s"], "single_s": single, "over_single": over,
+                             "kernels": e.get("kernels", "mirrored"), "step_s": e["median_step_s"], "single_s": single,
+                             "over_single": over,
                              "goal": goal, "met": None if goal is None or over is None else over <= goal})
     return rows
 
@@ -73,11 +86,12 @@ def ring_table(times: dict) -> list:
     for label, fws in times.items():
         for fw, entries in fws.items():
             for e in entries.values():
-                ddp = entries.get(f"ddp@{e['devices']}")
+                ddp = entries.get(key("ddp", e["devices"], e.get("kernels", "mirrored")))
                 if e["strategy"] != "ddp-ring" or ddp is None:
                     continue
                 over = ratio(e["median_step_s"], ddp["median_step_s"])
-                rows.append({"model": label, "framework": fw, "devices": e["devices"], "ring_s": e["median_step_s"],
+                rows.append({"model": label, "framework": fw, "devices": e["devices"],
+                             "kernels": e.get("kernels", "mirrored"), "ring_s": e["median_step_s"],
                              "ddp_s": ddp["median_step_s"], "ring_over_ddp": over,
                              "met": None if over is None else over <= RING_GOAL})
     return rows
@@ -123,5 +137,6 @@ def compile_table(inspected: dict, times: dict) -> list:
         for key, j in fws["jax"].items():
             t = fws["torch"][key]
             rows.append({"source": "first_step", "model": label, "strategy": j["strategy"], "devices": j["devices"],
+                         "kernels": j.get("kernels", "mirrored"), "torch_path": path(t, "torch"),
                          "jax_first_step_s": j["first_step_s"], "torch_first_step_s": t["first_step_s"]})
     return rows

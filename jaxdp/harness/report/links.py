@@ -1,47 +1,38 @@
-"""The projection's two-level link model: NVLink inside a node of NODE_GPUS GPUs, InfiniBand between
-nodes, and hsdp (S = the node size) against 1-D zero3 and ddp on the reference models.
+"""The projection's two-level network: NVLink inside a node of NODE_GPUS GPUs, the node's NICs between nodes,
+and hsdp (S = the node size) against 1-D zero3 and ddp on the reference models.
 
-Each collective is a ring over the devices it spans, timed on the slowest link it crosses
-(`hardware.Preset`: NVLink 450 GB/s and 3 us per hop per GPU inside a node; InfiniBand NDR 50 GB/s and
-10 us per hop per GPU between nodes; the sources are the preset's):
-- a 1-D strategy's ring spans all N GPUs: NVLink while N <= NODE_GPUS, InfiniBand past one node (a
-  ring through every GPU of several nodes crosses the inter-node links at the speed of the slowest);
-- hsdp with S = NODE_GPUS (a shard group is a node, `--hsdp-hosts shard`): its all-gathers and
-  reduce-scatter span S GPUs of one node (NVLink); the all-reduce of the gradient shard (Psi / S) spans
-  the R = N / S groups (InfiniBand), one GPU per node in each ring;
-- a phase of a ring over n GPUs sends (n-1)/n of its payload per GPU in n-1 hops: t = hops alpha + bytes /
-  beta; ddp: an all-reduce of the gradients (2 phases); zero3 / hsdp's group: two all-gathers of the
-  parameters (forward, backward) and a reduce-scatter of the gradients (3 phases); hsdp across: an
-  all-reduce (2 phases) of Psi / S.
+Each collective is priced by the project's one network model (`jaxdp.analysis.network.seconds`, on the preset's
+fabric, `hardware.fabric`): NCCL's ring over the devices it spans, laid out node by node, whose bus bandwidth is
+NVLink's (450 GB/s) inside a node and across nodes the slower of NVLink and the NICs the group's GPUs in a node
+drive (one channel per NIC: a 1-D ring over whole nodes crosses on all 8 NICs of each, 400 GB/s); for an
+all-reduce across nodes NCCL's tree too (in-node reduction first), whichever is faster; NCCL's latencies:
+- a 1-D strategy's collectives span all N GPUs on N / NODE_GPUS nodes: ddp all-reduces the gradients, zero3
+  all-gathers the parameters twice (forward, backward) and reduce-scatters the gradients;
+- hsdp with S = NODE_GPUS (a shard group is a node, `--hsdp-hosts shard`): its all-gathers and reduce-scatter span
+  the S GPUs of one node (NVLink); the all-reduce of the gradient shard (Psi / S) spans the R = N / S groups,
+  one GPU per node in each ring, so one NIC per GPU (50 GB/s), the node's 8 rings side by side.
 
 `table` (the report's "links" section, docs/COMPARE.md) uses mixed precision as FSDP2 trains these models
 (`MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`, TorchTitan's default): gathers of 2-byte
 parameters, reductions of 4-byte gradients (ddp: a 4-byte all-reduce). Weak scaling, one sequence per GPU
 (projection.py); two bounds: no overlap (t_c + t_m, the projection's) and full overlap (max(t_c, t_m)).
-`PUBLISHED` holds the measured scaling points it is set beside.
+`PUBLISHED` holds the measured scaling point it is set beside.
 """
 from __future__ import annotations
 
+from ...analysis import network
 from . import references
-from .hardware import H100_NVLINK_IB, NODE_GPUS, Preset
+from .hardware import H100_NVLINK_IB, NODE_GPUS, Preset, fabric, nodes_of
 
 GATHER_BYTES, REDUCE_BYTES = 2, 4
 STRATEGIES = ("ddp", "zero3", "hsdp")
 
 
-def link(n: int, preset: Preset, inside_node: bool) -> tuple[float, float]:
-    """(bytes/s, seconds per hop) of a ring over n GPUs: NVLink when it stays inside a node."""
-    if inside_node and n <= NODE_GPUS:
-        return preset.nvlink_bytes_s, preset.nvlink_alpha_s
-    return preset.ib_bytes_s, preset.ib_alpha_s
-
-
-def ring(payloads: list[float], n: int, preset: Preset, inside_node: bool = True) -> float:
-    """Seconds for ring phases over n GPUs, one per payload (bytes each GPU holds whole)."""
-    if n <= 1:
-        return 0.0
-    beta, alpha = link(n, preset, inside_node)
-    return sum((n - 1) * alpha + p * (n - 1) / n / beta for p in payloads)
+def collective(op: str, payload: float, n: int, nodes: int, preset: Preset) -> float:
+    """Seconds of one `op` over n GPUs on `nodes` nodes, of a payload each GPU holds whole (ring-counted bytes:
+    (n-1)/n of it per phase, two phases for an all-reduce)."""
+    phases = 2 if op == "all-reduce" else 1
+    return network.seconds(op, phases * payload * (n - 1) / n, n, nodes, fabric(preset))
 
 
 def comm_seconds(strategy: str, params: int, n: int, preset: Preset = H100_NVLINK_IB,
@@ -49,12 +40,15 @@ def comm_seconds(strategy: str, params: int, n: int, preset: Preset = H100_NVLIN
     """One step's communication of `strategy` on n GPUs (module docstring); `itemsizes`: the bytes of a
     gathered parameter and of a reduced gradient element."""
     gather, reduce = params * itemsizes[0], params * itemsizes[1]
+    nodes = nodes_of(n)
     if strategy == "ddp":
-        return ring([reduce, reduce], n, preset)
+        return collective("all-reduce", reduce, n, nodes, preset)
     if strategy == "zero3":
-        return ring([gather, gather, reduce], n, preset)
+        return (2 * collective("all-gather", gather, n, nodes, preset)
+                + collective("reduce-scatter", reduce, n, nodes, preset))
     s = min(n, node)
-    return ring([gather, gather, reduce], s, preset) + ring([reduce / s, reduce / s], n // s, preset, False)
+    inside = 2 * collective("all-gather", gather, s, 1, preset) + collective("reduce-scatter", reduce, s, 1, preset)
+    return inside + collective("all-reduce", reduce / s, n // s, n // s, preset)
 
 
 def row(model: references.Transformer, strategy: str, n: int, preset=H100_NVLINK_IB, seqs: int = 1) -> dict:
@@ -72,15 +66,11 @@ def table(ns=(8, 16, 128, 1024), preset=H100_NVLINK_IB) -> list[dict]:
 
 PUBLISHED = (
     {"what": "TorchTitan, FSDP2 (1-D over all GPUs), Llama 3.1 8B, bf16, local batch 2 x 8192 tokens, per-GPU "
-             "throughput kept from 8 to 128 H100s", "kept": 0.97, "model": "Llama 3 8B", "strategy": "zero3",
+             "throughput kept from 8 to 128 H100s", "kept": 0.973, "model": "Llama 3 8B", "strategy": "zero3",
      "from_n": 8, "to_n": 128, "seqs": 2,
-     "source": "torchtitan docs/performance.md and Liang et al. 2024 (arXiv:2410.06511): 5,762 tokens/s/GPU on 8 "
-               "H100s (Table 1: FSDP, selective activation checkpointing), ~97% of it kept on 128 (as quoted in "
-               "issue 27; their hosts: 8 H100s on NVLink, 400 Gb/s RDMA per GPU between hosts, as our preset)"},
-    {"what": "MaxText (FSDP), Llama2-7B, per-GPU throughput kept from 1 to 16 nodes of 8 H100s", "kept": 0.76,
-     "model": "Llama 3 8B", "strategy": "zero3", "from_n": 8, "to_n": 128, "seqs": 1,
-     "source": "MaxText's published Llama2-7B GPU scaling, ~76% as quoted in issue 27 (not re-read here); the "
-               "Llama 3 8B shape stands in for Llama2-7B"},
+     "source": "pytorch/torchtitan docs/performance.md, Tables 1 and 3 (FSDP, selective activation checkpointing): "
+               "5,762 tokens/s/GPU on 8 H100s, 5,605 on 128 (97.3%); their hosts: 8 H100s on NVLink, 400 Gb/s "
+               "per GPU between hosts, as this preset; the same point is in jaxdp/assets/calibration.json"},
 )
 
 

@@ -268,7 +268,7 @@ def scaling(summary, path):
         _legend(fig, axes[0])  # the weak panel draws every line the strong one does (strong stops at 512)
     listed = ", ".join(models[:-1]) + " and " + models[-1] if len(models) > 1 else "".join(models) or "nothing"
     whence = "as measured in this run" if proj.get("source", "measured") == "measured" else "from the ring theory"
-    _title(fig, f"6. Projected scaling of {listed} on H100s (alpha-beta model), with each strategy's "
+    _title(fig, f"6. Projected scaling of {listed} on H100s (modelled), with each strategy's "
                 f"bytes/parameter {whence}")
     fig.supxlabel(textwrap.fill(projection_mod.caption(proj), 190), fontsize=7.5, x=0.0, ha="left")
     return _save(fig, path)

@@ -1,4 +1,5 @@
-"""Projected scaling: an alpha-beta model of a data-parallel step on N = 8 ... 1024 GPUs.
+"""Projected scaling: a model of a data-parallel step on N = 8 ... 1024 GPUs (compute at an assumed MFU, NCCL on
+the network as built).
 
 What is projected: named reference models (`references`: GPT-2 124M, Llama 3 8B, from their
 published shapes), each with every strategy's *measured* bytes per parameter: the bytes a device
@@ -10,12 +11,12 @@ efficiencies (around 1e-5) say nothing. Hardware numbers are presets, each with 
 
 Model (stated assumptions):
 - compute: t_c = FLOPs per sample x samples per device / (peak FLOP/s x MFU);
-- communication: every collective here is a ring; at n devices a device sends (n-1)/n of a payload
-  per phase, so the payload is recovered from the measured bytes and re-scaled to N. A phase moves
-  one parameter-sized buffer (reduce-scatter or all-gather) in N-1 latency hops, and a strategy's
-  number of phases is its payload over the parameters' bytes (ddp's all-reduce: 2; zero3's
-  reduce-scatter and two gathers: 3); within one node (N <= 8) the ring runs on NVLink, beyond that
-  it crosses InfiniBand and the slowest link sets the pace: t_m = phases (N-1) alpha + sent / beta;
+- communication: at n devices a device sends (n-1)/n of a payload per ring phase, so the payload is recovered
+  from the measured bytes and re-scaled to N; a strategy's number of phases is its payload over the parameters'
+  bytes (ddp's all-reduce: 2; zero3's reduce-scatter and two gathers: 3), each phase priced by the project's one
+  network model (jaxdp/analysis/network.py, `links.collective`): NCCL's ring over N GPUs on N / 8 nodes, on
+  NVLink inside a node (450 GB/s) and across nodes on all 8 of a node's 400 Gb/s NICs (400 GB/s a node), with
+  NCCL's latencies; hsdp: `links.comm_seconds` (its all-reduce across nodes on one NIC per GPU);
 - no overlap of compute and communication (an upper bound on step time);
 - reference models: a sample is a sequence of the published context; weak scaling runs one sequence
   per GPU per step (the global batch grows with N), strong scaling splits the published global batch
@@ -33,7 +34,7 @@ from dataclasses import asdict
 import numpy as np
 
 from . import links, references
-from .hardware import H100_NVLINK_IB, NODE_GPUS, PRESETS, Preset  # noqa: F401 (the report's names)
+from .hardware import H100_NVLINK_IB, NODE_GPUS, PRESETS, Preset, nodes_of  # noqa: F401 (the report's names)
 
 NS = (8, 16, 32, 64, 128, 256, 512, 1024)
 
@@ -44,13 +45,13 @@ def payload_bytes(sent_per_device: float, n_measured: int) -> float:
 
 
 def comm_time(payload: float, n: int, hops_per_payload: float, preset: Preset) -> float:
+    """Seconds of `payload` (all phases' together) in `hops_per_payload` ring phases over n GPUs on their n /
+    NODE_GPUS nodes, each phase priced as an all-gather by the project's network model (`links.collective`:
+    NCCL's ring, NVLink in a node, all of a node's NICs across nodes, NCCL's latencies)."""
     if n <= 1 or payload <= 0:
         return 0.0
-    sent = payload * (n - 1) / n
-    inside = n <= NODE_GPUS
-    alpha = preset.nvlink_alpha_s if inside else preset.ib_alpha_s
-    beta = preset.nvlink_bytes_s if inside else preset.ib_bytes_s
-    return hops_per_payload * (n - 1) * alpha + sent / beta
+    phases = max(hops_per_payload, 1.0)
+    return phases * links.collective("all-gather", payload / phases, n, nodes_of(n), preset)
 
 
 def project(flops_per_sample: float, sent_per_device: float, n_measured: int, samples_per_device: float,
@@ -115,8 +116,8 @@ def reference(model: references.Transformer, bytes_per_param_by_strategy: dict, 
 
 
 def _two_level(strategy: str, params: int, preset: Preset, itemsize: int):
-    """hsdp's communication at n: in-group rings on NVLink, the all-reduce across nodes on InfiniBand, in the
-    run's dtype (`links`); None (one ring over all N) for the other strategies."""
+    """hsdp's communication at n: in-group rings on NVLink, the all-reduce across nodes on one NIC per GPU, in
+    the run's dtype (`links`); None (one ring over all N) for the other strategies."""
     if strategy != "hsdp":
         return None
     return lambda n: links.comm_seconds("hsdp", params, n, preset, itemsizes=(itemsize, itemsize))
@@ -183,9 +184,9 @@ def caption(proj: dict) -> str:
            f"The run's own model ({run['label']}, {run['params']:,} parameters) is not drawn: not compute-bound")
     where = proj.get("source_text", f"measured in this run's compiled steps at N = {proj['measured_devices']}")
     return (f"Bytes sent per device per step per parameter, {where}: {bpp}; hsdp, when not in this run: the links "
-            f"model (NVLink inside a node, InfiniBand across). FLOPs/token = 6 N + 12 L d T. Weak: one sequence per "
-            f"GPU; strong: the published batch, drawn while each GPU holds a sequence (the run's own model: its own "
-            f"batch). {own} ({run['compute_s']:.2g} s "
+            f"model (NVLink inside a node, one NIC per GPU across). FLOPs/token = 6 N + 12 L d T. Weak: one sequence "
+            f"per GPU; strong: the published batch, drawn while each GPU holds a sequence (the run's own model: its "
+            f"own batch). {own} ({run['compute_s']:.2g} s "
             f"compute vs {run['comm_s']:.2g} s communication per step at {NS[0]} GPUs).")
 
 

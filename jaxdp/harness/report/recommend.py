@@ -15,9 +15,11 @@ The rules (each situation's `why` shows the numbers it used):
   says why (the smallest need against the GPU's memory): nothing that does not fit is recommended;
 - within one node (NVLink), among the strategies that fit: the one that sends the fewest bytes per step
   (ddp's all-reduce, 2(N-1)/N Psi, when it fits; zero3's gathers cost 1.5x that);
-- across nodes (InfiniBand between them), among those that fit: the highest projected weak-scaling
-  efficiency (no overlap), which is where hsdp's node-local gathers win; hsdp enters from the links model
-  when the run did not measure it (marked `projected_only`).
+- across nodes (8 NICs of 400 Gb/s a node between them), among those that fit: the highest projected
+  weak-scaling efficiency (no overlap), on the project's one network model (NCCL's rings cross on all of a
+  node's NICs, so a 1-D ring over whole nodes runs near NVLink's speed, while hsdp's all-reduce across nodes
+  runs on one NIC per GPU); hsdp enters from the links model when the run did not measure it (marked
+  `projected_only`).
 """
 from __future__ import annotations
 
@@ -200,12 +202,18 @@ def across_nodes(summary, model, meas: dict, budget: float, n: int = ACROSS_NODE
     else:
         lead = f"{pick}: weak efficiency {efficiency(eff[pick])} at {n} GPUs, the best of those that fit"
     if pick == "hsdp":
-        lead += (f"; a 1-D ring over {n} GPUs crosses InfiniBand ({si(preset.ib_bytes_s, 'B/s')}) in every phase, "
-                 f"hsdp keeps its gathers and reduce-scatter on NVLink ({si(preset.nvlink_bytes_s, 'B/s')}) inside "
-                 f"a node and sends only Psi / {NODE_GPUS} across nodes")
+        lead += (f"; hsdp keeps its gathers and reduce-scatter on NVLink ({si(preset.nvlink_bytes_s, 'B/s')}) "
+                 f"inside a node and sends only Psi / {NODE_GPUS} across nodes")
     elif pool and "hsdp" in cands:
-        lead += f"; hsdp {'projects less' if fits['hsdp'] else 'does not fit: it shards over one node only'}"
-    return {"situation": f"{model.name} on {n} GPUs ({n // NODE_GPUS} nodes, InfiniBand between them)",
+        lead += (f"; hsdp projects less: NCCL's 1-D rings cross nodes on all {preset.nics} NICs of a node "
+                 f"({si(preset.nics * preset.ib_bytes_s, 'B/s')}, near NVLink's {si(preset.nvlink_bytes_s, 'B/s')}),"
+                 f" while hsdp's all-reduce across nodes runs on one NIC per GPU ({si(preset.ib_bytes_s, 'B/s')}) "
+                 "after its in-node phases" if fits["hsdp"] else "; hsdp does not fit: it shards over one node only")
+    close = [s for s in pool if s != pick and efficiency(eff[s]) == efficiency(eff[pick])]
+    if close:
+        lead += (f" ({', '.join(close)} {'is' if len(close) == 1 else 'are'} {efficiency(eff[pick])} too, to the one "
+                 "figure a modelled efficiency has: a close call)")
+    return {"situation": f"{model.name} on {n} GPUs ({n // NODE_GPUS} nodes, 8 x 400 Gb/s NICs each)",
             "model": model.name, "params": p, "devices": n, "pick": pick,
             "projected_only": bool(pool and cands[pick].get("projected")), "fits": fits, "efficiency": eff,
             "why": [lead + "."] + why + [basis(summary)]}

@@ -8,7 +8,7 @@ import json
 import os
 
 from ...core import atomic
-from . import plots, projection, recommend
+from . import paths, plots, projection, recommend, target_rows
 from .units import efficiency, nbytes, si
 
 NOTES = [
@@ -39,15 +39,17 @@ NOTES = [
 
 
 LINKS_NOTE = (
-    "Links model: a 1-D ring (ddp, zero3) spans all N GPUs, NVLink (450 GB/s, 3 us/hop per GPU) inside one node of "
-    "8 and InfiniBand NDR (50 GB/s, 10 us/hop per GPU, the slowest link) past it; hsdp with S = 8 gathers and "
-    "reduce-scatters on NVLink inside a node and all-reduces Psi / 8 across the N / 8 nodes on InfiniBand. The "
-    "table's rows are the projection's (the run's dtype; one sequence per GPU), with the full-overlap bound beside "
-    "them; the published points alone are set in mixed precision as those runs trained (2-byte gathered "
-    "parameters, 4-byte reduced gradients). The projection adds compute and communication (no overlap, a lower "
-    "bound on efficiency); the published runs overlap them (prefetched gathers, reduce-scatters behind backward), "
-    "so they land between the two bounds, "
-    "near full overlap while communication hides behind compute.")
+    "Links model: every collective priced as NCCL runs it on the network as built (jaxdp/analysis/network.py, the "
+    "one network model of the project, each constant sourced there): a 1-D ring (ddp, zero3) spans all N GPUs, on "
+    "NVLink (450 GB/s per GPU) inside one node of 8 and past it across all 8 NICs of each node (8 x 400 Gb/s = "
+    "400 GB/s a node, one NCCL channel per NIC), so crossing nodes costs little bandwidth; an all-reduce across "
+    "nodes may take NCCL's tree (in-node reduction first) when faster; NCCL's latencies per step. hsdp with S = 8 "
+    "gathers and reduce-scatters on NVLink inside a node and all-reduces Psi / 8 across the N / 8 nodes, one NIC "
+    "per GPU. The table's rows are the projection's (the run's dtype; one sequence per GPU, compute at the "
+    "preset's assumed MFU), with the full-overlap bound beside them; the published point alone is set in mixed "
+    "precision as that run trained (2-byte gathered parameters, 4-byte reduced gradients). The projection adds "
+    "compute and communication (no overlap, a lower bound on efficiency); every efficiency is modelled, printed "
+    "to one significant figure (docs/GPU.md, \"The range\").")
 
 
 def _kib(b) -> str:
@@ -91,7 +93,8 @@ HEADER = ["strategy", "parity", "worst grad / param rel. diff", "step ms (JAX / 
 def _title(summary) -> str:
     c = summary["config"]
     return (f"jaxdp compare: {c['model']}/{c['data']}, {summary['devices']} devices, {c['steps']} steps, "
-            f"batch {c['batch_size']}, {c['optimizer']}, {c['dtype']}")
+            f"batch {c['batch_size']}, {c['optimizer']}, {c['dtype']}, kernels {c.get('kernels', 'mirrored')}"
+            + (" (torch compiled)" if c.get("compile") else ""))
 
 
 def _config_line(summary) -> str:
@@ -105,8 +108,8 @@ def _count(x: float) -> str:
 
 
 PROJECTION_HEADER = ["model", "parameters", "training FLOPs/token", "strategy", "measured bytes/param",
-                     f"weak E, {projection.NS[0]} / {projection.NS[-1]} GPUs",
-                     f"strong E, {projection.NS[0]} GPUs / largest N"]
+                     f"weak E (modelled), {projection.NS[0]} / {projection.NS[-1]} GPUs",
+                     f"strong E (modelled), {projection.NS[0]} GPUs / largest N"]
 
 
 def _projection_rows(summary) -> list[list[str]]:
@@ -129,8 +132,8 @@ def _bpp(proj: dict, name: str) -> str:
     return f"{proj['bytes_per_param'][name]:.2f}" if name in proj["bytes_per_param"] else "links model"
 
 
-LINKS_HEADER = ["model", "strategy", "N", "comm s/step", "compute s/step", "weak E (no overlap)",
-                "weak E (full overlap)"]
+LINKS_HEADER = ["model", "strategy", "N", "comm s/step", "compute s/step", "weak E (modelled, no overlap)",
+                "weak E (modelled, full overlap)"]
 
 
 def _links_rows(summary) -> list[list[str]]:
@@ -144,8 +147,8 @@ def _published_lines(summary) -> list[str]:
     """Each published scaling point beside the projection's throughput per GPU kept."""
     out = []
     for p in summary["projection"].get("links", {}).get("published", []):
-        got = "; ".join(f"{s} {v['weak_efficiency']:.0%} (no overlap) to {v['overlapped_efficiency']:.0%} (full "
-                        f"overlap)" for s, v in p["projected"].items())
+        got = "; ".join(f"{s} {efficiency(v['weak_efficiency'])} (no overlap) to "
+                        f"{efficiency(v['overlapped_efficiency'])} (full overlap)" for s, v in p["projected"].items())
         out.append(f"{p['what']}: {p['kept']:.0%} published ({p['source']}); projected {p['model']}, "
                    f"{p['from_n']} -> {p['to_n']} GPUs: {got}.")
     return out
@@ -159,8 +162,7 @@ def _projection_sources(summary) -> list[str]:
                f"Criterion: {proj['criterion']}.", plots.scaling_caption(proj)])
 
 
-PRESET_UNITS = {"peak_flops": "FLOP/s", "nvlink_bytes_s": "B/s", "ib_bytes_s": "B/s", "nvlink_alpha_s": "s",
-                "ib_alpha_s": "s", "memory_bytes": "B"}
+PRESET_UNITS = {"peak_flops": "FLOP/s", "nvlink_bytes_s": "B/s", "ib_bytes_s": "B/s", "memory_bytes": "B"}
 
 
 def _preset_rows(summary) -> list[list[str]]:
@@ -220,14 +222,14 @@ Parity tolerance: {summary["tolerance"]:g} ({e(summary["tolerance_why"])}).</p>
 <h2>Which strategy</h2>
 {recommend.as_html(_which(summary))}
 <h2>Verdict</h2>
-{_table_html("verdict", HEADER, _rows(summary))}
+{_table_html("verdict", HEADER, _rows(summary))}{paths.html(summary, _table_html)}
 <h2>Figures</h2>
 {figs}
-<h2>Projection</h2>
+{target_rows.as_html(summary, _table_html)}<h2>Projection</h2>
 {_table_html("projection", PROJECTION_HEADER, _projection_rows(summary))}
 {_table_html("presets", ["preset", "value"], _preset_rows(summary))}
 <ul class="small">{"".join(f"<li>{e(line)}</li>" for line in _projection_sources(summary))}</ul>
-<h3>Links: NVLink inside a node, InfiniBand between nodes (hsdp at S = 8)</h3>
+<h3>Links: NVLink inside a node, 8 NICs a node between nodes (hsdp at S = 8)</h3>
 {_table_html("links", LINKS_HEADER, _links_rows(summary))}
 <ul class="small">{"".join(f"<li>{e(line)}</li>" for line in _published_lines(summary) + [LINKS_NOTE])}</ul>
 <h2>Notes</h2><ul>{notes}</ul>
@@ -259,15 +261,17 @@ def markdown(summary, image_files: list[str]) -> str:
         "## Verdict",
         "",
         *_table_md(HEADER, _rows(summary)),
+        *paths.markdown(summary, _table_md),
         "",
         "## Figures",
         "",
     ]
     lines += [f"![{name}]({name})" for name in image_files]
-    lines += ["", "## Projection", "", *_table_md(PROJECTION_HEADER, _projection_rows(summary)), ""]
+    lines += [*target_rows.markdown(summary, _table_md), "", "## Projection", "",
+              *_table_md(PROJECTION_HEADER, _projection_rows(summary)), ""]
     lines += _table_md(["preset", "value"], _preset_rows(summary))
     lines += [""] + [f"- {line}" for line in _projection_sources(summary)]
-    lines += ["", "### Links: NVLink inside a node, InfiniBand between nodes (hsdp at S = 8)", "",
+    lines += ["", "### Links: NVLink inside a node, 8 NICs a node between nodes (hsdp at S = 8)", "",
               *_table_md(LINKS_HEADER, _links_rows(summary)), ""]
     lines += [f"- {line}" for line in _published_lines(summary) + [LINKS_NOTE]]
     lines += ["", "## Notes", ""] + [f"- {n}" for n in _notes(summary)]

@@ -25,7 +25,7 @@ from ...core import trace as trace_mod
 from ...core.config import RunConfig
 from ...core.timing import timing
 from .. import parity
-from . import projection, recommend
+from . import paths, projection, recommend
 from .names import check_strategies  # noqa: F401 (compare's check, runner.check_strategies to its callers)
 
 
@@ -56,12 +56,13 @@ def jax_accounting(cfg: RunConfig) -> dict:
         "sizes": sizes,
         "itemsize": itemsize,
         "theory_at": accounting.theory_for(cfg.replace(devices=THEORY_N, replicas=1), **acc["theory_inputs"])["total"],
+        "contract": acc["contract"],
     }
 
 
-def _torch_side(rank: int, n: int, jobs: list, started: float | None = None) -> list:
-    """In each spawned rank: train every configuration (for its trace and step times), then measure
-    its communication and memory (torch_ref.analysis.accounting), all in one world. Rank 0 says each
+def _torch_side(rank: int, n: int, jobs: list, started: float | None = None, measure: bool = True) -> list:
+    """In each spawned rank: train every configuration (for its trace and step times), then (`measure`) its
+    communication and memory (torch_ref.analysis.accounting), all in one world. Rank 0 says each
     strategy's progress on stderr (`started`: the command's start, time.time()), so a long torch side
     is not silent."""
     from torch_ref.analysis import accounting
@@ -71,7 +72,8 @@ def _torch_side(rank: int, n: int, jobs: list, started: float | None = None) -> 
     for i, (cfg, init) in enumerate(jobs):
         if rank == 0:
             _say(started, f"torch_ref: training {cfg.strategy} ({i + 1}/{len(jobs)})")
-        out.append((train_rank(rank, n, cfg, init, True), accounting.measure_rank(rank, n, cfg, init)))
+        out.append((train_rank(rank, n, cfg, init, True), accounting.measure_rank(rank, n, cfg, init) if measure
+                    else None))
     return out
 
 
@@ -81,8 +83,10 @@ def _say(started: float | None, message: str) -> None:
         print(f"[{time.time() - started:6.1f}s] {message}", file=sys.stderr, flush=True)
 
 
-def run_torch_side(cfgs: list[RunConfig], timeout_s: float = 900.0, started: float | None = None) -> dict:
-    """{cfg: (torch_ref RunResult, torch_ref.analysis.accounting summary)}: one spawned world of N ranks."""
+def run_torch_side(cfgs: list[RunConfig], timeout_s: float = 900.0, started: float | None = None,
+                   measure: bool = True) -> dict:
+    """{cfg: (torch_ref RunResult, torch_ref.analysis.accounting summary, None without `measure`)}: one spawned
+    world of N ranks."""
     from torch_ref import launch
     from torch_ref.analysis import accounting
 
@@ -98,9 +102,10 @@ def run_torch_side(cfgs: list[RunConfig], timeout_s: float = 900.0, started: flo
             initial[key] = models.initial_arrays(c, data.load(c.data, c.seed, c.seq_len))
     jobs = [(c, initial[c.replace(strategy=first.strategy, replicas=first.replicas)]) for c in cfgs]
     _say(started, f"torch_ref: starting {n} ranks (each imports torch and joins the process group)")
-    per_rank = launch.launch(_torch_side, n, jobs, started, platform=cfgs[0].platform, timeout_s=timeout_s,
+    per_rank = launch.launch(_torch_side, n, jobs, started, measure, platform=cfgs[0].platform, timeout_s=timeout_s,
                              pg_timeout_s=120)
-    return {c: (per_rank[0][i][0], accounting.summarise(c, [r[i][1] for r in per_rank])) for i, c in enumerate(cfgs)}
+    return {c: (per_rank[0][i][0], accounting.summarise(c, [r[i][1] for r in per_rank]) if measure else None)
+            for i, c in enumerate(cfgs)}
 
 
 def _entry(name: str, c: RunConfig, j, jacc: dict, t, tacc: dict) -> dict:
@@ -115,6 +120,7 @@ def _entry(name: str, c: RunConfig, j, jacc: dict, t, tacc: dict) -> dict:
         "memory": jacc["memory"],
         "temp_bytes": jacc["temp_bytes"],
         "peak_bytes": jacc["peak_bytes"],
+        "contract": jacc["contract"],  # the compiled step against its layout's textbook (docs/CHECK.md)
     }
     torch_entry = {
         "losses": t.losses,
@@ -165,11 +171,11 @@ def versus_single(j, reference, c: RunConfig, name: str) -> dict:
 
 
 def compare(cfg: RunConfig, strategies: list[str], progress=None, started: float | None = None,
-            target: str | None = None, nodes: int = 1) -> dict:
+            target: str | None = None, nodes: int = 1, kernels: tuple = ()) -> dict:
     """Run and measure everything; returns the summary dictionary (`progress(message)`: say where it is;
     `started`: the command's start, time.time(), for the torch ranks' own progress lines; `target`: also
     compile each JAX step for --devices GPUs of that kind on `nodes` nodes, its peak in `entries[i]["target"]`,
-    which "Which strategy" then reads: `recommend`)."""
+    which "Which strategy" then reads: `recommend`; `kernels`: further paths, each `run_path`)."""
     check_strategies(strategies)
     hsdp_hosts.check_listed(cfg.replicas, strategies, hosts=cfg.hsdp_hosts)
     say = progress or (lambda message: None)
@@ -196,7 +202,7 @@ def compare(cfg: RunConfig, strategies: list[str], progress=None, started: float
             say(f"jaxdp: compiling {name} for {c.devices} {target.upper()}s (XLA:GPU, from shapes)")
             entries[-1]["target"] = compiled_for(c, target, nodes)
     measured = cfg.devices > 1  # else nothing was sent: the theory's bytes at THEORY_N (projection.SOURCES)
-    say("projection: alpha-beta model, reference models with the " + ("measured" if measured else "theory's")
+    say("projection: NCCL network model, reference models with the " + ("measured" if measured else "theory's")
         + " bytes per parameter")
     fps = flops_per_sample(cfg)
     sent = {e["name"]: e["frameworks"]["jax"]["comm"]["total"] for e in entries} if measured else theory_sent
@@ -219,13 +225,37 @@ def compare(cfg: RunConfig, strategies: list[str], progress=None, started: float
         "flops_per_sample": fps,
         "strategies": entries,
         "projection": proj,
+        "paths": paths.first(entries, cfg) + [r for k in kernels for r in run_path(cfgs, k, say, started)],
     } | ({"target": {"name": target, "nodes": nodes,
                      "device_memory_bytes": entries[0]["target"]["device_memory_bytes"]}} if target else {})
 
 
-def compiled_for(cfg: RunConfig, target: str, nodes: int) -> dict:
-    """A strategy's step compiled for the target (`analysis.target_memory.row`): its peak and whether it fits."""
-    from ...analysis import target_memory
+def run_path(cfgs: dict, kernels: str, say, started: float | None = None) -> list[dict]:
+    """compare's further kernel path: every strategy of `cfgs` ({name: RunConfig}) trained again on `kernels` in
+    both frameworks (traces, step times; no accounting), judged: `paths.row` per strategy."""
+    here = {name: c.replace(kernels=kernels).validate("jax") for name, c in cfgs.items()}
+    say(f"torch_ref: training {len(here)} strategies on the {kernels} path (one world)")
+    torch_side = run_torch_side([c.validate("torch") for c in here.values()], started=started, measure=False)
+    rows = []
+    for name, c in here.items():
+        say(f"jaxdp: training {name} on the {kernels} path")
+        j, (t, _) = train.run(c, record=True, progress=False), torch_side[c]
+        judged = parity.compare(trace_mod.Trace(j.meta, j.arrays), trace_mod.Trace(t.meta, t.arrays), c, name)
+        rows.append(paths.row(name, c, timing(j.step_times), timing(t.step_times),
+                              {"pass": judged.ok, "worst": judged.worst}))
+    return rows
 
-    row = target_memory.row(cfg, target, nodes)
-    return {k: row[k] for k in ("target", "devices", "nodes", "peak_bytes", "device_memory_bytes", "fits")}
+
+def compiled_for(cfg: RunConfig, target: str, nodes: int) -> dict:
+    """A strategy's step compiled for the target, once (`analysis.inspect`, through `analysis.program_cache`: a
+    shape compiled before is read back): its peak, whether it fits the target's memory as it is now, and its
+    projected step (a range, `analysis.calibration`)."""
+    from ...analysis import inspect
+    from ...core import targets
+
+    r = inspect.inspect(cfg, target=target, nodes=nodes)
+    memory = targets.TARGETS[target].memory_bytes
+    p = r["projection"]
+    return {"target": target, "devices": cfg.devices, "nodes": nodes, "peak_bytes": r["peak_bytes"],
+            "device_memory_bytes": memory, "fits": r["peak_bytes"] <= memory, "cached": r["cache"]["hit"],
+            "projection": {k: p[k] for k in ("step_s", "step_low_s", "step_high_s", "mfu", "calibrated_on")}}

@@ -32,5 +32,7 @@ def si(x: float, unit: str) -> str:
 
 
 def efficiency(x: float) -> str:
-    """A projected efficiency as every part of the report prints it (one format, one number per fact): 0.283."""
-    return f"{x:.3f}"
+    """A projected efficiency as every part of the report prints it (one format, one number per fact): 0.283 ->
+    '0.3'. One significant figure: it is modelled (an assumed MFU, the links model), never measured, and one figure
+    is all the confidence it has (docs/GPU.md, "The range")."""
+    return f"{x:.1g}"

@@ -83,6 +83,10 @@ def test_inspect_target_keys_and_bytes_against_theory(inspected, strategy):
     assert ("prefetch" in r) == (strategy == "zero3")
     p = r["projection"]
     assert p["projected"] and p["step_s"] >= p["compute_s"] > 0 and 0 < p["mfu"] < 1
+    assert p["step_low_s"] <= p["step_s"] <= p["step_high_s"] and set(p["parts"]) == {"compiled", "measured",
+                                                                                       "modelled"}
+    assert p["calibrated_on"] and all(isinstance(name, str) for name in p["calibrated_on"])
+    assert all(c["nodes"] == (2 if c["inter_node"] else 1) for c in r["collectives"])
 
 
 def test_bf16_collectives_explain_dp_and_zero3_only_when_the_program_sends_bf16():
@@ -140,7 +144,7 @@ def test_memory_rows_fit_or_not_by_the_targets_memory(monkeypatch, tmp_path):
 def test_the_projection_charges_a_synchronous_collective_in_full():
     target = targets.TARGETS["h100"]
     op = {"bytes_per_device": target.nvlink_bytes_s * 1e-3, "trips": 1, "inter_node": False, "async": True,
-          "overlap_flops": target.peak_flops * 1e-3}
+          "overlap_flops": target.peak_flops * 1e-3, "group_size": 8}
     r = {"step_flops": target.peak_flops * 2e-3, "collectives": [op]}
     cfg = RunConfig(dtype="bfloat16")
     assert projection.project(r, target, HLO, 1, cfg)["exposed_comm_s"] == 0  # 1 ms hidden behind 1 ms of compute

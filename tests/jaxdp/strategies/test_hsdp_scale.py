@@ -1,13 +1,15 @@
 """hsdp at scale: `--replicas` with several strategies (compare, memory, train a,b), `--hsdp-hosts`
 (which whole groups a process holds; two jax.distributed processes, each holding one shard group, are
-in tests/jaxdp/test_multiprocess.py), and the projection's two-level link model (hsdp at S = 8 beats 1-D
-zero3 past one node; the NVLink / InfiniBand split is used). Each check is shown to fail on a broken
+in tests/jaxdp/test_multiprocess.py), and the projection's network (jaxdp/analysis/network.py: NCCL on NVLink
+inside a node and all 8 NICs of a node across nodes; hsdp at S = 8 is zero3 inside a node and trails it across
+nodes, its all-reduce on one NIC per GPU). Each check is shown to fail on a broken
 input."""
 from __future__ import annotations
 
 import pytest
 
 from jaxdp import devices
+from jaxdp.analysis import network
 from jaxdp.core import hsdp_hosts, trace
 from jaxdp.core.config import ConfigError
 from jaxdp.harness.report import links, projection, references, render
@@ -85,41 +87,67 @@ def _eff(strategy, n):
     return links.row(LLAMA, strategy, n)["weak_efficiency"]
 
 
-def test_hsdp_beats_zero3_past_one_node_and_equals_it_inside():
+def test_hsdp_equals_zero3_inside_a_node_and_trails_it_across_nodes(monkeypatch):
+    """Inside a node hsdp is zero3. Across nodes NCCL's 1-D rings cross on all 8 NICs of a node (400 GB/s, near
+    NVLink's 450), while hsdp's all-reduce of Psi / 8 runs on one NIC per GPU after its in-node phases: zero3
+    keeps more of its efficiency. Priced at one NIC per node (the old model) hsdp wins by far: caught here."""
     assert _eff("hsdp", 8) == _eff("zero3", 8)
+    assert all(_eff("zero3", n) > _eff("hsdp", n) for n in (16, 128, 1024))
+    assert _eff("zero3", 128) > 0.95 * _eff("zero3", 8)
+    one_nic(monkeypatch)
     assert all(_eff("hsdp", n) > _eff("zero3", n) + 0.2 for n in (16, 128, 1024))
 
 
-def test_the_link_split_is_used(monkeypatch):
-    """1-D zero3 past a node: every byte at InfiniBand speed; hsdp: NVLink inside, InfiniBand across. A
-    mutant with one bandwidth for all changes hsdp's numbers and loses its advantage."""
+def one_nic(monkeypatch):
+    """The pricing the network model replaced: every byte that crosses nodes through one NIC."""
+    monkeypatch.setattr(network, "bus_bytes_s",
+                        lambda group, nodes, f: f.nvlink_bytes_s if nodes <= 1 else f.nic_bytes_s)
+
+
+def test_the_network_as_built_is_used(monkeypatch):
+    """Every collective priced by jaxdp/analysis/network.py, by hand here: zero3 on 128 GPUs (16 nodes): three
+    rings whose bus bandwidth is min(NVLink, 8 NICs x 50 GB/s) = 400 GB/s, each with NCCL's base latency, an NVLink
+    step per in-node hop and a network step per node crossing; hsdp: its three rings on one node's NVLink and a
+    16-node all-reduce of Psi / 8 on one NIC (ring or tree, whichever is faster)."""
     pre, p = projection.H100_NVLINK_IB, references.params(LLAMA)
-    ib = 8 * p * 127 / 128 / pre.ib_bytes_s + 3 * 127 * pre.ib_alpha_s
-    assert links.comm_seconds("zero3", p, 128) == pytest.approx(ib)
-    cross = 2 * (4 * p / 8) * 15 / 16 / pre.ib_bytes_s + 2 * 15 * pre.ib_alpha_s
-    inside = 8 * p * 7 / 8 / pre.nvlink_bytes_s + 3 * 7 * pre.nvlink_alpha_s
-    assert links.comm_seconds("hsdp", p, 128) == pytest.approx(inside + cross)
-    honest = _eff("hsdp", 128)
-    monkeypatch.setattr(links, "link", lambda n, preset, inside_node: (preset.ib_bytes_s, preset.ib_alpha_s))
-    assert _eff("hsdp", 128) < honest - 0.2 and not _eff("hsdp", 128) > _eff("zero3", 128) + 0.2
+    ring = network.RING_BASE_S + 112 * network.RING_NVLINK_HOP_S + 15 * network.RING_NET_HOP_S
+    assert links.comm_seconds("zero3", p, 128) == pytest.approx(3 * ring + 8 * p * 127 / 128 / 400e9)
+    inside = 3 * (network.RING_BASE_S + 7 * network.RING_NVLINK_HOP_S) + 8 * p * 7 / 8 / pre.nvlink_bytes_s
+    cross_ring = network.RING_BASE_S + 30 * network.RING_NET_HOP_S + 2 * (4 * p / 8) * 15 / 16 / pre.ib_bytes_s
+    cross_tree = 2 * 4 * network.TREE_NET_HOP_S + (4 * p / 8) / (network.TREE_BUS_FACTOR * pre.ib_bytes_s)
+    assert links.comm_seconds("hsdp", p, 128) == pytest.approx(inside + min(cross_ring, cross_tree))
+    honest = links.comm_seconds("zero3", p, 128)
+    one_nic(monkeypatch)
+    assert links.comm_seconds("zero3", p, 128) > 7 * honest
 
 
-def test_report_shows_the_link_table_and_the_published_points():
+def test_report_shows_the_link_table_and_the_published_point():
     proj = projection.for_report({"zero3": 9.0 * 7000, "hsdp": 8.0 * 7000}, 7000, 4, 4e4, 4, 64, "mlp")
     rows = render._links_rows({"projection": proj})
     assert {r[1] for r in rows} == {"zero3", "hsdp"} and len(rows) == 16  # the projection's rows: what it measured
+    assert all(v == f"{float(v):.1g}" for r in rows for v in r[-2:])  # modelled: one significant figure
     lines = render._published_lines({"projection": proj})
-    assert len(lines) == 2 and "97%" in lines[0] and "hsdp" in lines[0]
+    assert len(lines) == 1 and "97%" in lines[0] and "hsdp" in lines[0]
     hsdp = proj["models"]["Llama 3 8B"]["strategies"]["hsdp"]["rows"]
     zero3 = proj["models"]["Llama 3 8B"]["strategies"]["zero3"]["rows"]
     assert hsdp[0]["weak_efficiency"] == pytest.approx(zero3[0]["weak_efficiency"], rel=0.01)
-    assert hsdp[-1]["weak_efficiency"] > zero3[-1]["weak_efficiency"] + 0.2
+    assert zero3[-1]["weak_efficiency"] > hsdp[-1]["weak_efficiency"]
 
 
-def test_published_points_fall_inside_the_projected_bracket():
-    """Each published 1-D FSDP run's kept throughput lies between the projection's no-overlap and
-    full-overlap bounds for zero3, and hsdp's no-overlap bound is above zero3's."""
-    for p in links.published():
-        z, h = p["projected"]["zero3"], p["projected"]["hsdp"]
-        assert z["weak_efficiency"] < p["kept"] <= z["overlapped_efficiency"] + 1e-9, p
-        assert h["weak_efficiency"] > z["weak_efficiency"]
+TOLERANCE = 0.2  # a published point matched in configuration: within 20% (docs/GPU.md's calibration targets)
+
+
+def test_the_published_point_is_within_the_tolerance_and_one_nic_is_not(monkeypatch):
+    """torchtitan's FSDP2 keeps 97.3% of its per-GPU throughput from 8 to 128 H100s: the projection's zero3 (no
+    overlap, its lower bound) keeps within 20% of it, at most the full-overlap bound. Priced at one NIC per node
+    the projection keeps about 70%: outside the tolerance, so this test catches it."""
+    def kept():
+        (p,) = links.published()
+        return p, p["projected"]["zero3"]
+
+    p, z = kept()
+    assert abs(z["weak_efficiency"] / p["kept"] - 1) < TOLERANCE and z["weak_efficiency"] <= z["overlapped_efficiency"]
+    assert p["projected"]["hsdp"]["weak_efficiency"] < z["weak_efficiency"]
+    one_nic(monkeypatch)
+    p, z = kept()
+    assert abs(z["weak_efficiency"] / p["kept"] - 1) > TOLERANCE

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 ITEMS = ("step_time", "dp_overhead", "ring_vs_xla", "communication", "memory", "compile", "gpu_throughput",
-         "collectives", "reduction", "jit_vs_hand", "nan_check", "gpu_projection")
+         "collectives", "reduction", "jit_vs_hand", "nan_check", "gpu_projection", "fused_cost")
 
 
 def test_bench_quick_writes_valid_json_and_markdown(tmp_path):
@@ -29,6 +29,8 @@ def test_bench_quick_writes_valid_json_and_markdown(tmp_path):
 
     rows = results["step_time"]["rows"]
     assert {r["strategy"] for r in rows} >= {"single", "ddp"}
+    assert {(r["jax_path"], r["torch_path"]) for r in rows} == {("mirrored", "mirrored, eager"),
+                                                               ("fused", "fused, eager")}  # --kernels: both paths
     for r in rows:
         assert r["jax_s"] > 0 and r["torch_s"] > 0 and math.isclose(r["jax_over_torch"], r["jax_s"] / r["torch_s"])
         assert all(math.isfinite(v) for v in r["loss_last"].values())
@@ -75,6 +77,10 @@ def test_bench_quick_writes_valid_json_and_markdown(tmp_path):
     assert all(r["step_s"] > 0 and r["peak_bytes"] > 0 and r["jit_over_hand"] > 0 for r in jit)
     assert jit[0]["measured_bytes"] == jit[2]["measured_bytes"] == jit[2]["theory_bytes"]  # once per step
     assert jit[2]["loop_bytes"] == 0 < jit[1]["loop_bytes"]  # auto: the gradient all-reduced per micro-batch
-    for n in range(1, 11):
+    fused = results["fused_cost"]["rows"]  # item 13: fused / mirrored, both frameworks; --quick: f32 N=1, bf16 N=2
+    assert [(r["framework"], r["dtype"], r["devices"]) for r in fused] == [
+        (f, d, n) for f in ("jax", "torch") for d, n in (("float32", 1), ("bfloat16", 2))]
+    assert all(r["ratio"] > 0 for r in fused)
+    for n in (*range(1, 12), 13):
         assert f"## {n}." in table
     assert "| cnn | ddp | 2 |" in table and "| gpt2 | ddp | 2 |" in table

@@ -16,7 +16,7 @@ from jaxdp.harness.bench.plan import every_config, plan, time_runs
 def test_every_planned_run_passes_the_cli_validation(quick):
     p = plan(quick)
     runs = list(every_config(p))
-    assert {item for item, *_ in runs} == {"time", "comm", "reduction", "jit"}
+    assert {item for item, *_ in runs} == {"time", "comm", "reduction", "jit", "fused"}
     refused = []
     for item, framework, cfg in runs:
         try:

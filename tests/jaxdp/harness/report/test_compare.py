@@ -11,7 +11,7 @@ import re
 import pytest
 
 from jaxdp.harness import cli
-from jaxdp.harness.report import plots, projection, references, render, runner
+from jaxdp.harness.report import paths, plots, projection, references, render, runner
 from tests import REPO
 from tests.conftest import BASE
 
@@ -51,6 +51,28 @@ def test_report_files_and_summary(report):
             assert all(0.01 < r["weak_efficiency"] <= 1 for r in rows)  # not the toy model's ~1e-5
             assert all(0.01 < r["strong_efficiency"] <= 1 for r in rows if r["n"] <= 512)
             assert rows[-1]["strong_efficiency"] is None  # 512 sequences cannot be split over 1024 GPUs
+
+
+def test_the_report_names_its_kernel_path(report):
+    summary, written, _ = report
+    assert [(r["name"], r["kernels"], r["pass"]) for r in summary["paths"]] == [("ddp", "mirrored", True),
+                                                                                ("zero3", "mirrored", True)]
+    md = open(written["md"]).read()
+    assert md.splitlines()[0].endswith("kernels mirrored")
+    assert "## Kernel paths" in md and "| ddp | mirrored / mirrored, eager | pass |" in md
+    assert "<h2>Kernel paths</h2>" in open(written["html"]).read()
+
+
+def test_a_further_path_trains_both_frameworks_on_it_and_judges_them():
+    """`compare --kernels mirrored,fused`'s second path (runner.run_path), on a tiny gpt."""
+    cfg = CFG.replace(model="gpt", data="text", n_layer=1, n_head=2, d_model=16, seq_len=16, batch_size=8,
+                      strategy="single", devices=1, steps=3)
+    rows = runner.run_path({"single": cfg}, "fused", lambda m: None)
+    assert [(r["name"], r["kernels"], r["torch_compiled"], r["pass"]) for r in rows] == [("single", "fused", False,
+                                                                                           True)]
+    assert rows[0]["jax"]["median_step_s"] > 0 and rows[0]["torch"]["median_step_s"] > 0
+    assert "| single | fused / fused, eager | pass |" in "\n".join(render._table_md(
+        paths.HEADER, paths.table_rows({"paths": rows})))
 
 
 def test_html_is_self_contained_and_markdown_has_the_same_table(report):

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from jaxdp import train
-from jaxdp.analysis import target_memory
+from jaxdp.analysis import aot, inspect, program_cache
 from jaxdp.core import targets
 from jaxdp.core.config import RunConfig
 from jaxdp.harness import cli
@@ -43,19 +43,18 @@ def _jax_as_torch(monkeypatch):
 @needs_extra
 def test_compare_target_picks_on_the_compiled_peak_and_says_what_was_compiled(monkeypatch, tmp_path, capsys):
     """On a GPU holding zero3's compiled peak but not ddp's, the run's pick is zero3 (without --target: ddp, whose
-    in-step peak fits any device), and the report says which figures were compiled and which projected."""
+    in-step peak fits any device), and the report says which figures were compiled and which projected; each
+    program is compiled once (here by the first inspect: compare reads it back from the cache)."""
     base = RunConfig(model="mlp", data="synthetic", hidden=(256, 256), batch_size=64, devices=8)
-    rows, row = {}, target_memory.row
+    monkeypatch.setenv(program_cache.ENV, str(tmp_path / "programs"))
+    compiles, step = [], aot.TargetStep
 
-    def compiled_once(cfg, target, nodes):  # each program compiled once (a second compile warns from the cache)
-        key = (cfg.strategy, cfg.devices, cfg.model, cfg.hidden, cfg.batch_size, target, nodes)
-        if key not in rows:
-            rows[key] = row(cfg, target, nodes)
-        memory = targets.TARGETS[target].memory_bytes  # judged against the GPU as it is now
-        return {**rows[key], "device_memory_bytes": memory, "fits": rows[key]["peak_bytes"] <= memory}
+    def counted(cfg, target, nodes):
+        compiles.append((cfg.strategy, cfg.devices, cfg.model, cfg.hidden, cfg.batch_size, target, nodes))
+        return step(cfg, target, nodes)
 
-    monkeypatch.setattr(target_memory, "row", compiled_once)
-    peaks = {s: target_memory.row(base.replace(strategy=s).validate(), "h100", 1)["peak_bytes"]
+    monkeypatch.setattr(aot, "TargetStep", counted)
+    peaks = {s: inspect.inspect(base.replace(strategy=s).validate(), target="h100")["peak_bytes"]
              for s in ("ddp", "zero3")}
     assert peaks["zero3"] < peaks["ddp"]
     small = targets.TARGETS["h100"]._replace(memory_bytes=(peaks["zero3"] + peaks["ddp"]) // 2)
@@ -68,7 +67,11 @@ def test_compare_target_picks_on_the_compiled_peak_and_says_what_was_compiled(mo
     assert summary["target"] == {"name": "h100", "nodes": 1, "device_memory_bytes": small.memory_bytes}
     assert [(e["target"]["peak_bytes"], e["target"]["fits"]) for e in summary["strategies"]] == [
         (peaks["ddp"], False), (peaks["zero3"], True)]
-    assert sorted(rows) == sorted((s, 8, "mlp", (256, 256), 64, "h100", 1) for s in ("ddp", "zero3"))
+    assert sorted(compiles) == sorted((s, 8, "mlp", (256, 256), 64, "h100", 1) for s in ("ddp", "zero3"))  # once
+    assert all(e["target"]["cached"] for e in summary["strategies"])  # compare read them back
+    for e in summary["strategies"]:
+        p = e["target"]["projection"]
+        assert p["step_low_s"] <= p["step_s"] <= p["step_high_s"] and p["calibrated_on"]
     run = summary["recommendation"]["situations"][0]
     assert run["pick"] == "zero3" and run["fits"] == {"ddp": False, "zero3": True}
     assert f"compiled peak on the H100 (XLA:GPU) {nbytes(peaks['zero3'])} per device" in run["why"][0]

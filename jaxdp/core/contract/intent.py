@@ -1,0 +1,62 @@
+"""What the user meant: a data-parallel layout, the accumulation steps, the dtype gradients are reduced in and
+the dtype the parameters the step updates (its master copy, and the optimizer state) are held in.
+
+The textbook collectives of each layout, per optimizer step, over the D data-parallel devices (P: the
+parameters' elements):
+    ddp    one all-reduce of the gradients (P) in the reduce dtype; no parameter gathers
+    zero1  the gradients reduced (all-reduce or reduce-scatter), the optimizer state sharded, the parameters
+           all-gathered once after the update
+    zero2  a reduce-scatter of the gradients; the parameters all-gathered once after the update
+    zero3  per-unit all-gathers for forward (and again for backward when resharding), once per micro-batch;
+           a reduce-scatter of the gradients
+    hsdp   zero3 within a shard group of S devices; an all-reduce of each gradient shard (P / S) across the
+           R = D / S replica groups
+With accumulation k the gradient sync still happens once per step, not k times (zero3's gathers: k times).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+INTENTS = ("ddp", "zero1", "zero2", "zero3", "hsdp")
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+SHARDS_GRADS = ("zero2", "zero3", "hsdp")
+SHARDS_PARAMS = ("zero3", "hsdp")
+SHARDS_STATE = ("zero1", "zero2", "zero3", "hsdp")
+# the project's strategies (both frameworks) and what each means
+OF_STRATEGY = {"single": "ddp", "dp": "ddp", "ddp": "ddp", "ddp-pmap": "ddp", "ddp-naive": "ddp", "ddp-bucket": "ddp",
+               "ddp-ring": "ddp", "ddp-jit": "ddp", "zero1": "zero1", "zero1-jit": "zero1", "zero2": "zero2",
+               "zero3": "zero3", "fsdp": "zero3", "fsdp-jit": "zero3", "hsdp": "hsdp"}
+
+
+@dataclass(frozen=True)
+class Intent:
+    """`name` one of INTENTS; `accumulation` micro-batches per step; `reduce_dtype` the gradients'
+    reduction dtype; `replicas` (hsdp) the R replica groups (0: read from the program's groups); `master_dtype` the
+    dtype of the parameters the optimizer updates and of its floating state (Adam's moments)."""
+    name: str
+    accumulation: int = 1
+    reduce_dtype: str = "float32"
+    replicas: int = 0
+    master_dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.name not in INTENTS:
+            raise ConfigError(f"--intent {self.name!r} is not a data-parallel layout; use one of {', '.join(INTENTS)}")
+        if not isinstance(self.accumulation, int) or self.accumulation < 1:
+            raise ConfigError(f"--accumulation {self.accumulation!r} must be a whole number >= 1 (micro-batches per "
+                              f"optimizer step)")
+        if self.reduce_dtype not in DTYPES:
+            raise ConfigError(f"--reduce-dtype {self.reduce_dtype!r} is not a dtype; use one of {', '.join(DTYPES)}")
+        if self.replicas < 0 or (self.replicas and self.name != "hsdp"):
+            raise ConfigError(f"--replicas {self.replicas} is for --intent hsdp (R >= 1 replica groups); drop it")
+        if self.master_dtype not in DTYPES:
+            raise ConfigError(f"--master-dtype {self.master_dtype!r} is not a dtype; use one of {', '.join(DTYPES)}")
+
+
+def of_strategy(strategy: str, accumulation: int = 1, reduce_dtype: str = "float32", replicas: int = 0,
+                master_dtype: str = "float32") -> Intent:
+    """The intent a project strategy stands for (`OF_STRATEGY`)."""
+    return Intent(OF_STRATEGY[strategy], accumulation, reduce_dtype, replicas if strategy == "hsdp" else 0,
+                  master_dtype)

@@ -100,7 +100,7 @@ def init_for(cfg: RunConfig) -> dict:
 def init_key(cfg: RunConfig) -> RunConfig:
     return RunConfig(model=cfg.model, data=cfg.data, dtype=cfg.dtype, seed=cfg.seed, hidden=cfg.hidden,
                      n_layer=cfg.n_layer, n_head=cfg.n_head, d_model=cfg.d_model, seq_len=cfg.seq_len,
-                     channels=cfg.channels)
+                     channels=cfg.channels, n_kv_head=cfg.n_kv_head, d_ff=cfg.d_ff)  # llama's shapes too
 
 
 @functools.cache

@@ -75,6 +75,7 @@ def compare(a: trace_mod.Trace, b: trace_mod.Trace, tolerance: float | None = No
         trace_mod.check_comparable(a, b)
         shared = trace_mod.shared_config_fields(a, b)
         notes.append(f"configuration compared on {', '.join(shared) or 'no field (neither meta carries one)'}")
+    notes += [k] if (k := parity.kernels_note(a, b)) else []  # which kernels each side ran
     found, a, b = spread_mod.split(a, b, ("A", "B"))
     a, b, shared = resumed.align(a, b)
     notes += [shared] if shared else []

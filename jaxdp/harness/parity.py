@@ -190,6 +190,19 @@ def _judged(a, b, tol, label, cfg, sides, with_ulp, allow, derived=None) -> Row:
     return row
 
 
+def kernels_note(a, b, sides=("A", "B")) -> str:
+    """'kernels: fused (A) / mirrored (B)': which kernels each trace ran (meta `kernels`; torch_ref's
+    `kernels_detail` in brackets); '' when neither meta says (a trace from before `--kernels`, or a user's)."""
+    def one(t, side):
+        detail = t.meta.get("kernels_detail") or {}
+        what = ", ".join(f"{k} {v}" for k, v in detail.items() if v not in (None, False))
+        return f"{t.meta.get('kernels', 'unrecorded')} ({side}{': ' + what if what else ''})"
+
+    if "kernels" not in a.meta and "kernels" not in b.meta:
+        return ""
+    return f"kernels: {one(a, sides[0])} / {one(b, sides[1])}"
+
+
 def _field_and_step(key: str):
     """('grad', 3) for step/3/grad/<name>, ('update', 3) for update/3/<name>, ('loss', 3); else None."""
     parsed = trace_mod.parse_key(key)

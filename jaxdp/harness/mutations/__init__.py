@@ -85,6 +85,6 @@ def _patched(patches):
             setattr(obj, attr, value)
 
 
-def config(m: Mutation, framework: str, dtype: str) -> RunConfig:
-    """The run of mutation `m` in `framework` and `dtype`."""
-    return m.cfg.replace(strategy=m.jax if framework == "jax" else m.torch, dtype=dtype)
+def config(m: Mutation, framework: str, dtype: str, kernels: str = "mirrored") -> RunConfig:
+    """The run of mutation `m` in `framework`, `dtype` and `kernels` (docs/KERNELS.md)."""
+    return m.cfg.replace(strategy=m.jax if framework == "jax" else m.torch, dtype=dtype, kernels=kernels)

@@ -50,12 +50,12 @@ def _narrow(dtypes_by_op: dict, dtype: str) -> str:
     return "; ".join(f"{op} carries {', '.join(d)}" for op, d in bad.items())
 
 
-def torch_items(cases) -> list:
-    """The torch_ref runs `evaluate(cases)` needs (items of `pair_runs.run_torch`)."""
+def torch_items(cases, kernels: str = "mirrored") -> list:
+    """The torch_ref runs `evaluate(cases, kernels=kernels)` needs (items of `pair_runs.run_torch`)."""
     items = []
     for name, fw, dtype in cases:
         m = BY_NAME[name]
-        cfg = config(m, fw, dtype)
+        cfg = config(m, fw, dtype, kernels)
         items.append(cfg)  # the honest run: torch's control, or jaxdp's parity reference
         if fw == "torch":
             items += [(cfg, name), _single(cfg)]
@@ -64,18 +64,19 @@ def torch_items(cases) -> list:
     return list(dict.fromkeys(items))
 
 
-def evaluate(cases, progress=lambda message: None, torch=None) -> list[dict]:
-    """[{'case': (name, framework, dtype), 'caught': {check: (caught, why)}, 'controls': {check: failure}}].
-    `torch`: the results of `pair_runs.run_torch(torch_items(cases) + ...)` when already run."""
+def evaluate(cases, progress=lambda message: None, torch=None, kernels: str = "mirrored") -> list[dict]:
+    """[{'case': (name, framework, dtype), 'caught': {check: (caught, why)}, 'controls': {check: failure}}],
+    every run with `kernels` (both frameworks: the bug's run, its `single` and the other framework's).
+    `torch`: the results of `pair_runs.run_torch(torch_items(cases, kernels) + ...)` when already run."""
     if torch is None:
         progress(f"torch_ref: {len(cases)} cases' runs")
-        torch = pair_runs.run_torch(torch_items(cases))
+        torch = pair_runs.run_torch(torch_items(cases, kernels))
     jax = functools.cache(lambda cfg, mutation=None: pair_runs.run_jax(cfg, mutation))
     out = []
     for name, fw, dtype in cases:
         progress(f"{name} in {fw}, {dtype}")
         m = BY_NAME[name]
-        cfg = config(m, fw, dtype)
+        cfg = config(m, fw, dtype, kernels)
         run = jax if fw == "jax" else (lambda c, mut=None: torch[(c, mut) if mut else c])
         other = (lambda c: torch[c]) if fw == "jax" else jax
         bad, honest, single = run(cfg, name), run(cfg), run(_single(cfg))

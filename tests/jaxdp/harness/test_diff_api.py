@@ -148,3 +148,18 @@ def test_recorded_settings_are_replayed_and_the_missing_line_goes():
     a, b = (trace.Trace(optimizer_settings.merged(t.meta, settings), t.arrays) for t in (a, b))
     v = jaxdp.diff(a, b, check_config=False)
     assert v.ok and not any("not recorded" in n for n in v.notes) and any("adamw (lr 0.001" in n for n in v.notes)
+
+
+def with_meta(t: trace.Trace, **meta) -> trace.Trace:
+    return trace.Trace({**t.meta, **meta}, t.arrays)
+
+
+def test_the_verdict_says_which_kernels_each_trace_ran_in_one_line():
+    a, b = run("float32", 1), run("float32", 2)
+    detail = {"attention": "sdpa:math", "optimizer": "fused", "compile": False, "bf16": None}
+    text = jaxdp.diff(with_meta(a, kernels="fused", kernels_detail=detail), with_meta(b, kernels="mirrored")).text()
+    lines = [line for line in text.splitlines() if "kernels:" in line]
+    assert lines == ["note: kernels: fused (A: attention sdpa:math, optimizer fused) / mirrored (B)"], text
+    one_side = jaxdp.diff(with_meta(a, kernels="fused"), b).text()  # a trace from before --kernels
+    assert "note: kernels: fused (A) / unrecorded (B)" in one_side
+    assert "kernels:" not in jaxdp.diff(a, b).text()  # neither says: no line

@@ -79,7 +79,7 @@ POINTS = (
 def _program(cfg, nodes: int) -> tuple[dict, list]:
     from . import inspect, program_cache
 
-    out, found, _ = program_cache.compiled(cfg.validate(), TARGET, nodes, inspect._read)
+    out, found, _ = program_cache.compiled(cfg.validate(), TARGET, nodes, inspect._read_target)
     return out, found
 
 

@@ -71,14 +71,14 @@ def source_digest() -> str:
 NOT_IN_KEY = ("steps", "platform", "checkpoint_dir", "checkpoint_every", "resume", "overwrite_checkpoints")
 
 
-def key(cfg, target: str, nodes: int) -> str:
+def key(cfg, target: str, nodes: int, reader: str = "") -> str:
     import jax
     import jaxlib
 
     run = {k: v for k, v in cfg.to_dict().items() if k not in NOT_IN_KEY}
     fields = {"format": FORMAT, "cfg": run, "target": target, "nodes": nodes,
               "target_config": targets.config_text(target), "jax": jax.__version__, "jaxlib": jaxlib.__version__,
-              "source": source_digest()}
+              "source": source_digest(), "reader": reader}  # the reading stored: another reader, another entry
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -101,7 +101,7 @@ def compiled(cfg, target: str, nodes: int, read) -> tuple[dict, list, dict]:
     from the cache, or compiled (`aot.TargetStep`, `gpu_program.describe` over `read(cfg, step)`) and stored."""
     where = folder()
     why = usable(where)
-    path = os.path.join(where, key(cfg, target, nodes) + ".json") if why is None else None
+    path = os.path.join(where, key(cfg, target, nodes, read.__qualname__) + ".json") if why is None else None
     entry = load(path) if path else None
     if entry is not None:
         return entry["inspect"], entry["kernels"], {"hit": True, "path": path}

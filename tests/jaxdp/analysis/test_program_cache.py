@@ -37,3 +37,15 @@ def test_a_linked_folder_or_entry_is_not_followed(monkeypatch, tmp_path):
     planted.write_text('{"format": 1, "inspect": {}, "kernels": []}')
     os.symlink(planted, tmp_path / "entry.json")
     assert program_cache.load(str(tmp_path / "entry.json")) is None and program_cache.load(str(planted))
+
+
+def test_the_calibration_table_and_inspect_share_one_entry(monkeypatch, tmp_path, capsys):
+    """calibration_points compiles the same shapes as `inspect --target` under the same key: the entry it writes
+    must be inspect's whole reading (its contract too), or inspect reads it back without one."""
+    from jaxdp.analysis import calibration_points
+
+    monkeypatch.setenv(program_cache.ENV, str(tmp_path / "cache"))
+    calibration_points._program.cache_clear()
+    calibration_points._program(TINY, 1)
+    assert inspect.main(TINY, target="h100") == 0
+    assert "contract" in inspect.inspect(TINY, target="h100")

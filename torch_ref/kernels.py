@@ -45,12 +45,18 @@ def check(kernels, compute_dtype, compile, reduction: str) -> None:
                           "canonical tree could hold on any N; pass compile=False or reduction='native'")
 
 
+def offered(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The submodules that offer the choice: a `kernels` attribute of "mirrored" or "fused" (the models'
+    attention), as jaxdp's `attention.switched` reads them; an attribute of that name meaning anything else is
+    the user's."""
+    return [m for m in model.modules() if getattr(m, "kernels", None) in attention.KERNELS]
+
+
 def set_attention(model: torch.nn.Module, kernels: str) -> None:
-    """kernels='fused': every submodule with a `kernels` attribute (the models' attention) runs fused."""
+    """kernels='fused': every submodule that offers the choice (`offered`: the models' attention) runs fused."""
     if kernels == "fused":
-        for module in model.modules():
-            if hasattr(module, "kernels"):
-                module.kernels = "fused"
+        for module in offered(model):
+            module.kernels = "fused"
 
 
 def fused_optimizer(optimizer):
@@ -139,7 +145,7 @@ def detail(par) -> dict:
     policy = next((s._mp_policy.param_dtype for s in states if s._mp_policy.param_dtype is not None), None)
     bf16 = ("MixedPrecisionPolicy" if policy == torch.bfloat16 else
             getattr(module, "_torch_ref_bf16", None))
-    layers = [m for m in module.modules() if hasattr(m, "kernels")]
+    layers = offered(module)
     kinds = {m.kernels for m in layers}
     sdpa = f"sdpa:{attention.backend(torch.bfloat16 if bf16 else p.dtype, p.device, *heads(layers[0]))}" \
         if kinds == {"fused"} else None

@@ -180,3 +180,13 @@ def test_fused_bf16_casts_float_inputs_with_the_weights():
     x, y = torch.randn(6, 3), torch.randint(0, 2, (6,))
     assert model(x).dtype == torch.bfloat16
     assert torch.isfinite(torch.tensor(torch_ref.train_step(model, opt, x, y, loss_fn)))
+
+
+def test_only_the_attention_that_offers_the_choice_is_switched():
+    """A user's module whose `kernels` attribute means something else (a conv's sizes) is theirs: fused switches
+    the models' attention only, as jaxdp's `attention.switched` does, and `detail` reads only those."""
+    model = GPT2(**SIZE)
+    model.kernels = (3, 3)
+    kernels.set_attention(model, "fused")
+    assert model.kernels == (3, 3)
+    assert {m.kernels for m in kernels.offered(model)} == {"fused"}

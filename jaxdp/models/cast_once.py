@@ -3,7 +3,7 @@ loss (and of each zero3 unit, after its gather), as JAX users write mixed precis
 inside every layer call (`dtype=`). The master parameters, their gradients (the cast's transpose brings each
 back to fp32), the reduction and the optimizer stay fp32. A weight used twice (a tied head) is cast once and
 its two uses' gradients meet in bf16 before the cast back, as FSDP2's `MixedPrecisionPolicy` has them
-(torch_ref's twin: torch_ref/models/cast_once.py).
+(torch_ref's twin: `cast_once` in torch_ref/kernels.py).
 """
 from __future__ import annotations
 

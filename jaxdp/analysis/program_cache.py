@@ -3,9 +3,10 @@
 Compiling Llama 3 8B for H100s takes a minute or more on a small machine; what the projection needs of the
 program (inspect's dictionary and the kernels by kind, `kernels.read`) is a few hundred kilobytes. So the
 reading is stored under a key of everything the compiled program depends on: the run configuration, the target
-and its XLA configuration, the nodes, jax's and jaxlib's versions and the jaxdp source that builds or reads the
-program (`source_digest`: any change to it makes a new key), and read back instead of compiling again; the
-projection is recomputed from it (`calibration`), so a new calibration needs no compile.
+and its XLA configuration, XLA_FLAGS (XLA's debug options: its scheduler, its combiners), the nodes, jax's and
+jaxlib's versions, the jaxdp source that builds or reads the program (`source_digest`: any change to it makes a
+new key) and the reader that made the entry, and read back instead of compiling again; the projection is
+recomputed from it (`calibration`), so a new calibration needs no compile.
 
 The folder: $JAXDP_PROJECTION_CACHE, else $XDG_CACHE_HOME/jaxdp/projection (~/.cache/jaxdp/projection). It is
 used only when it is a real folder (not a symbolic link) owned by the user; entries are opened without following
@@ -78,7 +79,8 @@ def key(cfg, target: str, nodes: int, reader: str = "") -> str:
     run = {k: v for k, v in cfg.to_dict().items() if k not in NOT_IN_KEY}
     fields = {"format": FORMAT, "cfg": run, "target": target, "nodes": nodes,
               "target_config": targets.config_text(target), "jax": jax.__version__, "jaxlib": jaxlib.__version__,
-              "source": source_digest(), "reader": reader}  # the reading stored: another reader, another entry
+              "source": source_digest(), "reader": reader,  # the reading stored: another reader, another entry
+              "xla_flags": os.environ.get("XLA_FLAGS", "")}
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:32]
 
 

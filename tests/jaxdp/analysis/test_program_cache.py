@@ -49,3 +49,11 @@ def test_the_calibration_table_and_inspect_share_one_entry(monkeypatch, tmp_path
     calibration_points._program(TINY, 1)
     assert inspect.main(TINY, target="h100") == 0
     assert "contract" in inspect.inspect(TINY, target="h100")
+
+
+def test_xla_flags_are_part_of_the_key(monkeypatch):
+    """XLA_FLAGS change what XLA:GPU compiles (its latency-hiding scheduler, its combiners): another entry."""
+    monkeypatch.setenv("XLA_FLAGS", "")
+    plain = program_cache.key(TINY, "h100", 1)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_latency_hiding_scheduler=false")
+    assert program_cache.key(TINY, "h100", 1) != plain

@@ -106,13 +106,15 @@ def results(path: str = RESULTS) -> dict:
 
 
 def error_range(step_s: float, devices: int, table: dict | None = None) -> dict:
-    """`step_low_s`, `step_high_s`: the step times the calibration's residuals allow (reference / projected, of
-    every included point this projection rests on: the one-GPU step points always, the scaling points beside
-    them for several GPUs), the projection itself inside; `calibrated_on`: those points' names."""
+    """`step_low_s`, `step_high_s`: the step times the calibration's residuals allow (reference / projected step
+    time of every included point this projection rests on: the one-GPU step points always, the scaling points
+    beside them for several GPUs, whose ratio of throughput kept is inverted: more kept than projected is a
+    shorter step), the projection itself inside; `calibrated_on`: those points' names."""
     table = results() if table is None else table
     kinds = ("step",) if devices <= 1 else ("step", "scaling")
     used = [p for p in table.get("points", []) if p["kind"] in kinds and p.get("included") and p.get("ratio")]
-    ratios = [p["ratio"] for p in used] + [1.0]
+    # a step point's ratio is of step times; a scaling point's of throughput kept, whose inverse is the step's
+    ratios = [p["ratio"] if p["kind"] == "step" else 1.0 / p["ratio"] for p in used] + [1.0]
     return {"step_low_s": step_s * min(ratios), "step_high_s": step_s * max(ratios),
             "calibrated_on": [p["name"] for p in used]}
 

@@ -194,7 +194,7 @@ def _problem(loss_fn, params, loss, kernels: str = "mirrored") -> models.Problem
     if isinstance(loss_fn, nnx.Module):
         if loss is None:
             raise ConfigError("an NNX module needs loss=: a callable (outputs, y) -> the mean loss")
-        with attention.switched(loss_fn, kernels) if kernels in KERNELS else contextlib.nullcontext():
+        with attention.switched(loss_fn, kernels) if kernels == "fused" else contextlib.nullcontext():
             problem = models.from_module(loss_fn, loss)
         if params is not None:
             _check_agree(params, problem.params, type(loss_fn).__name__)

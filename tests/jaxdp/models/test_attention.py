@@ -85,6 +85,16 @@ def test_the_library_switches_a_modules_attention_and_leaves_the_module_as_it_wa
     reference = models.from_module(_model("gpt2", "fused"), models.cross_entropy)
     assert float(par.problem.loss_fn(par.problem.params, TOKENS, TOKENS)) == float(
         reference.loss_fn(reference.params, TOKENS, TOKENS))
+    # the default leaves a module as built (torch_ref's rule): llama, whose two paths' losses differ in their bits
+    built_fused = jaxdp.parallelize(_model("llama", "fused"), None, optax.sgd(0.1), loss=models.cross_entropy,
+                                    strategy="single")
+    def grads(loss_fn):
+        return jax.tree.leaves(jax.grad(loss_fn)(built_fused.problem.params, TOKENS, TOKENS))
+
+    paths = {k: grads(models.from_module(_model("llama", k), models.cross_entropy).loss_fn)
+             for k in ("fused", "mirrored")}
+    assert not all(bool((a == b).all()) for a, b in zip(paths["fused"], paths["mirrored"], strict=True))
+    assert all(bool((a == b).all()) for a, b in zip(grads(built_fused.problem.loss_fn), paths["fused"], strict=True))
 
 
 @pytest.mark.parametrize("kw, message", [

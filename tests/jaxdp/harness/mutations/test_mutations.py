@@ -117,12 +117,22 @@ def test_the_hand_written_strategies_reduce_gpt2s_bf16_gradient_in_fp32(strategy
     assert dtypes and all(kinds <= allowed[op] for op, kinds in dtypes.items()), dtypes
 
 
+@pytest.mark.parametrize("strategy", ("ddp", "zero2", "zero3", "ddp-jit", "fsdp-jit"))
+def test_the_fused_path_reduces_gpt2s_bf16_gradient_in_fp32_in_the_compiled_program(strategy):
+    """--kernels fused casts the weights to bf16 once per step (jaxdp/models/cast_once.py), so each weight's
+    gradient is a bf16 product until the cast's transpose: every reduction of the compiled step still carries
+    f32, hand-written and partitioner-placed alike (a gather may carry the bf16 copies: the same values)."""
+    _, dtypes = checks.compiled_step(jit_bf16(strategy, "gpt2", "auto").replace(kernels="fused"))
+    assert reductions(dtypes) == {"f32"}, dtypes
+
+
 def test_the_gpt2_check_fails_on_ddp_reducing_in_bf16():
     """The check above on gpt2 with the bf16-reduction bug injected (ddp casts the gradient to bf16 before its
     psum): XLA:CPU runs that psum widened, and the check reads it as bf16."""
-    with mutations.inject("jax", "bf16-reduction"):
-        _, dtypes = checks.compiled_step(jit_bf16("ddp", "gpt2", "auto"))
-    assert "bf16" in dtypes["all-reduce"], dtypes
+    for kernels in ("mirrored", "fused"):
+        with mutations.inject("jax", "bf16-reduction"):
+            _, dtypes = checks.compiled_step(jit_bf16("ddp", "gpt2", "auto").replace(kernels=kernels))
+        assert "bf16" in dtypes["all-reduce"], (kernels, dtypes)
 
 
 def global_mean(loss_fn):

@@ -24,7 +24,8 @@
   on 2 busy cores the pool's threads only add work). The second flag changes no HLO. The first changes
   how elementwise work is fused, not what is communicated: tests/house/test_compile_flag.py checks, against a
   process at XLA's defaults, the same collectives in the same order and memory within 1%. The docs' figures
-  are measured by the CLI at XLA's defaults. The tests' child processes keep it (`jaxdp.core.xla_flags`), all but
+  are measured by the CLI at XLA's defaults. The tests' child processes keep it
+  (`jaxdp.core.process.xla_flags`), all but
   the canonical tests' production processes, whose claim is bitwise on the machine code users run."""
 import os
 import shutil
@@ -59,9 +60,9 @@ TORCH_WORLD_FILES = {"tests/jaxdp/models/test_cnn.py", "tests/jaxdp/models/test_
                      "tests/torch_ref/test_torch_api.py", "tests/torch_ref/test_torch_batchnorm.py",
                      "tests/torch_ref/test_torch_collectives.py", "tests/torch_ref/models/test_torch_shared.py",
                      "tests/torch_ref/strategies/test_torch_strategies.py"}
-# The parity suite's files share tests/jaxdp/harness/parity/conftest.py's session caches (`torch_runs()` trains
+# The parity suite's files share parity_tests/conftest.py's session caches (`torch_runs()` trains
 # every parity configuration's torch side in one world per N; `jax_run`): one unit, so they are computed once.
-PARITY_FILES = {f"tests/jaxdp/harness/parity/{name}.py" for name in ("test_cli", "test_parity")}
+PARITY_FILES = {f"parity_tests/{name}.py" for name in ("test_cli", "test_parity")}
 
 
 # The longest units first (their summed durations, measured with --durations), so that no long unit
@@ -72,8 +73,8 @@ LONGEST_FIRST = ("torch-worlds", "parity", "tests/jaxdp/canonical/test_canonical
                  "tests/torch_ref/analysis/test_torch_accounting.py",
                  "tests/torch_ref/test_torch_launch.py", "tests/jaxdp/strategies/zero/test_zero3_compiled.py",
                  "tests/jaxdp/harness/bench/test_bench.py", "tests/jaxdp/test_multiprocess.py",
-                 "tests/jaxdp/harness/mutations/test_mutations.py", "tests/jaxdp/models/test_llama_families.py",
-                 "tests/jaxdp/harness/test_resolution.py", "tests/torch_ref/strategies/test_torch_hsdp8.py",
+                 "tests/jaxdp/harness/mutations/test_mutations.py", "parity_tests/test_transformers_families.py",
+                 "tests/jaxdp/judge/test_resolution.py", "tests/torch_ref/strategies/test_torch_hsdp8.py",
                  "tests/examples/test_examples.py", "tests/jaxdp/strategies/test_hsdp.py",
                  "tests/torch_ref/test_torch_checkpoint.py", "tests/jaxdp/strategies/jit/test_jit.py",
                  "tests/jaxdp/test_checkpoint.py", "tests/torch_ref/canonical/test_torch_canonical.py",

@@ -35,7 +35,7 @@ def walk(strategy: str) -> Counter:
 
     jaxdp.setup_devices(2, reduction="canonical")
     from jaxdp.analysis import accounting
-    from jaxdp.core.config import RunConfig
+    from jaxdp.core.run.config import RunConfig
     from jaxdp.strategies.zero import layout
 
     module = f"jaxdp.strategies.zero.{strategy}" if strategy in layout.LAYOUTS else f"jaxdp.strategies.{strategy}"

@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from jaxdp import devices
-from jaxdp.core.config import RunConfig
+from jaxdp.core.run.config import RunConfig
 from jaxdp.harness.report import render, runner
 
 

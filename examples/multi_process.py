@@ -16,7 +16,9 @@ import sys
 import tempfile
 
 from jaxdp import devices, train
-from jaxdp.core import argv, config, trace, xla_flags
+from jaxdp.core.process import xla_flags
+from jaxdp.core.run import argv, config
+from jaxdp.core.traces import trace
 
 BOUND = 1e-12  # float64: what a different order of the same sums can change
 

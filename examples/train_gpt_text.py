@@ -13,8 +13,8 @@ import numpy as np
 
 from jaxdp import devices, models, train
 from jaxdp.analysis import accounting
-from jaxdp.core import data
-from jaxdp.core.config import RunConfig
+from jaxdp.core.run import data
+from jaxdp.core.run.config import RunConfig
 
 PROMPT = "Each device "
 

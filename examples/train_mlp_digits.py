@@ -13,8 +13,8 @@ import argparse
 import numpy as np
 
 from jaxdp import devices, models, train
-from jaxdp.core import data
-from jaxdp.core.config import RunConfig
+from jaxdp.core.run import data
+from jaxdp.core.run.config import RunConfig
 
 STRATEGIES = ("ddp", "ddp-ring", "zero2", "zero3")
 

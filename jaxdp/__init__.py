@@ -32,8 +32,8 @@ def _quiet_cuda_plugin() -> None:
 
 _quiet_cuda_plugin()
 
-_LAZY = {"setup_devices": "api", "parallelize": "api", "Parallel": "api", "diff": "harness.verdict",
-         "Verdict": "harness.verdict", "check": "contract.check"}
+_LAZY = {"setup_devices": "api", "parallelize": "api", "Parallel": "api", "diff": "judge.verdict",
+         "Verdict": "judge.verdict", "check": "contract.check"}
 __all__ = ["Parallel", "Verdict", "check", "diff", "parallelize", "setup_devices"]
 
 

@@ -1,8 +1,8 @@
 """`python -m jaxdp`: the `jaxdp` command (jaxdp/harness/cli.py). A child of `jaxdp train --processes` first
-binds its life to the launcher's and starts its heartbeat, before the slow imports (jaxdp.core.lifeline)."""
+binds its life to the launcher's and starts its heartbeat, before the slow imports (jaxdp.core.process.lifeline)."""
 import sys
 
-from .core import heartbeat, lifeline
+from .core.process import heartbeat, lifeline
 
 lifeline.bind_to(lifeline.from_env())
 heartbeat.start(*heartbeat.from_env())

@@ -22,10 +22,10 @@ from jax.sharding import Mesh
 
 from . import devices as devices_mod
 from . import models, strategies
-from .core import data
-from .core.config import ConfigError
-from .core.kernels import KERNELS
-from .core.reduction import resolve_shards, row_tokens
+from .core.run import data
+from .core.run.config import ConfigError
+from .core.run.kernels import KERNELS
+from .core.run.reduction import resolve_shards, row_tokens
 from .models import attention, cast_once
 from .optax_check import check_elementwise
 from .strategies import stats
@@ -39,7 +39,7 @@ class Parallel(NamedTuple):
     - `init(params=None, opt_state=None)` -> the train state on the devices (the given or the
       parallelized parameters; a fresh optimizer state, or the given full one to resume);
     - `step(state, x, y)` -> (state, metrics): x and y the global batch as NumPy (in a multi-process
-      run, this process's rows: `jaxdp.core.data.part_rows(x, process, processes, accum)`);
+      run, this process's rows: `jaxdp.core.run.data.part_rows(x, process, processes, accum)`);
       `metrics["loss"]` the global mean loss, `metrics["grads"]` (with return_grads) the full
       averaged gradient before the optimizer, a NumPy pytree like params; `metrics["state"]` (a
       model with `nnx.BatchStat` variables) the running statistics after the step, in the Flax layout;

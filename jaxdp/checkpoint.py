@@ -20,9 +20,9 @@ import os
 import jax
 import numpy as np
 
-from .core import ckpt_folder, disk_full, manifest
-from .core import record as rules
-from .core.record import RECORD_FIELDS, CheckpointError, DamagedCheckpoint  # noqa: F401 (re-exported)
+from .core.files import ckpt_folder, disk_full, manifest
+from .core.files import record as rules
+from .core.files.record import RECORD_FIELDS, CheckpointError, DamagedCheckpoint  # noqa: F401 (re-exported)
 from .strategies import host_full
 
 

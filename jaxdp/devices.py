@@ -15,8 +15,8 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .core import ports, xla_flags
-from .core.hsdp_hosts import grid_order
+from .core.process import ports, xla_flags
+from .core.run.hsdp_hosts import grid_order
 
 AXIS = "data"
 REPLICA = "replica"  # hsdp's second axis: the groups (rows of the grid); `data` runs within a group

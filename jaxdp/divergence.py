@@ -1,7 +1,7 @@
 """`jaxdp.divergence.compare(a, b)`, the path the docs give users for where two runs part (docs/LIBRARY.md,
-docs/TRACE.md): the first divergence and every finding, re-exported from `jaxdp.harness.divergence`."""
+docs/TRACE.md): the first divergence and every finding, re-exported from `jaxdp.judge.divergence`."""
 from __future__ import annotations
 
-from .harness.divergence import Divergence, Report, compare
+from .judge.divergence import Divergence, Report, compare
 
 __all__ = ["Divergence", "Report", "compare"]

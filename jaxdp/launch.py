@@ -6,12 +6,12 @@ Nothing here is a protocol of our own: the children are ordinary `jaxdp train --
 cluster. The launcher only starts them and watches them: when one fails, the others are stopped and
 the launcher exits with status 3 (2 when a process refused its input), so a dead process never leaves
 the rest hanging. Ctrl-C is the launcher's alone. SIGINT or SIGTERM to the launcher is forwarded to every
-child as SIGTERM, JAX's preemption notice: all stop at the same step, save it, and exit 143 (`jaxdp.core.stop`);
+child as SIGTERM, JAX's preemption notice: all stop at the same step, save it, and exit 143 (`jaxdp.core.process.stop`);
 a child that a signal stopped (130, 143: a notice sent to it alone reaches all of them through JAX) makes the
 launcher wait for the others, then answer 130 or 143. A child not gone within STOP_S is killed.
-The children die with the launcher, by any signal (`jaxdp.core.lifeline`), and each beats a heartbeat
+The children die with the launcher, by any signal (`jaxdp.core.process.lifeline`), and each beats a heartbeat
 file: one that stops beating for `--heartbeat` seconds (stopped, frozen), or has not started within
-`--startup-timeout`, is named and the run stopped (`jaxdp.core.heartbeat`). The coordinator listens on
+`--startup-timeout`, is named and the run stopped (`jaxdp.core.process.heartbeat`). The coordinator listens on
 127.0.0.1 only (docs/RELIABILITY.md).
 """
 from __future__ import annotations
@@ -25,8 +25,8 @@ import sys
 import threading
 import time
 
-from .core import heartbeat, last_words, lifeline, ports, progress, stop, xla_flags
 from .core.errors import EXIT_FAILED, EXIT_USAGE
+from .core.process import heartbeat, last_words, lifeline, ports, progress, stop, xla_flags
 
 POLL_S = 0.2
 GRACE_S = 5.0
@@ -39,7 +39,7 @@ def launch(argv: list[str], processes: int, timeout_s: float | None = None,
            heartbeat_s: float = heartbeat.DEFAULT_S, startup_s: float = heartbeat.STARTUP_S) -> int:
     """Run `python -m jaxdp <argv>` as `processes` jax.distributed processes; returns the exit status.
     Ctrl-C reaches the launcher alone (the children ignore SIGINT): it stops and reaps them, takes process
-    0's progress report (`jaxdp.core.progress`) and raises KeyboardInterrupt for the command's one line."""
+    0's progress report (`jaxdp.core.process.progress`) and raises KeyboardInterrupt for the command's one line."""
     coordinator = f"{ports.LOOPBACK}:{ports.free_port()}"
     env = {k: v for k, v in xla_flags.for_child(os.environ).items() if k != progress.ENV}
     env.update({lifeline.ENV: str(os.getpid()), heartbeat.ENV_S: str(heartbeat_s)})
@@ -188,7 +188,7 @@ def _watch(children, timeout_s: float | None, beats: heartbeat.Watch) -> int:
 
 
 def _words(beats: heartbeat.Watch, i: int) -> str:
-    """Where process `i` leaves its last words (`jaxdp.core.last_words`): beside its heartbeat."""
+    """Where process `i` leaves its last words (`jaxdp.core.process.last_words`): beside its heartbeat."""
     return os.path.join(beats.folder, f"last-words-{i}")
 
 

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import optax
 
-from .core.config import ConfigError
+from .core.run.config import ConfigError
 
 PROBE_DIM = 512  # a dimension above this is cut to it: shape thresholds (adafactor's 128) stay visible
 WHOLE = 1 << 20  # a parameter of at most this many elements is probed at its true shape (padding included)

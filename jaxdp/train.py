@@ -9,10 +9,10 @@ import time
 import numpy as np
 
 from . import devices as devices_mod
-from .core import progress as run_progress  # where the run is, for the line Ctrl-C prints
-from .core import stop
-from .core.config import JIT_STRATEGIES, RunConfig
-from .core.results import NonFiniteLoss, RunResult  # noqa: F401 (re-exported: jaxdp.train's names)
+from .core.process import progress as run_progress  # where the run is, for the line Ctrl-C prints
+from .core.process import stop
+from .core.run.config import JIT_STRATEGIES, RunConfig
+from .core.run.results import NonFiniteLoss, RunResult  # noqa: F401 (re-exported: jaxdp.train's names)
 
 
 def versions() -> dict:
@@ -55,7 +55,7 @@ def prepare(cfg: RunConfig, return_grads: bool = False, distributed: devices_mod
     if cfg.dtype != "bfloat16":  # bf16 runs keep the fast matrix units; float32 ones on a GPU no TF32
         devices_mod.pin_float32_matmuls(devices)
     from . import api, models
-    from .core import data
+    from .core.run import data
 
     dataset = data.load(cfg.data, cfg.seed, cfg.seq_len)
     with jax.default_device(jax.local_devices(backend="cpu")[0]):
@@ -99,7 +99,7 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
     devices, dataset, problem, optimizer, par = prepare(cfg, record, distributed)
     import jax
 
-    from .core.recorder import Recorder
+    from .core.traces.recorder import Recorder
 
     state, start, saver = _start(cfg, par, problem, optimizer)
     result = RunResult(cfg, meta={"framework": "jax", **cfg.to_dict(), "platform": devices[0].platform,
@@ -123,7 +123,7 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
         recorder.close()  # process 0 writes the trace (atomically)
         result.arrays = recorder.arrays
     elif trace_path is not None and jax.process_index() == 0:
-        from .core import trace
+        from .core.traces import trace
 
         trace.save(trace_path, result.meta, result.arrays)
     if trace_path is not None and jax.process_index() == 0:
@@ -172,7 +172,7 @@ def _train(cfg, dataset, par, state, start, saver, recorder, result, progress):
 
 
 def _signals_deferred(many: bool):
-    """SIGINT and SIGTERM wait for the end of the step (`jaxdp.core.stop`). Several processes: SIGTERM is JAX's
+    """SIGINT and SIGTERM wait for the end of the step (`jaxdp.core.process.stop`). Several processes: SIGTERM is JAX's
     preemption notice (its handler, installed by jax.distributed, is left alone) and SIGINT is made one. JAX's sync
     point counts this run's steps from 0 (`_stop_here`): a notice before the first call agrees on 1, the run's
     first step, where a resumed run's step numbers would never reach it."""
@@ -244,7 +244,7 @@ def _process_rows(a, accum: int):
     the p-th share of every micro-batch: `data.part_rows`); all of it in a single-process run."""
     import jax
 
-    from .core import data
+    from .core.run import data
 
     return data.part_rows(a, jax.process_index(), jax.process_count(), accum) if jax.process_count() > 1 else a
 
@@ -257,7 +257,7 @@ def _start(cfg: RunConfig, strategy, problem, optimizer):
     import jax
 
     from . import checkpoint  # orbax: loaded only when checkpointing
-    from .core import ckpt_folder
+    from .core.files import ckpt_folder
 
     lock = None
     if jax.process_index() == 0:  # the folder is this run's (ckpt_folder.py): before anything is read or written

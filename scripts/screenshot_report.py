@@ -61,7 +61,7 @@ def main(argv=None) -> int:
         print("chromium is not installed (Debian: apt-get install chromium)", file=sys.stderr)
         return 2
     from jaxdp import devices
-    from jaxdp.core.config import RunConfig
+    from jaxdp.core.run.config import RunConfig
     from jaxdp.harness.report import render, runner
 
     cfg = RunConfig(model="mlp", data="synthetic", devices=args.devices, steps=args.steps, dtype="float32")

@@ -25,7 +25,7 @@ def main(argv) -> None:
     devices.setup(N, "cpu", reduction="canonical")
     from jaxdp.analysis import accounting
     from jaxdp.canonical import reduce
-    from jaxdp.core.config import RunConfig
+    from jaxdp.core.run.config import RunConfig
     from jaxdp.harness.bench import reduction
     from jaxdp.strategies import common
     from jaxdp.strategies.zero import step

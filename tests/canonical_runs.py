@@ -76,7 +76,7 @@ def main(argv) -> None:
     import jax
 
     from jaxdp import train
-    from jaxdp.core.config import RunConfig
+    from jaxdp.core.run.config import RunConfig
 
     for case in cases:
         saved = _mutate(case.get("mutate"))

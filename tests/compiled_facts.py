@@ -12,7 +12,7 @@ from pathlib import Path
 
 def facts(fields: dict) -> dict:
     from jaxdp.analysis import accounting, hlo
-    from jaxdp.core.config import RunConfig
+    from jaxdp.core.run.config import RunConfig
 
     cfg = RunConfig(**fields)
     program = accounting.compile_step(cfg).program

@@ -22,7 +22,7 @@ jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_enable_x64", True)
 
 from jaxdp import train  # noqa: E402
-from jaxdp.core.config import RunConfig  # noqa: E402
+from jaxdp.core.run.config import RunConfig  # noqa: E402
 
 from . import quick, torch_jobs, touched  # noqa: E402
 

@@ -1,13 +1,13 @@
-"""Helpers shared by the test suites (tests/ and tests/jaxdp/harness/parity/): judging a run against a reference
+"""Helpers shared by the test suites (tests/ and parity_tests/): judging a run against a reference
 with the project's one judge (`jaxdp.parity.judge`), and edited copies of a trace for the tests
 that prove a check can fail (a wrong update or gradient at one step, a NaN)."""
 from __future__ import annotations
 
 import numpy as np
 
-from jaxdp.core import trace
-from jaxdp.harness import parity
+from jaxdp.core.traces import trace
 from jaxdp.harness.mutations.limits import scaled_update
+from jaxdp.judge import parity
 
 
 def as_trace(result) -> trace.Trace:

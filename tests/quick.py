@@ -39,7 +39,7 @@ QUICK = {
     "tests/jaxdp/harness/bench/test_bench_canonical.py": ALL,
     "tests/jaxdp/harness/bench/test_plan.py": ALL,
     # jaxdp.core: numpy only, synthetic traces
-    "tests/jaxdp/core/test_data_and_trace.py": (
+    "tests/jaxdp/core/traces/test_data_and_trace.py": (
         "test_trace_round_trip_and_layout",
         "test_truncated_trace_is_refused",
         "test_non_finite_is_never_agreement",
@@ -48,29 +48,29 @@ QUICK = {
         "test_updates_are_each_steps_parameter_change_and_a_wrong_step_shows_in_it",
         "test_the_bit_for_bit_helper_refuses_identical_nans",
     ),
-    "tests/jaxdp/core/test_hostile_traces.py": ALL,
-    "tests/jaxdp/core/test_recorder.py": ALL,
-    "tests/jaxdp/core/test_reduction.py": ALL,
-    "tests/jaxdp/core/test_spread.py": ALL,
-    "tests/jaxdp/core/test_sizes.py": (  # and sizes checked before work, in both CLIs (in-process, 17 s)
+    "tests/jaxdp/core/traces/test_hostile_traces.py": ALL,
+    "tests/jaxdp/core/traces/test_recorder.py": ALL,
+    "tests/jaxdp/core/run/test_reduction.py": ALL,
+    "tests/jaxdp/core/traces/test_spread.py": ALL,
+    "tests/jaxdp/core/memory/test_sizes.py": (  # and sizes checked before work, in both CLIs (in-process, 17 s)
         "test_the_parameter_count_is_the_models_own", "test_the_shards_table_is_the_strategies_layouts",
         "test_each_part_is_laid_out_as_the_strategy_shards_it", "test_human_sizes",
         "test_the_machine_is_read_without_a_framework", "test_an_unknown_memory_skips_the_check_and_force_skips_both",
         "test_a_cluster_host_holds_its_share"),
-    "tests/jaxdp/core/test_paths.py": ALL,
-    "tests/jaxdp/core/test_regular.py": (  # devices, FIFOs and sockets never read, 1 s
+    "tests/jaxdp/core/files/test_paths.py": ALL,
+    "tests/jaxdp/core/files/test_regular.py": (  # devices, FIFOs and sockets never read, 1 s
         "test_kind_names_what_a_path_is", "test_input_file_refuses_what_is_not_a_regular_file",
         "test_open_regular_refuses_without_blocking", "test_open_regular_refuses_a_fifo_swapped_in_after_the_stat",
         "test_trace_load_refuses_a_fifo_or_device", "test_jaxdp_diff_refuses_in_one_line_status_2_within_a_second"),
-    "tests/jaxdp/core/test_disk_full.py": (  # a full disk in every shape a library raises it, 1 s
+    "tests/jaxdp/core/files/test_disk_full.py": (  # a full disk in every shape a library raises it, 1 s
         "test_find_sees_a_full_disk_in_every_shape_a_library_raises", "test_find_leaves_other_errors_alone",
         "test_an_unnamed_write_error_is_named_by_the_file_it_was_writing",
         "test_last_words_go_to_the_launcher_or_nowhere",
         "test_a_failed_write_on_a_disk_without_room_is_a_full_disk", "test_a_full_disk_writing_diffs_json_is_one_line"),
-    "tests/jaxdp/core/test_nofollow.py": ALL,  # links in the checkpoint folder, on a hand-made folder, 2 s
-    "tests/jaxdp/core/test_manifest_key.py": ALL,  # the manifest's MAC under the user's key, 1 s
-    "tests/jaxdp/core/test_xla_flags.py": ALL,
-    "tests/jaxdp/core/test_stop.py": (  # in this process (the real runs: 3 min)
+    "tests/jaxdp/core/files/test_nofollow.py": ALL,  # links in the checkpoint folder, on a hand-made folder, 2 s
+    "tests/jaxdp/core/files/test_manifest_key.py": ALL,  # the manifest's MAC under the user's key, 1 s
+    "tests/jaxdp/core/process/test_xla_flags.py": ALL,
+    "tests/jaxdp/core/process/test_stop.py": (  # in this process (the real runs: 3 min)
         "test_stopped_is_an_interrupt_with_the_shells_status",
         "test_a_signal_in_a_loop_waits_for_the_steps_end_and_a_second_does_not",
         "test_a_command_answers_sigterm_with_its_line_and_143",
@@ -114,7 +114,7 @@ QUICK = {
     # --target (docs/GPU.md): two small steps compiled by XLA:GPU (12 s) and the schedule reader on hand-written HLO
     "tests/jaxdp/analysis/test_gpu_target.py": ALL,
     "tests/jaxdp/analysis/test_fusion_reads.py": ALL,
-    "tests/jaxdp/core/test_targets.py": ALL,
+    "tests/jaxdp/core/run/test_targets.py": ALL,
     "tests/jaxdp/harness/bench/test_gpu_target.py": ALL,
     "tests/jaxdp/models/test_gpt2.py": ("test_bad_gpt2_flags_name_the_fix",),
     "tests/jaxdp/models/test_llama.py": (
@@ -126,11 +126,11 @@ QUICK = {
     "tests/jaxdp/models/test_cnn.py": ("test_bad_cnn_config_is_one_line",),
     "tests/jaxdp/models/test_loop_conv.py": ("test_its_gradient_is_the_convolutions_gradient",
                                              "test_the_hook_is_lax_outside_canonical_batchnorm"),
-    "tests/jaxdp/harness/test_divergence.py": ALL,
-    "tests/jaxdp/harness/test_decay_split.py": ALL,  # the judge's coupled-decay term, both ways (9 s)
-    "tests/jaxdp/harness/test_common_scale.py": ALL,  # the judge's common factor, weighted, both ways (0.1 s)
-    "tests/jaxdp/harness/test_error_model.py": ALL,
-    "tests/jaxdp/harness/test_diff_api.py": ALL,
+    "tests/jaxdp/judge/test_divergence.py": ALL,
+    "tests/jaxdp/judge/test_decay_split.py": ALL,  # the judge's coupled-decay term, both ways (9 s)
+    "tests/jaxdp/judge/test_common_scale.py": ALL,  # the judge's common factor, weighted, both ways (0.1 s)
+    "tests/jaxdp/judge/test_error_model.py": ALL,
+    "tests/jaxdp/judge/test_diff_api.py": ALL,
     "tests/jaxdp/harness/test_cli.py": (
         "test_unknown_names_list_the_valid_ones",
         "test_corrupt_and_missing_traces",

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torch_ref
-from jaxdp.core.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES
+from jaxdp.core.run.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES
 from torch_ref.trace import Recorder
 
 from . import torch_shared_ranks

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import torch_ref
-from jaxdp.core.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES
-from jaxdp.core.data import part_rows
+from jaxdp.core.run.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES
+from jaxdp.core.run.data import part_rows
 from torch_ref.batchnorm import convert_sync_batchnorm
 from torch_ref.trace import Recorder
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torch_ref
-from jaxdp.core import data
+from jaxdp.core.run import data
 from torch_ref import launch
 from torch_ref.canonical import reduce as C
 from torch_ref.models.cnn import CNN
@@ -72,7 +72,7 @@ def fresh_cnn(batchnorm: str = "sync", dtype=torch.float32) -> CNN:
 
 
 def my_rows(a: np.ndarray, rank: int, n: int, accum: int) -> np.ndarray:
-    """This rank's rows: its block of every micro-batch (jaxdp.core.data.part_rows' layout)."""
+    """This rank's rows: its block of every micro-batch (jaxdp.core.run.data.part_rows' layout)."""
     return np.concatenate([m[rank * len(m) // n:(rank + 1) * len(m) // n] for m in np.split(a, accum)])
 
 
@@ -158,7 +158,7 @@ RESUMED = ("zero2", None, 3, "adamw", 0.5, "canonical", SHARDS)
 def resumed(rank: int, n: int, directory: str, case: tuple) -> dict:
     """`case` trained for step 1 and checkpointed at N = 2 (torch_ref.checkpoint, DCP), resumed at N = 4
     for the steps after: rank 0's arrays of those steps."""
-    from jaxdp.core.config import RunConfig
+    from jaxdp.core.run.config import RunConfig
     from torch_ref import api, checkpoint
 
     strategy, _, accum, optimizer, clip_norm, _, shards = case

@@ -15,8 +15,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from jaxdp.core import data, trace
-from jaxdp.core.config import ALL_STRATEGIES, FRAMEWORK_STRATEGIES, JIT_STRATEGIES, RunConfig
+from jaxdp.core.run import data
+from jaxdp.core.run.config import ALL_STRATEGIES, FRAMEWORK_STRATEGIES, JIT_STRATEGIES, RunConfig
+from jaxdp.core.traces import trace
 
 from . import torch_api_ranks, torch_bn_ranks, torch_jobs, torch_reduce_ranks
 from .pairwise import pairwise

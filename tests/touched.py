@@ -31,7 +31,7 @@ FULL_SUITE_ONLY = {
     "jaxdp.harness.bench": BENCH, "jaxdp.harness.bench.goals": BENCH, "jaxdp.harness.bench.jit": BENCH,
     "jaxdp.harness.bench.markdown": BENCH, "jaxdp.harness.bench.measure": BENCH, "jaxdp.harness.bench.nan_check": BENCH,
     "jaxdp.harness.bench.reduction": "tests/jaxdp/harness/bench/test_bench_canonical.py",
-    "jaxdp.core.timing": BENCH,  # timed runs: `jaxdp bench`, `jaxdp compare`
+    "jaxdp.core.run.timing": BENCH,  # timed runs: `jaxdp bench`, `jaxdp compare`
     "jaxdp.launch": "tests/jaxdp/test_multiprocess.py",  # `jaxdp train --processes 2`
 }
 OPTIONAL = {"jaxdp.harness.mutations.hf_honest": "transformers",  # touched where the extra is installed

@@ -13,6 +13,7 @@ from pathlib import Path
 from tests import REPO
 
 TESTS = Path(REPO, "tests")
+PARITY = Path(REPO, "parity_tests")  # the cross-framework parity suite, at the top level (README)
 PACKAGES = ("jaxdp", "torch_ref")
 CROSS_CUTTING = {  # folders of tests whose subject is no one module
     "cli": "both command lines as a user meets them: every flag's bad input, exit statuses, processes",
@@ -61,7 +62,8 @@ def tests_of(source: str) -> tuple[list[Path], list[Path]]:
     folders = mirror_folders(source)
     own = [p for p in test_files() if p.parent in folders]
     module = ".".join(Path(source).with_suffix("").parts).removesuffix(".__init__")
-    importing = [p for p in test_files() if p not in own and module in imported_modules(p)]
+    others = test_files() + sorted(PARITY.glob("test_*.py"))
+    importing = [p for p in others if p not in own and module in imported_modules(p)]
     return own, importing
 
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from jaxdp.core.config import ConfigError
+from jaxdp.core.run.config import ConfigError
 
 from . import kernels as kernels_
 from . import strategies

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from jaxdp.core.config import ConfigError
+from jaxdp.core.run.config import ConfigError
 
 from .models import given as given_mod
 from .models.given import (  # noqa: F401 (re-exported: `torch_ref.batchnorm.given` is documented)

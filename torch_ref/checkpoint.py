@@ -40,11 +40,12 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from jaxdp.core import ckpt_folder, disk_full, manifest, nofollow, progress
-from jaxdp.core import record as rules
-from jaxdp.core.atomic import writing
 from jaxdp.core.errors import ConfigError
-from jaxdp.core.record import RECORD_FIELDS, CheckpointError, DamagedCheckpoint  # noqa: F401 (one contract)
+from jaxdp.core.files import ckpt_folder, disk_full, manifest, nofollow
+from jaxdp.core.files import record as rules
+from jaxdp.core.files.atomic import writing
+from jaxdp.core.files.record import RECORD_FIELDS, CheckpointError, DamagedCheckpoint  # noqa: F401 (one contract)
+from jaxdp.core.process import progress
 
 from .safe_dcp import SafePlanner, SafeReader
 

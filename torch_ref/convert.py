@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from jaxdp.core.recorder import unflatten  # the trace's names -> nested dicts (JAX-free)
+from jaxdp.core.traces.recorder import unflatten  # the trace's names -> nested dicts (JAX-free)
 
 from .convert_names import FIX, NAMED_RULES, RULES, ConvertError, Mapped, aliases, plan, raise_problems, unwrap
 

@@ -6,7 +6,7 @@ launcher's environment from the launcher (`launch._entry`), not the server's.
 
 Starting a rank waits for the server's imports (`Process.start` reads the new pid from it): minutes on a loaded
 machine, for ever if they hang. So `start` starts the ranks from a thread while the launcher watches the start-up
-limit (`jaxdp.core.heartbeat`), and `started` stops a server that has not finished by then.
+limit (`jaxdp.core.process.heartbeat`), and `started` stops a server that has not finished by then.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from multiprocessing import util as mp_util
 
 import torch.multiprocessing as mp
 
-from jaxdp.core import progress
+from jaxdp.core.process import progress
 
 PRELOAD = ["torch_ref.rank_server"]  # the fork server's start-up: bound to its launcher, torch imported once
 OPTIONAL = ("transformers",)  # imported by the server too when the launcher has imported them (below)
@@ -78,7 +78,7 @@ def start(procs, failed) -> threading.Thread:
 def started(procs, starting: threading.Thread) -> list:
     """The ranks of `procs` that started, once no more can: a start still waiting for the server (its imports
     not finished within the start-up limit) ends with the server, killed (it is restarted by the next launch;
-    ranks forked from it die with it, `jaxdp.core.lifeline`)."""
+    ranks forked from it die with it, `jaxdp.core.process.lifeline`)."""
     if starting.is_alive():
         pid = forkserver._forkserver._forkserver_pid  # multiprocessing keeps the server's pid here only
         if pid:

@@ -20,7 +20,7 @@ import inspect
 import torch
 from torch.utils._pytree import tree_map
 
-from jaxdp.core.config import ConfigError
+from jaxdp.core.run.config import ConfigError
 
 from .models import attention
 

@@ -9,7 +9,7 @@ carrying the *first* error in time (the originating one: the others are usually 
 The parent also gives up after `timeout` seconds. So a failure ends the run promptly, never a hang. Ctrl-C is the
 parent's alone (the ranks start with SIGINT blocked); SIGINT or SIGTERM to it is forwarded to every rank as SIGTERM.
 A rank that a signal reaches ends its step, all agree on the step to stop after (torch_ref/train.py), save it and
-exit 143 (130: SIGINT); the parent raises `jaxdp.core.stop.Stopped`, and kills a rank left after STOP_S.
+exit 143 (130: SIGINT); the parent raises `jaxdp.core.process.stop.Stopped`, and kills a rank left after STOP_S.
 
 Under torchrun, `from_env()` reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT.
 """
@@ -28,9 +28,9 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from jaxdp.core import heartbeat, lifeline, ports, progress, stop
 from jaxdp.core.errors import ConfigError
-from jaxdp.core.ports import free_port  # noqa: F401  (torchrun-style tests pick a port with it)
+from jaxdp.core.process import heartbeat, lifeline, ports, progress, stop
+from jaxdp.core.process.ports import free_port  # noqa: F401  (torchrun-style tests pick a port with it)
 
 from . import fork_context
 
@@ -124,11 +124,12 @@ def hsdp_grid(model, world: int) -> list[list[list[int]]]:
 
 
 def _entry(rank, world, port, platform, pg_timeout_s, results, report, beat, env, fn, args):
-    """Runs in each rank (Ctrl-C blocked but in its loop: jaxdp.core.stop). It takes the launcher's environment `env`
-    (the fork server's is the one it started with), dies with the launcher (`jaxdp.core.lifeline`), beats
+    """Runs in each rank (Ctrl-C blocked but in its loop: jaxdp.core.process.stop). It takes the launcher's
+    environment `env`
+    (the fork server's is the one it started with), dies with the launcher (`jaxdp.core.process.lifeline`), beats
     (`beat`: the launcher's pid, this rank's heartbeat file and interval), joins the launcher's store on
     127.0.0.1:`port`. Rank 0 reports its progress through the file `report`."""
-    signal_mod.pthread_sigmask(signal_mod.SIG_BLOCK, [signal_mod.SIGINT])  # the loop takes it (jaxdp.core.stop)
+    signal_mod.pthread_sigmask(signal_mod.SIG_BLOCK, [signal_mod.SIGINT])  # the loop takes it (jaxdp.core.process.stop)
     signal_mod.signal(signal_mod.SIGINT, signal_mod.default_int_handler)
     stop.on_sigterm()
     launcher, beat_path, heartbeat_s = beat
@@ -182,7 +183,7 @@ def launch(fn, nprocs: int, *args, platform: str = "auto", timeout_s: float = 36
            pg_timeout_s: float = 300.0, heartbeat_s: float | None = None, startup_s: float | None = None) -> list:
     """Run `fn(rank, nprocs, *args)` on `nprocs` new processes; return [rank 0's value, ...]. On Ctrl-C
     (which the ranks ignore) the ranks are stopped and reaped, rank 0's progress becomes this process's
-    (`jaxdp.core.progress`), and KeyboardInterrupt goes on up. RankStopped: a rank silent for `heartbeat_s`
+    (`jaxdp.core.process.progress`), and KeyboardInterrupt goes on up. RankStopped: a rank silent for `heartbeat_s`
     since its first beat, or without one after `startup_s` (None: the command's --heartbeat and
     --startup-timeout, `heartbeat.limits`)."""
     beats = heartbeat.Watch(nprocs, *heartbeat.limits(heartbeat_s, startup_s))

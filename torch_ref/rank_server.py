@@ -3,7 +3,7 @@ process that imports this module (hence torch and torch_ref) once and forks ever
 starts in a fraction of a second, where 'spawn' imported torch again in each: about 4 CPU-seconds a rank).
 
 Importing this module is that start-up, and runs only in the server (`fork_context.PRELOAD` names it):
-the server is bound to its parent, the launcher (`jaxdp.core.lifeline`: the kernel kills it the instant the
+the server is bound to its parent, the launcher (`jaxdp.core.process.lifeline`: the kernel kills it the instant the
 launcher dies), and each rank is bound to the server the same way, so a killed launcher takes the server
 and its ranks with it. multiprocessing's own rule does not: the server waits until every process holding
 its 'alive' pipe is gone, and each rank holds one.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from jaxdp.core import lifeline
+from jaxdp.core.process import lifeline
 
 lifeline.bind_to(os.getppid())
 

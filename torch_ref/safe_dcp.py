@@ -24,7 +24,7 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import StorageMeta
 
-from jaxdp.core.record import DamagedCheckpoint
+from jaxdp.core.files.record import DamagedCheckpoint
 
 METADATA_CLASSES = {
     "torch.distributed.checkpoint.metadata": {

@@ -1,4 +1,5 @@
-"""The step every rank stops after, when a signal reached one of them (`jaxdp.core.stop`): the torch side of what
+"""The step every rank stops after, when a signal reached one of them (`jaxdp.core.process.stop`): the torch
+side of what
 JAX's preemption sync point gives jaxdp's processes.
 
 At a check, a rank starts an all-reduce (MAX) of two int32s, the signal it was asked (0: none) and minus the
@@ -15,7 +16,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from jaxdp.core import stop
+from jaxdp.core.process import stop
 
 CHECK_S = 0.05  # training time between two checks (at least one step)
 MOST_STEPS = 1000  # between two checks

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from jaxdp.core.config import ConfigError
+from jaxdp.core.run.config import ConfigError
 
 
 def check_rows(rows: int, accum: int, device) -> None:

@@ -8,7 +8,7 @@
             rec.step(k, loss, x_global, y_global)
 
 Every rank calls `init` and `step` (under FSDP2 and ZeRO they gather); rank 0 keeps the arrays and
-writes the file on a clean exit, atomically (`jaxdp.core.trace.save`). While a Recorder is attached,
+writes the file on a clean exit, atomically (`jaxdp.core.traces.trace.save`). While a Recorder is attached,
 `train_step` keeps each step's synchronised averaged gradient (as the update used it, before
 clipping); at no other time does it pay for that copy (or, sharded, for that gather).
 
@@ -28,9 +28,9 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from jaxdp.core import optimizer_settings
-from jaxdp.core import trace as jax_trace
-from jaxdp.core.config import ConfigError
+from jaxdp.core.run import optimizer_settings
+from jaxdp.core.run.config import ConfigError
+from jaxdp.core.traces import trace as jax_trace
 
 from . import api, convert
 
@@ -44,7 +44,7 @@ class Recorder:
     `path=None` keeps the arrays in memory (`arrays`, on rank 0) without writing. `meta` is written
     as given, with `framework: torch` added when absent, and `optimizer`'s settings (the torch.optim
     optimizer `parallelize` returned: its param_groups' lr, weight_decay, betas, eps, momentum; or a
-    dict, jaxdp/core/optimizer_settings.py) so that `jaxdp diff` replays it; clipping is the
+    dict, jaxdp/core/run/optimizer_settings.py) so that `jaxdp diff` replays it; clipping is the
     training step's: put `clip_norm` in meta."""
 
     def __init__(self, path, meta: dict, model, names=None, strip_prefix: str = "", optimizer=None):

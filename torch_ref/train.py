@@ -15,10 +15,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from jaxdp.core import ckpt_folder, data, stop
-from jaxdp.core import progress as run_progress  # where the run is, for the line Ctrl-C prints
-from jaxdp.core.config import ConfigError, RunConfig
-from jaxdp.core.results import NonFiniteLoss, RunResult  # one error type and one result for both frameworks
+from jaxdp.core.files import ckpt_folder
+from jaxdp.core.process import progress as run_progress  # where the run is, for the line Ctrl-C prints
+from jaxdp.core.process import stop
+from jaxdp.core.run import data
+from jaxdp.core.run.config import ConfigError, RunConfig
+from jaxdp.core.run.results import NonFiniteLoss, RunResult  # one error type and one result for both frameworks
 
 from . import api, checkpoint, kernels, launch, models, optim, stop_agreement, strategies
 from .models import cnn
@@ -151,7 +153,7 @@ def _train(cfg: RunConfig, place: Place, dataset, model, optimizer, start: int, 
     t0 = t1 = time.perf_counter()
     run_progress.step_done(start)
     agreement = stop_agreement.Agreement(place.world, place.device)
-    with stop.deferred() as request:  # SIGINT and SIGTERM wait for the step's end (jaxdp.core.stop)
+    with stop.deferred() as request:  # SIGINT and SIGTERM wait for the step's end (jaxdp.core.process.stop)
         for k in range(start + 1, cfg.steps + 1):
             t_step = time.perf_counter()
             x, y = host_batch(cfg, dataset, k)  # the global batch; this rank steps on its rows of it
@@ -238,7 +240,7 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, timeout_s: 
         if lock is not None:
             lock.release()
     if trace_path is not None and result is not None:
-        from jaxdp.core import trace
+        from jaxdp.core.traces import trace
 
         trace.save(trace_path, result.meta, result.arrays)
         run_progress.kept(trace_path, f"trace {trace_path}")

@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from .. import models, strategies, train
-from ..core import data
+from ..core.run import data
 from ..strategies import FACTORIES, stats
 from ..strategies.jit import layout as jit_layout
 from ..strategies.zero import layout as zero_layout

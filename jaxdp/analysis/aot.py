@@ -18,8 +18,8 @@ import os
 import time
 import warnings
 
-from ..core import data, targets
-from ..core.config import JIT_STRATEGIES
+from ..core.run import data, targets
+from ..core.run.config import JIT_STRATEGIES
 from ..strategies.zero import layout as zero_layout
 from . import schedule
 

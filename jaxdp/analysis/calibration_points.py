@@ -19,9 +19,10 @@ import os
 import sys
 from typing import NamedTuple
 
-from ..core import atomic, targets
-from ..core.config import RunConfig
 from ..core.errors import ConfigError
+from ..core.files import atomic
+from ..core.run import targets
+from ..core.run.config import RunConfig
 from . import calibration
 
 TARGET = "h100"

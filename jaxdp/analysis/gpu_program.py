@@ -21,7 +21,7 @@ import math
 
 import jax
 
-from ..core.config import JIT_STRATEGIES
+from ..core.run.config import JIT_STRATEGIES
 from . import accounting, calibration, hlo, kernels, projection, schedule
 
 GATHERS_PARAMS = ("zero3", "hsdp", "fsdp-jit")

@@ -23,8 +23,8 @@ import jax
 import numpy as np
 
 from .. import models
-from ..core import atomic
-from ..core.config import JIT_STRATEGIES
+from ..core.files import atomic
+from ..core.run.config import JIT_STRATEGIES
 from ..strategies import bucket
 from . import accounting
 
@@ -36,7 +36,7 @@ def inspect(cfg, step: accounting.CompiledStep | None = None, target: str | None
     (`gpu_program.describe`) and its contract (`_read_target`), once: `program_cache` keeps the reading (unless
     `step` is given), and the projection is made from it (`calibration`)."""
     if target is not None:
-        from ..core import targets
+        from ..core.run import targets
         from . import calibration, gpu_program, program_cache
 
         if step is not None:

@@ -21,7 +21,8 @@ import json
 import os
 import stat
 
-from ..core import atomic, targets
+from ..core.files import atomic
+from ..core.run import targets
 
 FORMAT = 1
 ENV = "JAXDP_PROJECTION_CACHE"

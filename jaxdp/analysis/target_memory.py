@@ -11,7 +11,9 @@ command, is read back).
 """
 from __future__ import annotations
 
-from ..core import atomic, sizes, targets
+from ..core.files import atomic
+from ..core.memory import sizes
+from ..core.run import targets
 from . import accounting, aot
 
 

@@ -6,7 +6,7 @@ re-exported here: `from jaxdp import canonical; canonical.tree(...)`.
 """
 from __future__ import annotations
 
-from ..core.reduction import (
+from ..core.run.reduction import (
     BLOCKS,
     MIN_SHARD_ROWS,
     MIN_SHARD_TOKENS,

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ..core.config import ConfigError
+from ..core.run.config import ConfigError
 from ..devices import AXIS
 from ..models import given as given_mod
 from . import reduce

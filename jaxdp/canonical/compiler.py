@@ -18,7 +18,7 @@ import math
 import jax
 from jax.extend.core import Literal
 
-from ..core.reduction import BLOCKS
+from ..core.run.reduction import BLOCKS
 
 COMPILER_OPTIONS = {"xla_disable_hlo_passes": "cse"}  # the simplifier on, common-subexpression elimination off
 UNSIMPLIFIED = {"xla_disable_hlo_passes": "algsimp"}  # the simplifier off (and CSE on, as XLA's default)

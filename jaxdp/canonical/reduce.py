@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ..core.reduction import BLOCKS
+from ..core.run.reduction import BLOCKS
 
 FENCED = True  # `finish` and `clip` behind optimization barriers (False: a mutation, tests/canonical_runs.py)
 PIECES = 4  # combine_scatter: the exchange in up to this many pieces, received one at a time

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ..core.reduction import resolve_shards, row_tokens
+from ..core.run.reduction import resolve_shards, row_tokens
 from ..models import unit_vjp
 from . import batchnorm, reduce
 

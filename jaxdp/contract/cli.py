@@ -11,10 +11,11 @@ the contract, 1 when it departs from it, 2 on bad input, 3 when FUNCTION or the 
 (jaxdp/harness/check_torch.py)."""
 from __future__ import annotations
 
-from ..core import argv, atomic, paths, targets
 from ..core.contract import user
 from ..core.contract.intent import DTYPES, INTENTS, Intent
 from ..core.errors import ConfigError, RunFailed
+from ..core.files import atomic, paths
+from ..core.run import argv, targets
 
 RETURNS = {"jax": "a function of the devices returning (step, args)",
            "torch": "a function of (rank, world) returning (step, args, model, optimizer)"}

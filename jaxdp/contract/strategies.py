@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core import data
 from ..core.contract.intent import of_strategy
 from ..core.contract.report import Report
+from ..core.run import data
 from . import check
 
 

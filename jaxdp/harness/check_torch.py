@@ -4,7 +4,7 @@ process, then one step of the user's torch program checked on a gloo CPU world o
 from __future__ import annotations
 
 from ..contract import cli
-from ..core import config
+from ..core.run import config
 
 
 def main(args) -> int:

@@ -1,5 +1,5 @@
 """The `jaxdp` command line: `train`, `diff`, `memory`, `inspect`, `parity`, `compare`, `bench`, `check` (`jaxdp -h`).
-The flags come from `jaxdp.core.argv` (the run flags from `RunConfig`, the one definition both frameworks
+The flags come from `jaxdp.core.run.argv` (the run flags from `RunConfig`, the one definition both frameworks
 use); every input is checked before any device, process or model is made (`cli_runs.py`, `cli_train.py`)."""
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import os
 import sys
 
 from ..contract import cli as cli_check
-from ..core import argv, atomic, config, disk_full, errors, heartbeat
+from ..core import errors
+from ..core.files import atomic, disk_full
+from ..core.process import heartbeat
+from ..core.run import argv, config
 from . import check_torch, cli_diff, cli_runs, cli_train, kernel_paths
 from .interrupt import guarded, stdout_closed
 

@@ -1,4 +1,4 @@
-"""`jaxdp diff A B`: trace A against reference B, the first divergence first (`jaxdp.harness.divergence`), then
+"""`jaxdp diff A B`: trace A against reference B, the first divergence first (`jaxdp.judge.divergence`), then
 the errors per field and the verdict (`jaxdp.diff`'s `Verdict`: its `text()`, `to_json()`); `--json`
 and `--html` write the same result as a document and as a page. Exit status 0 when A agrees with B,
 1 when it does not, 2 on bad input."""
@@ -7,9 +7,10 @@ from __future__ import annotations
 import math
 import os
 
-from ..core import argv, atomic, paths
 from ..core.errors import ConfigError
-from . import divergence, verdict
+from ..core.files import atomic, paths
+from ..core.run import argv
+from ..judge import divergence, verdict
 
 
 def add_parser(sub) -> None:
@@ -51,5 +52,5 @@ def main(args) -> int:
 
 
 def text(report: divergence.Report) -> str:
-    """What `jaxdp diff` prints for a `jaxdp.harness.divergence.Report` (`Verdict.text()`)."""
+    """What `jaxdp diff` prints for a `jaxdp.judge.divergence.Report` (`Verdict.text()`)."""
     return verdict.render(report)

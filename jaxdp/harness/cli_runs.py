@@ -6,7 +6,8 @@ import os
 import sys
 import time
 
-from ..core import argv, config, paths
+from ..core.files import paths
+from ..core.run import argv, config
 
 
 def memory(args) -> int:
@@ -30,7 +31,7 @@ def memory(args) -> int:
           f"N = {', '.join(str(n) for n in sorted({c.devices for c in cfgs}))}")
     print(accounting.format_memory(rows))
     if args.json:
-        from ..core import atomic
+        from ..core.files import atomic
 
         atomic.write_json(args.json, rows, indent=1)
         print(f"wrote {args.json}")
@@ -51,7 +52,7 @@ def inspect(args) -> int:
 
 def _base(args, names) -> config.RunConfig:
     """The shared configuration (strategy ddp), after checking every listed strategy in each framework."""
-    from .parity import pairs_for
+    from ..judge.parity import pairs_for
 
     pairs = pairs_for(names)
     args.runs = [("jax", j) for _, j, _ in pairs] + [("torch", t) for _, _, t in pairs]
@@ -133,7 +134,7 @@ def _accelerators(n: int) -> bool:
 
 def parity(args) -> int:
     from .. import devices
-    from . import parity as parity_mod
+    from ..judge import parity as parity_mod
 
     names = args.strategies
     base = _base(args, names)

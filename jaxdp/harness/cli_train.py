@@ -5,21 +5,10 @@ from __future__ import annotations
 import os
 import sys
 
-from ..core import (
-    argv,
-    ckpt_folder,
-    config,
-    disk_full,
-    heartbeat,
-    hsdp_hosts,
-    last_words,
-    lifeline,
-    paths,
-    ports,
-    progress,
-    stop,
-)
 from ..core.errors import EXIT_FAILED, ConfigError, RunFailed, exit_status
+from ..core.files import ckpt_folder, disk_full, paths
+from ..core.process import heartbeat, last_words, lifeline, ports, progress, stop
+from ..core.run import argv, config, hsdp_hosts
 
 
 def outputs(pattern: str | None, names, flag: str = "--trace", example: str = "runs/{strategy}.npz") -> dict:
@@ -161,8 +150,8 @@ def _last_words(e: BaseException, process: int) -> None:
 def answered():
     """The errors a `jaxdp` command answers in one line (errors.exit_status: 2 bad input, 3 a failed run or
     file); any other is a crash."""
-    from ..core.record import CheckpointError  # jaxdp.checkpoint's, without importing orbax
-    from ..core.trace import TraceError
+    from ..core.files.record import CheckpointError  # jaxdp.checkpoint's, without importing orbax
+    from ..core.traces.trace import TraceError
 
     devices = sys.modules.get("jaxdp.devices")  # not imported (a refusal before any device): nothing it raised
     return ConfigError, getattr(devices, "DeviceError", ConfigError), TraceError, CheckpointError, RunFailed, OSError
@@ -179,7 +168,7 @@ def _report(e: BaseException, process_id: int) -> None:
 
 
 def _status(e: BaseException) -> int:
-    """A process's exit status for `e`: an answered error's, 130 for Ctrl-C (143 for SIGTERM: jaxdp.core.stop),
+    """A process's exit status for `e`: an answered error's, 130 for Ctrl-C (143 for SIGTERM: jaxdp.core.process.stop),
     3 for a crash (a full disk in a library's error: 3)."""
     if isinstance(e, KeyboardInterrupt):
         return stop.status(e)

@@ -22,10 +22,10 @@ import sys
 import time
 from dataclasses import dataclass
 
-from ..core import atomic
-from ..core import trace as trace_mod
-from ..core.config import FRAMEWORK_STRATEGIES, RunConfig
-from ..core.hsdp_hosts import per_strategy
+from ..core.files import atomic
+from ..core.run.config import FRAMEWORK_STRATEGIES, RunConfig
+from ..core.run.hsdp_hosts import per_strategy
+from ..core.traces import trace as trace_mod
 
 # The user's defaults (AdamW, lr 1e-3, no weight decay) on tiny models: one layer, width 32, context 16, 3 steps.
 GPT2 = RunConfig(model="gpt2", data="text", n_layer=1, n_head=2, d_model=32, seq_len=16, batch_size=8, steps=3,
@@ -80,11 +80,11 @@ def matrix(models=tuple(MODELS), dtypes=DTYPES, devices=DEVICES, kinds=KINDS) ->
 
 def judged(pair: Pair, a, b) -> dict:
     """One JSON row: `pair` judged (a and b: RunResults or Traces)."""
-    from . import parity
+    from ..judge import parity
 
     ta, tb = (trace_mod.Trace(r.meta, r.arrays) for r in (a, b))
     row = parity.judge(ta, tb, sides=(f"{pair.a_side} {pair.a.kernels}", f"{pair.b_side} {pair.b.kernels}"))
-    from .resolution import MEASURES
+    from ..judge.resolution import MEASURES
 
     res = row.resolution
     derived = {m: round(w.ratio, 4) for m in MEASURES if res is not None and (w := res.worst(m)) is not None}

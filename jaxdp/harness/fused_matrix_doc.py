@@ -4,7 +4,7 @@
 of the gradient. tests/jaxdp/harness/test_fused_matrix.py checks that the page holds what the file renders."""
 from __future__ import annotations
 
-from ..core import atomic
+from ..core.files import atomic
 
 START, END = "<!-- fused matrix: start -->", "<!-- fused matrix: end -->"
 FIELDS = ("loss", "grad", "param", "update", "step update")

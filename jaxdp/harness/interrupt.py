@@ -1,8 +1,8 @@
 """Ctrl-C answered in one line: `@guarded("jaxdp")` on a command's `main` turns KeyboardInterrupt into
 `jaxdp: interrupted at step k; nothing written` (or `; kept checkpoint step 4 in DIR`) on stderr and
 exit status 130 (128 + SIGINT, what a shell reports for a process that Ctrl-C ended), instead of a
-traceback. The step and what was kept come from `jaxdp.core.progress`, which the training loops and
-the launchers update; the writers (`jaxdp.core.atomic`) leave no half-written file and no empty folder.
+traceback. The step and what was kept come from `jaxdp.core.process.progress`, which the training loops and
+the launchers update; the writers (`jaxdp.core.files.atomic`) leave no half-written file and no empty folder.
 
 A closed output pipe (`jaxdp diff A B | head -2`: `head` exits after two lines) ends the command quietly
 with status 141 (128 + SIGPIPE), what a shell reports for `cat`, `grep` or `seq` ended the same way, so
@@ -19,9 +19,9 @@ import signal
 import sys
 import threading
 
-from ..core import progress, stop
+from ..core.process import progress, stop
 
-EXIT_STATUS = 130  # Ctrl-C; SIGTERM: 143 (jaxdp.core.stop)
+EXIT_STATUS = 130  # Ctrl-C; SIGTERM: 143 (jaxdp.core.process.stop)
 EXIT_PIPE = 141  # 128 + SIGPIPE
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..core import argv
-from ..core.kernels import KERNELS
+from ..core.run import argv
+from ..core.run.kernels import KERNELS
 
 
 def paths(text: str) -> tuple[str, ...]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import contextlib
 
-from ..core import data
-from ..core.config import RunConfig
+from ..core.run import data
+from ..core.run.config import RunConfig
 
 
 def run_jax(cfg: RunConfig, mutation: str | None = None):

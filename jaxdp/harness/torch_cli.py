@@ -1,5 +1,5 @@
 """`python -m torch_ref train` (torch_ref/__main__.py): the run flags of `jaxdp train` (from
-`jaxdp.core.argv`, defined once for both), the same checks and messages before any rank starts, the
+`jaxdp.core.run.argv`, defined once for both), the same checks and messages before any rank starts, the
 same trace format, from the JAX side's initial parameters (`torch_run.py`). Runs under torchrun
 unchanged (it reads RANK, WORLD_SIZE, MASTER_ADDR, ...)."""
 from __future__ import annotations
@@ -7,8 +7,10 @@ from __future__ import annotations
 import os
 import sys
 
-from ..core import argv, config, disk_full, heartbeat, hsdp_hosts
 from ..core.errors import EPILOG, EXIT_FAILED, ConfigError, RunFailed, exit_status, one_line
+from ..core.files import disk_full
+from ..core.process import heartbeat
+from ..core.run import argv, config, hsdp_hosts
 from .interrupt import guarded, stdout_closed
 
 DIFFERS = ("Differs from `jaxdp train`: each rank is a process holding one device, so --devices N starts N processes "
@@ -103,8 +105,8 @@ def main(argv_=None) -> int:
     except ConfigError as e:
         print(f"torch_ref: error: {e}", file=sys.stderr)
         return 2
-    from ..core.record import CheckpointError  # torch_ref.checkpoint's, without importing torch
-    from ..core.trace import TraceError
+    from ..core.files.record import CheckpointError  # torch_ref.checkpoint's, without importing torch
+    from ..core.traces.trace import TraceError
 
     answered = (ConfigError, TraceError, CheckpointError, RunFailed, OSError)  # errors.exit_status: 2 or 3
     try:

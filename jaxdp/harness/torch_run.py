@@ -4,8 +4,8 @@ It lives in the harness because it needs both frameworks; `torch_ref.train.run` 
 from __future__ import annotations
 
 from .. import models
-from ..core import data
-from ..core.config import RunConfig
+from ..core.run import data
+from ..core.run.config import RunConfig
 
 
 def initial_arrays(cfg: RunConfig) -> dict:

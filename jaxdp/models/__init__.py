@@ -15,7 +15,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from ..core.recorder import unflatten
+from ..core.traces.recorder import unflatten
 from . import cast_once, units
 from .cnn import CNN
 from .gpt import GPT
@@ -146,7 +146,7 @@ def flat_names(tree) -> dict[str, object]:
     return out
 
 
-unflatten_names = unflatten  # the inverse of `flat_names` (jaxdp/core/recorder.py: JAX-free)
+unflatten_names = unflatten  # the inverse of `flat_names` (jaxdp/core/traces/recorder.py: JAX-free)
 
 
 def initial_arrays(cfg, dataset) -> dict[str, np.ndarray]:

@@ -4,7 +4,7 @@ The convolutions have no bias by default, as is usual before BatchNorm: its mean
 a bias exactly, so a bias's gradient is rounding noise only, which Adam's normalisation turns into
 updates that differ by O(1) relative between strategies (seen: 2.4 against `single`; absolute ~1e-16).
 `conv_bias=True` (`--conv-bias true`) keeps them, as many users' models do: the parity judge's error
-model (jaxdp/harness/error_model.py) accepts that noise as what it is, and the parity tests run it.
+model (jaxdp/judge/error_model.py) accepts that noise as what it is, and the parity tests run it.
 
 BatchNorm has torch's semantics, not Flax's defaults: normalisation with the biased batch variance,
 eps 1e-5, running statistics updated as new = 0.9 old + 0.1 batch with the *unbiased* batch
@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
-from ..core.config import ConfigError
+from ..core.run.config import ConfigError
 from ..devices import AXIS
 from . import given, loop_conv, units
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..core.config import ALIASES, AXIS_TYPES, FRAMEWORK_STRATEGIES, ConfigError
-from ..core.hsdp_hosts import HOSTS
-from ..core.reduction import REDUCTIONS
+from ..core.run.config import ALIASES, AXIS_TYPES, FRAMEWORK_STRATEGIES, ConfigError
+from ..core.run.hsdp_hosts import HOSTS
+from ..core.run.reduction import REDUCTIONS
 from . import bucket, ddp, ddp_pmap, dp, hsdp, jit, ring, single, zero
 from .common import Strategy, TrainState
 

@@ -27,7 +27,7 @@ model with running statistics (BatchNorm) is refused: its statistics program run
 """
 from __future__ import annotations
 
-from ..core.config import ConfigError
+from ..core.run.config import ConfigError
 from ..devices import AXIS, grid
 from .zero import zero3
 from .zero.layout import HSDP

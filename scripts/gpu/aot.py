@@ -18,7 +18,7 @@ from throughput import config
 
 from jaxdp import api, devices, models
 from jaxdp.analysis import accounting
-from jaxdp.core import data
+from jaxdp.core.run import data
 
 PEAK_BF16, HBM = 989e12, 3.35e12  # H100 SXM datasheet: bf16 dense FLOP/s, HBM3 bytes/s
 H100 = dict(threads_per_block_limit=1024, threads_per_warp=32, shared_memory_per_block=49152,

@@ -44,7 +44,7 @@ def torch_top(cfg, top: int = 12) -> str:
     from torch.profiler import ProfilerActivity, profile
 
     from jaxdp import models
-    from jaxdp.core import data
+    from jaxdp.core.run import data
     from torch_ref.train import train_rank
 
     init = models.initial_arrays(cfg, data.load(cfg.data, cfg.seed, cfg.seq_len))

@@ -10,7 +10,7 @@ import json
 import sys
 
 from jaxdp import devices
-from jaxdp.core.config import RunConfig
+from jaxdp.core.run.config import RunConfig
 from jaxdp.harness.bench import gpu
 
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from jaxdp.core import readers, values
+from jaxdp.core.run import readers, values
 from jaxdp.harness import cli, torch_cli
 
 
@@ -21,7 +21,7 @@ class Ran(Exception):
 
 WORK = ["jaxdp.devices.setup", "jaxdp.train.run", "jaxdp.launch.launch", "jaxdp.harness.torch_run.run",
         "jaxdp.analysis.inspect.main", "jaxdp.analysis.accounting.memory", "jaxdp.harness.bench.run",
-        "jaxdp.core.trace.load", "jaxdp.harness.cli_train._run"]
+        "jaxdp.core.traces.trace.load", "jaxdp.harness.cli_train._run"]
 # The context in which a flag is read (model, data, strategy, companions) and a value it accepts there.
 TRANSFORMER = ["--model", "gpt", "--data", "text"]
 CONTEXT = {"channels": ["--model", "cnn", "--data", "digits"], "batchnorm": ["--model", "cnn", "--data", "digits"],
@@ -182,7 +182,7 @@ def test_a_flag_the_run_does_not_read_is_refused(prog, name, flag, value, contex
 
 
 def test_readers_agree_with_the_strategies_own_option_tables():
-    """core/readers.py (read before any framework loads) says what the strategies themselves take."""
+    """core/run/readers.py (read before any framework loads) says what the strategies themselves take."""
     from jaxdp import strategies as jax_strategies
     pytest.importorskip("torch")
     from torch_ref import strategies as torch_strategies

@@ -10,7 +10,9 @@ import os
 import numpy as np
 import pytest
 
-from jaxdp.core import atomic, errors, trace
+from jaxdp.core import errors
+from jaxdp.core.files import atomic
+from jaxdp.core.traces import trace
 from jaxdp.harness import cli, torch_cli
 from tests.conftest import BASE, run
 

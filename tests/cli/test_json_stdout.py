@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from jaxdp.core import trace
+from jaxdp.core.traces import trace
 from jaxdp.harness import cli
-from tests.jaxdp.harness.test_error_model import run
+from tests.jaxdp.judge.test_error_model import run
 
 SMALL = ["--strategies", "ddp", "--devices", "2", "--hidden", "8,8", "--batch-size", "8"]
 

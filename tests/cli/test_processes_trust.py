@@ -3,7 +3,7 @@
 within 5 s, no checkpoint written later than 0.1 s after the kill), and while it runs every socket of the run listens on
 loopback only; a stopped (SIGSTOP) worker is named within a --heartbeat interval, not its peer, status 3;
 a coordinator port already taken is one line, status 2, before any work. Each test starts real processes
-under a timeout; the workers' pids come from their heartbeat files (jaxdp.core.heartbeat), in a TMPDIR of
+under a timeout; the workers' pids come from their heartbeat files (jaxdp.core.process.heartbeat), in a TMPDIR of
 the test's own."""
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from jaxdp.core import heartbeat, ports, xla_flags
 from jaxdp.core.errors import ConfigError
+from jaxdp.core.process import heartbeat, ports, xla_flags
 
 RUN = ["--strategy", "ddp", "--hidden", "8,8", "--devices", "2", "--steps", "100000", "--batch-size", "8"]
 LAUNCHERS = {"jaxdp": [sys.executable, "-m", "jaxdp", "train", *RUN, "--processes", "2"],

@@ -1,4 +1,4 @@
-"""Sizes checked before work (jaxdp/core/fits.py, docs/RELIABILITY.md): each oversized or unusual input of
+"""Sizes checked before work (jaxdp/core/memory/fits.py, docs/RELIABILITY.md): each oversized or unusual input of
 issue 38 is refused by both command lines in one line (exit 2) with the figure and the fix, in this
 process, before any device, process or model is made (the work raises `Ran`); `--force` lets each one
 through, and honest sizes run. The machine is fixed (23 GiB available, 2 cores, no GPU) so that the table
@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from jaxdp.core import machine
+from jaxdp.core.process import machine
 from tests.cli.test_bad_input import call
 
 GIB = 2**30

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from jaxdp.core import xla_flags
+from jaxdp.core.process import xla_flags
 from tests import REPO
 
 HOOK = ("import os, sys, time\n"
@@ -73,9 +73,9 @@ def test_jaxdp_processes_started_late_are_waited_for_beyond_the_heartbeat(tmp_pa
 
 @pytest.mark.parametrize("command", ["compare", "parity", "bench"])
 def test_commands_that_start_torch_ranks_take_the_limits_of_train(command, monkeypatch, capsys):
-    """--heartbeat and --startup-timeout (one definition, `jaxdp.core.argv.add_heartbeat`) reach the launches of
+    """--heartbeat and --startup-timeout (one definition, `jaxdp.core.run.argv.add_heartbeat`) reach the launches of
     compare's, parity's and bench's torch ranks (`heartbeat.limits`); a bad value is one line, status 2."""
-    from jaxdp.core import heartbeat
+    from jaxdp.core.process import heartbeat
     from jaxdp.harness import cli, cli_runs
 
     seen = []

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from jaxdp.core import xla_flags
+from jaxdp.core.process import xla_flags
 from tests import REPO
 
 REPO = REPO
@@ -27,7 +27,7 @@ def test_port_example_names_the_planted_bug(tmp_path):
 def test_port_example_honest_run_passes_and_records_what_it_trains_with(tmp_path):
     """Both recorders write the optimizer the run trains with (AdamW, weight decay 0.01, clip 1.0), so the
     judge replays it; the honest run passes (exit 0)."""
-    from jaxdp.core import trace
+    from jaxdp.core.traces import trace
 
     out = tmp_path / "port"
     argv = [sys.executable, os.path.join(REPO, "examples", "port_your_model.py"), "--quick", "--strategy", "zero2",

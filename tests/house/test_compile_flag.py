@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from jaxdp.core import xla_flags
+from jaxdp.core.process import xla_flags
 from tests import FAST_COMPILE, REPO
 from tests.compiled_facts import facts
 

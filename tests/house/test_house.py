@@ -134,7 +134,7 @@ def test_jaxdp_trains_without_torch():
         "import sys; sys.modules['torch'] = None\n"
         "import jaxdp; jaxdp.setup_devices(2)\n"
         "from jaxdp import train\n"
-        "from jaxdp.core.config import RunConfig\n"
+        "from jaxdp.core.run.config import RunConfig\n"
         "r = train.run(RunConfig(strategy='ddp', devices=2, steps=2, hidden=(8,), batch_size=8))\n"
         "print(len(r.losses), 'torch' in sys.modules and sys.modules['torch'] is not None)")
     assert out.split()[-2:] == ["2", "False"]
@@ -157,11 +157,11 @@ def test_no_import_hook_and_the_documented_paths_are_plain_modules():
         "from jaxdp.trace import Recorder, Trace, TraceError, diff, load, save\n"
         "from jaxdp.parity import judge\n"
         "from jaxdp.divergence import Report, compare\n"
-        "import jaxdp.harness.parity as harness\n"
+        "import jaxdp.judge.parity as harness\n"
         "print(Recorder.__module__, judge is harness.judge, jaxdp.trace.__spec__.name)\n"
         "import importlib.util\n"
         "print(importlib.util.find_spec('jaxdp.mutations'), importlib.util.find_spec('jaxdp.bench'))")
-    assert out.split() == ["True", "jaxdp.core.recorder", "True", "jaxdp.trace", "None", "None"]
+    assert out.split() == ["True", "jaxdp.core.traces.recorder", "True", "jaxdp.trace", "None", "None"]
     done = subprocess.run([sys.executable, "-m", "jaxdp.harness.mutations", "--help"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.startswith("usage: python -m jaxdp.harness.mutations"), done.stderr

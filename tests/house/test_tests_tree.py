@@ -30,8 +30,8 @@ def test_every_folder_of_tests_is_a_package():
 def test_which_lists_a_modules_tests_from_its_path():
     own, _ = which.tests_of("jaxdp/strategies/zero/zero2.py")
     assert Path(REPO, "tests/jaxdp/strategies/zero/test_zero.py") in own
-    own, importing = which.tests_of("jaxdp/harness/parity.py")
-    assert Path(REPO, "tests/jaxdp/harness/parity/test_parity.py") in own  # the module's own folder
+    own, importing = which.tests_of("jaxdp/judge/parity.py")
+    assert Path(REPO, "parity_tests/test_parity.py") in importing  # the parity suite, at the top level
     assert Path(REPO, "tests/jaxdp/strategies/test_strategies.py") in importing
     out = subprocess.run([sys.executable, "-m", "tests.which", "jaxdp/strategies/zero/zero2.py"], cwd=REPO,
                          capture_output=True, text=True, check=True).stdout

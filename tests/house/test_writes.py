@@ -1,4 +1,4 @@
-"""Every file the code writes goes through `core/atomic.py` (a new file renamed onto its path: a link
+"""Every file the code writes goes through `core/files/atomic.py` (a new file renamed onto its path: a link
 there is replaced, never written through) or into a folder this run made: an `open(..., "w")` in jaxdp/ or
 torch_ref/ writes into a `stage` of `atomic.staged`, or is listed below with its reason."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ALLOWED = {  # (file, what the path expression reads as): why it may open for writing
-    ("jaxdp/core/heartbeat.py", "path"): "a beat file in the launcher's own mkdtemp folder",
+    ("jaxdp/core/process/heartbeat.py", "path"): "a beat file in the launcher's own mkdtemp folder",
     ("jaxdp/harness/mutations/honest.py", "args.jsonl"): "--jsonl appends to the path named (RELIABILITY)",
 }
 
@@ -31,4 +31,5 @@ def test_every_write_is_atomic_or_into_a_stage():
             for line, target in _writes(ast.parse(path.read_text())):
                 if "stage" not in target and (rel, target) not in ALLOWED:
                     found.append(f"{rel}:{line} open({target}, ...)")
-    assert not found, "write through core/atomic.py (writing, write_text, write_json, staged): " + "; ".join(found)
+    assert not found, ("write through core/files/atomic.py (writing, write_text, write_json, staged): "
+                       + "; ".join(found))

@@ -16,7 +16,7 @@ from flax import nnx
 
 import jaxdp
 from jaxdp import devices as jaxdp_devices
-from jaxdp.core.config import ConfigError
+from jaxdp.core.run.config import ConfigError
 from jaxdp.harness import mutations
 from jaxdp.models import from_module, units
 from jaxdp.optax_check import ShapeDependentOptimizer, check_elementwise

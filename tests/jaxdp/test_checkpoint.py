@@ -12,7 +12,8 @@ import time
 import pytest
 
 from jaxdp import checkpoint, train
-from jaxdp.core import ckpt_folder, manifest, xla_flags
+from jaxdp.core.files import ckpt_folder, manifest
+from jaxdp.core.process import xla_flags
 from tests.conftest import BASE, run
 from tests.helpers import assert_bitwise_equal, resumed_steps
 

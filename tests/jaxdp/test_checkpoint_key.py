@@ -1,4 +1,4 @@
-"""A key for the manifests (`JAXDP_CHECKPOINT_KEY`, jaxdp/core/manifest_key.py) through both frameworks:
+"""A key for the manifests (`JAXDP_CHECKPOINT_KEY`, jaxdp/core/files/manifest_key.py) through both frameworks:
 a run saved with the key resumes with it; weights changed and the manifest recomputed without the key are
 refused by `--resume` with the key set (one line, exit 3, naming the newest intact step), and taken
 without it (the manifest alone is a checksum: docs/RELIABILITY.md, "What the manifest is").
@@ -11,7 +11,7 @@ import os
 import pytest
 
 from jaxdp import train as jax_train
-from jaxdp.core import manifest, manifest_key
+from jaxdp.core.files import manifest, manifest_key
 from jaxdp.harness import cli, torch_cli
 from tests.jaxdp.test_checkpoint_trust import FLAGS, JAX, TORCH, cli_line, copy, flip, largest_data_file
 

@@ -3,7 +3,8 @@ train` refuse a link in place of the lock, the marker, a step folder, a step's f
 manifest, in one line, exit 2, naming the link, with `--resume` and with `--overwrite-checkpoints`, and what
 the link points to keeps its bytes. Before the fix the lock was truncated to the run's pid and a linked step
 received a manifest vouching for someone's files (docs/RELIABILITY.md, "Round two: links in the checkpoint
-folder"). The folder rules on a hand-made folder, and links met after the check: tests/jaxdp/core/test_nofollow.py.
+folder"). The folder rules on a hand-made folder, and links met after the check:
+tests/jaxdp/core/files/test_nofollow.py.
 
 Cost: one tiny checkpointed run per framework (the fixtures of test_checkpoint_trust.py), then refusals."""
 from __future__ import annotations
@@ -12,9 +13,9 @@ import os
 
 import pytest
 
-from jaxdp.core import ckpt_folder, manifest
+from jaxdp.core.files import ckpt_folder, manifest
 from jaxdp.harness import cli, torch_cli
-from tests.jaxdp.core.test_nofollow import outside, plant, snapshot
+from tests.jaxdp.core.files.test_nofollow import outside, plant, snapshot
 from tests.jaxdp.test_checkpoint_trust import FLAGS, cli_line, copy, jax_ck, torch_ck  # noqa: F401 (fixtures)
 
 PLACES = {"jax": [ckpt_folder.LOCK, ckpt_folder.MARKER, "2", "2/state", "2/_CHECKPOINT_METADATA", f"2/{manifest.NAME}"],

@@ -21,9 +21,10 @@ import pytest
 
 from jaxdp import checkpoint as jax_checkpoint
 from jaxdp import train as jax_train
-from jaxdp.core import ckpt_folder, manifest, xla_flags
-from jaxdp.core.config import RunConfig
 from jaxdp.core.errors import ConfigError
+from jaxdp.core.files import ckpt_folder, manifest
+from jaxdp.core.process import xla_flags
+from jaxdp.core.run.config import RunConfig
 from jaxdp.harness import cli, torch_cli
 
 TINY = RunConfig(model="mlp", data="synthetic", hidden=(4, 4), steps=2, batch_size=8, lr=0.05, dtype="float32",

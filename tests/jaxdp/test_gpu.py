@@ -7,9 +7,10 @@ import jax
 import numpy as np
 import pytest
 
-from jaxdp.core.config import RunConfig
-from jaxdp.harness import pair_runs, parity
+from jaxdp.core.run.config import RunConfig
+from jaxdp.harness import pair_runs
 from jaxdp.harness.bench.gpu import gpu_available
+from jaxdp.judge import parity
 
 HAVE = gpu_available()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not (HAVE["jax"] and HAVE["torch"]),

@@ -13,8 +13,9 @@ import time
 
 import pytest
 
-from jaxdp.core import trace, xla_flags
-from jaxdp.core.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES
+from jaxdp.core.process import xla_flags
+from jaxdp.core.run.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES
+from jaxdp.core.traces import trace
 from tests.conftest import BASE, run
 
 # hsdp with --replicas 2: one row a process; of the -jit strategies fsdp-jit (auto), the one whose every array

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 def test_the_documented_paths_are_the_living_objects():
     from jaxdp import divergence, parity, trace
-    from jaxdp.core import trace as core_trace
-    from jaxdp.harness import divergence as harness_divergence
-    from jaxdp.harness import parity as harness_parity
+    from jaxdp.core.traces import trace as core_trace
+    from jaxdp.judge import divergence as harness_divergence
+    from jaxdp.judge import parity as harness_parity
     assert trace.diff is core_trace.diff and trace.parse_key is core_trace.parse_key
     assert parity.judge is harness_parity.judge and divergence.compare is harness_divergence.compare
     assert all(hasattr(m, name) for m in (trace, parity, divergence) for name in m.__all__)

@@ -12,7 +12,7 @@ from flax import nnx
 from torch import nn
 
 from jaxdp import models as jax_models
-from jaxdp.core import data
+from jaxdp.core.run import data
 from tests.convert_ranks import Net, fsdp2_round_trip
 from tests.torch_helpers import BASE, GPT, init_for, init_key
 from torch_ref import convert, models

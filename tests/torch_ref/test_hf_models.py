@@ -28,8 +28,10 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from jaxdp.core import trace, xla_flags  # noqa: E402
-from jaxdp.harness import cli_diff, divergence  # noqa: E402
+from jaxdp.core.process import xla_flags  # noqa: E402
+from jaxdp.core.traces import trace  # noqa: E402
+from jaxdp.harness import cli_diff  # noqa: E402
+from jaxdp.judge import divergence  # noqa: E402
 from tests import (
     REPO,
     hf_ranks,  # noqa: E402

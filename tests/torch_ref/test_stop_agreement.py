@@ -1,5 +1,5 @@
 """The ranks' agreement on the step to stop after (torch_ref/stop_agreement.py), in a gloo world of one rank in
-this process (the real runs of two ranks and under torchrun: tests/jaxdp/core/test_stop.py): checks spaced by
+this process (the real runs of two ranks and under torchrun: tests/jaxdp/core/process/test_stop.py): checks spaced by
 the steps' time, a signal asked between two checks returned at the next but one, the same step on every rank
 because it comes only from all-reduced values."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from jaxdp.core import stop
+from jaxdp.core.process import stop
 from tests.torch_helpers import world_of_one
 from torch_ref import stop_agreement
 

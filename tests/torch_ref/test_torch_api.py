@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import torch_ref
-from jaxdp.core import trace
-from jaxdp.core.spread import is_spread
+from jaxdp.core.traces import trace
+from jaxdp.core.traces.spread import is_spread
 from tests.torch_api_ranks import (
     BATCH,
     CASES,

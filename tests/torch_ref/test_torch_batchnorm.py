@@ -15,9 +15,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import torch_ref
-from jaxdp.core import trace
-from jaxdp.core.spread import is_spread
-from jaxdp.harness import cli_diff, divergence, parity
+from jaxdp.core.traces import trace
+from jaxdp.core.traces.spread import is_spread
+from jaxdp.harness import cli_diff
+from jaxdp.judge import divergence, parity
 from tests import torch_bn_ranks as R
 from tests.torch_helpers import world, world_of_one
 from torch_ref import batchnorm

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from jaxdp.core import ckpt_folder
+from jaxdp.core.files import ckpt_folder
 from jaxdp.harness import torch_run
 from tests import REPO
 from tests.helpers import assert_bitwise_equal, resumed_steps
@@ -166,9 +166,9 @@ def test_a_save_replaces_a_linked_partial_and_refuses_a_linked_step(tmp_path):
     place as the step); a link at `<step>` itself is not ours, never replaced."""
     import torch
 
-    from jaxdp.core import manifest
     from jaxdp.core.errors import ConfigError
-    from tests.jaxdp.core.test_nofollow import outside, snapshot
+    from jaxdp.core.files import manifest
+    from tests.jaxdp.core.files.test_nofollow import outside, snapshot
 
     folder = str(tmp_path / "ck")
     mine, before = outside(str(tmp_path))

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_ref
-from jaxdp.core.config import ConfigError, RunConfig
+from jaxdp.core.run.config import ConfigError, RunConfig
 from tests import REPO
 from torch_ref import kernels, launch, optim
 from torch_ref.models.gpt2 import GPT2

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from jaxdp.core import trace
+from jaxdp.core.traces import trace
 from jaxdp.harness import torch_cli as cli
 from jaxdp.harness.torch_run import run
 from tests import REPO
@@ -117,7 +117,7 @@ def test_config_errors_are_one_line(argv, message, capsys):
 
 
 def test_fsdp_is_an_alias_of_zero3():
-    from jaxdp.core.config import RunConfig
+    from jaxdp.core.run.config import RunConfig
 
     assert RunConfig(strategy="fsdp").validate("torch").strategy == "zero3"
 

@@ -141,7 +141,7 @@ def measure_rank(rank: int, n: int, cfg, init: dict, steps: int = 2, warmup: int
     """Run `warmup` steps, then `steps` steps of `cfg` on this rank under the profiler; return this
     rank's view. The warm-up steps hold what happens once: DDP's broadcast of its bucket layout
     (int64 indices, in its first forward here), FSDP2's lazy initialisation."""
-    from jaxdp.core import data
+    from jaxdp.core.run import data
 
     from .. import launch, models, train
 
@@ -164,7 +164,7 @@ def measure_rank(rank: int, n: int, cfg, init: dict, steps: int = 2, warmup: int
     for k in range(1, warmup + steps + 1):
         x, y = dataset.batch(k, cfg.batch_size)
         x = x.astype(input_dtype) if np.issubdtype(x.dtype, np.floating) else x.astype(np.int64)
-        x, y = (data.part_rows(a, rank, n, cfg.accum) for a in (x, y))  # the one layout (jaxdp.core.data.micro_major)
+        x, y = (data.part_rows(a, rank, n, cfg.accum) for a in (x, y))  # the one layout (data.micro_major)
         xs, ys = torch.from_numpy(x).to(device), torch.from_numpy(y.astype(np.int64)).to(device)
         if k <= warmup:
             strategy.step(xs, ys)

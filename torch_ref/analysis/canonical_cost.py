@@ -22,9 +22,9 @@ import time
 import numpy as np
 import torch
 
-from jaxdp.core import data
-from jaxdp.core.config import ConfigError, RunConfig
-from jaxdp.core.reduction import resolve_shards
+from jaxdp.core.run import data
+from jaxdp.core.run.config import ConfigError, RunConfig
+from jaxdp.core.run.reduction import resolve_shards
 
 STRATEGIES = ("single", "dp", "ddp", "ddp-naive", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3")
 # The bench's models (jaxdp/harness/bench/plan.py's item 9 and the issue's): mlp, gpt, gpt2, cnn with sync BatchNorm

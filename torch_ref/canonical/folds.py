@@ -1,5 +1,5 @@
-"""This rank's part of the canonical sum, added as its shards finish (issue 40): no stacked S/N x Psi
-buffer, no flat copy of each shard's gradient.
+"""This rank's part of the canonical sum, added as its shards finish: no stacked S/N x Psi buffer, no flat
+copy of each shard's gradient; and the shard loop that feeds it (`shard_grads`: each shard's own backward).
 
 The definition (reduce.py, docs/CANONICAL.md): shard i folds its micro-batches in order, a_i = ((g_0i +
 g_1i) + g_2i) + ...; this rank's S/N folds are summed by the fixed binary tree, adjacent pairs level by
@@ -18,6 +18,10 @@ which may alias one another or be expanded, DDP's bucket) is only read.
 from __future__ import annotations
 
 import torch
+
+from jaxdp.core.run.config import ConfigError
+
+from ..tensors import micro_batches
 
 
 class Owned:
@@ -144,3 +148,44 @@ class Folds:
         if read_only and torch.is_tensor(done[0]):
             return done[0].reshape(-1)
         return flat(done[0])
+
+
+def shards_of(x, y, accum: int, local: int):
+    """(j, i, x rows, y rows) of this rank's shard i of micro-batch j, in order."""
+    for j, (xm, ym) in enumerate(micro_batches(x, y, accum)):
+        for i, (xs, ys) in enumerate(zip(xm.chunk(local), ym.chunk(local), strict=True)):
+            yield j, i, xs, ys
+
+
+def shard_grads(module, params, x, y, loss_fn, accum: int, local: int):
+    """This rank's partial sums (flat gradient, loss): each shard's from its own backward, folded over
+    the micro-batches and into this rank's subtree as it comes (`Folds`)."""
+    grads, losses = Folds(local, accum), Folds(local, accum)
+    for _, i, xs, ys in shards_of(x, y, accum, local):
+        loss = scalar(loss_fn(module(xs), ys))
+        grads.add(i, grad_of(loss, params))
+        losses.add(i, loss.detach())
+    return grads.partial(), losses.partial()
+
+
+def grad_of(loss: torch.Tensor, params) -> list:
+    """d loss / d params in parameter order, by `autograd.grad` (no `.grad`, no strategy hook); zeros for
+    a parameter the loss does not use."""
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)]
+
+
+def scalar(loss) -> torch.Tensor:
+    if not torch.is_tensor(loss) or loss.numel() != 1:
+        shape = tuple(loss.shape) if torch.is_tensor(loss) else type(loss).__name__
+        raise ConfigError(f"loss_fn returned {shape}, not a scalar tensor; return the mean loss of the rows, "
+                          f"e.g. torch.nn.functional.cross_entropy(outputs, y)")
+    return loss.reshape(())
+
+
+def set_grads(params, flat: torch.Tensor) -> None:
+    """Each parameter's `.grad`: its slice of `flat` (a view: `flat` is this step's own)."""
+    offset = 0
+    for p in params:
+        p.grad = flat[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()

@@ -23,8 +23,8 @@ import math
 import torch
 import torch.distributed as dist
 
-from jaxdp.core.config import ConfigError
-from jaxdp.core.reduction import (  # noqa: F401 (one definition of S for both sides)
+from jaxdp.core.run.config import ConfigError
+from jaxdp.core.run.reduction import (  # noqa: F401 (one definition of S for both sides)
     BLOCKS,
     default_shards,
     resolve_shards,
@@ -32,8 +32,7 @@ from jaxdp.core.reduction import (  # noqa: F401 (one definition of S for both s
 )
 
 from ..collectives import all_gather, ring_all_gather
-from ..tensors import micro_batches
-from .folds import Folds, Owned
+from .folds import Folds, Owned, grad_of, scalar, set_grads, shard_grads, shards_of  # noqa: F401 (C.<name>)
 
 REDUCTIONS = ("native", "canonical")
 
@@ -210,53 +209,12 @@ def clip_coef(grads, max_norm: float) -> torch.Tensor:
     return torch.clamp(max_norm / (total.sqrt() + 1e-6), max=1.0)
 
 
-def shards_of(x, y, accum: int, local: int):
-    """(j, i, x rows, y rows) of this rank's shard i of micro-batch j, in order."""
-    for j, (xm, ym) in enumerate(micro_batches(x, y, accum)):
-        for i, (xs, ys) in enumerate(zip(xm.chunk(local), ym.chunk(local), strict=True)):
-            yield j, i, xs, ys
-
-
-def shard_grads(module, params, x, y, loss_fn, accum: int, local: int):
-    """This rank's partial sums (flat gradient, loss): each shard's from its own backward, folded over
-    the micro-batches and into this rank's subtree as it comes (`Folds`)."""
-    grads, losses = Folds(local, accum), Folds(local, accum)
-    for _, i, xs, ys in shards_of(x, y, accum, local):
-        loss = scalar(loss_fn(module(xs), ys))
-        grads.add(i, grad_of(loss, params))
-        losses.add(i, loss.detach())
-    return grads.partial(), losses.partial()
-
-
-def grad_of(loss: torch.Tensor, params) -> list:
-    """d loss / d params in parameter order, by `autograd.grad` (no `.grad`, no strategy hook); zeros for
-    a parameter the loss does not use."""
-    grads = torch.autograd.grad(loss, params, allow_unused=True)
-    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)]
-
-
-def scalar(loss) -> torch.Tensor:
-    if not torch.is_tensor(loss) or loss.numel() != 1:
-        shape = tuple(loss.shape) if torch.is_tensor(loss) else type(loss).__name__
-        raise ConfigError(f"loss_fn returned {shape}, not a scalar tensor; return the mean loss of the rows, "
-                          f"e.g. torch.nn.functional.cross_entropy(outputs, y)")
-    return loss.reshape(())
-
-
 def reduce_loss(loss: torch.Tensor, shards: int, accum: int) -> torch.Tensor:
     """This rank's loss partial sum -> the global loss, the same on every rank (an all-gather of N floats)."""
     n = dist.get_world_size() if dist.is_initialized() else 1
     if n > 1:
         loss = tree(all_gather(loss.reshape(1)))
     return finish(loss, shards, accum)
-
-
-def set_grads(params, flat: torch.Tensor) -> None:
-    """Each parameter's `.grad`: its slice of `flat` (a view: `flat` is this step's own)."""
-    offset = 0
-    for p in params:
-        p.grad = flat[offset:offset + p.numel()].view_as(p)
-        offset += p.numel()
 
 
 class UnitReduce:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from jaxdp.core.config import ConfigError
+from jaxdp.core.run.config import ConfigError
 
 
 def _has_params(module: nn.Module) -> bool:

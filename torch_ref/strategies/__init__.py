@@ -6,7 +6,7 @@ the canonical step, `canonical_parts`); `torch_ref.parallelize` is the public do
 """
 from __future__ import annotations
 
-from jaxdp.core.config import ALIASES, FRAMEWORK_STRATEGIES, ConfigError
+from jaxdp.core.run.config import ALIASES, FRAMEWORK_STRATEGIES, ConfigError
 
 from ..canonical.step import Canonical
 from . import bucket, ddp, dp, hsdp, naive, ring, single

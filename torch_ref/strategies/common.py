@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from jaxdp.core.config import ConfigError
+from jaxdp.core.run.config import ConfigError
 
 from .. import optim
 from ..checkpoint import ModelOptimizer

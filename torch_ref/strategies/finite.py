@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from jaxdp.core.results import NonFiniteLoss
+from jaxdp.core.run.results import NonFiniteLoss
 
 from .zero import layout as zero_layout
 

@@ -10,7 +10,7 @@ N in all (FSDP2's factor: the data-parallel size R x S). Accumulation: `set_requ
 as zero3; clip_grad_norm_ on the DTensor gradients (Replicate, Shard(0)) computes the whole norm.
 `replicas=1` is zero3 on a (1, N) mesh; `replicas=N` holds whole parameters on every rank (ddp's
 algorithm). `hsdp_hosts` ("shard", the default: a host holds whole rows, so FSDP2's all-gathers stay in a
-host; "replica": whole columns) orders the mesh over torchrun's host-major ranks (`jaxdp.core.hsdp_hosts`),
+host; "replica": whole columns) orders the mesh over torchrun's host-major ranks (`jaxdp.core.run.hsdp_hosts`),
 checked against the hosts (WORLD_SIZE / LOCAL_WORLD_SIZE) before any collective.
 `reduction="canonical"`: zero3's (`canonical.UnitReduce` with one shard a rank, `zero3.canonical_grads` with several),
 its all-to-all over all N ranks, rank d getting its shard column's chunk (`zero3.shard_columns`): single's bits for
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from jaxdp.core import hsdp_hosts
-from jaxdp.core.config import ConfigError
+from jaxdp.core.run import hsdp_hosts
+from jaxdp.core.run.config import ConfigError
 
 from .. import launch
 from .common import Strategy

@@ -7,8 +7,8 @@ import importlib
 import importlib.util
 import os
 
-from .. import paths
 from ..errors import ConfigError, RunFailed
+from ..files import paths
 
 
 def split(step: str, returns: str) -> tuple[str, str]:

@@ -52,8 +52,8 @@ import sys
 import time
 
 from ... import devices
-from ...core import atomic
-from ...core.timing import WARMUP_STEPS
+from ...core.files import atomic
+from ...core.run.timing import WARMUP_STEPS
 from . import tables
 from .collectives import collectives_benchmark
 from .fused_cost import fused_cost_benchmark

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import statistics
 
-from ...core.kernels import KERNELS
+from ...core.run.kernels import KERNELS
 from .nan_check import WARMUP_CALLS, in_turn
 from .plan import Plan
 from .tables import ratio
@@ -36,7 +36,7 @@ def torch_world(rank: int, n: int, cfgs: list, repeats: int, threads: int) -> li
     """In each torch rank: for each configuration, its median seconds per path (KERNELS' order)."""
     import torch
 
-    from jaxdp.core import data
+    from jaxdp.core.run import data
     from torch_ref import launch
     from torch_ref.analysis.canonical_cost import _batch, _parallelized
 
@@ -127,7 +127,7 @@ if __name__ == "__main__":
     import time
 
     from ... import devices
-    from ...core import atomic
+    from ...core.files import atomic
     from .machine import machine
     from .plan import plan
     from .tables import jsonable

@@ -8,9 +8,9 @@ import jax
 import numpy as np
 
 from ... import models
-from ...core import data
-from ...core.config import RunConfig
-from ...core.timing import timing
+from ...core.run import data
+from ...core.run.config import RunConfig
+from ...core.run.timing import timing
 from .measure import run_jax
 from .plan import Plan
 from .tables import ratio

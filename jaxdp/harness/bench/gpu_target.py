@@ -17,8 +17,9 @@ import sys
 import time
 
 from ...analysis import calibration
-from ...core import atomic, targets
-from ...core.config import RunConfig
+from ...core.files import atomic
+from ...core.run import targets
+from ...core.run.config import RunConfig
 
 STRATEGIES = ("dp", "ddp", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3", "hsdp", "ddp-jit", "zero1-jit",
               "fsdp-jit")

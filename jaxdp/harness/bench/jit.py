@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from ... import train
 from ...analysis import inspect
-from ...core.config import JIT_STRATEGIES
-from ...core.timing import timing
+from ...core.run.config import JIT_STRATEGIES
+from ...core.run.timing import timing
 from .plan import jit_configs
 
 
@@ -69,7 +69,7 @@ if __name__ == "__main__":  # item 10 alone: python -m jaxdp.harness.bench.jit [
     import sys
 
     from ... import devices
-    from ...core import atomic
+    from ...core.files import atomic
     from .plan import plan
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -10,9 +10,9 @@ import tempfile
 
 from ... import devices, train
 from ...analysis import accounting
-from ...core import data
-from ...core.config import RunConfig
-from ...core.timing import timing
+from ...core.run import data
+from ...core.run.config import RunConfig
+from ...core.run.timing import timing
 from .plan import Plan, comm_runs, plan, time_runs
 from .tables import jsonable, key
 
@@ -124,7 +124,7 @@ class Inspection:
     (at most 30 minutes) and reads its JSON; `stop()` kills it if it still runs."""
 
     def __init__(self, p: Plan):
-        code = (f"import json, sys; from jaxdp.core import lifeline; lifeline.bind_to({os.getpid()}); "
+        code = (f"import json, sys; from jaxdp.core.process import lifeline; lifeline.bind_to({os.getpid()}); "
                 f"from jaxdp.harness.bench import measure; json.dump(measure.child({p.quick!r}), sys.stdout)")
         self.err = tempfile.TemporaryFile("w+")  # a file, not a pipe: its progress lines never block it
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=self.err,

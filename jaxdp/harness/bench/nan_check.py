@@ -50,7 +50,7 @@ def jax_call(cfg):
 def _torch_call(cfg):
     import torch
 
-    from jaxdp.core import data
+    from jaxdp.core.run import data
     from torch_ref import api, models, train
     from torch_ref.strategies import finite
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...core.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES, RunConfig
+from ...core.run.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES, RunConfig
 
 # hsdp is left out: at the default --replicas 1 it is zero3, and it runs no cnn (BatchNorm)
 SHARED = tuple(s for s in FRAMEWORK_STRATEGIES["jax"] if s in FRAMEWORK_STRATEGIES["torch"] and s != "hsdp")

@@ -29,9 +29,9 @@ import jax
 
 from ... import devices
 from ...analysis import accounting
-from ...core import atomic
-from ...core.config import RunConfig
-from ...core.reduction import resolve_shards
+from ...core.files import atomic
+from ...core.run.config import RunConfig
+from ...core.run.reduction import resolve_shards
 from .plan import Plan, plan, reduction_configs, reduction_models, reduction_runs
 from .reduction_torch import side_by_side, torch_rows
 from .tables import jsonable, ratio

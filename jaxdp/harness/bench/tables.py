@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...core.config import JIT_STRATEGIES
+from ...core.run.config import JIT_STRATEGIES
 from .. import kernel_paths
 from .goals import OVERHEAD_GOAL, RING_GOAL
 

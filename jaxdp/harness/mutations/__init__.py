@@ -4,7 +4,7 @@ Each mutation is a bug a data-parallel implementation can really have, written a
 one function of the strategy code (`inject(framework, name)`, a context manager: the run is
 trained inside it and the code is restored after). Nothing edits a trace: the bug runs, and its
 trace, compiled program or replicas are then judged by the same checks as honest runs
-(`jaxdp.harness.parity.judge` against `single` and against the other framework, the reduction dtype in
+(`jaxdp.judge.parity.judge` against `single` and against the other framework, the reduction dtype in
 the compiled program or in what the torch process group receives, replica consistency).
 
 `python -m jaxdp.harness.mutations --out docs/MUTATIONS.md` runs the whole catalogue in float64, float32 and
@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 from typing import NamedTuple
 
-from ...core.config import RunConfig
+from ...core.run.config import RunConfig
 from .runs import ADAM, CLIP, CNN, CNN_DTYPES, DTYPES, GPT2, SGD, SMALL_DTYPES  # noqa: F401 (re-exported)
 
 

@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-from jaxdp.core import atomic
+from jaxdp.core.files import atomic
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: see torch_ref/__init__.py
 
@@ -35,7 +35,7 @@ def markdown(results, seconds: float) -> str:
         "(the run against `single`, the strategy tests' check), `parity` (against the other framework's honest",
         "run), `program` (the reduction's dtype in jaxdp's compiled HLO / in what torch's process group",
         "receives) and `replicas` (every device's copy bitwise identical after each step). Required checks",
-        "are in **bold**; a cell lists every check that caught the bug. Bounds: jaxdp/harness/parity.py,",
+        "are in **bold**; a cell lists every check that caught the bug. Bounds: jaxdp/judge/parity.py,",
         "docs/PARITY.md.",
         "",
         f"**Score: {passed} of {len(results)} cases caught by every required check**, every honest control",

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from ...analysis import accounting, hlo
-from ...core import data
+from ...core.run import data
 
 FLOATS = ("bf16", "f16", "f32", "f64")
 MOVERS = ("all-gather", "collective-permute")

@@ -1,4 +1,4 @@
-"""The honest matrix (issue 35, "Must hold" 2): zero false alarms of `jaxdp.harness.parity.judge` over honest
+"""The honest matrix (issue 35, "Must hold" 2): zero false alarms of `jaxdp.judge.parity.judge` over honest
 comparisons, and the worst honest ratio (measure / bound) of every bound, constant and derived.
 
     python -m jaxdp.harness.mutations.honest [--quick] [--jsonl FILE]
@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: see torch_ref/__init__.py
 
-from ...core import trace  # noqa: E402
-from ...core.config import ConfigError, RunConfig  # noqa: E402
-from ...core.hsdp_hosts import per_strategy  # noqa: E402
-from .. import pair_runs, parity, resolution  # noqa: E402
+from ...core.run.config import ConfigError, RunConfig  # noqa: E402
+from ...core.run.hsdp_hosts import per_strategy  # noqa: E402
+from ...core.traces import trace  # noqa: E402
+from ...judge import parity, resolution  # noqa: E402
+from .. import pair_runs  # noqa: E402
 from . import hf_honest  # noqa: E402
 
 # (jaxdp strategy, torch_ref strategy): every strategy of both frameworks, the framework-only ones paired.

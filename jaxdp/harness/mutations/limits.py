@@ -1,6 +1,6 @@
 """The judge's detection limits, measured: on an honest pair of real traces (gpt2 + AdamW; jaxdp ddp on
 2 devices against torch_ref ddp, 4 steps), tensor by tensor, the smallest relative error that
-`jaxdp.harness.parity.judge` fails, for three bugs, next to the pair's largest honest errors:
+`jaxdp.judge.parity.judge` fails, for three bugs, next to the pair's largest honest errors:
 
   lr       the tensor's learning rate 1 + d times the nominal one, at every step (`with_lr`);
   element  one element's update 1 + d times its own at step 2 (the tensor's median element by
@@ -20,8 +20,9 @@ import os
 
 import numpy as np
 
-from ...core import trace
-from .. import pair_runs, parity
+from ...core.traces import trace
+from ...judge import parity
+from .. import pair_runs
 from . import GPT2
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: see torch_ref/__init__.py

@@ -2,7 +2,7 @@
 each family of bugs is judged in."""
 from __future__ import annotations
 
-from ...core.config import RunConfig
+from ...core.run.config import RunConfig
 
 DTYPES = ("float64", "float32", "bfloat16")
 # Small runs where every bug below is material: two or four devices, three micro-batches, several

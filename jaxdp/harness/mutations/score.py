@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import functools
 
-from ...core import trace
-from .. import pair_runs, parity
+from ...core.traces import trace
+from ...judge import parity
+from .. import pair_runs
 from . import BY_NAME, config
 from .checks import compiled_step, replica_mismatches
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from jaxdp.core import data
+from jaxdp.core.run import data
 from torch_ref import batchnorm, models, optim, train
 from torch_ref.collectives import ring_all_reduce
 from torch_ref.strategies import bucket, common, ddp, ring

@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 import math
 
-from .. import divergence
+from ...judge import divergence
 
 CELL, LABEL, TOP = 16, 260, 40
 LOW, HIGH = -8.0, 3.0  # log10(error / bound) from 1e-8 (agreement) to 1e3 (far beyond)

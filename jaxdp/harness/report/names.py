@@ -2,7 +2,7 @@
 (no JAX, no torch: `jaxdp compare` answers a bad name, or says it has started, within its first seconds)."""
 from __future__ import annotations
 
-from ...core.config import FRAMEWORK_STRATEGIES, PACKAGE, ConfigError
+from ...core.run.config import FRAMEWORK_STRATEGIES, PACKAGE, ConfigError
 
 
 def check_strategies(names) -> None:

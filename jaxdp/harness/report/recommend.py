@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import html
 
-from ...core.config import ALIASES
+from ...core.run.config import ALIASES
 from ...strategies.jit import layout as jit_layout
 from ...strategies.zero import layout as zero_layout
 from . import references

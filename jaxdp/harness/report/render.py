@@ -7,7 +7,7 @@ import html
 import json
 import os
 
-from ...core import atomic
+from ...core.files import atomic
 from . import paths, plots, projection, recommend, target_rows
 from .units import efficiency, nbytes, si
 

@@ -20,11 +20,11 @@ import numpy as np
 
 from ... import train
 from ...analysis import accounting
-from ...core import hsdp_hosts
-from ...core import trace as trace_mod
-from ...core.config import RunConfig
-from ...core.timing import timing
-from .. import parity
+from ...core.run import hsdp_hosts
+from ...core.run.config import RunConfig
+from ...core.run.timing import timing
+from ...core.traces import trace as trace_mod
+from ...judge import parity
 from . import paths, projection, recommend
 from .names import check_strategies  # noqa: F401 (compare's check, runner.check_strategies to its callers)
 
@@ -91,7 +91,7 @@ def run_torch_side(cfgs: list[RunConfig], timeout_s: float = 900.0, started: flo
     from torch_ref.analysis import accounting
 
     from ... import models
-    from ...core import data
+    from ...core.run import data
 
     n, first = cfgs[0].devices, cfgs[0]
     initial = {}  # one model for every strategy: its initial arrays made once (a config differing in more is not)
@@ -251,7 +251,7 @@ def compiled_for(cfg: RunConfig, target: str, nodes: int) -> dict:
     shape compiled before is read back): its peak, whether it fits the target's memory as it is now, and its
     projected step (a range, `analysis.calibration`)."""
     from ...analysis import inspect
-    from ...core import targets
+    from ...core.run import targets
 
     r = inspect.inspect(cfg, target=target, nodes=nodes)
     memory = targets.TARGETS[target].memory_bytes

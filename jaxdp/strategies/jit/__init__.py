@@ -3,7 +3,7 @@ over `NamedSharding`s (the partitioner inserts the collectives), on a mesh of `A
 `AxisType.Explicit` (`axis_type=`). One file each; `layout.py` their layouts, `step.py` the shared step."""
 from __future__ import annotations
 
-from ...core.config import AXIS_TYPES, JIT_STRATEGIES
+from ...core.run.config import AXIS_TYPES, JIT_STRATEGIES
 from . import ddp, fsdp, layout, zero1
 
 FACTORIES = {"ddp-jit": ddp.make, "zero1-jit": zero1.make, "fsdp-jit": fsdp.make}

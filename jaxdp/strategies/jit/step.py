@@ -22,7 +22,7 @@ from jax import lax
 from jax.sharding import NamedSharding, auto_axes, reshard
 from jax.sharding import PartitionSpec as P
 
-from ...core.config import ConfigError
+from ...core.run.config import ConfigError
 from ...devices import AXIS
 from .. import finite
 from ..common import Strategy, TrainState, apply_update, to_numpy

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from jaxdp.analysis import calibration, calibration_points, kernels
-from jaxdp.core import targets
+from jaxdp.core.run import targets
 
 H100 = targets.TARGETS["h100"]
 

@@ -12,7 +12,7 @@ import jax
 import pytest
 
 from jaxdp.analysis import accounting
-from jaxdp.core.config import RunConfig
+from jaxdp.core.run.config import RunConfig
 from jaxdp.strategies import FACTORIES
 
 MLP = RunConfig(model="mlp", data="synthetic", hidden=(64, 64), batch_size=32, devices=4, optimizer="adamw")

@@ -10,8 +10,8 @@ import json
 import pytest
 
 from jaxdp.analysis import aot, gpu_program, hlo, inspect, projection, schedule
-from jaxdp.core import targets
-from jaxdp.core.config import RunConfig
+from jaxdp.core.run import targets
+from jaxdp.core.run.config import RunConfig
 from jaxdp.harness import cli
 
 needs_extra = pytest.mark.skipif(not targets.extra_installed(), reason='needs pip install -e ".[gpu-aot]"')

@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from jaxdp.analysis import gpu_program, hlo, inspect, projection, schedule, target_memory
-from jaxdp.core import targets
-from jaxdp.core.config import RunConfig
+from jaxdp.core.run import targets
+from jaxdp.core.run.config import RunConfig
 from jaxdp.harness import cli
 
 needs_extra = pytest.mark.skipif(not targets.extra_installed(), reason='needs pip install -e ".[gpu-aot]"')

@@ -15,8 +15,8 @@ import pytest
 
 from jaxdp import train
 from jaxdp.analysis import accounting, inspect, theory
-from jaxdp.core import data
-from jaxdp.core.config import RunConfig
+from jaxdp.core.run import data
+from jaxdp.core.run.config import RunConfig
 
 CNN = RunConfig(model="cnn", data="digits", channels=(2, 3), batch_size=36, dtype="float32", seed=3)
 # A covering set, not the full pairwise one (24 compiles, ~75 s, over this file's budget): sync BatchNorm's

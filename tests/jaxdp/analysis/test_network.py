@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from jaxdp.analysis import network
-from jaxdp.core import targets
+from jaxdp.core.run import targets
 
 H100 = network.fabric(targets.TARGETS["h100"])
 GB = 1e9

@@ -7,8 +7,8 @@ import os
 import pytest
 
 from jaxdp.analysis import inspect, program_cache
-from jaxdp.core import targets
-from jaxdp.core.config import RunConfig
+from jaxdp.core.run import targets
+from jaxdp.core.run.config import RunConfig
 
 pytestmark = pytest.mark.skipif(not targets.extra_installed(), reason='needs pip install -e ".[gpu-aot]"')
 TINY = RunConfig(model="mlp", hidden=(8,), devices=2, batch_size=8, strategy="ddp", dtype="bfloat16").validate()

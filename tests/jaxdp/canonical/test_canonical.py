@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 from jaxdp import strategies
-from jaxdp.core.config import ConfigError, RunConfig
+from jaxdp.core.run.config import ConfigError, RunConfig
 from tests import REPO
 from tests.pairwise import pairwise
 
@@ -223,7 +223,7 @@ def test_layout_refuses_a_batchnorm_it_cannot_give_statistics_to():
 
     from jaxdp import models
     from jaxdp.canonical import batchnorm
-    from jaxdp.core import data
+    from jaxdp.core.run import data
 
     model = nnx.Sequential(nnx.Linear(3, 4, rngs=nnx.Rngs(0)), nnx.BatchNorm(4, rngs=nnx.Rngs(0)))
     problem = models.from_module(model, models.cross_entropy)

@@ -25,7 +25,7 @@ import sys
 import numpy as np
 import pytest
 
-from jaxdp.core.config import RunConfig
+from jaxdp.core.run.config import RunConfig
 from tests import REPO
 
 MLP = RunConfig(model="mlp", data="synthetic", hidden=(512, 512), steps=1, batch_size=48, lr=0.05,

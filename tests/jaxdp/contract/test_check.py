@@ -12,8 +12,8 @@ import pytest
 
 import jaxdp
 from jaxdp.contract import strategies as contract_strategies
-from jaxdp.core.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES
 from jaxdp.core.errors import ConfigError
+from jaxdp.core.run.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES
 
 from . import seeded_jax
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from jaxdp.contract import strategies
-from jaxdp.core import targets
+from jaxdp.core.run import targets
 from jaxdp.harness import cli
 
 

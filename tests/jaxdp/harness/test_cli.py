@@ -9,7 +9,8 @@ import sys
 import jax
 import pytest
 
-from jaxdp.core import trace, xla_flags
+from jaxdp.core.process import xla_flags
+from jaxdp.core.traces import trace
 from jaxdp.harness import cli
 from tests.conftest import BASE, run
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from jaxdp.core import targets
+from jaxdp.core.run import targets
 from jaxdp.harness import cli
 
 TINY = ["--hidden", "8", "--batch-size", "16"]

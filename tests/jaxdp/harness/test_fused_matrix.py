@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxdp.core.config import FRAMEWORK_STRATEGIES
+from jaxdp.core.run.config import FRAMEWORK_STRATEGIES
 from jaxdp.harness import fused_matrix as fm
 from jaxdp.harness import fused_matrix_doc, pair_runs
 from tests.torch_helpers import world

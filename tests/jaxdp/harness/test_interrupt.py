@@ -2,7 +2,7 @@
 a terminal sends it, once the command has done a step (read from its JAXDP_PROGRESS_FILE report).
 Each must answer with one line on stderr and status 130, leave no --out/--trace file or folder and no
 temporary file, and leave no process of its group alive (ranks and `--processes` children included).
-The writers' all-or-nothing (`jaxdp.core.atomic`) and the commands that write reports (`compare`,
+The writers' all-or-nothing (`jaxdp.core.files.atomic`) and the commands that write reports (`compare`,
 `bench`) are checked in this process, where an interrupt is raised at the worst moment."""
 from __future__ import annotations
 
@@ -18,8 +18,10 @@ import time
 
 import pytest
 
-from jaxdp.core import atomic, progress, trace
-from jaxdp.core.trace import TraceError, check_writable
+from jaxdp.core.files import atomic
+from jaxdp.core.process import progress
+from jaxdp.core.traces import trace
+from jaxdp.core.traces.trace import TraceError, check_writable
 from tests import REPO
 
 ROOT = REPO
@@ -275,7 +277,7 @@ def test_a_closed_pipe_ends_the_command_quietly(tmp_path, capsys):
     """`jaxdp diff A B | head -2` and `python -m torch_ref train -h | head -1`: status 141 (128 + SIGPIPE, as a
     shell reports `cat` ended so), nothing on stderr; stdout left on /dev/null for the interpreter's exit."""
     from jaxdp.harness import cli, torch_cli
-    from tests.jaxdp.core.test_data_and_trace import tiny_trace
+    from tests.jaxdp.core.traces.test_data_and_trace import tiny_trace
 
     t = tiny_trace()
     paths = [str(tmp_path / "a.npz"), str(tmp_path / "b.npz")]

@@ -53,7 +53,7 @@ def test_train_inspect_memory_take_one_path_into_their_config(path, monkeypatch)
 
 @pytest.mark.quick
 def test_parity_runs_both_frameworks_on_the_path_given(monkeypatch):
-    from jaxdp.harness import parity
+    from jaxdp.judge import parity
 
     seen = spy(monkeypatch, parity, "check")
     run_until_spied(["parity", "--kernels", "fused", "--strategies", "single", *GPT])

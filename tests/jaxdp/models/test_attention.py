@@ -1,4 +1,4 @@
-"""`--kernels fused` on the JAX side (jaxdp/models/attention.py, cast_once.py, jaxdp/core/kernels.py):
+"""`--kernels fused` on the JAX side (jaxdp/models/attention.py, cast_once.py, jaxdp/core/run/kernels.py):
 `jax.nn.dot_product_attention` computes what the written-out attention computes (gpt, gpt2, llama with
 grouped-query heads), to float32 roundoff; bf16 weights are cast once per step (a tied weight once, not once
 per use); the library's `kernels=` switches a module's attention and leaves the module as it was; what fused
@@ -13,7 +13,7 @@ from flax import nnx
 
 import jaxdp
 from jaxdp import models
-from jaxdp.core.config import ConfigError, RunConfig
+from jaxdp.core.run.config import ConfigError, RunConfig
 from jaxdp.models import GPT, GPT2, Llama, attention, cast_once
 
 SIZES = dict(vocab=50, seq_len=16, n_layer=2, n_head=4, d_model=32)

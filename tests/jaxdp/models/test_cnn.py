@@ -1,7 +1,7 @@
 """`--model cnn`: BatchNorm under data parallelism, in both frameworks, float64, to 1e-12.
 
 - `sync` statistics: every strategy equals its own framework's `single` (micro-batch j holds the
-  same rows on every strategy and N: `jaxdp.core.data.micro_major`), and jaxdp equals torch_ref;
+  same rows on every strategy and N: `jaxdp.core.run.data.micro_major`), and jaxdp equals torch_ref;
 - `local` statistics: not `single` (shown), but every strategy of one N and accum equals every other,
   and jaxdp equals torch_ref (running statistics rank 0's, as torch DDP's broadcast_buffers=True);
 - the running statistics are in the trace (`state/...`, `step/<k>/state/...`) and move.
@@ -15,8 +15,8 @@ import itertools
 import numpy as np
 import pytest
 
-from jaxdp.core import trace
-from jaxdp.core.config import ConfigError
+from jaxdp.core.run.config import ConfigError
+from jaxdp.core.traces import trace
 from tests.conftest import run
 from tests.helpers import as_trace
 from tests.torch_helpers import CNN_CASES, CNN_DIMENSIONS, cnn_torch, result, single

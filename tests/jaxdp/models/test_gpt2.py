@@ -24,8 +24,9 @@ from flax import nnx
 
 from jaxdp import models
 from jaxdp.analysis import accounting, hlo
-from jaxdp.core import data, trace
-from jaxdp.core.config import ConfigError, RunConfig
+from jaxdp.core.run import data
+from jaxdp.core.run.config import ConfigError, RunConfig
+from jaxdp.core.traces import trace
 from jaxdp.models import gpt2
 from jaxdp.models import units as unit_lib
 from tests.conftest import run

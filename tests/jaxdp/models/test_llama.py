@@ -1,7 +1,7 @@
 """`--model llama`: the architecture against transformers' own `LlamaForCausalLM` (weights copied by
 name), jaxdp's Llama against its torch twin (logits and gradients, float64, 1e-12), the names and
 FSDP units, the flags and their validation, and the parameter count formula against the models.
-Strategy parity (both frameworks against `single`, and across) is in tests/jaxdp/harness/parity (cases.LLAMA).
+Strategy parity (both frameworks against `single`, and across) is in parity_tests (cases.LLAMA).
 
 transformers in float64 is not a float64 model: its RMSNorm normalises in float32, its eager softmax
 runs in float32 and its rotary cos/sin come from float32 angles, whatever the model's dtype. Each of
@@ -24,8 +24,8 @@ import pytest
 from flax import nnx
 
 from jaxdp import models
-from jaxdp.core import argv, config, data
-from jaxdp.core.config import ConfigError, RunConfig
+from jaxdp.core.run import argv, config, data
+from jaxdp.core.run.config import ConfigError, RunConfig
 from jaxdp.harness.report import references
 from jaxdp.models import llama
 
@@ -256,7 +256,7 @@ def test_llama3_8b_shape_has_its_published_parameter_count():
 def test_a_checkpoint_record_from_before_the_llama_fields_still_resumes():
     """A record saved before --n-kv-head and --d-ff existed lacks them: it reads as their defaults (0), so
     it still resumes a run at the defaults, and not one that sets them."""
-    from jaxdp.core.record import CheckpointError, check_resumable
+    from jaxdp.core.files.record import CheckpointError, check_resumable
 
     cfg = SMALL.replace(n_kv_head=0, d_ff=0, steps=4)
     old = {k: v for k, v in cfg.to_dict().items() if k not in ("n_kv_head", "d_ff")}

@@ -15,8 +15,8 @@ from jax import lax
 
 from jaxdp import train
 from jaxdp.analysis import accounting, hlo, inspect, theory
-from jaxdp.core import trace
-from jaxdp.core.config import ConfigError
+from jaxdp.core.run.config import ConfigError
+from jaxdp.core.traces import trace
 from jaxdp.harness import torch_cli
 from jaxdp.strategies.zero import flat, layout
 from tests.conftest import BASE, run

@@ -10,8 +10,9 @@ import pytest
 
 from jaxdp import devices
 from jaxdp.analysis import network
-from jaxdp.core import hsdp_hosts, trace
-from jaxdp.core.config import ConfigError
+from jaxdp.core.run import hsdp_hosts
+from jaxdp.core.run.config import ConfigError
+from jaxdp.core.traces import trace
 from jaxdp.harness.report import links, projection, references, render
 from tests.conftest import BASE, run
 from tests.jaxdp.harness.test_cli import error_of

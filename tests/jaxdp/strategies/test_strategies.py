@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxdp.core import trace
-from jaxdp.core.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES
-from jaxdp.harness import parity
+from jaxdp.core.run.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES
+from jaxdp.core.traces import trace
+from jaxdp.judge import parity
 from tests.conftest import BASE, run
 from tests.helpers import as_trace, assert_judged_ok
 from tests.pairwise import pairwise
@@ -106,7 +106,7 @@ def test_the_comparison_can_fail():
 
 def test_float32_matches_single_within_the_float32_bounds():
     """float32: per-tensor gradients and parameters within 1e-5, every step's update within 1e-4 (the
-    bounds and their derivation: jaxdp/harness/parity.py, docs/PARITY.md)."""
+    bounds and their derivation: jaxdp/judge/parity.py, docs/PARITY.md)."""
     cfg = BASE.replace(strategy="ddp-ring", devices=4, dtype="float32", optimizer="adam", lr=1e-3)
     got, ref = run(cfg), run(cfg.replace(strategy="single", devices=1))
     assert got.arrays["step/4/param/layers/0/kernel"].dtype == np.float32
@@ -118,7 +118,7 @@ def test_bfloat16_gradients_track_single_and_float32(strategy):
     """bf16 (fp32 master parameters and reduction): gradients per tensor within 0.25 and every step's
     update within 0.25, against bf16 `single` and against the same strategy in float32; a factor 2
     in a gradient is an error of 0.5 or more. The judge also checks that the reduction ran in fp32
-    (not every gradient element a bfloat16 value: `jaxdp.harness.parity.bf16_reduced`)."""
+    (not every gradient element a bfloat16 value: `jaxdp.judge.parity.bf16_reduced`)."""
     cfg = BASE.replace(strategy=strategy, devices=2, dtype="bfloat16", optimizer="adam", lr=1e-3, steps=4)
     bf16, fp32 = run(cfg), run(cfg.replace(dtype="float32"))
     assert bf16.arrays["step/4/param/layers/0/kernel"].dtype == np.float32  # master parameters

@@ -11,7 +11,7 @@ import functools
 
 import pytest
 
-from jaxdp.core import data
+from jaxdp.core.run import data
 from tests.torch_helpers import BASE, init_for, init_key
 from torch_ref import models
 from torch_ref.analysis import accounting

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import torch
 
-from jaxdp.core import data
+from jaxdp.core.run import data
 from tests.torch_helpers import BASE
 from torch_ref import models, train
 from torch_ref.analysis import accounting, profiler

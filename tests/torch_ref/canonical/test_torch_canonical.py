@@ -23,8 +23,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import torch_ref
-from jaxdp.core.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES, RunConfig
-from jaxdp.core.spread import is_spread
+from jaxdp.core.run.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES, RunConfig
+from jaxdp.core.traces.spread import is_spread
 from tests import torch_canonical_ranks as R
 from torch_ref import canonical as C
 from torch_ref import launch

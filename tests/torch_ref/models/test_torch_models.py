@@ -8,7 +8,8 @@ import torch
 
 from jaxdp import models as jax_models
 from jaxdp import train as jax_train
-from jaxdp.core import data, trace
+from jaxdp.core.run import data
+from jaxdp.core.traces import trace
 from tests.torch_helpers import BASE, GPT, as_trace, init_for, init_key, single
 from torch_ref import models
 

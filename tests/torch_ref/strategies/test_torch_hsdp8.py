@@ -11,8 +11,8 @@ import functools
 
 import pytest
 
-from jaxdp.core import trace
-from jaxdp.core.spread import is_spread
+from jaxdp.core.traces import trace
+from jaxdp.core.traces.spread import is_spread
 from tests.helpers import as_trace, assert_judged_ok, judged, with_grads
 from tests.torch_helpers import BASE, init_for, init_key, single
 

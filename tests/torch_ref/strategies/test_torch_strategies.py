@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from jaxdp import models
-from jaxdp.core import data, trace
-from jaxdp.harness import parity
+from jaxdp.core.run import data
+from jaxdp.core.traces import trace
+from jaxdp.judge import parity
 from jaxdp.strategies import bucket
 from tests.helpers import assert_judged_ok, judged
 from tests.torch_helpers import (
@@ -169,7 +170,7 @@ def test_the_comparison_can_fail():
 @pytest.mark.torch_jobs(FLOAT32)
 def test_float32_matches_single_within_the_float32_bounds():
     """float32: per-tensor gradients and parameters within 1e-5, every step's update within 1e-4
-    (jaxdp/harness/parity.py, docs/PARITY.md), as the JAX suite."""
+    (jaxdp/judge/parity.py, docs/PARITY.md), as the JAX suite."""
     got, ref = result(FLOAT32), single(FLOAT32)
     assert got.arrays["step/4/param/layers/0/kernel"].dtype == np.float32
     assert_judged_ok(got, ref)
@@ -180,7 +181,7 @@ def test_float32_matches_single_within_the_float32_bounds():
 def test_bfloat16_gradients_track_single_and_float32(strategy):
     """bf16 (fp32 master parameters and reduction): gradients per tensor and every step's update
     within 0.25 of bf16 `single` and of the float32 run, which a factor 2 breaks; the reduction ran in
-    fp32 (`jaxdp.harness.parity.bf16_reduced`; the tensors the process group receives: test_mutations.py)."""
+    fp32 (`jaxdp.judge.parity.bf16_reduced`; the tensors the process group receives: test_mutations.py)."""
     cfg = next(c for c in BF16 if c.strategy == strategy and c.dtype == "bfloat16")
     bf16, fp32 = result(cfg), result(cfg.replace(dtype="float32"))
     assert bf16.arrays["step/4/param/layers/0/kernel"].dtype == np.float32  # master parameters

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from jaxdp.core import trace
-from jaxdp.core.config import FRAMEWORK_STRATEGIES
+from jaxdp.core.run.config import FRAMEWORK_STRATEGIES
+from jaxdp.core.traces import trace
 from jaxdp.harness.torch_run import run
 from tests.helpers import assert_judged_ok
 from tests.torch_helpers import BASE, GPT2_SMALL

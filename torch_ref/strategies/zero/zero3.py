@@ -42,8 +42,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
-from jaxdp.core.config import ConfigError
-from jaxdp.core.hsdp_hosts import grid_order
+from jaxdp.core.run.config import ConfigError
+from jaxdp.core.run.hsdp_hosts import grid_order
 
 from ... import models
 from ...canonical import batchnorm as canonical_bn
@@ -78,7 +78,7 @@ def apply_fsdp(model, reshard_after_forward: bool = True, units=None, replicas: 
                hosts: str = "shard", mp_policy=None):
     """fully_shard each unit (a submodule, or a list of submodules sharded as one group), then the root,
     over a 1-D mesh of every rank, or (`replicas` R given: hsdp) FSDP2's 2-D mesh (R, S) named
-    ("replicate", "shard"), its rows in `hosts` order (`jaxdp.core.hsdp_hosts.grid_order`); `mp_policy`: FSDP2's
+    ("replicate", "shard"), its rows in `hosts` order (`jaxdp.core.run.hsdp_hosts.grid_order`); `mp_policy`: FSDP2's
     MixedPrecisionPolicy on every unit and the root (None: FSDP2's default, none). Units given
     that split a shared parameter between groups are an error,
     before any collective."""

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from jaxdp.core.config import ConfigError
+from jaxdp.core.run.config import ConfigError
 from jaxdp.harness.bench.plan import every_config, plan, time_runs
 
 

@@ -13,7 +13,7 @@ import jax
 import pytest
 
 from jaxdp.analysis import accounting
-from jaxdp.core.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES
+from jaxdp.core.run.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES
 from jaxdp.harness import mutations, pair_runs
 from jaxdp.harness.mutations import checks, score
 from jaxdp.strategies.jit import step as jit_step

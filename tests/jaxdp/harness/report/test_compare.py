@@ -176,7 +176,7 @@ def test_compare_refuses_a_strategy_one_framework_lacks(capsys):
 def test_local_batchnorm_is_a_finding_next_to_the_verdict_not_a_failure():
     """`--batchnorm local` on N > 1 is measured against jaxdp `single` and reported as a difference
     by design; the parity verdict (jaxdp against torch_ref) stays what it is."""
-    from jaxdp.core.config import RunConfig
+    from jaxdp.core.run.config import RunConfig
 
     entry = {"parity": {"pass": True}, "vs_single": {"finding": runner.BY_DESIGN, "differs": True,
                                                      "worst": {"grad": 0.29}}}

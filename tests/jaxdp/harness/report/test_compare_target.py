@@ -9,8 +9,8 @@ import pytest
 
 from jaxdp import train
 from jaxdp.analysis import aot, inspect, program_cache
-from jaxdp.core import targets
-from jaxdp.core.config import RunConfig
+from jaxdp.core.run import targets
+from jaxdp.core.run.config import RunConfig
 from jaxdp.harness import cli
 from jaxdp.harness.report import runner
 from jaxdp.harness.report.units import nbytes

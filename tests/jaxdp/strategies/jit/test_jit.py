@@ -20,7 +20,7 @@ import pytest
 
 import jaxdp
 from jaxdp.analysis import accounting, inspect
-from jaxdp.core.config import JIT_STRATEGIES, ConfigError
+from jaxdp.core.run.config import JIT_STRATEGIES, ConfigError
 from jaxdp.strategies.jit import layout
 from tests.conftest import BASE, run
 from tests.helpers import as_trace
@@ -175,7 +175,8 @@ def test_torch_ref_runs_the_same_layout_twin_under_the_same_name():
     """`python -m torch_ref train --strategy fsdp-jit` runs FSDP2 (zero3) and says so; its trace equals
     jaxdp's fsdp-jit (explicit) at 1e-12 in float64 (one rank: no world to spawn)."""
     pytest.importorskip("torch")
-    from jaxdp.harness import parity, torch_run
+    from jaxdp.harness import torch_run
+    from jaxdp.judge import parity
     from torch_ref import strategies as torch_strategies
     from torch_ref.train import summary
 

@@ -9,7 +9,7 @@ import pytest
 
 from jaxdp import models
 from jaxdp.analysis import accounting
-from jaxdp.core import trace
+from jaxdp.core.traces import trace
 from tests.conftest import BASE, run
 from tests.jaxdp.strategies.test_strategies import assert_matches_single
 from tests.jaxdp.strategies.test_sync_once import _strategy

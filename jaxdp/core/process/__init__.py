@@ -1,0 +1,1 @@
+"""Processes and signals: launchers, heartbeats, ports, a stop obeyed by every worker."""

@@ -62,6 +62,27 @@ def calibration(results) -> str:
     return calibration_points.markdown(results)
 
 
+def _sig2(x: float) -> str:
+    """Two significant figures, written out: 2.0, 20, 130."""
+    v = float(f"{x:.2g}")
+    return f"{v:.1f}" if v < 10 else f"{v:.0f}"
+
+
+def links(_=None) -> str:
+    """docs/ZERO.md's hsdp table: the compare report's network model (jaxdp/harness/report/links.py) per model,
+    strategy and N: communication per step, weak efficiency without / with full overlap."""
+    from jaxdp.harness.report import links as model
+    rows = model.table()
+    ns = sorted({r["n"] for r in rows})
+    cells: dict = {}
+    for r in rows:
+        eff = " / ".join(f"{e:.1f}".rstrip("0").rstrip(".") for e in (r["weak_efficiency"], r["overlapped_efficiency"]))
+        cells.setdefault((r["model"], r["strategy"]), {})[r["n"]] = f"{_sig2(r['comm_s'] * 1e3)} ms: {eff}"
+    out = ["| model | strategy | " + " | ".join(f"N = {n}" for n in ns) + " |", "|---|---|" + "---|" * len(ns)]
+    out += [f"| {m} | {s} | " + " | ".join(c.get(n, "-") for n in ns) + " |" for (m, s), c in cells.items()]
+    return "\n".join(out)
+
+
 def bench(results) -> str:
     if results is None:
         return missing(BENCH, "jaxdp bench --out docs/results/bench")
@@ -109,6 +130,7 @@ BLOCKS = {
     "bench": ("docs/BENCHMARKS.md", BENCH, bench),
     "gpu-target": ("docs/BENCHMARKS.md", GPU_TARGET, gpu_target),
     "honest": ("docs/PARITY.md", HONEST, honest),
+    "links": ("docs/ZERO.md", None, links),
 }
 FIGURES = {  # {name: (results file, renderer)}: inline, in any page
     "tests.all": (TESTS, lambda r: _tests(r, "collection", lambda c: c["tests"]["all"])),

@@ -21,7 +21,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / ".ci"))
 
 TESTS = "docs/results/tests.json"
-TESTS_CMD = "JAXDP_TEST_RESULTS=docs/results/tests.json python3 -m pytest"
 CI = "docs/results/ci.json"
 BENCH = "docs/results/bench/bench.json"
 GPU_TARGET = "docs/results/gpu_target.json"
@@ -103,14 +102,15 @@ def honest(results) -> str:
     return _call(HONEST_RENDER, results).strip()
 
 
+UNMEASURED = "(not measured in this checkout)"  # an inline figure whose results file is absent: its page says which
+
+
 def _tests(results, part: str, key) -> str:
-    if results is None or results.get(part) is None:
-        return f"(not measured in this checkout: `{TESTS_CMD}` writes `{TESTS}`)"
-    return str(key(results[part]))
+    return UNMEASURED if results is None or results.get(part) is None else str(key(results[part]))
 
 
 def _ci(results, key) -> str:
-    return str(key(results)) if results else f"(not measured in this checkout: `.ci/run --record` writes `{CI}`)"
+    return str(key(results)) if results else UNMEASURED
 
 
 def tests_run(r) -> str:

@@ -52,6 +52,7 @@ def pytest_sessionstart(session):
 def pytest_collection_modifyitems(config, items):
     path = _path(config)
     if path:  # the controller under xdist does not collect: its workers (each the same) leave it this file
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with open(path + ".collection", "w") as f:
             json.dump(tiers(items), f)
 
@@ -78,7 +79,6 @@ def pytest_sessionfinish(session, exitstatus):
     out = {"collection": {"tests": collected, "commit": _commit()}, "run": old.get("run")}
     if not config.option.collectonly:
         out["run"] = {**_run(session), "exit": int(exitstatus)}
-    os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
         f.write("\n")

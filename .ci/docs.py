@@ -25,8 +25,9 @@ CI = "docs/results/ci.json"
 BENCH = "docs/results/bench/bench.json"
 GPU_TARGET = "docs/results/gpu_target.json"
 HONEST = "docs/results/honest.json"
-# The honest matrix's renderer (issue 70.5's helper writes it): `render(results) -> str`, the results file its own.
-HONEST_RENDER = "jaxdp.harness.honest_doc:render"
+# The honest matrix's renderer, `render(results) -> str` (`python -m jaxdp.harness.mutations.honest --results FILE`
+# writes its results file; `honest_render` renders the same block alone)
+HONEST_RENDER = "jaxdp.harness.mutations.honest_render:render"
 
 
 def load(path: str):
@@ -99,7 +100,7 @@ def gpu_target(results) -> str:
 
 def honest(results) -> str:
     if results is None:
-        return missing(HONEST, "the honest matrix (docs/PARITY.md)")
+        return missing(HONEST, f"python -m jaxdp.harness.mutations.honest --results {HONEST}")
     return _call(HONEST_RENDER, results).strip()
 
 
@@ -138,13 +139,16 @@ FIGURES = {  # {name: (results file, renderer)}: inline, in any page
     "tests.quick": (TESTS, lambda r: _tests(r, "collection", lambda c: c["tests"]["quick"])),
     "tests.slow": (TESTS, lambda r: _tests(r, "collection", lambda c: c["tests"]["slow"])),
     "tests.run": (TESTS, tests_run),
+    "honest.passed": (HONEST, lambda r: f"{r['summary']['passed']} of {r['summary']['comparisons']}" if r
+                      else UNMEASURED),
     "ci.first": (CI, lambda r: _ci(r, lambda c: f"{c['first_seconds']} s")),
     "ci.tests": (CI, lambda r: _ci(r, lambda c: f"{c['tests_seconds']} s")),
     "ci.total": (CI, lambda r: _ci(r, lambda c: f"{c['total_seconds']} s (at {c['commit']})")),
 }
 OLD_MARKS = {"layout": ("<!-- layout: start -->", "<!-- layout: end -->"),
              "fused-matrix": ("<!-- fused matrix: start -->", "<!-- fused matrix: end -->"),
-             "calibration": ("<!-- calibration-table -->", "<!-- /calibration-table -->")}
+             "calibration": ("<!-- calibration-table -->", "<!-- /calibration-table -->"),
+             "honest": ("<!-- honest:begin -->", "<!-- honest:end -->")}
 FIG = re.compile(r"<!-- fig:([\w.-]+) -->(.*?)<!-- /fig -->", re.S)
 PAGES = ["README.md"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))
 

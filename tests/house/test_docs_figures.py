@@ -121,3 +121,9 @@ def test_the_suites_figures_are_written_by_its_run(tmp_path, workers):
                     "-c", str(tmp_path / "pytest.ini"), "tests/test_x.py::test_a"],
                    cwd=tmp_path, env=env, capture_output=True, timeout=120)
     assert json.loads(out.read_text()) == got, "a part of the suite wrote the suite's figures"
+
+
+def test_ci_run_refuses_an_unknown_argument_before_any_work():
+    run = subprocess.run(["bash", str(Path(REPO, ".ci", "run")), "--recrod"], capture_output=True, text=True,
+                         timeout=30)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "--record" in run.stderr, run.stderr

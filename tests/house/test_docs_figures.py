@@ -121,6 +121,14 @@ def test_the_suites_figures_are_written_by_its_run(tmp_path, workers):
                     "-c", str(tmp_path / "pytest.ini"), "tests/test_x.py::test_a"],
                    cwd=tmp_path, env=env, capture_output=True, timeout=120)
     assert json.loads(out.read_text()) == got, "a part of the suite wrote the suite's figures"
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "tests.json").write_text(out.read_text())
+    (tmp_path / "tests" / "test_y.py").write_text("def test_e(): pass\n")
+    del env["JAXDP_TEST_RESULTS"]
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", workers,
+                          "--rootdir", str(tmp_path), "-c", str(tmp_path / "pytest.ini")],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert "docs/results/tests.json records the collection" in run.stdout and "'all': 5" in run.stdout, run.stdout
 
 
 def test_ci_run_refuses_an_unknown_argument_before_any_work():

@@ -24,7 +24,7 @@ jax.config.update("jax_enable_x64", True)
 from jaxdp import train  # noqa: E402
 from jaxdp.core.run.config import RunConfig  # noqa: E402
 
-from . import quick, torch_jobs, touched  # noqa: E402
+from . import quick, results, torch_jobs, touched  # noqa: E402
 
 # A small problem on which every strategy, N in {1,2,3,4,8} and accum in {1,3} divide the batch.
 BASE = RunConfig(model="mlp", data="synthetic", hidden=(16, 16), steps=4, batch_size=72, lr=0.05,
@@ -39,7 +39,8 @@ def run(cfg: RunConfig) -> train.RunResult:
 
 def pytest_configure(config):
     """The suite's plugins: the quick tier's marker (tests/quick.py) and its check that every module was
-    touched (tests/touched.py); the torch worlds' jobs of the selected tests (tests/torch_jobs.py)."""
-    for plugin in (quick, torch_jobs, touched):
+    touched (tests/touched.py); the torch worlds' jobs of the selected tests (tests/torch_jobs.py); the suite's
+    figures for the docs when asked (tests/results.py)."""
+    for plugin in (quick, results, torch_jobs, touched):
         if not config.pluginmanager.is_registered(plugin):
             config.pluginmanager.register(plugin)

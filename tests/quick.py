@@ -21,6 +21,11 @@ QUICK = {
     ),
     "tests/house/test_tests_tree.py": ALL,
     "tests/house/test_docs_blocks.py": ALL,  # the docs' command blocks read only what an earlier block wrote
+    "tests/house/test_docs_figures.py": (  # the docs' figures are their results files', links resolve (2 s)
+        "test_every_figure_and_block_is_what_its_results_file_renders",
+        "test_a_figure_that_differs_from_its_results_file_is_stale",
+        "test_every_relative_link_resolves", "test_nothing_links_into_the_history",
+        "test_a_page_says_how_things_are_now"),
     "tests/house/test_reruns.py": ALL,
     "tests/jaxdp/test_multiprocess.py": ("test_gloos_notice_is_dropped_in_any_of_its_pieces_and_nothing_else_is",
                                          "test_jaxs_sigterm_notice_is_dropped_from_a_processs_stderr_and_nothing_else_is"),

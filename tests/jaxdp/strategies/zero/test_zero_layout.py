@@ -1,5 +1,5 @@
 """ZeRO's layout table (jaxdp/strategies/zero/layout.py): the stages' semantics in one place, what the
-memory formula reads, and what docs/STRATEGIES.md renders."""
+memory formula reads, and what docs/ZERO.md renders."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,7 +11,7 @@ from jaxdp.devices import AXIS
 from jaxdp.strategies.zero import layout
 from tests import REPO
 
-DOCS = Path(REPO) / "docs" / "STRATEGIES.md"
+DOCS = Path(REPO) / "docs" / "ZERO.md"
 
 
 def test_each_stage_shards_what_zero_says():

@@ -26,7 +26,9 @@ core read it without importing each other. Its fields:
 - `oracle`: the strategy whose run it must equal, step for step ("single" for data parallelism; a
   strategy that is not meant to equal one device names its own reference).
 - `parity`: in the cross-framework parity pairs (`harness/parity.py`); `overhead_goal`: the bench's goal
-  for its step time over single's (None: no goal).
+  for its step time over single's (None: no goal); `bench`: the bench items that time it besides the plan's
+  own lists (`harness/bench/`): "nan-check" (item 11), "nan-check-quick" (item 11 under --quick), "gpu" (the
+  GPU target's rows, `gpu_target.py`).
 """
 from __future__ import annotations
 
@@ -61,6 +63,7 @@ class Entry:
     oracle: str = "single"
     parity: bool = True
     overhead_goal: float | None = None
+    bench: tuple = ()
 
     def __post_init__(self):
         assert self.comm in COMMS, (self.name, self.comm)
@@ -78,45 +81,49 @@ STAGE_OPTIONS = ("collectives",)
 SHARD_OPTIONS = ("reshard_after_forward",)
 GRID_OPTIONS = ("replicas", "hsdp_hosts")
 JIT = dict(reductions=("native",), batchnorm=False, comm="jit", jax_options=("axis_type",), parity=False)
+GPU, NAN, NAN_QUICK = ("gpu",), ("nan-check",), ("nan-check", "nan-check-quick")
 
 ENTRIES = (
     Entry("single", "one device, the oracle of every data-parallel strategy", "jaxdp.strategies.single:make",
-          "torch_ref.strategies.single:make", one_device=True, comm="none", oracle="single"),
+          "torch_ref.strategies.single:make", one_device=True, comm="none", oracle="single", bench=NAN_QUICK),
     Entry("dp", "a parameter server: gradients reduced to device 0, parameters broadcast back",
-          "jaxdp.strategies.dp:make", "torch_ref.strategies.dp:make", comm="tree"),
+          "jaxdp.strategies.dp:make", "torch_ref.strategies.dp:make", comm="tree", bench=GPU),
     Entry("ddp", "replicated parameters, one all-reduce of the gradients per step", "jaxdp.strategies.ddp:make",
-          "torch_ref.strategies.ddp:make", torch_options=("bucket_mb",), overhead_goal=1.15),
+          "torch_ref.strategies.ddp:make", torch_options=("bucket_mb",), overhead_goal=1.15, bench=GPU + NAN_QUICK),
     Entry("ddp-pmap", "ddp written with jax.pmap (per-device stacks)", "jaxdp.strategies.ddp_pmap:make",
           parity=False),
     Entry("ddp-naive", "ddp as picotron writes it: one all-reduce per parameter after backward",
           torch="torch_ref.strategies.naive:make", parity=False),
     Entry("ddp-bucket", "ddp with the gradients packed into buckets of --bucket-mb, reduced in backward order",
           "jaxdp.strategies.bucket:make", "torch_ref.strategies.bucket:make", jax_options=("bucket_mb",),
-          torch_options=("bucket_mb",)),
+          torch_options=("bucket_mb",), bench=GPU + NAN),
     Entry("ddp-ring", "ddp over an explicit ring all-reduce (reduce-scatter then all-gather, point to point)",
-          "jaxdp.strategies.ring:make", "torch_ref.strategies.ring:make", comm="ring"),
+          "jaxdp.strategies.ring:make", "torch_ref.strategies.ring:make", comm="ring", bench=GPU),
     Entry("zero1", "ZeRO stage 1: the optimizer state sharded", "jaxdp.strategies.zero:make_zero1",
           "torch_ref.strategies.zero.zero1:make", shards=(False, False, True), layout="ZERO1",
-          jax_options=STAGE_OPTIONS, torch_options=("bucket_mb",), intent="zero1", comm="zero", overhead_goal=1.15),
+          jax_options=STAGE_OPTIONS, torch_options=("bucket_mb",), intent="zero1", comm="zero", overhead_goal=1.15,
+          bench=GPU + NAN),
     Entry("zero2", "ZeRO stage 2: gradients and optimizer state sharded", "jaxdp.strategies.zero:make_zero2",
           "torch_ref.strategies.zero.zero2:make", shards=(False, True, True), layout="ZERO2",
-          jax_options=STAGE_OPTIONS, intent="zero2", comm="zero", overhead_goal=1.15),
+          jax_options=STAGE_OPTIONS, intent="zero2", comm="zero", overhead_goal=1.15, bench=GPU + NAN_QUICK),
     Entry("zero3", "ZeRO stage 3 (FSDP, alias fsdp): parameters, gradients and optimizer state sharded",
           "jaxdp.strategies.zero:make_zero3", "torch_ref.strategies.zero.zero3:make", shards=(True, True, True),
           layout="ZERO3", jax_options=STAGE_OPTIONS + SHARD_OPTIONS, torch_options=SHARD_OPTIONS + ("units",),
-          fully_shard=True, intent="zero3", comm="zero"),
+          fully_shard=True, intent="zero3", comm="zero", bench=GPU + NAN),
     Entry("hsdp", "zero3 within each of --replicas groups of N / R devices, replicated across the groups",
           "jaxdp.strategies.hsdp:make", "torch_ref.strategies.hsdp:make", shards=(True, True, True), layout="HSDP",
           jax_options=STAGE_OPTIONS + SHARD_OPTIONS + GRID_OPTIONS,
           torch_options=SHARD_OPTIONS + ("units",) + GRID_OPTIONS, batchnorm=False, fully_shard=True, grid=True,
-          intent="hsdp", comm="zero", parity=False),
+          intent="hsdp", comm="zero", parity=False, bench=GPU + NAN),
     Entry("ddp-jit", "ddp as plain jax.jit over NamedShardings (the partitioner inserts the collectives)",
-          "jaxdp.strategies.jit.ddp:make", twin="ddp", twin_tool="DistributedDataParallel", layout="DDP", **JIT),
+          "jaxdp.strategies.jit.ddp:make", twin="ddp", twin_tool="DistributedDataParallel", layout="DDP",
+          bench=GPU + NAN, **JIT),
     Entry("zero1-jit", "zero1 as plain jax.jit over NamedShardings", "jaxdp.strategies.jit.zero1:make",
           twin="zero1", twin_tool="ZeroRedundancyOptimizer over DDP", shards=(False, False, True), layout="ZERO1",
-          intent="zero1", **JIT),
+          intent="zero1", bench=GPU, **JIT),
     Entry("fsdp-jit", "zero3 as plain jax.jit over NamedShardings", "jaxdp.strategies.jit.fsdp:make", twin="zero3",
-          twin_tool="FSDP2 fully_shard", shards=(True, True, True), layout="FSDP", intent="zero3", **JIT),
+          twin_tool="FSDP2 fully_shard", shards=(True, True, True), layout="FSDP", intent="zero3", bench=GPU + NAN,
+          **JIT),
 )
 BY_NAME = {e.name: e for e in ENTRIES}
 ALIASES = {"fsdp": "zero3"}
@@ -127,6 +134,11 @@ def names(framework: str | None = None, **where) -> tuple[str, ...]:
     `where` (`names("jax", grid=True)`)."""
     return tuple(e.name for e in ENTRIES if (framework is None or e.in_framework(framework))
                  and all(getattr(e, k) == v for k, v in where.items()))
+
+
+def benched(item: str) -> tuple[str, ...]:
+    """The strategies bench item `item` times (their rows' `bench`), in the table's order."""
+    return tuple(e.name for e in ENTRIES if item in e.bench)
 
 
 def entry(name: str) -> Entry:

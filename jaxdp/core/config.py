@@ -201,7 +201,7 @@ class RunConfig:
         the -jit ones have the native reduction only."""
         if framework != "jax":
             return
-        if self.model == "cnn" and self.strategy in JIT_STRATEGIES + ("hsdp",):
+        if self.model == "cnn" and not registry.strategies.get(self.strategy, "batchnorm", True):
             raise ConfigError(f"strategy {self.strategy!r} runs no model with running statistics (BatchNorm, "
                               f"--model cnn): use ddp, zero1 or zero3")
         if self.reduction != "native" and self.strategy in JIT_STRATEGIES:
@@ -229,7 +229,7 @@ class RunConfig:
 
     def _validate_replicas(self, framework: str) -> None:
         """--replicas: only with hsdp, dividing --devices; hsdp runs no BatchNorm model."""
-        n, r, hsdp = self.devices, self.replicas, self.strategy == "hsdp"
+        n, r, hsdp = self.devices, self.replicas, registry.strategies.get(self.strategy, "grid", False)
         if r != 1 and not hsdp:
             raise ConfigError(f"--replicas {r} is for --strategy hsdp, not {self.strategy}: drop --replicas")
         if self.hsdp_hosts != "shard" and not hsdp:

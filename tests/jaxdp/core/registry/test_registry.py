@@ -121,3 +121,19 @@ def test_the_models_rows_are_the_readers_and_the_sizes():
     for e in models.ENTRIES:
         assert callable(strategies.load(e.parameters)) and callable(strategies.load(e.activations)), e.name
         assert strategies.load(e.parameters).__module__ == sizes.__name__
+
+
+def test_the_docs_tables_are_the_rows():
+    from jaxdp.core.registry import table
+
+    page = table.PAGE.read_text(encoding="utf-8")
+    assert table.written(page) == page, "docs/REGISTRY.md's tables differ from the rows: run python -m " \
+                                        "jaxdp.core.registry.table --write"
+    assert "| `zero2` | ZeRO stage 2" in page and "| `llama` |" in page
+
+
+def test_every_models_class_is_where_its_row_says():
+    for e in models.ENTRIES:
+        assert strategies.load(e.jax).__name__ == e.jax.rpartition(":")[2], e.name
+        if HAS_TORCH:
+            assert strategies.load(e.torch).__name__ == e.torch.rpartition(":")[2], e.name

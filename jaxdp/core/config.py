@@ -204,9 +204,11 @@ class RunConfig:
         if self.model == "cnn" and not registry.strategies.get(self.strategy, "batchnorm", True):
             raise ConfigError(f"strategy {self.strategy!r} runs no model with running statistics (BatchNorm, "
                               f"--model cnn): use ddp, zero1 or zero3")
-        if self.reduction != "native" and self.strategy in JIT_STRATEGIES:
-            raise ConfigError(f"strategy {self.strategy!r} has --reduction native only (the partitioner orders the "
-                              f"sums): use ddp, zero1 or zero3 for canonical")
+        runs = registry.strategies.get(self.strategy, "reductions", REDUCTIONS)  # its row's reductions
+        if self.reduction not in runs:
+            why = " (the partitioner orders the sums)" if self.strategy in JIT_STRATEGIES else ""
+            raise ConfigError(f"strategy {self.strategy!r} has --reduction {' or '.join(runs)} only{why}: use ddp, "
+                              f"zero1 or zero3 for {self.reduction}")
 
     def _validate_transformer(self) -> None:
         """gpt, gpt2, llama: the heads divide the width; llama's own flags (and only llama's)."""

@@ -20,11 +20,12 @@ import inspect
 import torch
 from torch.utils._pytree import tree_map
 
+from jaxdp.core.registry import strategies as registry
 from jaxdp.core.run.config import ConfigError
 
 from .models import attention
 
-FULLY_SHARD = ("zero3", "hsdp")  # the strategies built on FSDP2's fully_shard (bf16: MixedPrecisionPolicy)
+FULLY_SHARD = registry.names("torch", fully_shard=True)  # built on FSDP2's fully_shard (bf16: MixedPrecisionPolicy)
 COMPUTE_DTYPES = (None, torch.bfloat16)
 
 

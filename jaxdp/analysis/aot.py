@@ -18,13 +18,16 @@ import os
 import time
 import warnings
 
+from ..core.registry import strategies as registry
 from ..core.run import data, targets
 from ..core.run.config import JIT_STRATEGIES
 from ..strategies.zero import layout as zero_layout
 from . import schedule
 
 CACHE_READ = "Error reading persistent compilation cache entry"  # JAX's warning, for a target program
-REPLICATED = ("single", "dp", "ddp", "ddp-bucket", "ddp-ring")  # a full copy on every device (single: its one)
+# a full copy on every device (single: its one): the hand-written rows that shard nothing, not per-device stacks
+REPLICATED = tuple(e.name for e in registry.ENTRIES if e.jax and not any(e.shards) and e.comm != "jit"
+                   and not e.per_device)
 
 
 def one_device(name: str, opts) -> bool:
@@ -139,7 +142,7 @@ def abstract_state(name: str, problem, optimizer, mesh, opts):
         return TrainState(jax.tree.map(_sds, problem.params, place[row.shards_params](problem.params)),
                           jax.tree.map(_sds, opt, place[row.shards_opt_state](opt))), mesh
     layout = zero_layout.of(name)
-    if name == "hsdp":
+    if registry.entry(name).grid:  # hsdp: the replica x shard grid of --replicas groups
         mesh = grid(mesh, opts.replicas, opts.hsdp_hosts)
         rep = NamedSharding(mesh, P())
     multiple = canonical.BLOCKS if opts.reduction == "canonical" else mesh.shape[AXIS]

@@ -21,10 +21,11 @@ import math
 
 import jax
 
+from ..core.registry import strategies as registry
 from ..core.run.config import JIT_STRATEGIES
 from . import accounting, calibration, hlo, kernels, projection, schedule
 
-GATHERS_PARAMS = ("zero3", "hsdp", "fsdp-jit")
+GATHERS_PARAMS = tuple(e.name for e in registry.ENTRIES if e.jax and e.shards[0])  # zero3, hsdp, fsdp-jit
 SYNC = {"async": False, "overlap_ops": 0, "overlap_flops": 0.0}
 COMBINER_FLAGS = ("xla_gpu_all_reduce_combine_threshold_bytes, xla_gpu_all_gather_combine_threshold_bytes, "
                   "xla_gpu_reduce_scatter_combine_threshold_bytes")
@@ -114,9 +115,10 @@ def difference(r: dict) -> str:
         return "bytes = theory" + merged
     parts = ", ".join(f"{k} {r['bytes_by_kind'][k]:.0f} (theory {r['theory_by_kind'].get(k, 0.0):.0f})" for k in off)
     why = ""
-    if r["strategy"] in ("zero3", "hsdp") and _sends_bf16(r, "all-gather"):
-        why = ZERO3_BF16_GATHER + ("; on each shard group" if r["strategy"] == "hsdp" else "")
-    if r["strategy"] == "dp" and _sends_bf16(r, "collective-permute"):
+    row = registry.entry(r["strategy"])
+    if row.comm == "zero" and row.shards[0] and _sends_bf16(r, "all-gather"):  # zero3, hsdp
+        why = ZERO3_BF16_GATHER + ("; on each shard group" if row.grid else "")
+    if row.comm == "tree" and _sends_bf16(r, "collective-permute"):  # dp
         why = DP_FIRST_HOP
     if r["strategy"] in JIT_STRATEGIES:
         why = "the partitioner chose these collectives from the shardings (jit/layout.py's theory is its model)"
@@ -178,4 +180,4 @@ def copies_note(r: dict) -> str:
     """The step's copy kernels, in one line, with the reason where it is known (ddp-ring)."""
     c = r["copies"]
     return (f"copies: {c['count']} arrays ({c['bytes'] / 2**30:.3g} GiB) computed into fresh buffers and copied to "
-            f"their outputs" + (RING_COPIES if r["strategy"] == "ddp-ring" else ""))
+            f"their outputs" + (RING_COPIES if registry.get(r["strategy"], "comm") == "ring" else ""))

@@ -7,6 +7,7 @@ import numpy as np
 
 from ..core.contract.intent import of_strategy
 from ..core.contract.report import Report
+from ..core.registry import strategies as registry
 from ..core.run import data
 from . import check
 
@@ -27,7 +28,7 @@ def _judged(compiled, args, name: str, params, mesh, want) -> Report:
     """The report of a strategy's compiled step: P from the model's (unsharded) parameters; where the state
     lives from the shardings the program takes it with (ddp-pmap's stacked copies, one per device, are
     replicas, not shards)."""
-    text, pmap = compiled.as_text(), name == "ddp-pmap"
+    text, pmap = compiled.as_text(), registry.get(name, "per_device", False)
     params_in, state = check.parts(args)
     return check.of_program(text, *check.mesh_shape(text, check.mesh_of(args) or mesh), want,
                             check.sizes(params), False if pmap else check.sharded(compiled, args, state),
@@ -40,7 +41,7 @@ def of_compiled(step, cfg) -> Report:
     from ..models import MASTER_DTYPE
 
     master = np.dtype(MASTER_DTYPE[cfg.dtype]).name
-    want = of_strategy(cfg.strategy, cfg.accum, master, cfg.replicas if cfg.strategy == "hsdp" else 0, master)
+    want = of_strategy(cfg.strategy, cfg.accum, master, cfg.replicas, master)  # replicas: a grid strategy's only
     return _judged(step.program, (step.state, *step.batch), cfg.strategy, step.problem.params,
                    getattr(step.strategy, "mesh", None), want)
 
@@ -53,6 +54,6 @@ def note(contract: dict) -> str:
 
 
 def _replicas(par) -> int:
-    if par.name != "hsdp":
+    if not registry.get(par.name, "grid", False):
         return 0
     return int(dict(zip(par.mesh.axis_names, par.mesh.devices.shape, strict=True)).get("replica", 1))

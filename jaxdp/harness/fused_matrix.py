@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 
 from ..core.files import atomic
+from ..core.registry import strategies as registry
 from ..core.run.config import FRAMEWORK_STRATEGIES, RunConfig
 from ..core.run.hsdp_hosts import per_strategy
 from ..core.traces import trace as trace_mod
@@ -53,7 +54,7 @@ class Pair:
 def config(base: RunConfig, framework: str, strategy: str, n: int, dtype: str, kernels: str) -> RunConfig:
     """One side's configuration, validated: `single` on one device; hsdp as R = 2 groups where N > 1."""
     cfg = base.replace(devices=1 if strategy == "single" else n, dtype=dtype, kernels=kernels,
-                       replicas=2 if strategy == "hsdp" and n > 1 else 1)
+                       replicas=2 if registry.entry(strategy).grid and n > 1 else 1)
     return per_strategy(cfg, strategy).validate(framework)
 
 

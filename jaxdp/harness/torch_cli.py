@@ -10,6 +10,7 @@ import sys
 from ..core.errors import EPILOG, EXIT_FAILED, ConfigError, RunFailed, exit_status, one_line
 from ..core.files import disk_full
 from ..core.process import heartbeat
+from ..core.registry import strategies as registry
 from ..core.run import argv, config, hsdp_hosts
 from .interrupt import guarded, stdout_closed
 
@@ -53,7 +54,7 @@ def check(args) -> list:
         note = hsdp_hosts.one_group(cfg)
         if note and os.environ.get("RANK", "0") == "0":  # under torchrun: rank 0 alone
             print(f"torch_ref: note: {note}", file=sys.stderr, flush=True)
-        if cfg.strategy == "hsdp":  # torchrun's hosts (WORLD_SIZE / LOCAL_WORLD_SIZE): before any rank works
+        if registry.entry(cfg.strategy).grid:  # hsdp: torchrun's hosts, before any rank works
             local = int(os.environ.get("LOCAL_WORLD_SIZE", cfg.devices))
             hosts = max(1, cfg.devices // local)
             hsdp_hosts.check_hosts(cfg.devices, cfg.replicas, hosts, cfg.hsdp_hosts, "torchrun --nnodes")

@@ -34,14 +34,16 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ..core.registry import strategies as registry
 from ..core.run.config import RunConfig
 from ..core.run.hsdp_hosts import per_strategy
 from ..core.traces import trace as trace_mod
 from . import error_model, relaxed, resolution, unmodelled
 
-# (label, jaxdp strategy, torch_ref strategy): same names where both frameworks have them, and the
+# (label, jaxdp strategy, torch_ref strategy): same names where both frameworks have them (the registry rows
+# with `parity`), and the
 # two framework-only variants against the other side's plain ddp.
-PAIRS = [(s, s, s) for s in ("single", "dp", "ddp", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3")] + [
+PAIRS = [(s, s, s) for s in registry.names(parity=True)] + [
     ("ddp-pmap/ddp", "ddp-pmap", "ddp"), ("ddp/ddp-naive", "ddp", "ddp-naive")]
 PAIR_BY_LABEL = {label: (j, t) for label, j, t in PAIRS}
 FIELDS = ("loss", "grad", "param", "update", "step update")
@@ -259,7 +261,7 @@ def compare(jax_trace, torch_trace, cfg: RunConfig, label: str = "") -> Row:
 
 def check(cfg: RunConfig, pairs, jax_runner=None, torch_runner=None) -> list[Row]:
     """Train each (label, jax strategy, torch strategy) pair on `cfg` (`jaxdp.harness.pair_runs`) and judge."""
-    from ..harness import pair_runs
+    from . import pair_runs
 
     jax_runner, torch_runner = jax_runner or pair_runs.run_jax, torch_runner or pair_runs.run_torch
     def side(name, framework):

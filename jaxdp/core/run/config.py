@@ -11,14 +11,14 @@ import importlib.util
 import math
 from dataclasses import dataclass, field
 
-from ..errors import ConfigError
-from . import values
+from . import registry, values
+from .errors import ConfigError
 from .hsdp_hosts import HOSTS
 from .kernels import KERNELS, check_compile
 from .kernels import check as check_kernels
 from .reduction import REDUCTIONS, resolve_shards
 
-MODELS = ("mlp", "gpt", "cnn", "gpt2", "llama")
+MODELS = registry.models.names()
 TOKEN_DATA = ("tokens", "llama3-tokens")  # made token ids (jaxdp/core/run/data.py): vocabulary 50304, 128256
 DATASETS = ("synthetic", "digits", "text", *TOKEN_DATA)
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
@@ -26,16 +26,12 @@ DTYPES = ("float64", "float32", "bfloat16")
 BATCHNORMS = ("sync", "local")
 PLATFORMS = ("auto", "cpu", "gpu")
 COLLECTIVES = ("xla", "ring")
-# Strategy names per framework; a name means the same algorithm on both sides.
-JIT_STRATEGIES, AXIS_TYPES = ("ddp-jit", "zero1-jit", "fsdp-jit"), ("auto", "explicit")  # jaxdp/strategies/jit/
-FRAMEWORK_STRATEGIES = {
-    "jax": ("single", "dp", "ddp", "ddp-pmap", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3", "hsdp")
-    + JIT_STRATEGIES,
-    "torch": ("single", "dp", "ddp", "ddp-naive", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3", "hsdp")
-    + JIT_STRATEGIES,
-}
+# Strategy names per framework, from the registry (jaxdp/core/registry/strategies.py): a name means the same
+# algorithm on both sides; torch runs a -jit name's same-layout twin.
+JIT_STRATEGIES, AXIS_TYPES = registry.strategies.names(comm="jit"), ("auto", "explicit")  # jaxdp/strategies/jit/
+FRAMEWORK_STRATEGIES = {f: registry.strategies.names(f) for f in ("jax", "torch")}
 ALL_STRATEGIES = tuple(dict.fromkeys(FRAMEWORK_STRATEGIES["jax"] + FRAMEWORK_STRATEGIES["torch"]))
-ALIASES = {"fsdp": "zero3"}
+ALIASES = registry.strategies.ALIASES
 # --preset: sets these fields (over their flags); gpt2-124m is GPT-2 small on the package's token data.
 # llama3-8b: Llama 3 8B's shapes (vocabulary 128256, GQA 32/8 heads, SwiGLU 14336) at a 2048-token context.
 PRESETS = {"gpt2-124m": dict(model="gpt2", data="tokens", n_layer=12, n_head=12, d_model=768, seq_len=1024),
@@ -205,12 +201,14 @@ class RunConfig:
         the -jit ones have the native reduction only."""
         if framework != "jax":
             return
-        if self.model == "cnn" and self.strategy in JIT_STRATEGIES + ("hsdp",):
+        if self.model == "cnn" and not registry.strategies.get(self.strategy, "batchnorm", True):
             raise ConfigError(f"strategy {self.strategy!r} runs no model with running statistics (BatchNorm, "
                               f"--model cnn): use ddp, zero1 or zero3")
-        if self.reduction != "native" and self.strategy in JIT_STRATEGIES:
-            raise ConfigError(f"strategy {self.strategy!r} has --reduction native only (the partitioner orders the "
-                              f"sums): use ddp, zero1 or zero3 for canonical")
+        runs = registry.strategies.get(self.strategy, "reductions", REDUCTIONS)  # its row's reductions
+        if self.reduction not in runs:
+            why = " (the partitioner orders the sums)" if self.strategy in JIT_STRATEGIES else ""
+            raise ConfigError(f"strategy {self.strategy!r} has --reduction {' or '.join(runs)} only{why}: use ddp, "
+                              f"zero1 or zero3 for {self.reduction}")
 
     def _validate_transformer(self) -> None:
         """gpt, gpt2, llama: the heads divide the width; llama's own flags (and only llama's)."""
@@ -233,7 +231,7 @@ class RunConfig:
 
     def _validate_replicas(self, framework: str) -> None:
         """--replicas: only with hsdp, dividing --devices; hsdp runs no BatchNorm model."""
-        n, r, hsdp = self.devices, self.replicas, self.strategy == "hsdp"
+        n, r, hsdp = self.devices, self.replicas, registry.strategies.get(self.strategy, "grid", False)
         if r != 1 and not hsdp:
             raise ConfigError(f"--replicas {r} is for --strategy hsdp, not {self.strategy}: drop --replicas")
         if self.hsdp_hosts != "shard" and not hsdp:

@@ -261,7 +261,7 @@ def compare(jax_trace, torch_trace, cfg: RunConfig, label: str = "") -> Row:
 
 def check(cfg: RunConfig, pairs, jax_runner=None, torch_runner=None) -> list[Row]:
     """Train each (label, jax strategy, torch strategy) pair on `cfg` (`jaxdp.harness.pair_runs`) and judge."""
-    from . import pair_runs
+    from ..harness import pair_runs
 
     jax_runner, torch_runner = jax_runner or pair_runs.run_jax, torch_runner or pair_runs.run_torch
     def side(name, framework):

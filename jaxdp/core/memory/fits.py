@@ -13,9 +13,11 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from . import machine, sizes, targets, values
-from .errors import ConfigError
-from .registry import strategies as registry
+from ..errors import ConfigError
+from ..process import machine
+from ..registry import strategies as registry
+from ..run import targets, values
+from . import sizes
 
 # XLA:CPU runs every simulated device's program on the host's cores: 4096 devices took 12.8 s to start
 # JAX alone on 2 cores, 100000 hung; 128 (64 per core) trained a tiny model in 20 s.

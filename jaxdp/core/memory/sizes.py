@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from . import data
-from .registry import models, strategies
-from .registry.strategies import load
+from ..registry import models, strategies
+from ..registry.strategies import load
+from ..run import data
 
 STATE_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}  # optimizer arrays per parameter
 OPTIMIZER_NAMES = {"sgd": "SGD", "momentum": "momentum", "adam": "Adam", "adamw": "AdamW"}

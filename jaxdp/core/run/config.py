@@ -11,8 +11,9 @@ import importlib.util
 import math
 from dataclasses import dataclass, field
 
-from . import registry, values
-from .errors import ConfigError
+from .. import registry
+from ..errors import ConfigError
+from . import values
 from .hsdp_hosts import HOSTS
 from .kernels import KERNELS, check_compile
 from .kernels import check as check_kernels

@@ -15,8 +15,8 @@
 """
 from __future__ import annotations
 
-from .errors import ConfigError
-from .registry import strategies as registry
+from ..errors import ConfigError
+from ..registry import strategies as registry
 
 HOSTS = ("shard", "replica")
 

@@ -6,8 +6,8 @@ models or some strategies read; `check_given` holds the flags a user typed again
 """
 from __future__ import annotations
 
-from .errors import ConfigError
-from .registry import models, strategies
+from ..errors import ConfigError
+from ..registry import models, strategies
 
 TRANSFORMERS = models.names(transformer=True)
 # flag (RunConfig field) -> the models that read it (their registry rows' `flags`); a flag not listed is read

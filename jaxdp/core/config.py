@@ -11,7 +11,7 @@ import importlib.util
 import math
 from dataclasses import dataclass, field
 
-from . import values
+from . import diloco_options, values
 from .errors import ConfigError
 from .hsdp_hosts import HOSTS
 from .kernels import KERNELS, check_compile
@@ -29,10 +29,10 @@ COLLECTIVES = ("xla", "ring")
 # Strategy names per framework; a name means the same algorithm on both sides.
 JIT_STRATEGIES, AXIS_TYPES = ("ddp-jit", "zero1-jit", "fsdp-jit"), ("auto", "explicit")  # jaxdp/strategies/jit/
 FRAMEWORK_STRATEGIES = {
-    "jax": ("single", "dp", "ddp", "ddp-pmap", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3", "hsdp")
-    + JIT_STRATEGIES,
-    "torch": ("single", "dp", "ddp", "ddp-naive", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3", "hsdp")
-    + JIT_STRATEGIES,
+    "jax": ("single", "dp", "ddp", "ddp-pmap", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3", "hsdp",
+            "diloco") + JIT_STRATEGIES,
+    "torch": ("single", "dp", "ddp", "ddp-naive", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3", "hsdp",
+              "diloco") + JIT_STRATEGIES,
 }
 ALL_STRATEGIES = tuple(dict.fromkeys(FRAMEWORK_STRATEGIES["jax"] + FRAMEWORK_STRATEGIES["torch"]))
 ALIASES = {"fsdp": "zero3"}
@@ -111,6 +111,9 @@ class RunConfig:
     replicas: int = _flag(1, "hsdp: R groups of --devices / R devices, zero3 within a group, replicated across")
     hsdp_hosts: str = _flag("shard", "hsdp, several processes: each process (host) holds whole shard groups (the "
                             "gathers stay in a host) or whole replica groups (docs/STRATEGIES.md)", HOSTS)
+    inner_steps: int = _flag(diloco_options.DEFAULTS["inner_steps"], "diloco: K local steps between outer steps")
+    outer_lr: float = _flag(diloco_options.DEFAULTS["outer_lr"], "diloco: the outer SGD's learning rate")
+    outer_momentum: float = _flag(diloco_options.DEFAULTS["outer_momentum"], "diloco: outer Nesterov momentum")
     axis_type: str = _flag("auto", "-jit strategies: the mesh's jax.sharding.AxisType (docs/STRATEGIES.md)", AXIS_TYPES)
     reduction: str = _flag(
         "native", "gradient reduction: native (each N sums in its own order) or canonical (the same bits on any "
@@ -191,6 +194,7 @@ class RunConfig:
             raise ConfigError("--overwrite-checkpoints starts a saving run over: give --checkpoint-every K, and "
                               "drop --resume (which continues from the checkpoints instead)")
         self._validate_replicas(framework)
+        diloco_options.check(self)
         if self.axis_type != "auto" and self.strategy not in JIT_STRATEGIES:
             raise ConfigError(f"--axis-type is for {', '.join(JIT_STRATEGIES)}, not {self.strategy}: drop it")
         self._validate_reduction()

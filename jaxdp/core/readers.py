@@ -22,16 +22,17 @@ MODEL_FLAGS = {
     "n_kv_head": ("llama",),
     "d_ff": ("llama",),
 }
+DILOCO = {"inner_steps": ("diloco",), "outer_lr": ("diloco",), "outer_momentum": ("diloco",)}
 # framework -> flag -> the strategies that read it; a flag not listed is read by every strategy. The
 # strategies' own option tables (`jaxdp.strategies.OPTIONS`, `torch_ref.strategies.OPTIONS`) agree with
 # it (tests/cli/test_bad_input.py): torch's DDP reads --bucket-mb as bucket_cap_mb, torch has no --collectives.
 STRATEGY_FLAGS = {
     "jax": {"bucket_mb": ("ddp-bucket",), "collectives": ("zero1", "zero2", "zero3", "hsdp"),
             "reshard_after_forward": ("zero3", "hsdp"), "replicas": ("hsdp",), "hsdp_hosts": ("hsdp",),
-            "axis_type": ("ddp-jit", "zero1-jit", "fsdp-jit")},
+            "axis_type": ("ddp-jit", "zero1-jit", "fsdp-jit"), **DILOCO},
     "torch": {"bucket_mb": ("ddp", "zero1", "ddp-bucket"), "collectives": (),
               "reshard_after_forward": ("zero3", "hsdp"), "replicas": ("hsdp",), "hsdp_hosts": ("hsdp",),
-              "axis_type": ()},  # torch runs a -jit name's twin (torch_ref.strategies.TWINS): no axis types
+              "axis_type": (), **DILOCO},  # torch runs a -jit name's twin (torch_ref.strategies.TWINS): no axis types
 }
 PACKAGE = {"jax": "jaxdp", "torch": "torch_ref"}
 

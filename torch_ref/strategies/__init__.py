@@ -9,7 +9,7 @@ from __future__ import annotations
 from jaxdp.core.config import ALIASES, FRAMEWORK_STRATEGIES, ConfigError
 
 from ..canonical.step import Canonical
-from . import bucket, ddp, dp, hsdp, naive, ring, single
+from . import bucket, ddp, diloco, dp, hsdp, naive, ring, single
 from .common import Strategy, StrategyOptions
 from .zero import zero1, zero2, zero3
 
@@ -24,6 +24,7 @@ FACTORIES = {
     "zero2": zero2.make,
     "zero3": zero3.make,
     "hsdp": hsdp.make,
+    "diloco": diloco.make,
 }
 # jaxdp's -jit strategies (plain jax.jit over NamedShardings) have no torch form of their own: torch_ref runs,
 # under the same name, the strategy with the same layout, and says so (`twin_note`; the run's meta `torch_twin`).
@@ -36,6 +37,7 @@ OPTIONS = {name: () for name in FACTORIES} | {
     "ddp": ("bucket_mb",), "zero1": ("bucket_mb",), "ddp-bucket": ("bucket_mb",),
     "zero3": ("reshard_after_forward", "units"),
     "hsdp": ("reshard_after_forward", "units", "replicas", "hsdp_hosts"),
+    "diloco": ("inner_steps", "outer_lr", "outer_momentum"),
 }
 
 
@@ -76,7 +78,8 @@ def build(name: str, model, optimizer, accum: int = 1, reduction: str = "native"
 def options_of(cfg) -> dict:
     """The strategy options of a RunConfig (`--bucket-mb`, `--reshard-after-forward`, `--replicas`)."""
     values = {"bucket_mb": cfg.bucket_mb, "reshard_after_forward": cfg.reshard_after_forward, "replicas": cfg.replicas,
-              "hsdp_hosts": cfg.hsdp_hosts}
+              "hsdp_hosts": cfg.hsdp_hosts, "inner_steps": cfg.inner_steps, "outer_lr": cfg.outer_lr,
+              "outer_momentum": cfg.outer_momentum}
     return {k: values[k] for k in OPTIONS[resolve(cfg.strategy)] if k in values}
 
 

@@ -34,6 +34,9 @@ class StrategyOptions(NamedTuple):
     reduction: str = "native"  # "canonical": the same bits on any N (torch_ref/canonical/step.py)
     shards: int | None = None  # canonical: shards per micro-batch (None: the default)
     mp_policy: object = None  # zero3, hsdp: FSDP2's MixedPrecisionPolicy (fused bf16: torch_ref/kernels.py)
+    inner_steps: int = 4  # diloco: K local steps between outer steps
+    outer_lr: float = 0.7  # diloco: the outer SGD's learning rate
+    outer_momentum: float = 0.9  # diloco: the outer SGD's Nesterov momentum (0: plain SGD)
 
 
 def _nothing() -> None:

@@ -12,6 +12,7 @@ from . import devices as devices_mod
 from .core import progress as run_progress  # where the run is, for the line Ctrl-C prints
 from .core import stop
 from .core.config import JIT_STRATEGIES, RunConfig
+from .core.registry import strategies as registry
 from .core.results import NonFiniteLoss, RunResult  # noqa: F401 (re-exported: jaxdp.train's names)
 
 
@@ -104,7 +105,7 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
     state, start, saver = _start(cfg, par, problem, optimizer)
     result = RunResult(cfg, meta={"framework": "jax", **cfg.to_dict(), "platform": devices[0].platform,
                                   "processes": jax.process_count(), "versions": versions(), "first_step": start + 1})
-    if cfg.strategy == "hsdp":  # which devices (and processes) form each group: --hsdp-hosts
+    if registry.entry(cfg.strategy).grid:  # hsdp: which devices (and processes) form each group: --hsdp-hosts
         result.meta["hsdp_grid"] = devices_mod.grid_rows(devices_mod.grid(devices_mod.mesh(devices), cfg.replicas,
                                                                           cfg.hsdp_hosts))
     recorder = Recorder(trace_path if jax.process_index() == 0 else None, result.meta) if record else None

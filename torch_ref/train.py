@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from jaxdp.core import ckpt_folder, data, stop
 from jaxdp.core import progress as run_progress  # where the run is, for the line Ctrl-C prints
 from jaxdp.core.config import ConfigError, RunConfig
+from jaxdp.core.registry import strategies as registry
 from jaxdp.core.results import NonFiniteLoss, RunResult  # one error type and one result for both frameworks
 
 from . import api, checkpoint, kernels, launch, models, optim, stop_agreement, strategies
@@ -135,7 +136,7 @@ def _meta(cfg: RunConfig, place: Place, module, start: int) -> dict:
             "first_step": start + 1}
     if cfg.strategy in strategies.TWINS:  # a -jit name: what ran is its twin
         meta["torch_twin"] = strategies.resolve(cfg.strategy)
-    if cfg.strategy == "hsdp":  # which ranks (and hosts) form each shard group: --hsdp-hosts
+    if registry.entry(cfg.strategy).grid:  # hsdp: which ranks (and hosts) form each shard group: --hsdp-hosts
         meta["hsdp_grid"] = launch.hsdp_grid(module, place.world)
     return meta
 

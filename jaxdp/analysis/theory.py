@@ -11,6 +11,7 @@ import numpy as np
 from jax.extend.core import Literal
 
 from .. import models
+from ..core.registry import strategies as registry
 from ..models import units
 from ..strategies.jit import layout as jit_layout
 from ..strategies.zero import layout as zero_layout
@@ -41,9 +42,10 @@ def theory(strategy: str, sizes: list[int], n: int, itemsize: int, loss_itemsize
     loss = 2 * (n - 1) / n * (loss_itemsize or itemsize)
     ring = 2 * (n - 1) / n
     out = {"all-reduce": loss, "reduce-scatter": 0.0, "all-gather": 0.0, "point-to-point": 0.0}
-    if strategy in ("ddp", "ddp-pmap", "ddp-bucket"):
+    comm = registry.get(strategy, "comm")  # its family in the theory (jaxdp/core/registry/strategies.py)
+    if comm == "all-reduce":
         out["all-reduce"] += ring * psi * itemsize
-    elif strategy == "ddp-ring":
+    elif comm == "ring":
         out["point-to-point"] = 2 * (n - 1) * math.ceil(psi / n) * itemsize
     elif strategy in zero_layout.LAYOUTS:
         s = n // replicas  # the shard group (all N devices but for hsdp)
@@ -118,6 +120,10 @@ BN_BACKWARD = {"ddp": 3, "ddp-bucket": 3}  # the others: 2
 BN_RECOMPUTED = {name: 2 for name, row in zero_layout.LAYOUTS.items() if row.shards_params}  # units remat
 
 
+def _one_device(strategy: str) -> bool:
+    return registry.get(strategy, "one_device", False)
+
+
 def batchnorm_channels(problem) -> int:
     """Channels over every BatchNorm layer: the running means' elements (0 without running statistics)."""
     if problem.state is None:
@@ -133,7 +139,7 @@ def batchnorm_vectors(strategy: str) -> int:
 
 def batchnorm_theory(strategy: str, channels: int, n: int, itemsize: int, accum: int = 1) -> float:
     """Bytes each device sends per step for synchronised BatchNorm statistics (all-reduces, ring)."""
-    if n == 1 or strategy == "single" or not channels:
+    if n == 1 or _one_device(strategy) or not channels:
         return 0.0
     return 2 * (n - 1) / n * accum * batchnorm_vectors(strategy) * channels * itemsize
 
@@ -161,7 +167,7 @@ def stats_theory(strategy: str, sizes: list[int], channels: int, n: int, itemsiz
     variance (2 C); and every device takes device 0's statistics, one psum of all of them (2 C).
     Nothing on one device or for `single`."""
     out = {"all-reduce": 0.0, "reduce-scatter": 0.0, "all-gather": 0.0, "point-to-point": 0.0}
-    if n > 1 and strategy != "single" and channels:
+    if n > 1 and not _one_device(strategy) and channels:
         ring = 2 * (n - 1) / n
         out["all-reduce"] = ring * (BN_FORWARD * accum * sync + 2) * channels * itemsize
         if zero_layout.of(strategy).shards_params:
@@ -177,11 +183,11 @@ def theory_for(cfg, sizes: list[int], root: list[int] = (), channels: int = 0, s
     `single` or one device. The -jit strategies shard each array by its shape: their theory
     (`jit/layout.theory`) reads `shapes` (the parameters' shapes, in `sizes`' order)."""
     itemsize = np.dtype(models.MASTER_DTYPE[cfg.dtype]).itemsize
-    if cfg.strategy == "single" or cfg.devices == 1:
+    if _one_device(cfg.strategy) or cfg.devices == 1:
         return {"all-reduce": 0.0, "reduce-scatter": 0.0, "all-gather": 0.0, "point-to-point": 0.0, "total": 0.0}
     if cfg.strategy in jit_layout.LAYOUTS:
         return jit_layout.theory(jit_layout.LAYOUTS[cfg.strategy], shapes, cfg.devices, itemsize, cfg.accum)
-    if cfg.strategy == "dp":
+    if registry.get(cfg.strategy, "comm") == "tree":
         out = dp_theory(sizes, cfg.devices, itemsize)
     else:
         out = theory(cfg.strategy, sizes, cfg.devices, itemsize, accum=cfg.accum,

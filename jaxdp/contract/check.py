@@ -21,7 +21,7 @@ import numpy as np
 
 from ..analysis import theory
 from ..core.contract import judge, master
-from ..core.contract.intent import Intent
+from ..core.contract.intent import GRID, Intent
 from ..core.contract.report import Report
 from . import read
 
@@ -66,7 +66,7 @@ def of_program(text: str, shape, names, want: Intent, param_sizes: list[int], st
 def textbook(want: Intent, param_sizes: list[int], devices: int) -> float | None:
     """Bytes per device per step the intent's textbook algorithms send (analysis/theory.py, ring), or None
     where it has none (hsdp without its replica count)."""
-    if want.name == "hsdp" and not want.replicas:
+    if want.name in GRID and not want.replicas:
         return None
     itemsize = np.dtype(want.reduce_dtype if want.reduce_dtype != "bfloat16" else np.float16).itemsize
     return theory.theory(want.name, param_sizes, devices, itemsize, accum=want.accumulation,

@@ -8,6 +8,7 @@ import numpy as np
 from ..core import data
 from ..core.contract.intent import of_strategy
 from ..core.contract.report import Report
+from ..core.registry import strategies as registry
 from . import check
 
 
@@ -40,7 +41,7 @@ def of_compiled(step, cfg) -> Report:
     from ..models import MASTER_DTYPE
 
     master = np.dtype(MASTER_DTYPE[cfg.dtype]).name
-    want = of_strategy(cfg.strategy, cfg.accum, master, cfg.replicas if cfg.strategy == "hsdp" else 0, master)
+    want = of_strategy(cfg.strategy, cfg.accum, master, cfg.replicas, master)  # replicas: a grid strategy's only
     return _judged(step.program, (step.state, *step.batch), cfg.strategy, step.problem.params,
                    getattr(step.strategy, "mesh", None), want)
 
@@ -53,6 +54,6 @@ def note(contract: dict) -> str:
 
 
 def _replicas(par) -> int:
-    if par.name != "hsdp":
+    if not registry.get(par.name, "grid", False):
         return 0
     return int(dict(zip(par.mesh.axis_names, par.mesh.devices.shape, strict=True)).get("replica", 1))

@@ -11,14 +11,14 @@ import importlib.util
 import math
 from dataclasses import dataclass, field
 
-from . import diloco_options, values
+from . import diloco_options, registry, values
 from .errors import ConfigError
 from .hsdp_hosts import HOSTS
 from .kernels import KERNELS, check_compile
 from .kernels import check as check_kernels
 from .reduction import REDUCTIONS, resolve_shards
 
-MODELS = ("mlp", "gpt", "cnn", "gpt2", "llama")
+MODELS = registry.models.names()
 TOKEN_DATA = ("tokens", "llama3-tokens")  # made token ids (jaxdp/core/data.py): vocabulary 50304, 128256
 DATASETS = ("synthetic", "digits", "text", *TOKEN_DATA)
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
@@ -26,16 +26,12 @@ DTYPES = ("float64", "float32", "bfloat16")
 BATCHNORMS = ("sync", "local")
 PLATFORMS = ("auto", "cpu", "gpu")
 COLLECTIVES = ("xla", "ring")
-# Strategy names per framework; a name means the same algorithm on both sides.
-JIT_STRATEGIES, AXIS_TYPES = ("ddp-jit", "zero1-jit", "fsdp-jit"), ("auto", "explicit")  # jaxdp/strategies/jit/
-FRAMEWORK_STRATEGIES = {
-    "jax": ("single", "dp", "ddp", "ddp-pmap", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3", "hsdp",
-            "diloco") + JIT_STRATEGIES,
-    "torch": ("single", "dp", "ddp", "ddp-naive", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3", "hsdp",
-              "diloco") + JIT_STRATEGIES,
-}
+# Strategy names per framework, from the registry (jaxdp/core/registry/strategies.py): a name means the same
+# algorithm on both sides; torch runs a -jit name's same-layout twin.
+JIT_STRATEGIES, AXIS_TYPES = registry.strategies.names(comm="jit"), ("auto", "explicit")  # jaxdp/strategies/jit/
+FRAMEWORK_STRATEGIES = {f: registry.strategies.names(f) for f in ("jax", "torch")}
 ALL_STRATEGIES = tuple(dict.fromkeys(FRAMEWORK_STRATEGIES["jax"] + FRAMEWORK_STRATEGIES["torch"]))
-ALIASES = {"fsdp": "zero3"}
+ALIASES = registry.strategies.ALIASES
 # --preset: sets these fields (over their flags); gpt2-124m is GPT-2 small on the package's token data.
 # llama3-8b: Llama 3 8B's shapes (vocabulary 128256, GQA 32/8 heads, SwiGLU 14336) at a 2048-token context.
 PRESETS = {"gpt2-124m": dict(model="gpt2", data="tokens", n_layer=12, n_head=12, d_model=768, seq_len=1024),

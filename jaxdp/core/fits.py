@@ -15,6 +15,7 @@ import os
 
 from . import machine, sizes, targets, values
 from .errors import ConfigError
+from .registry import strategies as registry
 
 # XLA:CPU runs every simulated device's program on the host's cores: 4096 devices took 12.8 s to start
 # JAX alone on 2 cores, 100000 hung; 128 (64 per core) trained a tiny model in 20 s.
@@ -136,7 +137,7 @@ def fix(cfg, where: tuple, limit: int, on_gpu: bool = False) -> str:
         multiple = f" (a multiple of devices x accum = {per})" if per > 1 else ""
         return f"lower --batch-size to {batch} or less{multiple}"
     sharded = cfg.replace(strategy="zero3", replicas=1)
-    shards_all = sizes.SHARDS.get(cfg.strategy) == (True, True, True)
+    shards_all = registry.get(cfg.strategy, "shards") == (True, True, True)
     if not shards_all and cfg.devices > 1 and fits(sharded.replace(batch_size=per)):
         smaller = "" if fits(sharded) else f" and --batch-size {_largest_batch(sharded, fits)} or less"
         return f"use --strategy zero3 (parameters, gradients and optimizer state sharded){smaller}"

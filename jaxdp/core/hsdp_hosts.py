@@ -16,22 +16,28 @@
 from __future__ import annotations
 
 from .errors import ConfigError
+from .registry import strategies as registry
 
 HOSTS = ("shard", "replica")
+
+
+def _grid(name: str) -> bool:
+    """Strategy `name` runs over a grid of --replicas groups (its registry row's `grid`: hsdp)."""
+    return registry.get(name, "grid", False)
 
 
 def per_strategy(cfg, name: str):
     """`cfg` for one listed strategy: `--replicas` (and `--hsdp-hosts`) kept for hsdp only, `--axis-type` for the
     -jit strategies only (`config.JIT_STRATEGIES`, named by their suffix here: config imports this module)."""
     axis = {} if name.endswith("-jit") else {"axis_type": "auto"}
-    if name == "hsdp":
+    if _grid(name):
         return cfg.replace(strategy=name, **axis)
     return cfg.replace(strategy=name, replicas=1, hsdp_hosts="shard", **axis)
 
 
 def one_group(cfg) -> str | None:
     """The note `jaxdp train` and `torch_ref train` print (stderr) for hsdp with one group: it is zero3."""
-    if cfg.strategy != "hsdp" or cfg.replicas != 1 or cfg.devices == 1:
+    if not _grid(cfg.strategy) or cfg.replicas != 1 or cfg.devices == 1:
         return None
     return (f"hsdp with --replicas 1 is one group of all {cfg.devices} devices: that is zero3 (for R replica "
             f"groups give --replicas R, R > 1 dividing --devices)")
@@ -40,7 +46,7 @@ def one_group(cfg) -> str | None:
 def check_listed(replicas: int, names, flag: str = "--strategies", hosts: str = "shard") -> None:
     """`--replicas R` (R != 1) and `--hsdp-hosts replica` are for hsdp: refuse them when none of `names` is."""
     names = list(names)
-    if "hsdp" in names:
+    if any(map(_grid, names)):
         return
     if replicas != 1 and len(names) == 1:  # as the configuration says it (`RunConfig.validate`)
         raise ConfigError(f"--replicas {replicas} is for --strategy hsdp, not {names[0]}: drop --replicas")

@@ -7,33 +7,19 @@ models or some strategies read; `check_given` holds the flags a user typed again
 from __future__ import annotations
 
 from .errors import ConfigError
+from .registry import models, strategies
 
-TRANSFORMERS = ("gpt", "gpt2", "llama")
-# flag (RunConfig field) -> the models that read it; a flag not listed is read by every model.
-MODEL_FLAGS = {
-    "hidden": ("mlp",),
-    "channels": ("cnn",),
-    "batchnorm": ("cnn",),
-    "conv_bias": ("cnn",),
-    "n_layer": TRANSFORMERS,
-    "n_head": TRANSFORMERS,
-    "d_model": TRANSFORMERS,
-    "seq_len": TRANSFORMERS,
-    "n_kv_head": ("llama",),
-    "d_ff": ("llama",),
-}
-DILOCO = {"inner_steps": ("diloco",), "outer_lr": ("diloco",), "outer_momentum": ("diloco",)}
-# framework -> flag -> the strategies that read it; a flag not listed is read by every strategy. The
-# strategies' own option tables (`jaxdp.strategies.OPTIONS`, `torch_ref.strategies.OPTIONS`) agree with
-# it (tests/cli/test_bad_input.py): torch's DDP reads --bucket-mb as bucket_cap_mb, torch has no --collectives.
-STRATEGY_FLAGS = {
-    "jax": {"bucket_mb": ("ddp-bucket",), "collectives": ("zero1", "zero2", "zero3", "hsdp"),
-            "reshard_after_forward": ("zero3", "hsdp"), "replicas": ("hsdp",), "hsdp_hosts": ("hsdp",),
-            "axis_type": ("ddp-jit", "zero1-jit", "fsdp-jit"), **DILOCO},
-    "torch": {"bucket_mb": ("ddp", "zero1", "ddp-bucket"), "collectives": (),
-              "reshard_after_forward": ("zero3", "hsdp"), "replicas": ("hsdp",), "hsdp_hosts": ("hsdp",),
-              "axis_type": (), **DILOCO},  # torch runs a -jit name's twin (torch_ref.strategies.TWINS): no axis types
-}
+TRANSFORMERS = models.names(transformer=True)
+# flag (RunConfig field) -> the models that read it (their registry rows' `flags`); a flag not listed is read
+# by every model.
+MODEL_FLAGS = {flag: models.readers(flag) for e in models.ENTRIES for flag in e.flags}
+# framework -> flag -> the strategies that read it (their registry rows' options); a flag not listed is read by
+# every strategy. The strategies' own option tables (`jaxdp.strategies.OPTIONS`, `torch_ref.strategies.OPTIONS`)
+# read the same rows: torch's DDP reads --bucket-mb as bucket_cap_mb, torch has no --collectives and runs a
+# -jit name's twin (no axis types).
+OPTION_FLAGS = ("bucket_mb", "collectives", "reshard_after_forward", "replicas", "hsdp_hosts", "axis_type",
+                "inner_steps", "outer_lr", "outer_momentum")
+STRATEGY_FLAGS = {f: {flag: strategies.readers(f, flag) for flag in OPTION_FLAGS} for f in ("jax", "torch")}
 PACKAGE = {"jax": "jaxdp", "torch": "torch_ref"}
 
 

@@ -2,8 +2,10 @@
 no framework loaded (docs/RELIABILITY.md, "Sizes checked before work").
 
 `parameters(cfg)` counts the built-in model's parameters exactly (tests/jaxdp/core/test_sizes.py holds it
-to the models' own counts); `estimate(cfg)` lays them out as the strategy does (`SHARDS`: what each one
-shards, the ZeRO rows of jaxdp/strategies/zero/layout.py and jit/layout.py) and adds the activations that
+to the models' own counts) by the count its model's registry row names (jaxdp/core/registry/models.py; a
+model the registry does not hold is refused, never counted as another); `estimate(cfg)` lays them out as
+the strategy does (its registry row's `shards`, as the ZeRO rows of jaxdp/strategies/zero/layout.py and
+jit/layout.py say) and adds the activations that
 one micro-batch keeps for the backward pass and the global batch NumPy builds on the host. The estimate
 is a lower bound (the layers' saved outputs only, no workspace), so what it refuses cannot fit.
 """
@@ -13,10 +15,9 @@ import math
 from dataclasses import dataclass
 
 from . import data
+from .registry import models, strategies
+from .registry.strategies import load
 
-# strategy -> (shards parameters, shards gradients, shards optimizer state); any other name: a full copy.
-SHARDS = {"zero1": (False, False, True), "zero1-jit": (False, False, True), "zero2": (False, True, True),
-          "zero3": (True, True, True), "fsdp-jit": (True, True, True), "hsdp": (True, True, True)}
 STATE_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}  # optimizer arrays per parameter
 OPTIMIZER_NAMES = {"sgd": "SGD", "momentum": "momentum", "adam": "Adam", "adamw": "AdamW"}
 MASTER_BYTES = {"float64": 8, "float32": 4, "bfloat16": 4}  # parameters, gradients, state: fp32 under bf16
@@ -40,43 +41,76 @@ def _dense(d_in: int, d_out: int, bias: bool = True) -> int:
 
 
 def parameters(cfg) -> int:
-    """The number of trained parameters of `cfg`'s built-in model (jaxdp/models/)."""
-    width, vocab = classes(cfg)
-    d, t, n = cfg.d_model, cfg.seq_len, cfg.n_layer
-    if cfg.model == "mlp":
-        sizes = (width, *cfg.hidden, vocab)
-        return sum(_dense(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True))
-    if cfg.model == "cnn":
-        c1, c2 = cfg.channels
-        bias = bool(cfg.conv_bias)
-        return _dense(9, c1, bias) + 2 * c1 + _dense(9 * c1, c2, bias) + 2 * c2 + _dense(c2, vocab)
-    if cfg.model == "gpt":  # no qkv bias, an untied head
-        block = 4 * d + _dense(d, 3 * d, False) + _dense(d, d) + _dense(d, 4 * d) + _dense(4 * d, d)
-        return vocab * d + t * d + n * block + 2 * d + _dense(d, vocab)
-    if cfg.model == "gpt2":  # the head is wte (tied)
-        block = 4 * d + _dense(d, 3 * d) + _dense(d, d) + _dense(d, 4 * d) + _dense(4 * d, d)
-        return vocab * d + t * d + n * block + 2 * d
-    kv = cfg.kv_heads() * (d // cfg.n_head)  # llama: RMSNorm scales only, no bias, an untied head
-    block = 2 * d + 2 * d * d + 2 * d * kv + 3 * d * cfg.ffn_width()
-    return vocab * d + n * block + d + d * vocab
+    """The number of trained parameters of `cfg`'s built-in model (jaxdp/models/), by its registry row's
+    count; a model the registry does not hold is refused (`ConfigError` naming --model), never estimated."""
+    return load(models.entry(cfg.model).parameters)(cfg, *classes(cfg))
 
 
 def activations_per_row(cfg) -> tuple[int, int]:
     """(elements in the compute dtype, float32 elements) one sample keeps for the backward pass: the layers'
     outputs, each attention's weights (heads x T x T), the logits and their float32 softmax. Set against
     XLA's compiled peak (`memory_analysis`, docs/RELIABILITY.md) it stays below it, as a lower bound must."""
-    width, vocab = classes(cfg)
-    d, t, h = cfg.d_model, cfg.seq_len, cfg.n_head
-    if cfg.model == "mlp":  # XLA fuses each ReLU into its matmul: one array per layer
-        return width + sum(cfg.hidden) + vocab, 0
-    if cfg.model == "cnn":
-        return IMAGE_PIXELS * (1 + 3 * sum(cfg.channels)) + vocab, vocab
-    if cfg.model in ("gpt", "gpt2"):  # ln_1 in/out, qkv, attention out, ln_2 in/out, fc, gelu: 16 d
-        layer = 16 * d + h * t
-    else:  # llama: norms in/out, q k v, rotated q k, attention out, gate, up, their product
-        kv = cfg.kv_heads() * (d // h)
-        layer = 7 * d + 3 * kv + 3 * cfg.ffn_width() + h * t
+    return load(models.entry(cfg.model).activations)(cfg, *classes(cfg))
+
+
+# ---- each model's theory, named by its row in jaxdp/core/registry/models.py: (cfg, width, vocab) ------------
+def mlp_parameters(cfg, width: int, vocab: int) -> int:
+    sizes = (width, *cfg.hidden, vocab)
+    return sum(_dense(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+
+
+def cnn_parameters(cfg, width: int, vocab: int) -> int:
+    c1, c2 = cfg.channels
+    bias = bool(cfg.conv_bias)
+    return _dense(9, c1, bias) + 2 * c1 + _dense(9 * c1, c2, bias) + 2 * c2 + _dense(c2, vocab)
+
+
+def gpt_parameters(cfg, width: int, vocab: int) -> int:
+    """No qkv bias, an untied head."""
+    d, t, n = cfg.d_model, cfg.seq_len, cfg.n_layer
+    block = 4 * d + _dense(d, 3 * d, False) + _dense(d, d) + _dense(d, 4 * d) + _dense(4 * d, d)
+    return vocab * d + t * d + n * block + 2 * d + _dense(d, vocab)
+
+
+def gpt2_parameters(cfg, width: int, vocab: int) -> int:
+    """The head is wte (tied)."""
+    d, t, n = cfg.d_model, cfg.seq_len, cfg.n_layer
+    block = 4 * d + _dense(d, 3 * d) + _dense(d, d) + _dense(d, 4 * d) + _dense(4 * d, d)
+    return vocab * d + t * d + n * block + 2 * d
+
+
+def llama_parameters(cfg, width: int, vocab: int) -> int:
+    """RMSNorm scales only, no bias, an untied head."""
+    d, n = cfg.d_model, cfg.n_layer
+    kv = cfg.kv_heads() * (d // cfg.n_head)
+    block = 2 * d + 2 * d * d + 2 * d * kv + 3 * d * cfg.ffn_width()
+    return vocab * d + n * block + d + d * vocab
+
+
+def mlp_activations(cfg, width: int, vocab: int) -> tuple[int, int]:
+    """XLA fuses each ReLU into its matmul: one array per layer."""
+    return width + sum(cfg.hidden) + vocab, 0
+
+
+def cnn_activations(cfg, width: int, vocab: int) -> tuple[int, int]:
+    return IMAGE_PIXELS * (1 + 3 * sum(cfg.channels)) + vocab, vocab
+
+
+def _decoder(cfg, vocab: int, layer: int) -> tuple[int, int]:
+    t, d = cfg.seq_len, cfg.d_model
     return t * (cfg.n_layer * layer + 2 * d + vocab), t * vocab
+
+
+def gpt_activations(cfg, width: int, vocab: int) -> tuple[int, int]:
+    """gpt, gpt2: ln_1 in/out, qkv, attention out, ln_2 in/out, fc, gelu: 16 d per layer."""
+    return _decoder(cfg, vocab, 16 * cfg.d_model + cfg.n_head * cfg.seq_len)
+
+
+def llama_activations(cfg, width: int, vocab: int) -> tuple[int, int]:
+    """Norms in/out, q k v, rotated q k, attention out, gate, up, their product."""
+    d, h = cfg.d_model, cfg.n_head
+    kv = cfg.kv_heads() * (d // h)
+    return _decoder(cfg, vocab, 7 * d + 3 * kv + 3 * cfg.ffn_width() + h * cfg.seq_len)
 
 
 def batch_bytes(cfg) -> int:
@@ -110,14 +144,15 @@ class Estimate:
 
 
 def shard_count(cfg) -> int:
-    """How many devices share one copy of a sharded part: N, hsdp's group of N / R."""
-    return cfg.devices // cfg.replicas if cfg.strategy == "hsdp" else cfg.devices
+    """How many devices share one copy of a sharded part: N, a grid strategy's (hsdp's) group of N / R."""
+    return cfg.devices // cfg.replicas if strategies.get(cfg.strategy, "grid") else cfg.devices
 
 
 def estimate(cfg) -> Estimate:
-    """`cfg`'s bytes per device and on the host, as its strategy lays them out (`SHARDS`)."""
+    """`cfg`'s bytes per device and on the host, as its strategy lays them out (its registry row's `shards`;
+    a name the registry does not hold: a full copy)."""
     psi, item = parameters(cfg), MASTER_BYTES[cfg.dtype]
-    params, grads, state = SHARDS.get(cfg.strategy, (False, False, False))
+    params, grads, state = strategies.get(cfg.strategy, "shards", (False, False, False))
     n = shard_count(cfg)
 
     def part(elements: int, sharded: bool) -> int:

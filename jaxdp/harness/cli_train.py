@@ -20,6 +20,7 @@ from ..core import (
     stop,
 )
 from ..core.errors import EXIT_FAILED, ConfigError, RunFailed, exit_status
+from ..core.registry import strategies as registry
 
 
 def outputs(pattern: str | None, names, flag: str = "--trace", example: str = "runs/{strategy}.npz") -> dict:
@@ -106,7 +107,7 @@ def train(args) -> int:
     from .. import devices  # JAX: after the checks that need none (a refusal in about a second)
 
     for cfg in cfgs:
-        if cfg.strategy == "hsdp":
+        if registry.entry(cfg.strategy).grid:  # hsdp: the hosts hold whole groups
             hsdp_hosts.check_hosts(cfg.devices, cfg.replicas, args.num_processes or args.processes, cfg.hsdp_hosts)
         note = hsdp_hosts.one_group(cfg)
         if note and args.process_id in (None, 0) and heartbeat.ENV_FILE not in os.environ:  # not a launched child

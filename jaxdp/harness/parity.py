@@ -37,11 +37,13 @@ import numpy as np
 from ..core import trace as trace_mod
 from ..core.config import RunConfig
 from ..core.hsdp_hosts import per_strategy
+from ..core.registry import strategies as registry
 from . import error_model, relaxed, resolution, unmodelled
 
-# (label, jaxdp strategy, torch_ref strategy): same names where both frameworks have them, and the
+# (label, jaxdp strategy, torch_ref strategy): same names where both frameworks have them (the registry rows
+# with `parity`), and the
 # two framework-only variants against the other side's plain ddp.
-PAIRS = [(s, s, s) for s in ("single", "dp", "ddp", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3")] + [
+PAIRS = [(s, s, s) for s in registry.names(parity=True)] + [
     ("ddp-pmap/ddp", "ddp-pmap", "ddp"), ("ddp/ddp-naive", "ddp", "ddp-naive")]
 PAIR_BY_LABEL = {label: (j, t) for label, j, t in PAIRS}
 FIELDS = ("loss", "grad", "param", "update", "step update")

@@ -9,6 +9,7 @@ import sys
 
 from ..core import argv, config, disk_full, heartbeat, hsdp_hosts
 from ..core.errors import EPILOG, EXIT_FAILED, ConfigError, RunFailed, exit_status, one_line
+from ..core.registry import strategies as registry
 from .interrupt import guarded, stdout_closed
 
 DIFFERS = ("Differs from `jaxdp train`: each rank is a process holding one device, so --devices N starts N processes "
@@ -51,7 +52,7 @@ def check(args) -> list:
         note = hsdp_hosts.one_group(cfg)
         if note and os.environ.get("RANK", "0") == "0":  # under torchrun: rank 0 alone
             print(f"torch_ref: note: {note}", file=sys.stderr, flush=True)
-        if cfg.strategy == "hsdp":  # torchrun's hosts (WORLD_SIZE / LOCAL_WORLD_SIZE): before any rank works
+        if registry.entry(cfg.strategy).grid:  # hsdp: torchrun's hosts, before any rank works
             local = int(os.environ.get("LOCAL_WORLD_SIZE", cfg.devices))
             hosts = max(1, cfg.devices // local)
             hsdp_hosts.check_hosts(cfg.devices, cfg.replicas, hosts, cfg.hsdp_hosts, "torchrun --nnodes")

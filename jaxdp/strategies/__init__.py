@@ -10,7 +10,8 @@ from typing import NamedTuple
 from ..core.config import ALIASES, AXIS_TYPES, FRAMEWORK_STRATEGIES, ConfigError
 from ..core.hsdp_hosts import HOSTS
 from ..core.reduction import REDUCTIONS
-from . import bucket, ddp, ddp_pmap, diloco, dp, hsdp, jit, ring, single, zero
+from ..core.registry import strategies as registry
+from . import ddp_pmap, zero
 from .common import Strategy, TrainState
 
 
@@ -31,32 +32,12 @@ class StrategyOptions(NamedTuple):
     outer_momentum: float = 0.9         # diloco: the outer SGD's Nesterov momentum (the paper's 0.9; 0: plain SGD)
 
 
-FACTORIES = {
-    "single": single.make,
-    "dp": dp.make,
-    "ddp": ddp.make,
-    "ddp-pmap": ddp_pmap.make,
-    "ddp-bucket": bucket.make,
-    "ddp-ring": ring.make,
-    "zero1": zero.make_stage(1),
-    "zero2": zero.make_stage(2),
-    "zero3": zero.make_stage(3),
-    "hsdp": hsdp.make,
-    "diloco": diloco.make,
-    **jit.FACTORIES,
-}
+FACTORIES = registry.factories("jax")  # one row per strategy: jaxdp/core/registry/strategies.py
 assert tuple(FACTORIES) == FRAMEWORK_STRATEGIES["jax"]
 
 # The options each strategy reads besides `accum` (every one accumulates) and the reduction's.
 REDUCTION_OPTIONS = ("reduction", "shards", "clip_norm")
-OPTIONS = {name: () for name in FACTORIES} | {
-    "ddp-bucket": ("bucket_mb",),
-    "zero1": ("collectives",),
-    "zero2": ("collectives",),
-    "zero3": ("collectives", "reshard_after_forward"),
-    "hsdp": ("collectives", "reshard_after_forward", "replicas", "hsdp_hosts"),
-    "diloco": ("inner_steps", "outer_lr", "outer_momentum"),
-} | {name: ("axis_type",) for name in jit.FACTORIES}
+OPTIONS = {name: registry.entry(name).jax_options for name in FACTORIES}
 
 
 # A saved (checkpointed) array of strategy `name` -> the full array: ddp-pmap's per-device copies, ZeRO's
@@ -72,7 +53,7 @@ def host_full(name: str, a, like):
 # The running statistics' program's inputs (`stats.py`): the train state's parameters and the placed rows,
 # except where the strategy's state is laid out otherwise (ddp-pmap's per-device stacks).
 STATS_INPUTS = {"ddp-pmap": ddp_pmap.stats_inputs}
-ONE_DEVICE = ("single",)  # strategies that run on one device, not over a mesh
+ONE_DEVICE = registry.names("jax", one_device=True)  # strategies that run on one device, not over a mesh
 
 
 def stats_inputs(name: str, full_params, state, x_placed, host, mesh):

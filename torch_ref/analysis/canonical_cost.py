@@ -25,8 +25,9 @@ import torch
 from jaxdp.core import data
 from jaxdp.core.config import ConfigError, RunConfig
 from jaxdp.core.reduction import resolve_shards
+from jaxdp.core.registry import strategies as registry
 
-STRATEGIES = ("single", "dp", "ddp", "ddp-naive", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3")
+STRATEGIES = registry.names("torch", twin="", grid=False)  # torch_ref's own strategies on one 1-D group
 # The bench's models (jaxdp/harness/bench/plan.py's item 9 and the issue's): mlp, gpt, gpt2, cnn with sync BatchNorm
 MODELS = {
     "mlp": RunConfig(model="mlp", data="synthetic", hidden=(1024, 1024), batch_size=512),

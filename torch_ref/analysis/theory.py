@@ -30,6 +30,8 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from jaxdp.core.registry import strategies as registry
+
 from ..strategies.zero import layout as zero_layout
 from ..strategies.zero.layout import zero1_partition  # noqa: F401 (re-exported)
 
@@ -65,29 +67,29 @@ def theory(
         out = zero_theory(zero_layout.of(strategy), shapes, n // replicas, itemsize, clip, backend, root_params,
                           accum, reshard_after_forward, replicas)
         out["all-reduce"] += loss
-    elif strategy in REPLICATED_THEORY:
-        out = REPLICATED_THEORY[strategy](sum(math.prod(s) for s in shapes), n, itemsize)
-        out["all-reduce"] += loss if strategy != "dp" else 0.0
-    elif strategy == "single":
+    elif registry.get(strategy, "comm") in REPLICATED_THEORY:
+        comm = registry.get(strategy, "comm")
+        out = REPLICATED_THEORY[comm](sum(math.prod(s) for s in shapes), n, itemsize)
+        out["all-reduce"] += loss if comm != "tree" else 0.0  # dp's tree reduces the loss with the rest
+    elif registry.get(strategy, "comm") == "none":
         out = dict.fromkeys(KINDS, 0.0)
     else:
         raise ValueError(f"no communication theory for {strategy!r}")
     if batchnorm is not None:
         for kind, nbytes in batchnorm_theory(strategy, batchnorm, n, itemsize, accum).items():
             out[kind] += nbytes
-    if n == 1 or strategy == "single":
+    if n == 1 or registry.get(strategy, "one_device", False):
         out = dict.fromkeys(KINDS, 0.0)
     out["total"] = sum(out.values())
     return out
 
 
-REPLICATED_THEORY = {  # psi, n, b -> bytes by kind (every rank holds the whole gradient)
-    "ddp": lambda psi, n, b: {**dict.fromkeys(KINDS, 0.0), "all-reduce": 2 * (n - 1) / n * psi * b},
-    "ddp-ring": lambda psi, n, b: {**dict.fromkeys(KINDS, 0.0), "point-to-point": 2 * (n - 1) * math.ceil(psi / n) * b},
-    "dp": lambda psi, n, b: {**dict.fromkeys(KINDS, 0.0), "reduce": (n - 1) / n * (psi + 1) * b,
+REPLICATED_THEORY = {  # the registry row's `comm` -> (psi, n, b -> bytes by kind): every rank holds the gradient
+    "all-reduce": lambda psi, n, b: {**dict.fromkeys(KINDS, 0.0), "all-reduce": 2 * (n - 1) / n * psi * b},
+    "ring": lambda psi, n, b: {**dict.fromkeys(KINDS, 0.0), "point-to-point": 2 * (n - 1) * math.ceil(psi / n) * b},
+    "tree": lambda psi, n, b: {**dict.fromkeys(KINDS, 0.0), "reduce": (n - 1) / n * (psi + 1) * b,
                              "broadcast": (n - 1) / n * (psi + 1) * b},
 }
-REPLICATED_THEORY["ddp-naive"] = REPLICATED_THEORY["ddp-bucket"] = REPLICATED_THEORY["ddp"]
 
 
 def zero_theory(layout, shapes: list[tuple], s: int, itemsize: int, clip: bool, backend: str, root_params,
@@ -135,7 +137,7 @@ def batchnorm_theory(strategy: str, bn: BatchNormCount, n: int, itemsize: int, a
                layer: (2 C + layers) values, (n-1)/n, counted in the master dtype's itemsize (exact
                for float64 runs, whose int64 counters have the same 8 bytes)."""
     out = dict.fromkeys(KINDS, 0.0)
-    if n == 1 or strategy == "single" or not bn.layers:
+    if n == 1 or registry.get(strategy, "one_device", False) or not bn.layers:
         return out
     ring, part = 2 * (n - 1) / n, (n - 1) / n
     if bn.sync:
@@ -189,7 +191,7 @@ def memory_theory(strategy: str, param_shapes, n: int, itemsize: int, optimizer:
     hsdp: zero3's within its group of S = n / replicas ranks (its column s = rank mod S)
     """
     row = zero_layout.of(strategy)
-    if strategy == "hsdp":  # zero3 within its group of S ranks, as its column s = rank mod S
+    if registry.get(strategy, "grid", False):  # hsdp: zero3 within its group of S ranks, as its column s = rank mod S
         n, rank = n // replicas, rank % (n // replicas)
     shapes = [_shape(p) for p in param_shapes]
     k, step = STATE_TENSORS_PER_PARAM[optimizer], STEP_COUNT_BYTES[optimizer]
@@ -202,6 +204,6 @@ def memory_theory(strategy: str, param_shapes, n: int, itemsize: int, optimizer:
         "opt_state": k * held["opt_state"][0] * itemsize + step * held["opt_state"][1],
         "master_params": mine[0] * itemsize if row.master_shard else 0,
     }
-    if strategy == "dp" and rank != 0:  # workers: no optimizer; their gradients are only sent
+    if registry.get(strategy, "comm") == "tree" and rank != 0:  # dp's workers: no optimizer, gradients only sent
         out.update(grads=0, opt_state=0)
     return out

@@ -7,39 +7,19 @@ the canonical step, `canonical_parts`); `torch_ref.parallelize` is the public do
 from __future__ import annotations
 
 from jaxdp.core.config import ALIASES, FRAMEWORK_STRATEGIES, ConfigError
+from jaxdp.core.registry import strategies as registry
 
 from ..canonical.step import Canonical
-from . import bucket, ddp, diloco, dp, hsdp, naive, ring, single
 from .common import Strategy, StrategyOptions
-from .zero import zero1, zero2, zero3
 
-FACTORIES = {
-    "single": single.make,
-    "dp": dp.make,
-    "ddp": ddp.make,
-    "ddp-naive": naive.make,
-    "ddp-bucket": bucket.make,
-    "ddp-ring": ring.make,
-    "zero1": zero1.make,
-    "zero2": zero2.make,
-    "zero3": zero3.make,
-    "hsdp": hsdp.make,
-    "diloco": diloco.make,
-}
+FACTORIES = registry.factories("torch")  # one row per strategy: jaxdp/core/registry/strategies.py
 # jaxdp's -jit strategies (plain jax.jit over NamedShardings) have no torch form of their own: torch_ref runs,
 # under the same name, the strategy with the same layout, and says so (`twin_note`; the run's meta `torch_twin`).
-TWINS = {"ddp-jit": "ddp", "zero1-jit": "zero1", "fsdp-jit": "zero3"}
-TWIN_TOOLS = {"ddp": "DistributedDataParallel", "zero1": "ZeroRedundancyOptimizer over DDP",
-              "zero3": "FSDP2 fully_shard"}
+TWINS = {e.name: e.twin for e in registry.ENTRIES if e.twin}
+TWIN_TOOLS = {e.twin: e.twin_tool for e in registry.ENTRIES if e.twin}
 assert tuple(FACTORIES) + tuple(TWINS) == FRAMEWORK_STRATEGIES["torch"]
 # The options each strategy takes (besides accum), as `parallelize(..., **options)` names them.
-OPTIONS = {name: () for name in FACTORIES} | {
-    "ddp": ("bucket_mb",), "zero1": ("bucket_mb",), "ddp-bucket": ("bucket_mb",),
-    "zero3": ("reshard_after_forward", "units"),
-    "hsdp": ("reshard_after_forward", "units", "replicas", "hsdp_hosts"),
-    "diloco": ("inner_steps", "outer_lr", "outer_momentum"),
-}
-
+OPTIONS = {name: registry.entry(name).torch_options for name in FACTORIES}
 
 def resolve(name: str) -> str:
     """`name` with aliases resolved (fsdp -> zero3) and a -jit name to its twin (`TWINS`); an unknown name is

@@ -18,17 +18,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from ..registry import strategies as registry
 
-INTENTS = ("ddp", "zero1", "zero2", "zero3", "hsdp")
+# the layouts: the strategies that are their own intent (jaxdp/core/registry/strategies.py), and what each shards
+INTENTS = tuple(e.name for e in registry.ENTRIES if e.intent == e.name)
 DTYPES = ("float32", "bfloat16", "float16", "float64")
-SHARDS_GRADS = ("zero2", "zero3", "hsdp")
-SHARDS_PARAMS = ("zero3", "hsdp")
-SHARDS_STATE = ("zero1", "zero2", "zero3", "hsdp")
+SHARDS_PARAMS, SHARDS_GRADS, SHARDS_STATE = (tuple(s for s in INTENTS if registry.entry(s).shards[part])
+                                             for part in range(3))
+GRID = tuple(s for s in INTENTS if registry.entry(s).grid)  # the layouts over R replica groups (--replicas)
 # the project's strategies (both frameworks) and what each means
-OF_STRATEGY = {"single": "ddp", "dp": "ddp", "ddp": "ddp", "ddp-pmap": "ddp", "ddp-naive": "ddp", "ddp-bucket": "ddp",
-               "ddp-ring": "ddp", "ddp-jit": "ddp", "zero1": "zero1", "zero1-jit": "zero1", "zero2": "zero2",
-               "zero3": "zero3", "fsdp": "zero3", "fsdp-jit": "zero3", "hsdp": "hsdp"}
-
+OF_STRATEGY = {e.name: e.intent for e in registry.ENTRIES} | {a: registry.entry(a).intent for a in registry.ALIASES}
 
 @dataclass(frozen=True)
 class Intent:
@@ -49,8 +48,9 @@ class Intent:
                               f"optimizer step)")
         if self.reduce_dtype not in DTYPES:
             raise ConfigError(f"--reduce-dtype {self.reduce_dtype!r} is not a dtype; use one of {', '.join(DTYPES)}")
-        if self.replicas < 0 or (self.replicas and self.name != "hsdp"):
-            raise ConfigError(f"--replicas {self.replicas} is for --intent hsdp (R >= 1 replica groups); drop it")
+        if self.replicas < 0 or (self.replicas and self.name not in GRID):
+            raise ConfigError(f"--replicas {self.replicas} is for --intent {' or '.join(GRID)} (R >= 1 replica "
+                              f"groups); drop it")
         if self.master_dtype not in DTYPES:
             raise ConfigError(f"--master-dtype {self.master_dtype!r} is not a dtype; use one of {', '.join(DTYPES)}")
 
@@ -58,5 +58,5 @@ class Intent:
 def of_strategy(strategy: str, accumulation: int = 1, reduce_dtype: str = "float32", replicas: int = 0,
                 master_dtype: str = "float32") -> Intent:
     """The intent a project strategy stands for (`OF_STRATEGY`)."""
-    return Intent(OF_STRATEGY[strategy], accumulation, reduce_dtype, replicas if strategy == "hsdp" else 0,
+    return Intent(OF_STRATEGY[strategy], accumulation, reduce_dtype, replicas if OF_STRATEGY[strategy] in GRID else 0,
                   master_dtype)

@@ -9,7 +9,7 @@ counts (0 and 1, 1 and k), so a tensor more or less (padding, a tied weight, a B
 tips a verdict."""
 from __future__ import annotations
 
-from .intent import SHARDS_GRADS, SHARDS_PARAMS, SHARDS_STATE, Intent
+from .intent import GRID, SHARDS_GRADS, SHARDS_PARAMS, SHARDS_STATE, Intent
 from .report import Comm, Finding
 
 KINDS = ("no-gradient-sync", "wrong-axis", "sync-per-microbatch", "extra-gradient-sync", "reduce-dtype",
@@ -47,7 +47,7 @@ def findings(comms: list[Comm], intent: Intent, devices: int, p: int, state_shar
         return []
     bulk = [c for c in comms if c.elements >= max(2, p // 500) and dtypes(c) <= FLOATS]
     out = _dtype(bulk, intent)
-    if intent.name == "hsdp":
+    if intent.name in GRID:  # zero3 within each group, the shards all-reduced across the groups
         out += _hsdp(bulk, intent, devices, p)
     else:
         out += _sync(bulk, intent, devices, p)

@@ -19,9 +19,9 @@ import time
 from ...analysis import calibration
 from ...core import atomic, targets
 from ...core.config import RunConfig
+from ...core.registry import strategies as registry
 
-STRATEGIES = ("dp", "ddp", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3", "hsdp", "ddp-jit", "zero1-jit",
-              "fsdp-jit")
+STRATEGIES = registry.benched("gpu")  # the registry's rows
 MODELS = {  # rows per GPU: GPT-2 124M as llm.c trains it (B 8 x 1024 tokens per GPU), Llama 3 8B 1 x 2048
     "gpt2-124m": (RunConfig(preset="gpt2-124m", dtype="bfloat16"), 8, STRATEGIES),
     "llama3-8b": (RunConfig(preset="llama3-8b", dtype="bfloat16"), 1, STRATEGIES),
@@ -57,8 +57,9 @@ def cases(names=None) -> list:
         base, rows, strategies = MODELS[name]
         for n, nodes in ((8, 1), (16, 2)):
             for s in strategies:
-                extra = {"replicas": 2} if s == "hsdp" else {}
-                if s == "hsdp" and nodes == 1:
+                grid = registry.entry(s).grid
+                extra = {"replicas": 2} if grid else {}
+                if grid and nodes == 1:
                     continue  # hsdp's point is the second node: 2 replicas of 8
                 out.append((base.replace(strategy=s, devices=n, batch_size=rows * n, **extra), nodes))
     return out

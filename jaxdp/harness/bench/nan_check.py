@@ -12,12 +12,12 @@ import jax
 import numpy as np
 
 from ...analysis import accounting
+from ...core.registry import strategies as registry
 from .plan import Plan
 from .tables import ratio
 
 WARMUP_CALLS = 2  # as item 9's (`reduction.py`)
-STRATEGIES = ("single", "ddp", "ddp-bucket", "zero1", "zero2", "zero3", "hsdp", "ddp-jit", "fsdp-jit")
-QUICK = ("single", "ddp", "zero2")
+STRATEGIES, QUICK = registry.benched("nan-check"), registry.benched("nan-check-quick")  # the registry's rows
 
 
 def in_turn(calls, repeats: int, statistic=min) -> list[float]:

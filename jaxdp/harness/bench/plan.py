@@ -4,10 +4,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...core.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES, RunConfig
+from ...core.registry import strategies as registry
 
-# hsdp is left out: at the default --replicas 1 it is zero3, and it runs no cnn (BatchNorm)
-SHARED = tuple(s for s in FRAMEWORK_STRATEGIES["jax"] if s in FRAMEWORK_STRATEGIES["torch"] and s != "hsdp")
-JAX_ALL = tuple(s for s in FRAMEWORK_STRATEGIES["jax"] if s != "hsdp")
+# hsdp (the grid) is left out: at the default --replicas 1 it is zero3, and it runs no cnn (BatchNorm)
+JAX_ALL = tuple(s for s in FRAMEWORK_STRATEGIES["jax"] if not registry.entry(s).grid)
+SHARED = tuple(s for s in JAX_ALL if s in FRAMEWORK_STRATEGIES["torch"])
 HAND = tuple(s for s in JAX_ALL if s not in JIT_STRATEGIES)  # the -jit ones run no BatchNorm and no canonical
 JIT_PAIRS = (("ddp", "ddp-jit"), ("zero1", "zero1-jit"), ("zero3", "fsdp-jit"))  # hand-written, -jit (item 10)
 

@@ -37,6 +37,9 @@ def make_stage(stage: int):
     return STAGES[stage]
 
 
+make_zero1, make_zero2, make_zero3 = zero1.make, zero2.make, zero3.make  # the registry's factory paths
+
+
 __all__ = ["LAYOUTS", "STAGES", "Collectives", "Layout", "apply_global_update", "flat", "host_shards",
-           "host_unshard", "init_sharded", "layout", "make_stage", "my_shard", "shard_size", "unpad", "zero1",
-           "zero2", "zero3"]
+           "host_unshard", "init_sharded", "layout", "make_stage", "make_zero1", "make_zero2", "make_zero3", "my_shard",
+           "shard_size", "unpad", "zero1", "zero2", "zero3"]

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from jax.sharding import PartitionSpec as P
 
+from ...core.registry import strategies as registry
 from ...devices import AXIS
 
 JAX_LAYOUT = "per-parameter flat shards, each parameter padded to a multiple of N"
@@ -71,7 +72,7 @@ HSDP = Layout(3, True, True, True,
                     "within a group of S ranks, the same shards in each of the R groups",
               why="as zero3's, with S in place of N: FSDP2 splits dim 0 within the group; JAX splits the flattened "
                   "parameter over the grid's `data` axis, replicated over `replica`")
-LAYOUTS = {"zero1": ZERO1, "zero2": ZERO2, "zero3": ZERO3, "hsdp": HSDP}
+LAYOUTS = {e.name: globals()[e.layout] for e in registry.ENTRIES if e.comm == "zero"}  # each row named by its entry
 PARTS = ("params", "grads", "opt_state")
 
 

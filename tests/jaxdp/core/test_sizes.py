@@ -33,17 +33,26 @@ def test_the_parameter_count_is_the_models_own(kw):
 
 
 def test_the_shards_table_is_the_strategies_layouts():
+    from jaxdp.core.registry import strategies as registry
     from jaxdp.strategies.jit import layout as jit_layout
     from jaxdp.strategies.zero import layout as zero_layout
 
     for name, row in zero_layout.LAYOUTS.items():
-        assert sizes.SHARDS[name] == (row.shards_params, row.shards_grads, row.shards_opt_state), name
+        assert registry.entry(name).shards == (row.shards_params, row.shards_grads, row.shards_opt_state), name
     for name, row in jit_layout.LAYOUTS.items():  # the default --axis-type auto
         parts = row.sharded()
-        shards = sizes.SHARDS.get(name, (False, False, False))
-        assert shards == (parts["params"], parts["grads"], parts["opt_state"]), name
-    replicated = set(FRAMEWORK_STRATEGIES["jax"]) - set(sizes.SHARDS)
+        assert registry.entry(name).shards == (parts["params"], parts["grads"], parts["opt_state"]), name
+    replicated = [s for s in FRAMEWORK_STRATEGIES["jax"] if not any(registry.entry(s).shards)]
     assert all(zero_layout.of(s) is zero_layout.REPLICATED for s in replicated), replicated
+
+
+def test_a_model_the_registry_does_not_know_is_refused_not_counted_as_a_llama():
+    cfg = RunConfig()
+    object.__setattr__(cfg, "model", "mixtral")  # as a user's own RunConfig could carry it, unvalidated
+    for count in (sizes.parameters, sizes.activations_per_row, sizes.estimate):
+        with pytest.raises(ConfigError, match=r"^--model 'mixtral' is not a built-in model; valid: mlp, gpt, cnn, "
+                                              r"gpt2, llama$"):
+            count(cfg)
 
 
 def test_each_part_is_laid_out_as_the_strategy_shards_it():

@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from jaxdp.core.registry import strategies as registry
+
 
 class Layout(NamedTuple):
     """What one stage shards over the ranks (True: each rank holds its part; False: a full copy), and how."""
@@ -102,7 +104,8 @@ HSDP = ZERO3._replace(  # zero3 within a group of S = N / R ranks, the shard all
     note="hsdp: each collective counted over its own process group (comm_groups: the S ranks of a shard group, "
          "the R replicas of a shard, or the world for the loss); comm_groups splits the bytes within a group "
          "(bytes_intra_group) from those across the groups (bytes_inter_group)")
-LAYOUTS = {"zero1": ZERO1, "zero2": ZERO2, "zero3": ZERO3, "fsdp": ZERO3, "hsdp": HSDP}
+LAYOUTS = {e.name: globals()[e.layout] for e in registry.ENTRIES if e.comm == "zero"}  # each row named by its entry
+LAYOUTS |= {alias: LAYOUTS[name] for alias, name in registry.ALIASES.items()}
 REPLICATED = Layout(0, False, False, False, cut="whole", gather="", master_shard=False, note="")
 
 

@@ -91,6 +91,7 @@ def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
                                  in_specs=(P(AXIS), P(AXIS), P(), P(), P(), P(AXIS), P(AXIS)), check_vma=False)
     step = jax.jit(lambda s, x, y: sharded_step(s.params, s.opt_state, s.outer, s.momentum, s.step, x, y),
                    donate_argnums=0)
-    mean = jax.jit(lambda stacked: jax.tree.map(lambda a: jnp.mean(a, axis=0), stacked),
+    # the replicas' mean as the outer step and torch take it: each divided by N, then summed
+    mean = jax.jit(lambda stacked: jax.tree.map(lambda a: jnp.sum(a / n, axis=0), stacked),
                    out_shardings=replicated(mesh))
     return Strategy("diloco", init, put_sharded(mesh), step, lambda s: mean(s.params))

@@ -88,6 +88,7 @@ class Strategy:
     rows_checked: bool = False  # the first step checked that every rank got the same rows
     canonical_parts: object = None  # the strategy's part of the canonical step (canonical.step.Parts)
     canonical: object = None  # reduction='canonical': its step (canonical.step.Canonical) replaces train's
+    replicas_agree: bool = True  # every rank holds the same parameters after every step (diloco: after outer steps)
 
     def __post_init__(self):
         if self.reduce_loss is None:

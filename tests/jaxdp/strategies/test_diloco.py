@@ -35,9 +35,9 @@ def worst(got: dict, ref: dict) -> tuple[float, str]:
 
 
 def steps_of(arrays: dict) -> dict:
-    """A trace's per-step arrays (loss, grads, params)."""
-    return {k: np.asarray(v) for k, v in arrays.items() if k.startswith("step/") and k.split("/")[2] != "x"
-            and k.split("/")[2] != "y"}
+    """A trace's per-step arrays: loss, grads, params (not the batch, nor torch's spread across ranks)."""
+    return {k: np.asarray(v) for k, v in arrays.items() if k.startswith("step/")
+            and k.split("/")[2] in ("loss", "grad", "param")}
 
 
 def path(keys) -> str:

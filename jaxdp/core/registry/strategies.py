@@ -119,7 +119,7 @@ ENTRIES = (
     Entry("diloco", "local SGD (DiLoCo): K steps per replica with no communication, then an outer Nesterov step on "
           "the replicas' mean", "jaxdp.strategies.diloco:make", "torch_ref.strategies.diloco:make",
           jax_options=DILOCO_OPTIONS, torch_options=DILOCO_OPTIONS, reductions=("native",), batchnorm=False,
-          oracle="jaxdp.strategies.diloco_reference:simulate"),
+          oracle="jaxdp.strategies.diloco_reference:simulate", parity=False),
     Entry("ddp-jit", "ddp as plain jax.jit over NamedShardings (the partitioner inserts the collectives)",
           "jaxdp.strategies.jit.ddp:make", twin="ddp", twin_tool="DistributedDataParallel", layout="DDP",
           bench=GPU + NAN, **JIT),

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from jaxdp.core import trace
-from jaxdp.core.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES
+from jaxdp.core.config import JIT_STRATEGIES
+from jaxdp.core.registry import strategies as registry
 from jaxdp.harness import parity
 from tests.conftest import BASE, run
 from tests.helpers import as_trace, assert_judged_ok
@@ -19,7 +20,7 @@ from tests.pairwise import pairwise
 
 TOL = 1e-12
 DIMENSIONS = {
-    "strategy": [s for s in FRAMEWORK_STRATEGIES["jax"] if s not in ("single", "hsdp", *JIT_STRATEGIES)
+    "strategy": [s for s in registry.names("jax", oracle="single") if s not in ("single", "hsdp", *JIT_STRATEGIES)
                  and not s.startswith("zero")],  # -jit: tests/jaxdp/strategies/jit/test_jit.py
     "devices": [1, 2, 3, 4, 8],
     "optimizer": ["sgd", "momentum", "adam", "adamw"],

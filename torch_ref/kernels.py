@@ -21,10 +21,11 @@ import torch
 from torch.utils._pytree import tree_map
 
 from jaxdp.core.config import ConfigError
+from jaxdp.core.registry import strategies as registry
 
 from .models import attention
 
-FULLY_SHARD = ("zero3", "hsdp")  # the strategies built on FSDP2's fully_shard (bf16: MixedPrecisionPolicy)
+FULLY_SHARD = registry.names("torch", fully_shard=True)  # built on FSDP2's fully_shard (bf16: MixedPrecisionPolicy)
 COMPUTE_DTYPES = (None, torch.bfloat16)
 
 

@@ -20,6 +20,7 @@ import warnings
 
 from ..core import data, targets
 from ..core.config import JIT_STRATEGIES
+from ..core.registry import strategies as registry
 from ..strategies.zero import layout as zero_layout
 from . import schedule
 
@@ -139,7 +140,7 @@ def abstract_state(name: str, problem, optimizer, mesh, opts):
         return TrainState(jax.tree.map(_sds, problem.params, place[row.shards_params](problem.params)),
                           jax.tree.map(_sds, opt, place[row.shards_opt_state](opt))), mesh
     layout = zero_layout.of(name)
-    if name == "hsdp":
+    if registry.entry(name).grid:  # hsdp: the replica x shard grid of --replicas groups
         mesh = grid(mesh, opts.replicas, opts.hsdp_hosts)
         rep = NamedSharding(mesh, P())
     multiple = canonical.BLOCKS if opts.reduction == "canonical" else mesh.shape[AXIS]

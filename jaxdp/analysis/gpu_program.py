@@ -22,9 +22,10 @@ import math
 import jax
 
 from ..core.config import JIT_STRATEGIES
+from ..core.registry import strategies as registry
 from . import accounting, calibration, hlo, kernels, projection, schedule
 
-GATHERS_PARAMS = ("zero3", "hsdp", "fsdp-jit")
+GATHERS_PARAMS = tuple(e.name for e in registry.ENTRIES if e.jax and e.shards[0])  # zero3, hsdp, fsdp-jit
 SYNC = {"async": False, "overlap_ops": 0, "overlap_flops": 0.0}
 COMBINER_FLAGS = ("xla_gpu_all_reduce_combine_threshold_bytes, xla_gpu_all_gather_combine_threshold_bytes, "
                   "xla_gpu_reduce_scatter_combine_threshold_bytes")
@@ -114,8 +115,9 @@ def difference(r: dict) -> str:
         return "bytes = theory" + merged
     parts = ", ".join(f"{k} {r['bytes_by_kind'][k]:.0f} (theory {r['theory_by_kind'].get(k, 0.0):.0f})" for k in off)
     why = ""
-    if r["strategy"] in ("zero3", "hsdp") and _sends_bf16(r, "all-gather"):
-        why = ZERO3_BF16_GATHER + ("; on each shard group" if r["strategy"] == "hsdp" else "")
+    row = registry.entry(r["strategy"])
+    if row.comm == "zero" and row.shards[0] and _sends_bf16(r, "all-gather"):  # zero3, hsdp
+        why = ZERO3_BF16_GATHER + ("; on each shard group" if row.grid else "")
     if r["strategy"] == "dp" and _sends_bf16(r, "collective-permute"):
         why = DP_FIRST_HOP
     if r["strategy"] in JIT_STRATEGIES:

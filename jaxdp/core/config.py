@@ -205,12 +205,14 @@ class RunConfig:
         the -jit ones have the native reduction only."""
         if framework != "jax":
             return
-        if self.model == "cnn" and self.strategy in JIT_STRATEGIES + ("hsdp",):
+        if self.model == "cnn" and not registry.strategies.get(self.strategy, "batchnorm", True):
             raise ConfigError(f"strategy {self.strategy!r} runs no model with running statistics (BatchNorm, "
                               f"--model cnn): use ddp, zero1 or zero3")
-        if self.reduction != "native" and self.strategy in JIT_STRATEGIES:
-            raise ConfigError(f"strategy {self.strategy!r} has --reduction native only (the partitioner orders the "
-                              f"sums): use ddp, zero1 or zero3 for canonical")
+        runs = registry.strategies.get(self.strategy, "reductions", REDUCTIONS)  # its row's reductions
+        if self.reduction not in runs:
+            why = " (the partitioner orders the sums)" if self.strategy in JIT_STRATEGIES else ""
+            raise ConfigError(f"strategy {self.strategy!r} has --reduction {' or '.join(runs)} only{why}: use ddp, "
+                              f"zero1 or zero3 for {self.reduction}")
 
     def _validate_transformer(self) -> None:
         """gpt, gpt2, llama: the heads divide the width; llama's own flags (and only llama's)."""
@@ -233,7 +235,7 @@ class RunConfig:
 
     def _validate_replicas(self, framework: str) -> None:
         """--replicas: only with hsdp, dividing --devices; hsdp runs no BatchNorm model."""
-        n, r, hsdp = self.devices, self.replicas, self.strategy == "hsdp"
+        n, r, hsdp = self.devices, self.replicas, registry.strategies.get(self.strategy, "grid", False)
         if r != 1 and not hsdp:
             raise ConfigError(f"--replicas {r} is for --strategy hsdp, not {self.strategy}: drop --replicas")
         if self.hsdp_hosts != "shard" and not hsdp:

@@ -26,6 +26,7 @@ from ..core import atomic
 from ..core import trace as trace_mod
 from ..core.config import FRAMEWORK_STRATEGIES, RunConfig
 from ..core.hsdp_hosts import per_strategy
+from ..core.registry import strategies as registry
 
 # The user's defaults (AdamW, lr 1e-3, no weight decay) on tiny models: one layer, width 32, context 16, 3 steps.
 GPT2 = RunConfig(model="gpt2", data="text", n_layer=1, n_head=2, d_model=32, seq_len=16, batch_size=8, steps=3,
@@ -53,7 +54,7 @@ class Pair:
 def config(base: RunConfig, framework: str, strategy: str, n: int, dtype: str, kernels: str) -> RunConfig:
     """One side's configuration, validated: `single` on one device; hsdp as R = 2 groups where N > 1."""
     cfg = base.replace(devices=1 if strategy == "single" else n, dtype=dtype, kernels=kernels,
-                       replicas=2 if strategy == "hsdp" and n > 1 else 1)
+                       replicas=2 if registry.entry(strategy).grid and n > 1 else 1)
     return per_strategy(cfg, strategy).validate(framework)
 
 

@@ -34,6 +34,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from jaxdp.core.registry import strategies as registry
+
 from .. import comm_groups, strategies
 from ..strategies.zero import layout as zero_layout
 from .profiler import profile
@@ -169,7 +171,7 @@ def measure_rank(rank: int, n: int, cfg, init: dict, steps: int = 2, warmup: int
         if k <= warmup:
             strategy.step(xs, ys)
             continue
-        shard = n // cfg.replicas if cfg.strategy == "hsdp" else None  # each collective on its own group
+        shard = n // cfg.replicas if registry.entry(cfg.strategy).grid else None  # each collective on its own group
         events, seconds, peak = _profiled_step(strategy, xs, ys, device, _held_bytes(tensors.values(), optimizer),
                                                shard)
         per_step.append(events)

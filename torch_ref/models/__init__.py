@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from jaxdp.core.registry import models as registry
+
 from .. import convert
 from .gpt import GPT
 from .gpt2 import GPT2
@@ -35,6 +37,7 @@ def build(cfg, dataset) -> nn.Module:
     """The torch model of `cfg` in its master dtype (parameters still torch's: call `load_flax`); the
     transformers' attention as `cfg.kernels` says (`attention.py`)."""
     kernels = getattr(cfg, "kernels", "mirrored")
+    registry.entry(cfg.model)  # a model the registry does not hold: one line naming --model and the known ones
     if cfg.model == "mlp":
         model = MLP((dataset.n_features, *cfg.hidden, dataset.n_classes))
     elif cfg.model == "gpt":
@@ -51,7 +54,7 @@ def build(cfg, dataset) -> nn.Module:
         model = Llama(vocab=dataset.n_classes, seq_len=cfg.seq_len, n_layer=cfg.n_layer, n_head=cfg.n_head,
                       n_kv_head=cfg.kv_heads(), d_model=cfg.d_model, d_ff=cfg.ffn_width(), kernels=kernels)
     else:
-        raise ValueError(f"unknown model {cfg.model!r}; valid: mlp, gpt, cnn, gpt2, llama")
+        raise AssertionError(f"registered model {cfg.model!r} has no branch here")
     return model.to(MASTER_DTYPE[cfg.dtype])
 
 

@@ -32,12 +32,13 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: see t
 from ...core import trace  # noqa: E402
 from ...core.config import ConfigError, RunConfig  # noqa: E402
 from ...core.hsdp_hosts import per_strategy  # noqa: E402
+from ...core.registry import strategies as registry  # noqa: E402
 from .. import pair_runs, parity, resolution  # noqa: E402
 from . import hf_honest  # noqa: E402
 
 # (jaxdp strategy, torch_ref strategy): every strategy of both frameworks, the framework-only ones paired.
-STRATEGIES = [(s, s) for s in ("dp", "ddp", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3", "hsdp", "ddp-jit",
-                               "zero1-jit", "fsdp-jit")] + [("ddp-pmap", "ddp-naive")]
+STRATEGIES = [(s, s) for s in registry.names("jax", one_device=False) if registry.entry(s).in_framework("torch")] + [
+    ("ddp-pmap", "ddp-naive")]  # the registry's rows (jaxdp/core/registry/strategies.py)
 MODELS = {
     "mlp": dict(model="mlp", data="synthetic", hidden=(8, 8)),
     "gpt": dict(model="gpt", data="text", n_layer=1, n_head=2, d_model=16, seq_len=8),
@@ -51,7 +52,7 @@ BASE = RunConfig(batch_size=24, steps=4, seed=3, bucket_mb=0.002)  # 24 rows: N 
 PROJECT = dict(strategy=STRATEGIES, devices=[1, 2, 3, 4], model=list(MODELS), optimizer=list(OPTIMIZERS),
                dtype=["float64", "float32", "bfloat16"])
 HF = dict(model=["gpt2", "llama", "bert", "neox", "resnet"],
-          strategy=["dp", "ddp", "ddp-naive", "ddp-bucket", "ddp-ring", "zero1", "zero2", "zero3", "hsdp"],
+          strategy=list(registry.names("torch", twin="", one_device=False)),
           devices=[1, 2, 3, 4], dtype=["float32", "float64"], optimizer=["adamw", "adam", "momentum", "sgd"])
 CONSTANT = ("loss", "grad", "param", "update", "step update")
 MEASURES = CONSTANT + resolution.MEASURES
@@ -105,7 +106,7 @@ def configs(case: dict) -> tuple[RunConfig, RunConfig]:
     n = case["devices"]
     cfg = BASE.replace(devices=n, dtype=case["dtype"], optimizer=case["optimizer"], accum=1 if n == 3 else 2,
                        **MODELS[case["model"]], **OPTIMIZERS[case["optimizer"]])
-    if jax_name == "hsdp":
+    if registry.entry(jax_name).grid:
         cfg = cfg.replace(replicas=2 if n % 2 == 0 else 1)
     return (per_strategy(cfg, jax_name).replace(strategy=jax_name).validate("jax"),
             per_strategy(cfg, torch_name).replace(strategy=torch_name).validate("torch"))

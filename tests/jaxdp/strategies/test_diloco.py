@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from jaxdp import train
+from jaxdp.core.config import ConfigError
 from jaxdp.strategies import diloco
 from jaxdp.strategies.diloco_reference import simulate
 from tests.conftest import BASE, run
@@ -101,3 +102,13 @@ def test_the_simulation_oracle_fails_on_a_broken_diloco(monkeypatch, broken):
 def test_a_diloco_flag_out_of_place_is_one_line(capsys, argv, named):
     err = error_of(["train", *argv, "--devices", "2", "--steps", "1"], capsys)
     assert named in err and ("drop" in err or "must be" in err), err
+
+
+@pytest.mark.parametrize("changes,named", [
+    (dict(strategy="ddp", inner_steps=8), "--inner-steps 8 is for --strategy diloco"),
+    (dict(strategy="diloco", model="cnn", data="digits"), "no --model cnn"),
+    (dict(strategy="diloco", checkpoint_dir="ck", checkpoint_every=2), "does not checkpoint"),
+])
+def test_the_library_refuses_what_the_command_line_does(changes, named):
+    with pytest.raises(ConfigError, match=named):
+        BASE.replace(devices=2, **changes).validate()

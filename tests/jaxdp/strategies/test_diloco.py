@@ -10,6 +10,8 @@ tests/torch_ref/strategies/test_torch_diloco.py.
 """
 from __future__ import annotations
 
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -112,3 +114,37 @@ def test_a_diloco_flag_out_of_place_is_one_line(capsys, argv, named):
 def test_the_library_refuses_what_the_command_line_does(changes, named):
     with pytest.raises(ConfigError, match=named):
         BASE.replace(devices=2, **changes).validate()
+
+
+def all_reduces(cfg) -> dict[str, list[str]]:
+    """The compiled step's all-reduces, by the computation that holds them: {'ENTRY': [...], 'branch': [...]}."""
+    from jaxdp.analysis import accounting
+
+    text = accounting.compile_step(cfg).program.as_text()
+    branches = set(re.findall(r"branch_computations=\{([^}]*)\}", text))
+    names = {n.strip().lstrip("%") for group in branches for n in group.split(",")}
+    found: dict[str, list[str]] = {"ENTRY": [], "branch": []}
+    for comp in re.split(r"\n(?=\S)", text):
+        name = comp.split(" ")[1].lstrip("%") if comp.startswith("ENTRY") else comp.split(" ")[0].lstrip("%")
+        where = "ENTRY" if comp.startswith("ENTRY") else "branch" if name in names else None
+        if where:
+            found[where] += [line for line in comp.split("\n") if " all-reduce(" in line]
+    return found
+
+
+def test_the_compiled_step_sends_only_the_loss_but_in_the_outer_steps_branch():
+    """An untraced step: one scalar all-reduce (the loss) on every step; the parameters' all-reduce only in the
+    conditional's branch, taken every K-th step. Always communicating (the branch computed on every step and
+    selected) puts the parameters' all-reduce in the step's entry: the check fails."""
+    got = all_reduces(GENERAL.replace(steps=1))
+    assert len(got["ENTRY"]) == 1 and "f64[] all-reduce(" in got["ENTRY"][0], got["ENTRY"]
+    assert len(got["branch"]) == 1 and "f64[32,16]" in got["branch"][0], got["branch"]
+
+
+def test_the_compiled_step_check_fails_on_a_diloco_that_communicates_every_step(monkeypatch):
+    def select(pred, yes, no, *args):
+        return jax.tree.map(lambda a, b: jax.numpy.where(pred, a, b), yes(*args), no(*args))
+
+    monkeypatch.setattr(diloco.lax, "cond", select)
+    got = all_reduces(GENERAL.replace(steps=1, inner_steps=3))
+    assert any("f64[32,16]" in line for line in got["ENTRY"]), got

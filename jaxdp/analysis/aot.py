@@ -25,7 +25,9 @@ from ..strategies.zero import layout as zero_layout
 from . import schedule
 
 CACHE_READ = "Error reading persistent compilation cache entry"  # JAX's warning, for a target program
-REPLICATED = ("single", "dp", "ddp", "ddp-bucket", "ddp-ring")  # a full copy on every device (single: its one)
+# a full copy on every device (single: its one): the hand-written rows that shard nothing, not per-device stacks
+REPLICATED = tuple(e.name for e in registry.ENTRIES if e.jax and not any(e.shards) and e.comm != "jit"
+                   and not e.per_device)
 
 
 def one_device(name: str, opts) -> bool:

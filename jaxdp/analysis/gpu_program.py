@@ -118,7 +118,7 @@ def difference(r: dict) -> str:
     row = registry.entry(r["strategy"])
     if row.comm == "zero" and row.shards[0] and _sends_bf16(r, "all-gather"):  # zero3, hsdp
         why = ZERO3_BF16_GATHER + ("; on each shard group" if row.grid else "")
-    if r["strategy"] == "dp" and _sends_bf16(r, "collective-permute"):
+    if row.comm == "tree" and _sends_bf16(r, "collective-permute"):  # dp
         why = DP_FIRST_HOP
     if r["strategy"] in JIT_STRATEGIES:
         why = "the partitioner chose these collectives from the shardings (jit/layout.py's theory is its model)"
@@ -180,4 +180,4 @@ def copies_note(r: dict) -> str:
     """The step's copy kernels, in one line, with the reason where it is known (ddp-ring)."""
     c = r["copies"]
     return (f"copies: {c['count']} arrays ({c['bytes'] / 2**30:.3g} GiB) computed into fresh buffers and copied to "
-            f"their outputs" + (RING_COPIES if r["strategy"] == "ddp-ring" else ""))
+            f"their outputs" + (RING_COPIES if registry.get(r["strategy"], "comm") == "ring" else ""))

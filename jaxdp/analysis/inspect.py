@@ -25,6 +25,7 @@ import numpy as np
 from .. import models
 from ..core import atomic
 from ..core.config import JIT_STRATEGIES
+from ..core.registry import strategies as registry
 from ..strategies import bucket
 from . import accounting
 
@@ -72,7 +73,7 @@ def _read(cfg, step) -> dict:
         out["stats_theory_bytes_per_device"] = accounting.stats_theory_for(cfg, step.stats_sizes, channels)["total"]
     if cfg.strategy in JIT_STRATEGIES:  # what the partitioner emitted depends on the mesh's AxisType
         out["axis_type"] = cfg.axis_type
-    if cfg.strategy == "ddp-bucket":
+    if "bucket_mb" in registry.entry(cfg.strategy).jax_options:  # ddp-bucket
         named = models.flat_names(problem.params)
         out["buckets"] = [sum(int(named[name].size) for name in b) for b in bucket.plan(problem, cfg.bucket_mb)]
     return out

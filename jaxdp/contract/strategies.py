@@ -28,7 +28,7 @@ def _judged(compiled, args, name: str, params, mesh, want) -> Report:
     """The report of a strategy's compiled step: P from the model's (unsharded) parameters; where the state
     lives from the shardings the program takes it with (ddp-pmap's stacked copies, one per device, are
     replicas, not shards)."""
-    text, pmap = compiled.as_text(), name == "ddp-pmap"
+    text, pmap = compiled.as_text(), registry.get(name, "per_device", False)
     params_in, state = check.parts(args)
     return check.of_program(text, *check.mesh_shape(text, check.mesh_of(args) or mesh), want,
                             check.sizes(params), False if pmap else check.sharded(compiled, args, state),

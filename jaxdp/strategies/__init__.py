@@ -42,7 +42,8 @@ OPTIONS = {name: registry.entry(name).jax_options for name in FACTORIES}
 
 # A saved (checkpointed) array of strategy `name` -> the full array: ddp-pmap's per-device copies, ZeRO's
 # flat padded shards (`zero/layout.py`); the others save full arrays.
-HOST_FULL = {"ddp-pmap": ddp_pmap.host_full} | {name: zero.flat.host_full for name in zero.LAYOUTS}
+PER_DEVICE = registry.names("jax", per_device=True)  # ddp-pmap
+HOST_FULL = {name: ddp_pmap.host_full for name in PER_DEVICE} | {name: zero.flat.host_full for name in zero.LAYOUTS}
 
 
 def host_full(name: str, a, like):
@@ -52,7 +53,7 @@ def host_full(name: str, a, like):
 
 # The running statistics' program's inputs (`stats.py`): the train state's parameters and the placed rows,
 # except where the strategy's state is laid out otherwise (ddp-pmap's per-device stacks).
-STATS_INPUTS = {"ddp-pmap": ddp_pmap.stats_inputs}
+STATS_INPUTS = {name: ddp_pmap.stats_inputs for name in PER_DEVICE}
 ONE_DEVICE = registry.names("jax", one_device=True)  # strategies that run on one device, not over a mesh
 
 

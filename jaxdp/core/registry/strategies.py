@@ -18,7 +18,8 @@ core read it without importing each other. Its fields:
   `fully_shard`: torch_ref builds it on FSDP2's `fully_shard` (bf16 through its MixedPrecisionPolicy).
 - `grid`: its devices form an R x S grid of `--replicas` R groups (the shard count is N / R; the run's meta
   records the grid as `hsdp_grid`; `--hsdp-hosts` says which groups a host holds); False: one 1-D mesh.
-- `one_device`: it runs on one device, not over a mesh.
+- `one_device`: it runs on one device, not over a mesh; `per_device`: jaxdp's train state holds one copy per
+  device, stacked on a leading axis (jax.pmap), which a checkpoint and the statistics' program unstack.
 - `intent`: the data-parallel layout it stands for in the contract (`core/contract/intent.py`);
   `comm`: its family in the communication theory (`analysis/theory.py` of both wings): "none" (no
   collective), "all-reduce", "ring" (point-to-point), "tree" (dp's reduce and broadcast), "zero" (its
@@ -58,6 +59,7 @@ class Entry:
     fully_shard: bool = False
     grid: bool = False
     one_device: bool = False
+    per_device: bool = False
     intent: str = "ddp"
     comm: str = "all-reduce"
     oracle: str = "single"
@@ -92,7 +94,7 @@ ENTRIES = (
     Entry("ddp", "replicated parameters, one all-reduce of the gradients per step", "jaxdp.strategies.ddp:make",
           "torch_ref.strategies.ddp:make", torch_options=("bucket_mb",), overhead_goal=1.15, bench=GPU + NAN_QUICK),
     Entry("ddp-pmap", "ddp written with jax.pmap (per-device stacks)", "jaxdp.strategies.ddp_pmap:make",
-          parity=False),
+          per_device=True, parity=False),
     Entry("ddp-naive", "Picotron's naive ddp: one hook per parameter all-reduces its gradient, then divides by N",
           torch="torch_ref.strategies.naive:make", parity=False),
     Entry("ddp-bucket", "ddp with the gradients packed into buckets of --bucket-mb, all-reduced in backward order",

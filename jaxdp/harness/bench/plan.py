@@ -10,7 +10,7 @@ from ...core.registry import strategies as registry
 JAX_ALL = tuple(s for s in FRAMEWORK_STRATEGIES["jax"] if not registry.entry(s).grid)
 SHARED = tuple(s for s in JAX_ALL if s in FRAMEWORK_STRATEGIES["torch"])
 HAND = tuple(s for s in JAX_ALL if s not in JIT_STRATEGIES)  # the -jit ones run no BatchNorm and no canonical
-JIT_PAIRS = (("ddp", "ddp-jit"), ("zero1", "zero1-jit"), ("zero3", "fsdp-jit"))  # hand-written, -jit (item 10)
+JIT_PAIRS = tuple((registry.entry(s).twin, s) for s in JIT_STRATEGIES)  # (hand-written, -jit): item 10
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from ...core.registry import strategies as registry
 from ...devices import AXIS
 
 AXIS_TYPE = {"auto": AxisType.Auto, "explicit": AxisType.Explicit}
@@ -40,9 +41,13 @@ class Layout(NamedTuple):
         return {"params": self.shards_params, "grads": grads, "opt_state": self.shards_opt_state}
 
 
-DDP = Layout("ddp-jit", False, False, "ddp", "torch DistributedDataParallel", 0)
-ZERO1 = Layout("zero1-jit", False, True, "zero1", "torch ZeroRedundancyOptimizer over DDP", 1)
-FSDP = Layout("fsdp-jit", True, True, "zero3", "torch FSDP2 (fully_shard)", 3)
+def _row(name: str, stage: int) -> Layout:
+    """The row of -jit strategy `name` from its registry row (what it shards, its torch twin) and its stage."""
+    e = registry.entry(name)
+    return Layout(name, e.shards[0], e.shards[2], e.twin, f"torch {e.twin_tool}", stage)
+
+
+DDP, ZERO1, FSDP = _row("ddp-jit", 0), _row("zero1-jit", 1), _row("fsdp-jit", 3)
 LAYOUTS = {row.name: row for row in (DDP, ZERO1, FSDP)}
 
 

@@ -24,6 +24,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from ..core.config import ConfigError
 from ..devices import AXIS, replicated
 from . import finite
 from .common import Strategy, apply_update, local_grads, put_sharded, to_numpy
@@ -52,6 +53,9 @@ def mean_over_replicas(tree, n: int):
 
 
 def make(problem, optimizer, mesh, opts, return_grads=True) -> Strategy:
+    if problem.state is not None or opts.reduction != "native":
+        raise ConfigError("diloco runs no model with running statistics (BatchNorm) and reduction='native' only: "
+                          "use ddp")
     n, k = mesh.size, opts.inner_steps
     own = NamedSharding(mesh, P(AXIS))
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from jaxdp.core.config import ConfigError
+
 from .common import Strategy, apply_update, grads_of, make_strategy, params_of
 
 
@@ -40,6 +42,8 @@ def outer_sgd(outer: dict, momentum: dict, mean: dict, lr: float, mu: float) -> 
 
 
 def make(model, optimizer, opts) -> Strategy:
+    if opts.reduction != "native":
+        raise ConfigError("diloco has reduction='native' only: drop reduction='canonical'")
     inner = optimizer(model.parameters())
     outer = {name: p.detach().clone() for name, p in model.named_parameters()}
     momentum = {name: torch.zeros_like(p) for name, p in outer.items()}

@@ -30,6 +30,10 @@ core read it without importing each other. Its fields:
   for its step time over single's (None: no goal); `bench`: the bench items that time it besides the plan's
   own lists (`harness/bench/`): "nan-check" (item 11), "nan-check-quick" (item 11 under --quick), "gpu" (the
   GPU target's rows, `gpu_target.py`).
+
+A new strategy is its factory in each framework and one row here, appended (the CLI lists the rows in the
+table's order); the lists above follow. A field with no value among those (a new `comm` family, a new
+`oracle`) is where the theory or the judge needs its new branch.
 """
 from __future__ import annotations
 

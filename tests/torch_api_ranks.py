@@ -9,14 +9,15 @@ import torch.nn.functional as F
 from torch import nn
 
 import torch_ref
-from jaxdp.core.run.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES
+from jaxdp.core.registry import strategies as registry
+from jaxdp.core.run.config import JIT_STRATEGIES
 from torch_ref.trace import Recorder
 
 from . import torch_shared_ranks
 
 BATCH, FEATURES, HIDDEN, CLASSES, STEPS = 18, 5, 7, 3, 3  # 18 rows: N x accum divide it for N <= 3
 # hsdp: test_hsdp.py; the -jit names run their twins' code (torch_ref.strategies.TWINS)
-DIMENSIONS = {"strategy": [s for s in FRAMEWORK_STRATEGIES["torch"] if s not in ("hsdp", *JIT_STRATEGIES)],
+DIMENSIONS = {"strategy": [s for s in registry.names("torch", oracle="single") if s not in ("hsdp", *JIT_STRATEGIES)],
               "devices": [1, 2, 3], "accum": [1, 3],
               "optimizer": ["momentum", "adamw"], "clip_norm": [0.0, 0.2]}
 # Every strategy with every N (27 cases), the other values alternating so that every pair meets.

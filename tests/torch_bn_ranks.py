@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import torch_ref
-from jaxdp.core.run.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES
+from jaxdp.core.registry import strategies as registry
+from jaxdp.core.run.config import JIT_STRATEGIES
 from jaxdp.core.run.data import part_rows
 from torch_ref.batchnorm import convert_sync_batchnorm
 from torch_ref.trace import Recorder
@@ -20,7 +21,7 @@ META = {"dtype": "float64", "optimizer": "adamw", "lr": 0.02, "weight_decay": 0.
 # every torch strategy converted (accumulation 1 and 2 alternating), plain under ddp and zero3, and a perturbed run:
 # (strategy, accum, converted, perturbed)
 # (not `single`: in a world of N ranks each rank's sync BatchNorm would count the same rows N times)
-CASES = [(s, 1 + i % 2, True, False) for i, s in enumerate(FRAMEWORK_STRATEGIES["torch"])
+CASES = [(s, 1 + i % 2, True, False) for i, s in enumerate(registry.names("torch", oracle="single"))
          if s not in ("single", *JIT_STRATEGIES)]
 CASES += [("ddp", 2, False, False), ("zero3", 1, False, False), ("ddp", 1, True, True)]
 

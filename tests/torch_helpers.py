@@ -15,8 +15,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from jaxdp.core.registry import strategies as registry
 from jaxdp.core.run import data
-from jaxdp.core.run.config import ALL_STRATEGIES, FRAMEWORK_STRATEGIES, JIT_STRATEGIES, RunConfig
+from jaxdp.core.run.config import JIT_STRATEGIES, RunConfig
 from jaxdp.core.traces import trace
 
 from . import torch_api_ranks, torch_bn_ranks, torch_jobs, torch_reduce_ranks
@@ -26,7 +27,7 @@ from .pairwise import pairwise
 BASE = RunConfig(model="mlp", data="synthetic", hidden=(16, 16), steps=4, batch_size=72, lr=0.05,
                  weight_decay=0.01, dtype="float64", seed=3, bucket_mb=0.002)
 # hsdp (zero3 on an R x S grid) has its own cases (HSDP below), not the pairwise sets: --replicas 1 is zero3
-DISTRIBUTED = [s for s in FRAMEWORK_STRATEGIES["torch"] if s not in ("single", "hsdp", *JIT_STRATEGIES)]
+DISTRIBUTED = [s for s in registry.names("torch", oracle="single") if s not in ("single", "hsdp", *JIT_STRATEGIES)]
 DIMENSIONS = {
     "strategy": DISTRIBUTED,
     "devices": [1, 2, 3, 4],
@@ -42,7 +43,8 @@ GPT_CASES = [GPT.replace(strategy=s) for s in DISTRIBUTED]
 # (why: there).
 GPT2_SMALL = BASE.replace(model="gpt2", data="text", steps=2, batch_size=36, n_layer=1, n_head=2, d_model=8,
                           seq_len=8, optimizer="momentum", lr=0.05, strategy="single", devices=1)
-GPT2_DIMENSIONS = {"strategy": [s for s in ALL_STRATEGIES if s not in ("single", "hsdp", *JIT_STRATEGIES)],
+GPT2_DIMENSIONS = {"strategy": [s for s in registry.names(oracle="single")
+                                if s not in ("single", "hsdp", *JIT_STRATEGIES)],
                    "devices": [1, 2, 3, 4], "accum": [1, 3]}
 GPT2_CASES = [GPT2_SMALL.replace(**case) for case in pairwise(GPT2_DIMENSIONS)]
 FLOAT32 = BASE.replace(strategy="ddp-ring", devices=4, dtype="float32", optimizer="adam", lr=1e-3)
@@ -57,7 +59,7 @@ KEEP_GATHERED = BASE.replace(strategy="zero3", devices=2, accum=3, clip_norm=0.5
 CNN = BASE.replace(model="cnn", data="digits", channels=(4, 4), steps=2, batch_size=36, optimizer="adamw", lr=0.01,
                    bucket_mb=0.0005)
 CNN_DIMENSIONS = {
-    "strategy": [s for s in FRAMEWORK_STRATEGIES["jax"] if s not in ("single", "hsdp", *JIT_STRATEGIES)],  # BatchNorm
+    "strategy": [s for s in registry.names("jax", oracle="single") if s not in ("single", "hsdp", *JIT_STRATEGIES)],
     "devices": [1, 2, 3, 4],
     "accum": [1, 3],
     "batchnorm": ["sync", "local"],

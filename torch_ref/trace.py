@@ -113,12 +113,13 @@ class Recorder:
 
     def spreads(self) -> dict:
         """{torch name: max over ranks - min over ranks, per element, float64} of every buffer and every
-        parameter held whole on this rank (not a DTensor shard); NaN where any rank's value is not finite.
-        Every rank calls it (one all-reduce); {} in a world of one."""
+        parameter held whole on this rank (not a DTensor shard; none where the strategy's replicas may differ
+        between steps, `Strategy.replicas_agree`: diloco's between outer steps); NaN where any rank's value is
+        not finite. Every rank calls it (one all-reduce); {} in a world of one."""
         if not (dist.is_initialized() and dist.get_world_size() > 1):
             return {}
         module = self.par.module
-        tensors = {n: p for n, p in module.named_parameters() if not isinstance(p, DTensor)}
+        tensors = {n: p for n, p in module.named_parameters() if not isinstance(p, DTensor) and self.par.replicas_agree}
         tensors.update((n, b) for n, b in module.named_buffers() if b.is_floating_point())
         return dict(zip(tensors, rank_spread(list(tensors.values())), strict=True))
 

@@ -45,6 +45,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..core.registry import strategies as registry
 from ..core.traces.trace import errors
 from . import recorded_steps
 
@@ -120,6 +121,10 @@ def why_none(a, b) -> str | None:
         return (f"optimizer settings not recorded ({missing(b.meta) or missing(a.meta)}): updates judged by how "
                 f"far the gradients disagree, not by a replay of the optimizer; record them with "
                 f"Recorder(..., optimizer=...) (docs/LIBRARY.md)")
+    if registry.get(meta.get("strategy", ""), "oracle", "") not in registry.BY_NAME | {"": None}:  # own reference
+        return (f"no optimizer replay for {meta['strategy']}: its recorded update is not the optimizer's step from the "
+                f"recorded gradient (the replicas' mean, and an outer step every K): updates judged by how far "
+                f"the gradients disagree")
     if a.first_step != 1 or b.first_step != 1:
         return ("no optimizer replay from a resumed trace (no optimizer state to replay from): updates judged by "
                 "how far the gradients disagree")

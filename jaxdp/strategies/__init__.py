@@ -27,6 +27,9 @@ class StrategyOptions(NamedTuple):
     hsdp_hosts: str = "shard"           # hsdp: the grid's order, row-major ("shard") or column-major ("replica")
     axis_type: str = "auto"             # -jit: the mesh's jax.sharding.AxisType, "auto" or "explicit" (jit/step.py)
     nan_check: bool = True              # every strategy: the step's fused non-finite check (finite.py)
+    inner_steps: int = 4                # diloco: K local steps between outer steps
+    outer_lr: float = 0.7               # diloco: the outer SGD's learning rate (the paper's 0.7)
+    outer_momentum: float = 0.9         # diloco: the outer SGD's Nesterov momentum (the paper's 0.9; 0: plain SGD)
 
 
 FACTORIES = registry.factories("jax")  # one row per strategy: jaxdp/core/registry/strategies.py
@@ -91,6 +94,9 @@ def options(name: str, accum: int = 1, **given) -> StrategyOptions:
     replicas = given.get("replicas", 1)
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
         raise ConfigError(f"replicas={replicas!r}; give a whole number of groups >= 1 that divides the devices")
+    inner = given.get("inner_steps", 1)
+    if isinstance(inner, bool) or not isinstance(inner, int) or inner < 1:
+        raise ConfigError(f"inner_steps={inner!r}; give a whole number of local steps >= 1 between outer steps")
     if isinstance(accum, bool) or not isinstance(accum, int) or accum < 1:
         raise ConfigError(f"accum={accum!r}; give a whole number of micro-batches >= 1")
     return StrategyOptions(accum=accum, **given)

@@ -31,6 +31,8 @@ CONTEXT = {"channels": ["--model", "cnn", "--data", "digits"], "batchnorm": ["--
            "replicas": ["--strategy", "hsdp", "--devices", "4", "--batch-size", "64"],
            "hsdp_hosts": ["--strategy", "hsdp", "--devices", "4"], "shards": ["--reduction", "canonical"],
            "axis_type": ["--strategy", "fsdp-jit"],
+           "inner_steps": ["--strategy", "diloco"], "outer_lr": ["--strategy", "diloco"],
+           "outer_momentum": ["--strategy", "diloco"],
            "timeout": ["--processes", "2", "--devices", "2"], "heartbeat": ["--processes", "2", "--devices", "2"],
            "startup_timeout": ["--processes", "2", "--devices", "2"],
            "checkpoint_every": ["--checkpoint-dir", "{tmp}/ck"],

@@ -193,6 +193,8 @@ NO_TWIN = {
     "analysis/program_cache.py": "XLA:GPU target programs kept on disk; torch compiles none for a target",
     "analysis/widened.py": "the bf16 reductions XLA:CPU runs widened, read from its HLO; torch has no compiled program",
     "strategies/ddp_pmap.py": "pmap is JAX's own form of DDP",
+    "strategies/diloco_reference.py": "diloco's one-process oracle, written once: both frameworks' runs are tested "
+                                      "against it",
     "strategies/grads.py": "local gradients with accumulation: torch's are strategies/common.py:local_grads (no_sync)",
     "strategies/stats.py": "BatchNorm's running statistics through a functional step; torch's modules keep them",
     "strategies/jit/__init__.py": "sharding annotations for XLA's partitioner: torch has no compiler partitioner",

@@ -14,13 +14,14 @@ import time
 import pytest
 
 from jaxdp.core.process import xla_flags
-from jaxdp.core.run.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES
+from jaxdp.core.registry import strategies as registry
+from jaxdp.core.run.config import JIT_STRATEGIES
 from jaxdp.core.traces import trace
 from tests.conftest import BASE, run
 
 # hsdp with --replicas 2: one row a process; of the -jit strategies fsdp-jit (auto), the one whose every array
 # is split (its layout and step are the three's; explicit across processes: by hand, docs/STRATEGIES.md)
-STRATEGIES = [s for s in FRAMEWORK_STRATEGIES["jax"] if s not in ("single", *JIT_STRATEGIES)] + ["fsdp-jit"]
+STRATEGIES = [s for s in registry.names("jax", oracle="single") if s not in ("single", *JIT_STRATEGIES)] + ["fsdp-jit"]
 CFG = BASE.replace(devices=4, steps=3, batch_size=24, optimizer="adamw", clip_norm=0.5, accum=3)
 
 

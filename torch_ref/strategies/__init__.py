@@ -58,7 +58,8 @@ def build(name: str, model, optimizer, accum: int = 1, reduction: str = "native"
 def options_of(cfg) -> dict:
     """The strategy options of a RunConfig (`--bucket-mb`, `--reshard-after-forward`, `--replicas`)."""
     values = {"bucket_mb": cfg.bucket_mb, "reshard_after_forward": cfg.reshard_after_forward, "replicas": cfg.replicas,
-              "hsdp_hosts": cfg.hsdp_hosts}
+              "hsdp_hosts": cfg.hsdp_hosts, "inner_steps": cfg.inner_steps, "outer_lr": cfg.outer_lr,
+              "outer_momentum": cfg.outer_momentum}
     return {k: values[k] for k in OPTIONS[resolve(cfg.strategy)] if k in values}
 
 

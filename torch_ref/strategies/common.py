@@ -34,6 +34,9 @@ class StrategyOptions(NamedTuple):
     reduction: str = "native"  # "canonical": the same bits on any N (torch_ref/canonical/step.py)
     shards: int | None = None  # canonical: shards per micro-batch (None: the default)
     mp_policy: object = None  # zero3, hsdp: FSDP2's MixedPrecisionPolicy (fused bf16: torch_ref/kernels.py)
+    inner_steps: int = 4  # diloco: K local steps between outer steps
+    outer_lr: float = 0.7  # diloco: the outer SGD's learning rate
+    outer_momentum: float = 0.9  # diloco: the outer SGD's Nesterov momentum (0: plain SGD)
 
 
 def _nothing() -> None:
@@ -85,6 +88,7 @@ class Strategy:
     rows_checked: bool = False  # the first step checked that every rank got the same rows
     canonical_parts: object = None  # the strategy's part of the canonical step (canonical.step.Parts)
     canonical: object = None  # reduction='canonical': its step (canonical.step.Canonical) replaces train's
+    replicas_agree: bool = True  # every rank holds the same parameters after every step (diloco: after outer steps)
 
     def __post_init__(self):
         if self.reduce_loss is None:

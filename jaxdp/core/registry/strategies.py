@@ -86,6 +86,7 @@ class Entry:
 STAGE_OPTIONS = ("collectives",)
 SHARD_OPTIONS = ("reshard_after_forward",)
 GRID_OPTIONS = ("replicas", "hsdp_hosts")
+DILOCO_OPTIONS = ("inner_steps", "outer_lr", "outer_momentum")
 JIT = dict(reductions=("native",), batchnorm=False, comm="jit", jax_options=("axis_type",), parity=False)
 GPU, NAN, NAN_QUICK = ("gpu",), ("nan-check",), ("nan-check", "nan-check-quick")
 
@@ -121,6 +122,10 @@ ENTRIES = (
           jax_options=STAGE_OPTIONS + SHARD_OPTIONS + GRID_OPTIONS,
           torch_options=SHARD_OPTIONS + ("units",) + GRID_OPTIONS, batchnorm=False, fully_shard=True, grid=True,
           intent="hsdp", comm="zero", parity=False, bench=GPU + NAN),
+    Entry("diloco", "local SGD (DiLoCo): K steps per replica with no communication, then an outer Nesterov step on "
+          "the replicas' mean", "jaxdp.strategies.diloco:make", "torch_ref.strategies.diloco:make",
+          jax_options=DILOCO_OPTIONS, torch_options=DILOCO_OPTIONS, reductions=("native",), batchnorm=False,
+          oracle="jaxdp.strategies.diloco_reference:simulate", parity=False),
     Entry("ddp-jit", "ddp as plain jax.jit over NamedShardings (the partitioner inserts the collectives)",
           "jaxdp.strategies.jit.ddp:make", twin="ddp", twin_tool="DistributedDataParallel", layout="DDP",
           bench=GPU + NAN, **JIT),

@@ -11,7 +11,7 @@ import importlib.util
 import math
 from dataclasses import dataclass, field
 
-from .. import registry
+from .. import diloco_options, registry
 from ..errors import ConfigError
 from . import values
 from .hsdp_hosts import HOSTS
@@ -108,6 +108,9 @@ class RunConfig:
     replicas: int = _flag(1, "hsdp: R groups of --devices / R devices, zero3 within a group, replicated across")
     hsdp_hosts: str = _flag("shard", "hsdp, several processes: each process (host) holds whole shard groups (the "
                             "gathers stay in a host) or whole replica groups (docs/STRATEGIES.md)", HOSTS)
+    inner_steps: int = _flag(diloco_options.DEFAULTS["inner_steps"], "diloco: K local steps between outer steps")
+    outer_lr: float = _flag(diloco_options.DEFAULTS["outer_lr"], "diloco: the outer SGD's learning rate")
+    outer_momentum: float = _flag(diloco_options.DEFAULTS["outer_momentum"], "diloco: outer Nesterov momentum")
     axis_type: str = _flag("auto", "-jit strategies: the mesh's jax.sharding.AxisType (docs/STRATEGIES.md)", AXIS_TYPES)
     reduction: str = _flag(
         "native", "gradient reduction: native (each N sums in its own order) or canonical (the same bits on any "
@@ -188,6 +191,7 @@ class RunConfig:
             raise ConfigError("--overwrite-checkpoints starts a saving run over: give --checkpoint-every K, and "
                               "drop --resume (which continues from the checkpoints instead)")
         self._validate_replicas(framework)
+        diloco_options.check(self)
         if self.axis_type != "auto" and self.strategy not in JIT_STRATEGIES:
             raise ConfigError(f"--axis-type is for {', '.join(JIT_STRATEGIES)}, not {self.strategy}: drop it")
         self._validate_reduction()

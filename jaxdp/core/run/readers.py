@@ -17,7 +17,8 @@ MODEL_FLAGS = {flag: models.readers(flag) for e in models.ENTRIES for flag in e.
 # every strategy. The strategies' own option tables (`jaxdp.strategies.OPTIONS`, `torch_ref.strategies.OPTIONS`)
 # read the same rows: torch's DDP reads --bucket-mb as bucket_cap_mb, torch has no --collectives and runs a
 # -jit name's twin (no axis types).
-OPTION_FLAGS = ("bucket_mb", "collectives", "reshard_after_forward", "replicas", "hsdp_hosts", "axis_type")
+OPTION_FLAGS = ("bucket_mb", "collectives", "reshard_after_forward", "replicas", "hsdp_hosts", "axis_type",
+                "inner_steps", "outer_lr", "outer_momentum")
 STRATEGY_FLAGS = {f: {flag: strategies.readers(f, flag) for flag in OPTION_FLAGS} for f in ("jax", "torch")}
 PACKAGE = {"jax": "jaxdp", "torch": "torch_ref"}
 

@@ -61,6 +61,9 @@ RULES = {
     "d_ff": Rule(int, 0, True, "0"),
     "seq_len": Rule(int, 1, True, "32"),
     "replicas": _COUNT,
+    "inner_steps": _COUNT,
+    "outer_lr": Rule(float, 0, False, "0.7"),
+    "outer_momentum": Rule(float, 0, True, "0.9", high=1),
     "shards": Rule(int, 0, True, "0"),
     "checkpoint_every": Rule(int, 0, True, "0"),
 }

@@ -6,8 +6,10 @@ from dataclasses import dataclass
 from ...core.registry import strategies as registry
 from ...core.run.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES, RunConfig
 
-# hsdp (the grid) is left out: at the default --replicas 1 it is zero3, and it runs no cnn (BatchNorm)
-JAX_ALL = tuple(s for s in FRAMEWORK_STRATEGIES["jax"] if not registry.entry(s).grid)
+# hsdp (the grid) is left out: at the default --replicas 1 it is zero3, and it runs no cnn (BatchNorm); so is a
+# strategy whose oracle is its own reference, not another strategy (diloco: local SGD changes the algorithm)
+JAX_ALL = tuple(s for s in FRAMEWORK_STRATEGIES["jax"] if not registry.entry(s).grid
+                and registry.entry(s).oracle in registry.BY_NAME)
 SHARED = tuple(s for s in JAX_ALL if s in FRAMEWORK_STRATEGIES["torch"])
 HAND = tuple(s for s in JAX_ALL if s not in JIT_STRATEGIES)  # the -jit ones run no BatchNorm and no canonical
 JIT_PAIRS = tuple((registry.entry(s).twin, s) for s in JIT_STRATEGIES)  # (hand-written, -jit): item 10

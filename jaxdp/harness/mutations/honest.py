@@ -38,7 +38,9 @@ from .. import pair_runs  # noqa: E402
 from . import hf_honest  # noqa: E402
 
 # (jaxdp strategy, torch_ref strategy): every strategy of both frameworks, the framework-only ones paired.
-STRATEGIES = [(s, s) for s in registry.names("jax", one_device=False) if registry.entry(s).in_framework("torch")] + [
+# (those that equal single: diloco, with its own oracle, has its own tests)
+STRATEGIES = [(s, s) for s in registry.names("jax", one_device=False, oracle="single")
+              if registry.entry(s).in_framework("torch")] + [
     ("ddp-pmap", "ddp-naive")]  # the registry's rows (jaxdp/core/registry/strategies.py)
 MODELS = {
     "mlp": dict(model="mlp", data="synthetic", hidden=(8, 8)),
@@ -53,7 +55,7 @@ BASE = RunConfig(batch_size=24, steps=4, seed=3, bucket_mb=0.002)  # 24 rows: N 
 PROJECT = dict(strategy=STRATEGIES, devices=[1, 2, 3, 4], model=list(MODELS), optimizer=list(OPTIMIZERS),
                dtype=["float64", "float32", "bfloat16"])
 HF = dict(model=["gpt2", "llama", "bert", "neox", "resnet"],
-          strategy=list(registry.names("torch", twin="", one_device=False)),
+          strategy=list(registry.names("torch", twin="", one_device=False, oracle="single")),
           devices=[1, 2, 3, 4], dtype=["float32", "float64"], optimizer=["adamw", "adam", "momentum", "sgd"])
 CONSTANT = ("loss", "grad", "param", "update", "step update")
 MEASURES = CONSTANT + resolution.MEASURES

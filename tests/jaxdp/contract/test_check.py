@@ -13,7 +13,8 @@ import pytest
 import jaxdp
 from jaxdp.contract import strategies as contract_strategies
 from jaxdp.core.errors import ConfigError
-from jaxdp.core.run.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES
+from jaxdp.core.registry import strategies as registry
+from jaxdp.core.run.config import JIT_STRATEGIES
 
 from . import seeded_jax
 
@@ -63,7 +64,7 @@ def test_bad_intent_is_one_line_naming_the_fix():
 
 X = np.random.default_rng(0).normal(size=(16, seeded_jax.F)).astype(np.float32)
 Y = (np.arange(16) % seeded_jax.C).astype(np.int32)
-PROJECT = [(s, k) for s in FRAMEWORK_STRATEGIES["jax"] for k in (1, 2)]
+PROJECT = [(s, k) for s in registry.names("jax", oracle="single") for k in (1, 2)]
 
 
 def project(strategy: str, accum: int, **options):

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxdp.core.run.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES
+from jaxdp.core.registry import strategies as registry
+from jaxdp.core.run.config import JIT_STRATEGIES
 from jaxdp.core.traces import trace
 from jaxdp.judge import parity
 from tests.conftest import BASE, run
@@ -19,7 +20,7 @@ from tests.pairwise import pairwise
 
 TOL = 1e-12
 DIMENSIONS = {
-    "strategy": [s for s in FRAMEWORK_STRATEGIES["jax"] if s not in ("single", "hsdp", *JIT_STRATEGIES)
+    "strategy": [s for s in registry.names("jax", oracle="single") if s not in ("single", "hsdp", *JIT_STRATEGIES)
                  and not s.startswith("zero")],  # -jit: tests/jaxdp/strategies/jit/test_jit.py
     "devices": [1, 2, 3, 4, 8],
     "optimizer": ["sgd", "momentum", "adam", "adamw"],

@@ -23,14 +23,16 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import torch_ref
-from jaxdp.core.run.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES, RunConfig
+from jaxdp.core.registry import strategies as registry
+from jaxdp.core.run.config import JIT_STRATEGIES, RunConfig
 from jaxdp.core.traces.spread import is_spread
 from tests import torch_canonical_ranks as R
 from torch_ref import canonical as C
 from torch_ref import launch
 from torch_ref.canonical import batchnorm as canonical_bn
 
-STRATEGIES = [s for s in FRAMEWORK_STRATEGIES["torch"] if s not in ("single", "hsdp", *JIT_STRATEGIES)]  # native only
+# native only; not meant to equal single: diloco (tests/torch_ref/strategies/test_torch_diloco.py)
+STRATEGIES = [s for s in registry.names("torch", oracle="single") if s not in ("single", "hsdp", *JIT_STRATEGIES)]
 SIZES = [1, 2, 4]
 CASES = [(s, n, (1, 3)[(i + j) % 2], ("momentum", "adamw")[(i // 4 + j // 2 + i) % 2], (0.0, 0.5)[(i // 2 + j) % 2],
           "canonical", R.SHARDS) for i, s in enumerate(STRATEGIES) for j, n in enumerate(SIZES)]

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from jaxdp.core.run.config import FRAMEWORK_STRATEGIES
+from jaxdp.core.registry import strategies as registry
 from jaxdp.core.traces import trace
 from jaxdp.harness.torch_run import run
 from tests.helpers import assert_judged_ok
 from tests.torch_helpers import BASE, GPT2_SMALL
 
 ONE = BASE.replace(devices=1, steps=2, optimizer="adamw", accum=3, clip_norm=0.5)
-STRATEGIES = [s for s in FRAMEWORK_STRATEGIES["torch"] if s != "single"]
+STRATEGIES = [s for s in registry.names("torch", oracle="single") if s != "single"]
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,8 @@ import jax
 import pytest
 
 from jaxdp.analysis import accounting
-from jaxdp.core.run.config import FRAMEWORK_STRATEGIES, JIT_STRATEGIES
+from jaxdp.core.registry import strategies as registry
+from jaxdp.core.run.config import JIT_STRATEGIES
 from jaxdp.harness import mutations, pair_runs
 from jaxdp.harness.mutations import checks, score
 from jaxdp.strategies.jit import step as jit_step
@@ -34,8 +35,9 @@ SUBSET = [
 ]
 BF16 = mutations.ADAM.replace(dtype="bfloat16", steps=2)
 # hsdp is zero3 on a grid (tests/jaxdp/strategies/test_hsdp.py): its own mutation there
-TORCH_DISTRIBUTED = [s for s in FRAMEWORK_STRATEGIES["torch"] if s not in ("single", "hsdp", *JIT_STRATEGIES)]
-JAX_DISTRIBUTED = [s for s in FRAMEWORK_STRATEGIES["jax"] if s not in ("single", "hsdp", *JIT_STRATEGIES)]
+TORCH_DISTRIBUTED = [s for s in registry.names("torch", oracle="single")
+                     if s not in ("single", "hsdp", *JIT_STRATEGIES)]
+JAX_DISTRIBUTED = [s for s in registry.names("jax", oracle="single") if s not in ("single", "hsdp", *JIT_STRATEGIES)]
 TORCH_FLOATS = {"float", "double", "c10::BFloat16", "c10::Half"}
 FUSED_STRATEGIES = ("ddp", "zero2", "zero3")  # --kernels fused's bf16: cast once (ddp, zero2), FSDP2's policy (zero3)
 REPLICATED = [s for s in JAX_DISTRIBUTED if s != "zero3"]  # zero3 keeps no replica but Adam's count

@@ -11,9 +11,9 @@ import importlib.util
 import math
 from dataclasses import dataclass, field
 
-from .. import diloco_options, registry
+from .. import registry
 from ..errors import ConfigError
-from . import values
+from . import diloco_options, values
 from .hsdp_hosts import HOSTS
 from .kernels import KERNELS, check_compile
 from .kernels import check as check_kernels

@@ -2,7 +2,7 @@
 of diloco refuses, checked by `RunConfig.validate` for the command line and the library alike."""
 from __future__ import annotations
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 # the flags' defaults: K small enough for the project's short runs (the paper's is 500), the paper's outer SGD
 DEFAULTS = {"inner_steps": 4, "outer_lr": 0.7, "outer_momentum": 0.9}

@@ -6,7 +6,8 @@ from a dispatch-level record of the first step, jaxdp/precision.py from the step
     {"dtype": "float64",                 the run's dtype
      "lowest": "float32",                the lowest floating dtype any op computed in
      "sites": [{"module": "model.layers.0.input_layernorm", "class": "LlamaRMSNorm", "op": "rsqrt",
-                "dtype": "float32", "phase": "forward", "count": 1}, ...],   the most frequent first, at most MAX_SITES
+                "dtype": "float32", "phase": "forward", "count": 1}, ...],   at most MAX_SITES: each (class, op,
+                                         dtype, phase) once first, then the rest, the most frequent first
      "total": 38,                        the sites before the cap
      "ops": 412}                         the lower-precision ops counted (every site's count)
 
@@ -39,6 +40,10 @@ def summary(run_dtype: str, counts: Mapping, seen=()) -> dict:
     (others are dropped here) and `seen`, every floating dtype any op computed in."""
     kept = {key: n for key, n in counts.items() if lower(key[3], run_dtype)}
     ordered = sorted(kept.items(), key=lambda kv: (-kv[1], kv[0]))
+    first = {}  # each (class, op, dtype, phase)'s most frequent site is kept before any second one
+    for key, _ in ordered:
+        first.setdefault(key[1:], key)
+    ordered.sort(key=lambda kv: first[kv[0][1:]] != kv[0])  # stable: by count within each group
     sites = [{"module": m, "class": c, "op": op, "dtype": d, "phase": phase, "count": int(n)}
              for (m, c, op, d, phase), n in ordered[:MAX_SITES]]
     low = lowest(list(seen) + [key[3] for key in counts])

@@ -14,6 +14,7 @@ the census of its model's loss and gradient by itself.
 """
 from __future__ import annotations
 
+import copy
 from collections import Counter
 
 import numpy as np
@@ -59,6 +60,19 @@ def of_problem(problem, x, y, dtype: str | None = None) -> dict:
     import jax
 
     return census(jax.value_and_grad(problem.loss_fn), problem.params, x, y, dtype=dtype)
+
+
+MODEL_FIELDS = ("model", "data", "dtype", "hidden", "channels", "batchnorm", "conv_bias", "n_layer", "n_head",
+                "n_kv_head", "d_model", "d_ff", "seq_len", "preset", "kernels")
+_RUNS: dict = {}  # a process's `of_run` censuses, by the fields that make the model and the batch's shape
+
+
+def of_run(cfg, problem, x, y) -> dict:
+    """`jaxdp train`'s census: `of_problem` for `cfg`'s model, traced once per model and batch shape a process."""
+    key = (tuple(getattr(cfg, f, None) for f in MODEL_FIELDS), np.shape(x), np.shape(y))
+    if key not in _RUNS:
+        _RUNS[key] = of_problem(problem, x, y, cfg.dtype)
+    return copy.deepcopy(_RUNS[key])
 
 
 def _walk(jaxpr, run: str, counts: Counter, seen: set) -> None:

@@ -111,7 +111,8 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
     recorder = Recorder(trace_path if jax.process_index() == 0 else None, result.meta) if record else None
     if recorder is not None:  # a resumed run's init/ is what it resumed from
         recorder.init(problem.params if start == 0 else par.params(state), state=problem.state)
-        recorder.meta[precision.KEY] = precision.of_problem(problem, *host_batch(cfg, dataset, start + 1), cfg.dtype)
+        census = precision.of_run(cfg, problem, *host_batch(cfg, dataset, start + 1))  # meta "precision"
+        result.meta[precision.KEY] = recorder.meta[precision.KEY] = census
     try:
         _train(cfg, dataset, par, state, start, saver, recorder, result, progress)
     except KeyboardInterrupt:  # Ctrl-C: the checkpoints stay (a save in progress completes first)

@@ -19,6 +19,10 @@ mapped buffer and every parameter this rank holds whole (all but zero3's DTensor
 only: a nonzero spread says the other ranks hold others. When the strategy wraps the model in DDP with
 `broadcast_buffers=True` (ddp, zero1), meta `broadcast_buffers: true` says that every rank replaces its
 buffers with rank 0's at the next step's first forward.
+
+From its construction to the first `step` (the first training step), the Recorder takes the precision census
+(torch_ref/precision.py): meta `precision` says which modules' ops computed below the run's dtype (meta
+`dtype`, else the parameters'), which `jaxdp diff` bounds by (docs/PARITY.md, "Precision census").
 """
 from __future__ import annotations
 

@@ -50,3 +50,12 @@ def test_a_named_scope_names_the_site():
 
     c = precision.census(jax.grad(loss), np.ones(3), np.ones(3))
     assert {s["module"] for s in c["sites"]} == {"head"}
+
+
+def test_jaxdp_train_records_its_models_census():
+    from jaxdp import train
+    from jaxdp.core.config import RunConfig
+
+    cfg = RunConfig(model="mlp", strategy="single", devices=1, steps=1, dtype="float64", batch_size=8)
+    census = train.run(cfg, record=True, progress=False).meta["precision"]
+    assert (census["dtype"], census["lowest"], census["sites"]) == ("float64", "float64", [])

@@ -3,7 +3,8 @@
 `Census(model, dtype)`: while it is open, every op the dispatcher runs is recorded with the floating dtype it
 computed in (its floating outputs', else its inputs'), the module it ran in (forward: a global forward pre/post
 hook keeps the current module's qualified name and class; backward: the module whose forward made the autograd
-node being run, else "backward") and its phase; `summary()` is the census of jaxdp/core/census.py, the trace's
+node being run, else "backward") and its phase (forward, backward, or outside: outside any module and any
+backward, the optimizer's; there ops on 0-d tensors only, torch.optim's float32 `step` counter, are not sites); `summary()` is the census of jaxdp/core/census.py, the trace's
 meta `precision`. `torch_ref.trace.Recorder` takes one during the first recorded step, on its own.
 
 transformers computes some parts in float32 whatever the model's dtype (LlamaRMSNorm's upcast, eager attention's
@@ -47,6 +48,13 @@ def run_dtype(model: torch.nn.Module) -> str:
 
 def _float_dtypes(tree) -> list[str]:
     return [dtype_name(t.dtype) for t in tree_leaves(tree) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def _scalars_only(out, inputs) -> bool:
+    """Whether the op's outputs (an in-place op without any: its inputs) are all 0-d tensors."""
+    tensors = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)] or \
+        [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)]
+    return bool(tensors) and all(t.dim() == 0 for t in tensors)
 
 
 class _Dispatch(TorchDispatchMode):
@@ -113,16 +121,18 @@ class Census:
         dtype = census_mod.lowest(floats)
         if dtype is None:
             return
+        node = torch._C._current_autograd_node()
+        if node is None and not self.stack and _scalars_only(out, (args, kwargs)):
+            return  # a counter outside the model (torch.optim's float32 `step`), not a precision site
         self.seen.add(dtype)
         if not census_mod.lower(dtype, self.dtype):
             return
-        node = torch._C._current_autograd_node()
         if node is not None:
             module, cls = node.metadata.get(TAG, ("backward", "")) if hasattr(node, "metadata") else ("backward", "")
             phase = "backward"
         else:
             module, cls = self.current() or ("", "")
-            phase = "forward"
+            phase = "forward" if self.stack else "outside"  # outside: between steps, the optimizer's
         self.counts[(module, cls, op, dtype, phase)] += 1
 
     def start(self) -> Census:

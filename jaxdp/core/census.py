@@ -67,7 +67,7 @@ def describe(census, most: int = 4) -> str:
         return ""
     by_class: dict = {}
     for s in sites:
-        by_class.setdefault(s.get("class") or "(no module)", []).append(s)
+        by_class.setdefault(s.get("class") or "outside any module", []).append(s)
     parts = []
     for cls, group in sorted(by_class.items(), key=lambda kv: -sum(s["count"] for s in kv[1]))[:most]:
         ops = list(dict.fromkeys(s["op"] for s in group))

@@ -66,13 +66,12 @@ def bounds(tol, census, rows: dict, family: str):
 
 def line(a_meta: dict, b_meta: dict, sides=("A", "B")) -> str:
     """The verdict's one line on lower precision ('' when neither census lists a lower site)."""
-    parts = []
-    for side, meta in zip(sides, (a_meta, b_meta), strict=True):
-        c = (meta or {}).get(census_mod.KEY)
-        if census_mod.lower_sites(c):
-            parts.append(f"{side}: {census_mod.describe(c)}")
-    if not parts:
+    said = {side: census_mod.describe((meta or {}).get(census_mod.KEY))
+            for side, meta in zip(sides, (a_meta, b_meta), strict=True)}
+    if not any(said.values()):
         return ""
+    same = len(set(said.values())) == 1
+    parts = [f"{' and '.join(sides)}: {said[sides[0]]}"] if same else [f"{s}: {d}" for s, d in said.items() if d]
     run = (b_meta.get(census_mod.KEY) or a_meta.get(census_mod.KEY) or {}).get("dtype") or b_meta.get("dtype")
     low = roundoff_dtype(a_meta, b_meta)
     fix = ("torch_ref.precision.keep_float64() (docs/LIBRARY.md)" if run == "float64" else

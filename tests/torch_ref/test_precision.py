@@ -2,7 +2,7 @@
 sites, by module and class (LlamaRMSNorm's upcast, the eager softmax; GPT-NeoX's softmax and rotary angles),
 none under `keep_float64()` (whose loss is then the one of transformers' float32 sites promoted by hand,
 hf_honest.promoted_sites's functions), none in a model that has none (GPT-2); and `torch_ref.trace.Recorder` puts
-the first step's census into its meta."""
+the first step's census into its meta (AdamW's float32 step counter not a site)."""
 from __future__ import annotations
 
 import functools
@@ -77,14 +77,20 @@ def test_keep_float64_computes_what_promoting_the_sites_by_hand_computes(monkeyp
     assert torch.get_default_dtype() == torch.float32  # restored
 
 
-def test_the_recorder_puts_the_first_steps_census_into_meta():
-    model, opt = torch_ref.parallelize(hf_honest.hf_model("llama", "float64"), strategy="single",
-                                       optimizer=lambda ps: torch.optim.SGD(ps, lr=0.01))
-    with torch_ref.trace.Recorder(None, {"dtype": "float64"}, model, strip_prefix="model.", optimizer=opt) as rec:
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_the_recorder_puts_the_first_steps_census_into_meta(name):
+    """AdamW included: its float32 `step` counter (a float64 model, float32 default dtype) is no site."""
+    model, opt = torch_ref.parallelize(hf_honest.hf_model(name, "float64"), strategy="single",
+                                       optimizer=lambda ps: torch.optim.AdamW(ps, lr=0.01))
+    with torch_ref.trace.Recorder(None, {"dtype": "float64"}, model, strip_prefix=hf_honest.PREFIX[name],
+                                  optimizer=opt) as rec:
         rec.init()
         for k in (1, 2):
-            x, y = (torch.from_numpy(v) for v in hf_honest.batch("llama", k, "float64"))
+            x, y = (torch.from_numpy(v) for v in hf_honest.batch(name, k, "float64"))
             rec.step(k, torch_ref.train_step(model, opt, x, y, hf_honest.loss_fn))
     got = rec.meta["precision"]
-    assert got["dtype"] == "float64" and ("LlamaRMSNorm", "rsqrt") in classes(got, "forward")
+    if name == "llama":
+        assert got["dtype"] == "float64" and ("LlamaRMSNorm", "rsqrt") in classes(got, "forward")
+    else:
+        assert (got["lowest"], got["sites"]) == ("float64", [])
     assert rec.census is None  # closed at the first step

@@ -5,7 +5,8 @@ computed in (its floating outputs', else its inputs'), the module it ran in (for
 hook keeps the current module's qualified name and class; backward: the module whose forward made the autograd
 node being run, else "backward") and its phase (forward, backward, or outside: outside any module and any
 backward, the optimizer's; there ops on 0-d tensors only, torch.optim's float32 `step` counter, are not
-sites); `summary()` is the census of jaxdp/core/census.py, the trace's meta `precision`. `torch_ref.trace.Recorder` takes one during the first recorded step, on its own.
+sites); `summary()` is the census of jaxdp/core/census.py, the trace's meta `precision`.
+`torch_ref.trace.Recorder` takes one during the first recorded step, on its own.
 
 transformers computes some parts in float32 whatever the model's dtype (LlamaRMSNorm's upcast, eager attention's
 `softmax(dtype=float32)`, rotary angles): a float64 model of theirs is not a float64 model, and the judge then

@@ -10,11 +10,35 @@ import functools
 import pytest
 import torch
 
-pytest.importorskip("transformers")
+import torch_ref
+from jaxdp.harness.mutations import hf_honest
+from torch_ref import precision
 
-import torch_ref  # noqa: E402
-from jaxdp.harness.mutations import hf_honest  # noqa: E402
-from torch_ref import precision  # noqa: E402
+
+class Upcast(torch.nn.Module):
+    """A float64 layer that normalises in float32, as transformers' RMSNorm does."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4, dtype=torch.float64)
+
+    def forward(self, x):
+        h = self.fc(x).float()
+        return (h * torch.rsqrt(h.square().mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+
+def test_a_float32_upcast_in_a_plain_module_is_a_site_and_keep_float64_removes_it():
+    model, x = Upcast(), torch.ones(2, 4, dtype=torch.float64)
+    c = precision.census(model, lambda: model(x).sum().backward())
+    sites = {(s["module"], s["class"], s["op"], s["phase"]) for s in c["sites"]}
+    assert {("", "Upcast", "rsqrt", "forward"), ("", "Upcast", "_to_copy", "forward"),
+            ("", "Upcast", "pow", "backward")} <= sites  # the root module is "" by its qualified name
+    assert not any(s["class"] == "Linear" for s in c["sites"])  # fc computes in float64
+    with precision.keep_float64():
+        kept = precision.census(model, lambda: model(x).sum().backward())
+        assert torch.get_default_dtype() == torch.float64
+    assert (kept["lowest"], kept["sites"]) == ("float64", [])
+    assert torch.get_default_dtype() == torch.float32
 
 
 def step(model, k: int = 1):
@@ -26,6 +50,7 @@ def step(model, k: int = 1):
 
 @functools.cache
 def census(name: str, keep: bool = False) -> dict:
+    pytest.importorskip("transformers")
     model = hf_honest.hf_model(name, "float64")
     with precision.keep_float64() if keep else precision.contextlib.nullcontext():
         return precision.census(model, lambda: step(model))
@@ -61,6 +86,7 @@ def test_a_float64_model_without_float32_sites_has_none():
 
 
 def test_keep_float64_computes_what_promoting_the_sites_by_hand_computes(monkeypatch):
+    pytest.importorskip("transformers")
     model = hf_honest.hf_model("llama", "float64")
     with precision.keep_float64():
         kept = step(model)
@@ -80,6 +106,7 @@ def test_keep_float64_computes_what_promoting_the_sites_by_hand_computes(monkeyp
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
 def test_the_recorder_puts_the_first_steps_census_into_meta(name):
     """AdamW included: its float32 `step` counter (a float64 model, float32 default dtype) is no site."""
+    pytest.importorskip("transformers")
     model, opt = torch_ref.parallelize(hf_honest.hf_model(name, "float64"), strategy="single",
                                        optimizer=lambda ps: torch.optim.AdamW(ps, lr=0.01))
     with torch_ref.trace.Recorder(None, {"dtype": "float64"}, model, strip_prefix=hf_honest.PREFIX[name],

@@ -2,12 +2,9 @@
 first, and describes them by class and module in one phrase."""
 from __future__ import annotations
 
-import pytest
-
 from jaxdp.core import census
 
 
-@pytest.mark.quick
 def test_only_lower_sites_are_kept_and_the_lowest_is_seen():
     counts = {("m.norm", "RMSNorm", "rsqrt", "float32", "forward"): 2,
               ("m.fc", "Linear", "mm", "float64", "forward"): 5}
@@ -19,7 +16,6 @@ def test_only_lower_sites_are_kept_and_the_lowest_is_seen():
     assert census.lower("bfloat16", "float32") and not census.lower("float64", "float32")
 
 
-@pytest.mark.quick
 def test_the_cap_keeps_every_kind_of_site_first():
     counts = {(f"layers.{i}.norm", "RMSNorm", "mul", "float32", "forward"): 9 for i in range(100)}
     counts[("attn", "Attention", "_softmax", "float32", "forward")] = 1
@@ -28,7 +24,6 @@ def test_the_cap_keeps_every_kind_of_site_first():
     assert {s["class"] for s in c["sites"]} == {"RMSNorm", "Attention"}
 
 
-@pytest.mark.quick
 def test_describe_names_classes_and_modules():
     counts = {("m.layers.0.norm", "RMSNorm", "rsqrt", "float32", "forward"): 1,
               ("m.layers.1.norm", "RMSNorm", "rsqrt", "float32", "forward"): 1,

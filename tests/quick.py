@@ -52,7 +52,8 @@ QUICK = {
     "tests/jaxdp/core/test_recorder.py": ALL,
     "tests/jaxdp/core/test_census.py": ALL,  # the precision census's shape, 1 s
     "tests/jaxdp/test_precision.py": ("test_a_named_scope_names_the_site",),
-    "tests/torch_ref/test_precision.py": ("test_a_float32_upcast_in_a_plain_module_is_a_site_and_keep_float64_removes_it",),
+    "tests/torch_ref/test_precision.py": (
+        "test_a_float32_upcast_in_a_plain_module_is_a_site_and_keep_float64_removes_it",),
     "tests/jaxdp/harness/mutations/test_precision_limits.py": ALL,
     "tests/jaxdp/core/test_reduction.py": ALL,
     "tests/jaxdp/core/test_spread.py": ALL,

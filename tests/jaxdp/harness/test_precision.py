@@ -17,18 +17,17 @@ import functools
 
 import pytest
 
-pytest.importorskip("transformers")
-
-from jaxdp.core import trace  # noqa: E402
-from jaxdp.harness import divergence, parity, verdict  # noqa: E402
-from jaxdp.harness.mutations import limits  # noqa: E402
-from jaxdp.harness.mutations import precision_limits as P  # noqa: E402
+from jaxdp.core import census, trace
+from jaxdp.harness import divergence, parity, precision, verdict
+from jaxdp.harness.mutations import limits
+from jaxdp.harness.mutations import precision_limits as P
 
 KERNEL = "layers/0/mlp/down_proj/kernel"
 
 
 @functools.cache
 def world() -> dict:
+    pytest.importorskip("transformers")
     from torch_ref.launch import launch
 
     return launch(P.run_cases, 2, timeout_s=300, pg_timeout_s=120)[0]
@@ -38,6 +37,27 @@ def world() -> dict:
 def pair(name: str, keep: bool) -> tuple[trace.Trace, trace.Trace]:
     """(ddp on 2 ranks, single) of one case."""
     return trace.Trace(*world()[(name, keep)]), trace.Trace(*P.record(name, "single", 0, 1, keep))
+
+
+def meta(run: str, *lower: str) -> dict:
+    counts = {(f"m.{d}", "Norm", "rsqrt", d, "forward"): 1 for d in lower}
+    return {"dtype": run, "optimizer": "adamw", census.KEY: census.summary(run, counts)}
+
+
+def test_the_bounds_follow_the_lowest_site_and_never_loosen_without_one():
+    f64, f32 = parity.TOLERANCES[("float64", "adam")], parity.TOLERANCES[("float32", "adam")]
+    assert parity.tolerance(meta("float64")) == f64  # a census with no lower site: float64's bounds
+    wide = parity.tolerance(meta("float64", "float32"))
+    assert (wide.loss, wide.grad) == (f32.loss, f32.grad)
+    assert (wide.param, wide.update, wide.step_update, wide.elementwise) == (
+        f64.param, f64.update, f64.step_update, f64.elementwise)
+    assert parity.tolerance(meta("float32", "bfloat16")).grad == parity.TOLERANCES[("bfloat16", "adam")].grad
+    assert precision.roundoff_dtype(meta("float64"), meta("float64", "float32", "bfloat16")) == "bfloat16"
+    assert precision.unit("float64", meta("float64"), meta("float64", "float32")) == 2.0 ** -24
+    assert precision.unit("float64", {}, meta("float64")) == 2.0 ** -53
+    assert precision.line(meta("float64"), {}) == "" and precision.to_json({}, {}) is None
+    one = precision.line(meta("float64", "float32"), meta("float64"))
+    assert one.startswith("lower precision in a float64 run: A: 1 float32 sites (Norm at m.float32 (rsqrt))")
 
 
 def without_census(t: trace.Trace) -> trace.Trace:

@@ -55,6 +55,12 @@ QUICK = {
     ),
     "tests/jaxdp/core/traces/test_hostile_traces.py": ALL,
     "tests/jaxdp/core/traces/test_recorder.py": ALL,
+    "tests/jaxdp/core/traces/test_census.py": ALL,  # the precision census's shape, 1 s
+    "tests/jaxdp/test_precision.py": ("test_a_named_scope_names_the_site",),
+    "tests/torch_ref/test_precision.py": (
+        "test_a_float32_upcast_in_a_plain_module_is_a_site_and_keep_float64_removes_it",),
+    "tests/jaxdp/harness/mutations/test_precision_limits.py": ALL,
+    "tests/jaxdp/judge/test_precision.py": ("test_the_bounds_follow_the_lowest_site_and_never_loosen_without_one",),
     "tests/jaxdp/core/run/test_reduction.py": ALL,
     "tests/jaxdp/core/traces/test_spread.py": ALL,
     "tests/jaxdp/core/memory/test_sizes.py": (  # and sizes checked before work, in both CLIs (in-process, 17 s)

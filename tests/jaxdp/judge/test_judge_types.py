@@ -110,7 +110,7 @@ def test_the_json_document_keeps_its_keys(tmp_path):
     assert cli.main(["diff", str(a), str(b), "--json", str(tmp_path / "d.json")]) == 1
     doc = json.loads((tmp_path / "d.json").read_text())
     assert list(doc) == ["ok", "first_divergence", "a", "b", "bounds", "failures", "notes", "steps", "relaxed",
-                         "relaxed_count", "spread", "divergences", "table"]
+                         "relaxed_count", "spread", "precision", "divergences", "table"]
     assert list(doc["first_divergence"]) == ["step", "field", "name", "key", "measure", "error", "bound", "index",
                                              "a", "b", "missing", "detail", "allowance"]
     assert list(doc["table"][0]) == ["step", "field", "name", "measure", "error", "bound", "ratio"]

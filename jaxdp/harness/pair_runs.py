@@ -7,6 +7,9 @@ import contextlib
 
 from ..core.run import data
 from ..core.run.config import RunConfig
+from ..core.run.hsdp_hosts import per_strategy
+from ..core.traces import trace as trace_mod
+from ..judge import parity
 
 
 def run_jax(cfg: RunConfig, mutation: str | None = None):
@@ -75,3 +78,22 @@ def run_torch(cfgs: list, timeout_s: float = 900.0) -> dict:
             for i, (item, job) in enumerate(entries):
                 results[item] = [r[i] for r in per_rank] if job[3] == "dtypes" else per_rank[0][i]
     return results
+
+
+def check(cfg: RunConfig, pairs, jax_runner=None, torch_runner=None) -> list:
+    """Train each (label, jax strategy, torch strategy) pair on `cfg` (`parity.pairs_for`) and judge each
+    jaxdp run against its torch_ref twin (`parity.compare`)."""
+    jax_runner, torch_runner = jax_runner or run_jax, torch_runner or run_torch
+    def side(name, framework):
+        return per_strategy(cfg, name).replace(devices=1 if name == "single" else cfg.devices).validate(framework)
+
+    jax_cfgs = {label: side(j, "jax") for label, j, _ in pairs}
+    torch_cfgs = {label: side(t, "torch") for label, _, t in pairs}
+    torch_results = torch_runner(list(dict.fromkeys(torch_cfgs.values())))
+    rows = []
+    for label, _, _ in pairs:
+        j = jax_runner(jax_cfgs[label])
+        t = torch_results[torch_cfgs[label]]
+        rows.append(parity.compare(trace_mod.Trace(j.meta, j.arrays), trace_mod.Trace(t.meta, t.arrays),
+                                   jax_cfgs[label], label))
+    return rows

@@ -36,7 +36,6 @@ import numpy as np
 
 from ..core.registry import strategies as registry
 from ..core.run.config import RunConfig
-from ..core.run.hsdp_hosts import per_strategy
 from ..core.traces import trace as trace_mod
 from . import error_model, precision, relaxed, resolution, unmodelled
 
@@ -258,26 +257,6 @@ def bf16_reduced(t) -> list[str]:
 def compare(jax_trace, torch_trace, cfg: RunConfig, label: str = "") -> Row:
     """Judge the jaxdp trace of `cfg` against torch_ref's with `tolerance(cfg)`."""
     return judge(jax_trace, torch_trace, tolerance(cfg), label, cfg, sides=("jax", "torch"))
-
-
-def check(cfg: RunConfig, pairs, jax_runner=None, torch_runner=None) -> list[Row]:
-    """Train each (label, jax strategy, torch strategy) pair on `cfg` (`jaxdp.harness.pair_runs`) and judge."""
-    from ..harness import pair_runs
-
-    jax_runner, torch_runner = jax_runner or pair_runs.run_jax, torch_runner or pair_runs.run_torch
-    def side(name, framework):
-        return per_strategy(cfg, name).replace(devices=1 if name == "single" else cfg.devices).validate(framework)
-
-    jax_cfgs = {label: side(j, "jax") for label, j, _ in pairs}
-    torch_cfgs = {label: side(t, "torch") for label, _, t in pairs}
-    torch_results = torch_runner(list(dict.fromkeys(torch_cfgs.values())))
-    rows = []
-    for label, _, _ in pairs:
-        j = jax_runner(jax_cfgs[label])
-        t = torch_results[torch_cfgs[label]]
-        rows.append(compare(trace_mod.Trace(j.meta, j.arrays), trace_mod.Trace(t.meta, t.arrays), jax_cfgs[label],
-                            label))
-    return rows
 
 
 def format_table(rows: list[Row]) -> str:

@@ -44,7 +44,7 @@ def test_torch_ref_runs_a_world_of_one_on_nccl():
 
 @pytest.fixture(scope="module")
 def rows():
-    return parity.check(GPU, parity.pairs_for(STRATEGIES))
+    return pair_runs.check(GPU, parity.pairs_for(STRATEGIES))
 
 
 @pytest.mark.parametrize("i", range(len(STRATEGIES)))
@@ -56,5 +56,5 @@ def test_tf32_parts_from_torch_by_more_than_the_bounds(rows):
     """The negative control: the same run with JAX's products in TF32 (its GPU default) fails the judge."""
     cfg = GPU.replace(strategy="single").validate("jax")
     with jax.default_matmul_precision("tensorfloat32"):
-        tf32 = parity.check(cfg, parity.pairs_for(["single"]))[0]
+        tf32 = pair_runs.check(cfg, parity.pairs_for(["single"]))[0]
     assert rows[0].ok and not tf32.ok, parity.format_table([rows[0], tf32])

@@ -9,6 +9,7 @@ import time
 import numpy as np
 
 from . import devices as devices_mod
+from . import precision  # the run's precision census, meta "precision"
 from .core import progress as run_progress  # where the run is, for the line Ctrl-C prints
 from .core import stop
 from .core.config import JIT_STRATEGIES, RunConfig
@@ -110,6 +111,7 @@ def run(cfg: RunConfig, trace_path=None, record: bool | None = None, progress: b
     recorder = Recorder(trace_path if jax.process_index() == 0 else None, result.meta) if record else None
     if recorder is not None:  # a resumed run's init/ is what it resumed from
         recorder.init(problem.params if start == 0 else par.params(state), state=problem.state)
+        recorder.meta[precision.KEY] = precision.of_problem(problem, *host_batch(cfg, dataset, start + 1), cfg.dtype)
     try:
         _train(cfg, dataset, par, state, start, saver, recorder, result, progress)
     except KeyboardInterrupt:  # Ctrl-C: the checkpoints stay (a save in progress completes first)

@@ -32,7 +32,7 @@ from jaxdp.core import optimizer_settings
 from jaxdp.core import trace as jax_trace
 from jaxdp.core.config import ConfigError
 
-from . import api, convert
+from . import api, convert, precision
 
 
 class Recorder:
@@ -56,6 +56,8 @@ class Recorder:
         self.arrays: dict[str, np.ndarray] = {}
         self.par.return_grads = True  # train_step now keeps the averaged gradient for `step`
         self.meta.update(self.buffers_from_rank0())
+        # the precision census (torch_ref/precision.py) of everything up to the first recorded step: meta "precision"
+        self.census = precision.Census(self.par.module, self.meta.get("dtype")).start()
 
     def __enter__(self) -> Recorder:
         return self
@@ -71,6 +73,7 @@ class Recorder:
     def step(self, k: int, loss: float, x=None, y=None) -> None:
         """Step `k`'s loss (`train_step`'s return), its global batch (optional), the gradient the
         update used and the parameters after it. Every rank calls it, after `train_step`."""
+        self._census_done()
         grads = self.par.grads
         params = self.par.full_params()  # a collective under sharding: before any rank-0-only work
         spreads = self.spreads()  # a collective (world size > 1)
@@ -92,8 +95,14 @@ class Recorder:
     def close(self, write: bool = True) -> None:
         """Detach (train_step stops keeping gradients) and, on rank 0, write the trace."""
         self.par.return_grads, self.par.grads = False, None
+        self._census_done()
         if write and self.writer and self.path is not None:
             jax_trace.save(self.path, self.meta, self.arrays)
+
+    def _census_done(self) -> None:
+        """Close the census (once) and keep it as meta `precision`."""
+        if self.census is not None:
+            self.meta[precision.KEY], self.census = self.census.stop(), None
 
     def _buffers(self) -> dict:
         """The module's buffers (`convert` keeps the mapped ones: running_mean/var -> mean/var)."""

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..core import spread as spread_mod
 from ..core import trace as trace_mod
-from . import error_model, parity, relaxed, resolution, resumed
+from . import error_model, parity, precision, relaxed, resolution, resumed
 from .judgement import Bounds, Cell, Divergence, Report, ratio  # the result types, also read as divergence.<name>
 
 ORDER = ("init", "x", "y", "loss", "grad", "param", "state")
@@ -62,7 +62,10 @@ def default_bounds(a: trace_mod.Trace, b: trace_mod.Trace) -> tuple[parity.Toler
         meta["optimizer"] = "adam"
         source.append("optimizer row adam, which holds for any optimizer (meta has no 'optimizer')")
     source.append(f"the parity bounds for {meta['dtype']}, {meta['optimizer']}; --tolerance T overrides")
-    return parity.tolerance(meta), meta["dtype"], "; ".join(source)
+    tol = parity.tolerance({**meta, precision.KEY: precision.merged(a.meta, b.meta)})  # the precision census
+    source += [f"losses and gradients at {low}'s roundoff (precision census)"] if (
+        low := precision.roundoff_dtype(a.meta, b.meta)) else []
+    return tol, meta["dtype"], "; ".join(source)
 
 
 def compare(a: trace_mod.Trace, b: trace_mod.Trace, tolerance: float | None = None,
@@ -76,6 +79,7 @@ def compare(a: trace_mod.Trace, b: trace_mod.Trace, tolerance: float | None = No
         shared = trace_mod.shared_config_fields(a, b)
         notes.append(f"configuration compared on {', '.join(shared) or 'no field (neither meta carries one)'}")
     notes += [k] if (k := parity.kernels_note(a, b)) else []  # which kernels each side ran
+    notes += [p] if (p := precision.line(a.meta, b.meta)) and tolerance is None else []  # lower-precision sites
     found, a, b = spread_mod.split(a, b, ("A", "B"))
     a, b, shared = resumed.align(a, b)
     notes += [shared] if shared else []
@@ -118,7 +122,8 @@ def compare(a: trace_mod.Trace, b: trace_mod.Trace, tolerance: float | None = No
     notes += list(dict.fromkeys(n for n in (note, settings) if n)) + spread_mod.notes(found)  # said once
     ok = not divergences and not failures
     return Report(ok, first, divergences, cells, failures, notes, bounds, first_step=first_step, steps=steps,
-                  relaxed=kept, diff=d, row=row, tolerance=tolerance, spread=found)
+                  relaxed=kept, diff=d, row=row, tolerance=tolerance, spread=found,
+                  precision=precision.to_json(a.meta, b.meta))
 
 
 def _missing(a, b, pos, notes) -> list[Divergence]:

@@ -46,7 +46,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..core.trace import errors
-from . import recorded_steps
+from . import precision, recorded_steps
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 DTYPES = ("float64", "float32")
@@ -144,7 +144,8 @@ def allowance(a, b, grad_bound: float = math.inf, elementwise_bound: float = mat
     if dtype not in DTYPES:
         return None
     opt = None if why_none(a, b) else optimizer_of(b.meta) or optimizer_of(a.meta)
-    out = Allowance(opt, grad_floor=grad_floors(b, UNIT[dtype], grad_bound, elementwise_bound, a))
+    u = precision.unit(dtype, a.meta, b.meta)  # lower-precision sites' roundoff (precision census)
+    out = Allowance(opt, grad_floor=grad_floors(b, u, grad_bound, elementwise_bound, a))
     if opt is None:
         return out
     names = [n for n in b.names() if f"init/{n}" in a.arrays]

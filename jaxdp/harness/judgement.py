@@ -103,3 +103,4 @@ class Report:
     row: Row | None = None
     tolerance: float | None = None
     spread: list = field(default_factory=list)
+    precision: dict | None = None  # both traces' precision censuses and the dtype judged at (harness/precision.py)

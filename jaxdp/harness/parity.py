@@ -37,7 +37,7 @@ import numpy as np
 from ..core import trace as trace_mod
 from ..core.config import RunConfig
 from ..core.hsdp_hosts import per_strategy
-from . import error_model, relaxed, resolution, unmodelled
+from . import error_model, precision, relaxed, resolution, unmodelled
 
 # (label, jaxdp strategy, torch_ref strategy): same names where both frameworks have them, and the
 # two framework-only variants against the other side's plain ddp.
@@ -102,7 +102,8 @@ def tolerance(cfg) -> Tolerance:
     dtype, optimizer = get("dtype", "float64"), get("optimizer", "sgd")
     if dtype not in ("float64", "float32", "bfloat16"):
         raise trace_mod.TraceError(f"no tolerances for dtype {dtype!r} (meta 'dtype'); pass --tolerance")
-    return TOLERANCES[(dtype, "adam" if optimizer in ADAM else "sgd")]
+    family = "adam" if optimizer in ADAM else "sgd"  # a precision census's lower sites: jaxdp/harness/precision.py
+    return precision.bounds(TOLERANCES[(dtype, family)], get(precision.KEY), TOLERANCES, family)
 
 
 @dataclass
@@ -129,10 +130,10 @@ class Row:
 
 def judge(a, b, tol: Tolerance | None = None, label: str = "", cfg: RunConfig | None = None,
           sides=("a", "b"), check_config: bool = True, with_ulp: bool = False) -> Row:
-    """Judge trace `a` against reference `b` with `tol` (default: `tolerance(b.meta)`). A failure
+    """Judge trace `a` against reference `b` with `tol` (default: `tolerance`, of B's meta and the censuses). A failure
     names the field, the worst array (by key) and the bound; non-finite arrays are named by key and side.
     The error model (jaxdp/harness/error_model.py) only lowers measures: it runs where they fail without it."""
-    tol = tol or tolerance(b.meta)
+    tol = tol or tolerance(precision.judged_meta(a, b))
     if check_config:
         trace_mod.check_comparable(a, b)
     derived = resolution.resolve(a, b)  # the tight direction: bounds derived from the traces

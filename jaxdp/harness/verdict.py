@@ -140,6 +140,7 @@ def as_json(report: divergence.Report, a_path: str = "", b_path: str = "") -> di
            "bounds": report.bounds.to_json(), "failures": report.failures, "notes": report.notes,
            "steps": [report.first_step, report.steps], "relaxed": report.relaxed, "relaxed_count": len(report.relaxed),
            "spread": [asdict(f) for f in report.spread],
+           "precision": report.precision,
            "divergences": [{k: getattr(v, k) for k in ("step", "field", "name", "measure", "error", "bound")}
                            for v in report.divergences],
            "table": [asdict(c) for c in report.cells]}

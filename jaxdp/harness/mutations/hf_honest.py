@@ -36,9 +36,12 @@ def batch(name: str, k: int, dtype: str):
 
 
 def loss_fn(out, y):
+    """Cross-entropy as transformers' own losses compute it (transformers/loss/loss_utils.py): on the logits
+    upcast to float32 when they are lower (bf16 autocast hands bf16 logits to a loss outside it)."""
+    import torch
     import torch.nn.functional as F
 
-    logits = out.logits
+    logits = out.logits.float() if out.logits.dtype in (torch.bfloat16, torch.float16) else out.logits
     return F.cross_entropy(logits.flatten(0, 1) if logits.dim() == 3 else logits, y.flatten())
 
 

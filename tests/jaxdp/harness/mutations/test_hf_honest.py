@@ -69,3 +69,17 @@ def test_promoted_sites_compute_in_float64_inside_and_restore_on_exit():
         assert torch.nn.functional.softmax(x, dim=-1, dtype=torch.float32).dtype == torch.float64
     assert gemma.GemmaRMSNorm.forward is as_built
     assert (norm(x) - exact).abs().max() > 1e-10  # as built: float32
+
+
+@pytest.mark.quick
+def test_the_loss_is_computed_on_float32_logits_under_bf16_as_transformers_does():
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from jaxdp.harness.mutations import hf_honest
+
+    logits, y = torch.randn(2, 8, 64), torch.randint(0, 64, (2, 8))
+    low = hf_honest.loss_fn(SimpleNamespace(logits=logits.bfloat16()), y)
+    assert low.dtype == torch.float32  # a bf16 loss is quantised to 2^-5 near 4: two ulps are 1.5% of it
+    assert low == torch.nn.functional.cross_entropy(logits.bfloat16().float().flatten(0, 1), y.flatten())
+    assert hf_honest.loss_fn(SimpleNamespace(logits=logits.double()), y).dtype == torch.float64

@@ -35,6 +35,7 @@ FULL_SUITE_ONLY = {
     "jaxdp.launch": "tests/jaxdp/test_multiprocess.py",  # `jaxdp train --processes 2`
 }
 OPTIONAL = {"jaxdp.harness.mutations.hf_honest": "transformers",  # touched where the extra is installed
+            "jaxdp.harness.mutations.hf_models": "transformers",
             **{f"jaxdp.analysis.{m}": "jax_cuda12_plugin" for m in ("aot", "gpu_program", "target_memory")}}
 FOLDER_ENV = "JAXDP_TESTS_TOUCHED_DIR"
 _profile: cProfile.Profile | None = None

@@ -10,7 +10,6 @@ The parent also gives up after `timeout` seconds. So a failure ends the run prom
 parent's alone (the ranks start with SIGINT blocked); SIGINT or SIGTERM to it is forwarded to every rank as SIGTERM.
 A rank that a signal reaches ends its step, all agree on the step to stop after (torch_ref/train.py), save it and
 exit 143 (130: SIGINT); the parent raises `jaxdp.core.process.stop.Stopped`, and kills a rank left after STOP_S.
-
 Under torchrun, `from_env()` reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT.
 """
 from __future__ import annotations

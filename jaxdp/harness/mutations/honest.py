@@ -11,31 +11,38 @@ Two covering sets (every pair of values of any two dimensions meets in at least 
             float64/float32/bfloat16. Each case judges jaxdp's run against jaxdp's `single`, torch_ref's
             against torch_ref's `single` and jaxdp's against torch_ref's; each (model, optimizer, dtype)
             also judges jaxdp's `single` against torch_ref's.
-  hf        transformers' models from configs (`hf_honest`: GPT-2, Llama, BERT, GPT-NeoX with partial
-            rotary, ResNet with BatchNorm) under torch_ref's strategies x N x float32/float64 x
-            AdamW (torch's defaults)/Adam/momentum/sgd, each against the same model under `single`.
+  hf        transformers' models from configs (`hf_models`: twelve families, each with its trap) under
+            torch_ref's strategies x N x float64/float32/bfloat16 (autocast over float32 master
+            parameters, `compute_dtype=torch.bfloat16`) x AdamW (torch's defaults)/Adam/momentum/sgd,
+            each against the same model under `single`.
 
-The summary (markdown, stdout): comparisons, how many pass, and per measure the worst ratio and its case.
+`--results FILE` writes every comparison (case, pass, worst ratio per measure, failures) and the summary
+(`honest_render.summarise`) as JSON; `python -m jaxdp.harness.mutations.honest_render` renders it into
+docs/PARITY.md. The summary (markdown, `honest_render.render`) also goes to stdout. `--promote` runs the
+float64 transformers models with their float32 sites promoted (`hf_honest.promoted_sites`).
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import json
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: see torch_ref/__init__.py
 
+from ...core.files import atomic  # noqa: E402
 from ...core.registry import strategies as registry  # noqa: E402
 from ...core.run.config import ConfigError, RunConfig  # noqa: E402
 from ...core.run.hsdp_hosts import per_strategy  # noqa: E402
 from ...core.traces import trace  # noqa: E402
 from ...judge import parity, resolution  # noqa: E402
 from .. import pair_runs  # noqa: E402
-from . import hf_honest  # noqa: E402
+from . import hf_honest, hf_models, honest_render  # noqa: E402
 
 # (jaxdp strategy, torch_ref strategy): every strategy of both frameworks, the framework-only ones paired.
 # (those that equal single: diloco, with its own oracle, has its own tests)
@@ -54,27 +61,32 @@ OPTIMIZERS = {"sgd": dict(lr=0.05, weight_decay=0.01), "momentum": dict(lr=0.05)
 BASE = RunConfig(batch_size=24, steps=4, seed=3, bucket_mb=0.002)  # 24 rows: N x accum divides it for N <= 4
 PROJECT = dict(strategy=STRATEGIES, devices=[1, 2, 3, 4], model=list(MODELS), optimizer=list(OPTIMIZERS),
                dtype=["float64", "float32", "bfloat16"])
-HF = dict(model=["gpt2", "llama", "bert", "neox", "resnet"],
+HF = dict(model=hf_models.FAMILIES,
           strategy=list(registry.names("torch", twin="", one_device=False, oracle="single")),
-          devices=[1, 2, 3, 4], dtype=["float32", "float64"], optimizer=["adamw", "adam", "momentum", "sgd"])
+          devices=[1, 2, 3, 4], dtype=["float64", "float32", "bfloat16"],
+          optimizer=["adamw", "adam", "momentum", "sgd"])
+PROMOTE = False  # float64 transformers models as built: the judge reads their float32 sites from the census
 CONSTANT = ("loss", "grad", "param", "update", "step update")
 MEASURES = CONSTANT + resolution.MEASURES
 
 
 def covering(dims: dict[str, list], valid=lambda case: True) -> list[dict]:
     """A greedy pairwise covering set of the `valid` cases: each case the valid one that meets most
-    uncovered pairs (a pair no valid case holds stays uncovered)."""
+    uncovered pairs, among those the one whose values the cases so far used least (so that a dimension's
+    values share the cases evenly); a pair no valid case holds stays uncovered."""
     names = list(dims)
     pairs = list(itertools.combinations(range(len(names)), 2))
     todo = {(i, a, j, b) for i, j in pairs for a in range(len(dims[names[i]])) for b in range(len(dims[names[j]]))}
     product = [c for c in itertools.product(*(range(len(dims[n])) for n in names))
                if valid({n: dims[n][v] for n, v in zip(names, c, strict=True)})]
-    cases = []
+    cases, used = [], collections.Counter()
     while todo:
-        best = max(product, key=lambda c: sum((i, c[i], j, c[j]) in todo for i, j in pairs))
+        best = max(product, key=lambda c: (sum((i, c[i], j, c[j]) in todo for i, j in pairs),
+                                           -sum(used[i, v] for i, v in enumerate(c))))
         if not todo & {(i, best[i], j, best[j]) for i, j in pairs}:
             break
         todo -= {(i, best[i], j, best[j]) for i, j in pairs}
+        used.update(enumerate(best))
         cases.append({n: dims[n][v] for n, v in zip(names, best, strict=True)})
     return cases
 
@@ -169,7 +181,7 @@ def _across(label: str, a, b) -> Record:
     return judged(label, a, b)
 
 
-def hf(cases: list, log) -> list[Record]:
+def hf(cases: list, log, promote: bool = False) -> list[Record]:
     """Every hf case against the same model, optimizer and dtype under torch_ref's `single` (N = 1's world)."""
     from torch_ref import launch
 
@@ -182,7 +194,7 @@ def hf(cases: list, log) -> list[Record]:
     for n in (1, 2, 3, 4):
         world = [c for c in cases if c["devices"] == n] + (singles if n == 1 else [])
         try:
-            done = launch.launch(hf_honest.run_world, n, world, timeout_s=900, pg_timeout_s=120)[0]
+            done = launch.launch(hf_honest.run_world, n, world, promote, timeout_s=1800, pg_timeout_s=120)[0]
         except Exception as e:  # noqa: BLE001 (reported per case)
             print(f"transformers world N={n} failed: {e}", flush=True)
             continue
@@ -199,25 +211,14 @@ def _hf_key(c: dict) -> tuple:
     return c["model"], c["optimizer"], c["dtype"], c["strategy"], c["devices"]
 
 
-def summary(records: list[Record], wall_s: float) -> str:
-    """The markdown summary: the count, the passing count, per measure the worst ratio and its case."""
-    passed = sum(r.ok for r in records)
-    lines = [f"**Honest matrix**: {len(records)} comparisons, {passed} pass, {len(records) - passed} fail "
-             f"({wall_s / 60:.1f} min)", "", "| measure | worst honest ratio (measure / bound) | case |",
-             "|---|---|---|"]
-    for m in MEASURES:
-        have = [r for r in records if m in r.ratios]
-        if have:
-            worst = max(have, key=lambda r: r.ratios[m])
-            lines.append(f"| {m} | {worst.ratios[m]:.3g} | {worst.label} |")
-    for dtype in ("float64", "float32", "bfloat16"):
-        have = [r for r in records if f" {dtype} " in r.label]
-        lines.append(f"\n{dtype}: {len(have)} comparisons, {sum(r.ok for r in have)} pass; worst: " + ", ".join(
-            f"{m} {max((r.ratios.get(m, 0.0) for r in have), default=0.0):.3g}" for m in MEASURES))
-    fails = [r for r in records if not r.ok]
-    if fails:
-        lines += ["", "**Failures**:", ""] + [f"- {r.label}: {'; '.join(r.failures)}" for r in fails]
-    return "\n".join(lines)
+def results(records: list[Record], wall_s: float, command: str, promote: bool) -> dict:
+    """The results file's JSON: every comparison and the summary (`honest_render.summarise`)."""
+    comparisons = [{"case": r.label, "ok": r.ok, "ratios": r.ratios, "failures": r.failures} for r in records]
+    sets = {"project": sum(not r.label.startswith("hf-") for r in records),
+            "hf": sum(r.label.startswith("hf-") for r in records)}
+    return {"command": command, "wall_s": round(wall_s, 1), "machine": f"{len(os.sched_getaffinity(0))} CPU cores",
+            "promote": promote, "families": list(hf_models.FAMILIES), "sets": sets,
+            "summary": honest_render.summarise(comparisons, list(MEASURES)), "comparisons": comparisons}
 
 
 def main(argv=None) -> int:
@@ -227,6 +228,9 @@ def main(argv=None) -> int:
     parser.add_argument("--parts", default="project,hf", help="project, hf or both (comma separated)")
     parser.add_argument("--models", default="", help="only these models (comma separated; default: all)")
     parser.add_argument("--jsonl", default="", help="append each comparison to this file as it is judged")
+    parser.add_argument("--results", default="", help="write the results file (JSON) here at the end")
+    parser.add_argument("--promote", action=argparse.BooleanOptionalAction, default=PROMOTE,
+                        help="float64 transformers models with their float32 sites promoted (hf_honest.promoted_sites)")
     args = parser.parse_args(argv)
     import jax
 
@@ -245,11 +249,16 @@ def main(argv=None) -> int:
     def chosen(cases):
         return [c for c in cases if not wanted or c["model"] in wanted][: 3 if args.quick else None]
 
-    if "project" in parts:
-        records += project(chosen(covering(PROJECT, accepted)), log)
-    if "hf" in parts:
-        records += hf(chosen(covering(HF)), log)
-    print(summary(records, time.time() - start))
+    command = "python -m jaxdp.harness.mutations.honest " + " ".join(argv if argv is not None else sys.argv[1:])
+    out = results(records, 0.0, command, args.promote)
+    for part, run in (("hf", lambda: hf(chosen(covering(HF)), log, args.promote)),
+                      ("project", lambda: project(chosen(covering(PROJECT, accepted)), log))):
+        if part in parts:
+            records += run()
+            out = results(records, time.time() - start, command, args.promote)
+            if args.results:  # after each part: a run stopped later keeps the parts done
+                atomic.write_json(args.results, out, indent=1)
+    print(honest_render.render(out))
     return 0 if all(r.ok for r in records) else 1
 
 

@@ -8,7 +8,25 @@ trace, compiled program or replicas are then judged by the same checks as honest
 the compiled program or in what the torch process group receives, replica consistency).
 
 `python -m jaxdp.harness.mutations --out docs/MUTATIONS.md` runs the whole catalogue in float64, float32 and
-bfloat16, in both frameworks, and writes the table (bug x dtype x caught-by), a mutation score.
+bfloat16, in both frameworks, and writes the table (bug x dtype x caught-by), a mutation score;
+`--only NAME,...` and `--framework jax|torch` run parts of it alone.
+
+The entry format (`Mutation`, one per bug class; both frameworks register here under the same name):
+  name       the class's name, shared by jax_bugs.PATCHES and torch_bugs.PATCHES (the keys)
+  bug        what the bug is, in a line
+  cfg        the run on the project's own model (RunConfig; `strategy` is set per framework from `jax`/`torch`)
+  jax, torch the strategy each framework's plant runs under (None: no such bug there)
+  dtypes     the dtypes of the own-model cases (where the class is meaningful)
+  checks     the checks that must catch it on the own model (score.py names them)
+  source     where DP/ZeRO code has shipped this class: an issue, a paper, a changelog (URL or citation)
+  hf         the transformers-config models it is also planted on (`hf_models.FAMILIES`: jaxdp's llama from a
+             Qwen2/Mistral/LlamaConfig, gpt2 from a GPT2Config; torch: transformers' own classes), () where
+             the class has no meaning there (BatchNorm: no transformers-config model has one)
+  hf_dtypes  the dtypes of those cases (float32 by default)
+  where      a substring the located tensor must contain ('' : any tensor)
+A case is (name, framework, dtype, model): model 'own' (cfg's model) or a family of `hf`. Every case must be
+caught within 20 steps and LOCATED: the judge's first divergence (`divergence.compare(bad, honest single)`:
+its step, field and tensor) is recorded and, with `where`, checked.
 """
 from __future__ import annotations
 
@@ -27,6 +45,10 @@ class Mutation(NamedTuple):
     torch: str | None
     dtypes: tuple = DTYPES  # where the bug exists
     checks: tuple = ("strategy", "parity")  # the checks that must catch it
+    source: str = ""  # where the class has shipped: an issue, a paper, a changelog
+    hf: tuple = ()  # transformers-config models it is planted on too (hf_models.FAMILIES)
+    hf_dtypes: tuple = ("float32",)
+    where: str = ""  # a substring of the tensor the judge must locate it at ('': any)
 
 
 CATALOGUE = [

@@ -23,6 +23,8 @@ The entry format (`Mutation`, one per bug class; both frameworks register here u
              Qwen2/Mistral/LlamaConfig, gpt2 from a GPT2Config; torch: transformers' own classes), () where
              the class has no meaning there (BatchNorm: no transformers-config model has one)
   hf_dtypes  the dtypes of those cases (float32 by default)
+  hf_run     changes to those cases' run beyond `hf_models.config`'s (AdamW, weight decay 0.1), e.g. the
+             optimizer where the class lives in coupled weight decay
   where      a substring the located tensor must contain ('' : any tensor)
 A case is (name, framework, dtype, model): model 'own' (cfg's model) or a family of `hf`. Every case must be
 caught within 20 steps and LOCATED: the judge's first divergence (`divergence.compare(bad, honest single)`:
@@ -34,7 +36,7 @@ import contextlib
 from typing import NamedTuple
 
 from ...core.config import RunConfig
-from .runs import ADAM, CLIP, CNN, CNN_DTYPES, DTYPES, GPT2, SGD, SMALL_DTYPES  # noqa: F401 (re-exported)
+from .runs import ADAM, CLIP, CNN, CNN_DTYPES, DTYPES, GPT2, HSDP, SGD, SMALL_DTYPES  # noqa: F401 (re-exported)
 
 
 class Mutation(NamedTuple):
@@ -48,6 +50,7 @@ class Mutation(NamedTuple):
     source: str = ""  # where the class has shipped: an issue, a paper, a changelog
     hf: tuple = ()  # transformers-config models it is planted on too (hf_models.FAMILIES)
     hf_dtypes: tuple = ("float32",)
+    hf_run: dict = {}  # noqa: RUF012 (read only)
     where: str = ""  # a substring of the tensor the judge must locate it at ('': any)
 
 
@@ -76,6 +79,28 @@ CATALOGUE = [
     Mutation("adam-eps-1e-6", "Adam's eps 1e-6 instead of 1e-8", GPT2, "ddp", "ddp", dtypes=SMALL_DTYPES),
     Mutation("one-element", "one element's update 1.00001x (the fused qkv kernel's first, at step 2)", GPT2,
              "ddp", "ddp", dtypes=SMALL_DTYPES),
+    Mutation("hsdp-wrong-axis", "hsdp reduces the gradients within its group only (over `data`), never across the "
+             "groups (`replica`): each group steps with its own half of the batch", HSDP, "hsdp", "hsdp",
+             dtypes=SMALL_DTYPES),
+    Mutation("zero-gather-offset", "a ZeRO-3 / FSDP parameter all-gathered at the wrong offset: the shards "
+             "rotated by one", ADAM, "zero3", "zero3", dtypes=SMALL_DTYPES),
+    Mutation("clip-before-reduce", "each device clips its local gradient by its own norm before the all-reduce",
+             CLIP, "ddp", "ddp", dtypes=SMALL_DTYPES),
+    Mutation("loss-scale-kept", "a static loss scale (1024) multiplies the loss and is never divided out of the "
+             "gradients", ADAM, "ddp", "ddp"),
+    Mutation("decay-wrong-set", "weight decay masked to the matrices (biases and norm scales excluded) where the "
+             "run decays every tensor", GPT2, "ddp", "ddp", dtypes=SMALL_DTYPES),
+    Mutation("adam-beta-typo", "Adam's beta2 0.99 for 0.999", GPT2, "ddp", "ddp", dtypes=SMALL_DTYPES),
+    Mutation("tied-grad-once", "a tied weight (GPT-2's wte: embedding and head) takes the gradient of one use "
+             "only (zero3 treats it as each unit's own)", GPT2, "zero3", "zero3", dtypes=SMALL_DTYPES),
+    Mutation("overlapping-rows", "the data sharded with overlapping rows: device i reads rows shifted by one "
+             "into i+1's", ADAM, "ddp", "ddp", dtypes=SMALL_DTYPES),
+    Mutation("stale-micro-batch", "gradient accumulation reads micro-batch 0's gradient twice and the last "
+             "one's never", ADAM, "ddp", "ddp", dtypes=SMALL_DTYPES),
+    Mutation("bucket-missing-1/N", "one bucket (the first) summed but not divided by N", ADAM, "ddp-bucket",
+             "ddp-bucket"),
+    Mutation("leaf-skipped", "one parameter's gradient never all-reduced (the reducer's hook for it never "
+             "fires): it keeps the device's local gradient", ADAM, "ddp-ring", "ddp"),
 ]
 # A bug the trace cannot see (the trace reads device 0's copy): the replica check's own mutation.
 REPLICA = Mutation("decay-one-replica", "weight decay skipped on one device's replica (ddp-ring, whose shard_map "

@@ -37,6 +37,7 @@ from typing import NamedTuple
 
 from ...core.config import RunConfig
 from .runs import ADAM, CLIP, CNN, CNN_DTYPES, DTYPES, GPT2, HSDP, SGD, SMALL_DTYPES  # noqa: F401 (re-exported)
+from .sources import cite
 
 
 class Mutation(NamedTuple):
@@ -105,6 +106,8 @@ CATALOGUE = [
 # A bug the trace cannot see (the trace reads device 0's copy): the replica check's own mutation.
 REPLICA = Mutation("decay-one-replica", "weight decay skipped on one device's replica (ddp-ring, whose shard_map "
                    "runs with replication unchecked)", SGD, "ddp-ring", None, checks=("replicas",))
+CATALOGUE = [m._replace(source=m.source or cite(m.name)) for m in CATALOGUE]  # sources.py: one place for them all
+REPLICA = REPLICA._replace(source=cite(REPLICA.name))
 BY_NAME = {m.name: m for m in CATALOGUE + [REPLICA]}
 
 

@@ -121,6 +121,17 @@ REPLICA = REPLICA._replace(source=cite(REPLICA.name))
 BY_NAME = {m.name: m for m in CATALOGUE + [REPLICA]}
 
 
+def planted(framework: str) -> set:
+    """The classes `framework`'s bugs module plants (the keys of its PATCHES)."""
+    if framework == "jax":
+        from . import jax_bugs
+
+        return set(jax_bugs.PATCHES)
+    from . import torch_bugs
+
+    return set(torch_bugs.PATCHES)
+
+
 def inject(framework: str, name: str):
     """A context manager under which `framework`'s code has bug `name`."""
     if framework == "jax":

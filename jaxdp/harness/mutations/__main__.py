@@ -16,28 +16,18 @@ def all_cases(dtypes, frameworks=("jax", "torch")) -> list[tuple[str, str, str, 
     """(name, framework, dtype, model) of every case: each entry on its own model in its dtypes, and on each
     transformers-config model of `hf` in its hf_dtypes (jaxdp's; torch's transformers cases are torch_bugs'
     own runs). A framework's case is listed once its bugs module plants the class."""
-    from . import CATALOGUE, REPLICA
+    from . import CATALOGUE, REPLICA, planted
 
-    planted = {fw: _planted(fw) for fw in frameworks}
+    kept = {fw: planted(fw) for fw in frameworks}
     out = []
     for m in CATALOGUE + [REPLICA]:
         for fw in frameworks:
-            if getattr(m, fw) is None or m.name not in planted[fw]:
+            if getattr(m, fw) is None or m.name not in kept[fw]:
                 continue
             out += [(m.name, fw, d, "own") for d in dtypes if d in m.dtypes]
             if fw == "jax":
                 out += [(m.name, fw, d, family) for family in m.hf for d in dtypes if d in m.hf_dtypes]
     return out
-
-
-def _planted(framework: str) -> set:
-    if framework == "jax":
-        from . import jax_bugs
-
-        return set(jax_bugs.PATCHES)
-    from . import torch_bugs
-
-    return set(torch_bugs.PATCHES)
 
 
 def model_name(m, model: str) -> str:

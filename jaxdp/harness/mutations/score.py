@@ -16,6 +16,7 @@ of the model (all but `parity`)."""
 from __future__ import annotations
 
 import functools
+import re
 
 from ...core import trace
 from .. import divergence, pair_runs, parity
@@ -123,7 +124,7 @@ def _case(case, jax, torch, kernels) -> dict:
             caught["program"], controls["program"] = _program(cfg, name, fw, torch)
         if "replicas" in checks:
             caught["replicas"], controls["replicas"] = _replicas(cfg, name)
-    return {"case": case, "caught": caught, "located": located(bad, single),
+    return {"case": case, "caught": caught, "located": located(bad, single) or named(caught),
             "controls": {k: why for k, (failed, why) in controls.items() if failed}}
 
 
@@ -168,6 +169,23 @@ def _replicas(cfg, name) -> tuple:
         bad = replica_mismatches(cfg)
     honest = replica_mismatches(cfg)
     return (bool(bad), bad[0] if bad else ""), (bool(honest), honest[0] if honest else "")
+
+
+_KEY = re.compile(r"step/(\d+)/(\w+)(?:/(\S+?))?[:;,)\s]")
+_REPLICA = re.compile(r"step (\d+): \['(\w+)'\]((?:\[[^\]]+\])+): copies differ")
+
+
+def named(caught: dict) -> tuple | None:
+    """Where a check that caught the case names it, when the first divergence finds no tensor beyond its bound:
+    the judge's measure over a whole field (bf16 values: every gradient element a bf16 value, `step/1/grad`) or
+    the replica check (`step 1: ['params']['layers'][0]['kernel']: copies differ`, field `params (replicas)`)."""
+    for _, why in (v for v in caught.values() if v[0]):
+        if (m := _REPLICA.search(why)):
+            tensor = "/".join(part.strip("'") for part in re.findall(r"\[([^\]]+)\]", m.group(3)))
+            return int(m.group(1)), f"{m.group(2)} (replicas)", tensor
+        if (m := _KEY.search(why + " ")):
+            return int(m.group(1)), m.group(2), m.group(3) or f"every {m.group(2)} tensor"
+    return None
 
 
 def missed(result: dict) -> list[str]:

@@ -42,3 +42,15 @@ def test_a_pair_runs_jax_side_is_the_training_run():
     cfg = BASE.replace(steps=1)
     got, ref = pair_runs.run_jax(cfg), run(cfg)
     assert np.array_equal(got.arrays["step/1/loss"], ref.arrays["step/1/loss"])
+
+
+def test_a_bug_no_tensor_exceeds_is_located_where_its_check_names_it():
+    """A bf16 reduction in a bf16 run (every gradient element a bf16 value, no tensor beyond its bound) and one
+    replica's skipped decay (seen by the replica check only) are located where the catching check names them;
+    a check that caught nothing names nothing."""
+    bf16 = ("bf16 values (jax: step/1/grad: 100% of the gradient elements are bfloat16 values (reduced in bf16, "
+            "not fp32?))")
+    assert score.named({"strategy": (True, bf16)}) == (1, "grad", "every grad tensor")
+    replica = "step 1: ['params']['layers'][0]['kernel']: copies differ between devices"
+    assert score.named({"replicas": (True, replica)}) == (1, "params (replicas)", "layers/0/kernel")
+    assert score.named({"strategy": (False, "")}) is None

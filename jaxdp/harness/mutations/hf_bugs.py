@@ -1,0 +1,152 @@
+"""The catalogue's torch plants on transformers' own models (`hf_honest`'s tiny GPT-2 with its tied head, Llama
+with grouped-query attention and RMSNorm, ResNet with synchronised BatchNorm), trained through
+`torch_ref.parallelize` + `train_step` and recorded with `torch_ref.trace.Recorder` as a user porting a model
+would, AdamW with torch's defaults: each bug's run against the honest run of the same strategy, N and model,
+judged by `divergence.compare` (its default bounds), which must find a divergence within the run's steps and
+LOCATE it: its first (step, field, tensor).
+
+`RUNS[name]`: the strategy each class runs under and the options it needs (accumulation for the accumulation
+bugs, a clip for the clipping bugs, small buckets for the bucket bugs); `FAMILIES[name]` the models it is
+planted on (the tied-weight bug: the tied GPT-2 only; the BatchNorm bugs: ResNet only). `world(rank, n, jobs)`
+runs jobs [(case, bug or None)] in one spawned world (`torch_ref.launch.launch`); `located(bad, honest)` judges.
+"""
+from __future__ import annotations
+
+from . import hf_honest
+
+BUCKET_MB = 0.004  # several buckets of the tiny models (ddp-bucket, ddp)
+CLIP = 0.1  # below every tiny model's local gradient norm: the clip acts
+DEFAULT = ("gpt2", "llama")
+FAMILIES = {"tied-grad-once": ("gpt2",), "bn-local-stats": ("resnet",), "bn-no-backward-reduce": ("resnet",)}
+RUNS = {
+    "missing-1/N": ("ddp-ring", {}),
+    "summed-twice": ("ddp", {}),
+    "clip-shard-norm": ("zero3", {"clip": CLIP}),
+    "accum-K-1": ("ddp", {"accum": 2}),
+    "stale-grads": ("ddp", {}),
+    "decay-one-shard": ("zero2", {}),
+    "bucket-twice": ("ddp-bucket", {}),
+    "bf16-reduction": ("ddp", {}),
+    "bn-local-stats": ("ddp", {}),
+    "bn-no-backward-reduce": ("ddp", {}),
+    "lr-1.00001x": ("ddp", {}),
+    "decay-skipped-once": ("ddp", {}),
+    "adam-eps-1e-6": ("ddp", {}),
+    "one-element": ("ddp", {}),
+    "hsdp-wrong-axis": ("hsdp", {}),
+    "zero-gather-offset": ("zero2", {}),
+    "clip-before-reduce": ("zero2", {"clip": CLIP}),
+    "loss-scale-kept": ("ddp", {}),
+    "decay-wrong-set": ("ddp", {}),
+    "adam-beta-typo": ("ddp", {}),
+    "tied-grad-once": ("ddp", {}),
+    "overlapping-rows": ("ddp", {}),
+    "stale-micro-batch": ("ddp", {"accum": 2}),
+    "bucket-missing-1/N": ("ddp-bucket", {}),
+    "leaf-skipped": ("ddp", {}),
+}
+
+
+def case(name: str, model: str, dtype: str = "float32", steps: int = 4, devices: int = 2) -> dict:
+    """The run bug `name` is planted in on transformers model `model`."""
+    strategy, extra = RUNS[name]
+    return {"model": model, "strategy": strategy, "dtype": dtype, "optimizer": "adamw", "steps": steps,
+            "devices": devices, "accum": extra.get("accum", 1), "clip": extra.get("clip", 0.0)}
+
+
+def cases(names, dtype: str = "float32", steps: int = 4, devices: int = 2) -> list:
+    """[(name, case)] for every class of `names` on each of its families."""
+    return [(n, case(n, m, dtype, steps, devices)) for n in names for m in FAMILIES.get(n, DEFAULT)]
+
+
+def options(c: dict, n: int) -> dict:
+    strategy = c["strategy"]
+    if strategy == "hsdp":
+        return {"replicas": 2 if n % 2 == 0 else 1}
+    return {"bucket_mb": BUCKET_MB} if strategy in ("ddp", "ddp-bucket") else {}
+
+
+def settings(c: dict) -> dict:
+    """The settings the run means to train with (the Recorder's meta: what the user believes, also where a
+    bug changed the optimizer it built): `hf_honest.optimizer`'s, torch's defaults."""
+    if c["optimizer"] in ("adamw", "adam"):
+        return {"name": c["optimizer"], "lr": hf_honest.LR[c["optimizer"]], "betas": (0.9, 0.999), "eps": 1e-8,
+                "weight_decay": 0.01 if c["optimizer"] == "adamw" else 0.0, "clip_norm": c["clip"]}
+    return {"name": c["optimizer"], "lr": hf_honest.LR[c["optimizer"]], "clip_norm": c["clip"],
+            **({"momentum": 0.9} if c["optimizer"] == "momentum" else {})}
+
+
+def record(c: dict, rank: int, n: int) -> tuple[dict, dict]:
+    """One run of case `c` on this rank (its rows: `data.part_rows`, the project's one layout): rank 0's
+    (meta, arrays)."""
+    import torch
+
+    import torch_ref
+    from jaxdp.core import data
+
+    name, dtype = c["model"], c["dtype"]
+    model, opt = torch_ref.parallelize(hf_honest.hf_model(name, dtype), strategy=c["strategy"], accum=c["accum"],
+                                       optimizer=lambda ps: hf_honest.optimizer(c["optimizer"], ps), **options(c, n))
+    meta = hf_honest.meta(c) | {"clip_norm": c["clip"], "accum": c["accum"]}
+    with torch_ref.trace.Recorder(None, meta, model, strip_prefix=hf_honest.PREFIX[name],
+                                  optimizer=settings(c)) as rec:
+        rec.init()
+        for k in range(1, c["steps"] + 1):
+            x, y = hf_honest.batch(name, k, dtype)
+            xs, ys = (torch.from_numpy(data.part_rows(a, rank, n, c["accum"])) for a in (x, y))
+            loss = torch_ref.train_step(model, opt, xs, ys, hf_honest.loss_fn, clip_norm=c["clip"])
+            rec.step(k, loss, x, y)
+    return rec.meta, rec.arrays
+
+
+def world(rank: int, n: int, jobs: list) -> list:
+    """Each job (case, bug name or None) in order, the bug planted around its run: rank 0's (meta, arrays)."""
+    from . import inject
+
+    if any(c["dtype"] == "float64" for c, _ in jobs):
+        hf_honest.promoted_sites()
+    out = []
+    for c, bug in jobs:
+        with inject("torch", bug) if bug else _nothing():
+            out.append(record(c, rank, n))
+    return out if rank == 0 else [None] * len(out)
+
+
+def _nothing():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def run(jobs: list, n: int = 2, timeout_s: float = 900.0) -> list:
+    """`world` over n spawned ranks: rank 0's (meta, arrays) per job."""
+    from torch_ref.launch import launch
+
+    return launch(world, n, jobs, timeout_s=timeout_s, pg_timeout_s=120)[0]
+
+
+def located(bad: tuple, honest: tuple):
+    """The judge's verdict on the bug's run against the honest one: (caught, first divergence or None, the
+    report). The meta's optimizer settings (which some bugs change) are not compared: the arrays are."""
+    from jaxdp.core import trace
+
+    from .. import divergence
+
+    report = divergence.compare(trace.Trace(*bad), trace.Trace(*honest), check_config=False)
+    return not report.ok, report.first, report
+
+
+def judge_all(names, dtype: str = "float32", steps: int = 4, n: int = 2) -> list[dict]:
+    """Every class of `names` on its families: [{'name', 'model', 'caught', 'where' (step, field, tensor),
+    'detail'}], each bug's run against its honest run, all in one world of n ranks."""
+    todo = cases(names, dtype, steps, n)
+    honest = list({repr(c): c for _, c in todo}.values())
+    results = run([(c, None) for c in honest] + [(c, name) for name, c in todo], n)
+    by_case = {repr(c): r for c, r in zip(honest, results, strict=False)}
+    out = []
+    for (name, c), bad in zip(todo, results[len(honest):], strict=True):
+        caught, first, report = located(bad, by_case[repr(c)])
+        where = (first.step, first.field, first.name) if first else None
+        out.append({"name": name, "model": c["model"], "strategy": c["strategy"], "caught": caught, "where": where,
+                    "detail": first.describe() if first else "; ".join(report.failures[:1])})
+    return out

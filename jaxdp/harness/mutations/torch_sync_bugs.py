@@ -1,0 +1,130 @@
+"""The catalogue's gradient-synchronisation bugs in torch_ref (`torch_bugs.PATCHES` holds them): each a function
+returning the (object, attribute, value) patches that put the bug where a torch DP implementation has it: the
+process-group mesh handed to FSDP2, the hand-written ZeRO gather, the clip's place in the step, a hand-written
+bucket's divide, a parameter DDP is told to ignore, the tie a wrapper breaks. Test-only: applied in the rank that
+runs the bug."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from torch_ref import api, optim
+from torch_ref.collectives import all_gather
+from torch_ref.models import gpt2
+from torch_ref.strategies import bucket, common, ddp
+from torch_ref.strategies.zero import step, zero3
+
+
+def hsdp_wrong_axis():
+    """hsdp: every unit handed the mesh's "shard" dimension alone (`mesh["shard"]` where the 2-D mesh was
+    meant): gradients reduce-scattered within the shard group and never all-reduced across the replicas."""
+    shard = zero3.fully_shard
+
+    def fully_shard(module, *, mesh, **kw):
+        return shard(module, mesh=mesh["shard"] if mesh.ndim == 2 else mesh, **kw)
+
+    return [(zero3, "fully_shard", fully_shard)]
+
+
+def zero_gather_offset():
+    """zero2: the updated shards all-gathered one slot off (rank i's shard written where rank i + 1's
+    belongs, the last wrapping to the first): the shards rotated by one."""
+    def gather(shard):
+        with torch.no_grad():
+            full = all_gather(shard.main_param.detach()).roll(shard.main_param.numel())
+            common.unflatten_into(full[:shard.numel], shard.params)
+
+    return [(step, "gather", gather)]
+
+
+def clip_before_reduce():
+    """Each rank clips its local gradient (torch's clip_grad_norm_ on the rank's own `.grad`s) before the
+    strategy's reduction (zero2's reduce-scatter), as a loop that clips between backward and the sync does."""
+    train = api.train
+
+    def clipping_first(par, x, y, loss_fn, clip_norm):
+        sync = par.sync
+
+        def clip_then_sync():
+            optim.clip_([p for p in par.module.parameters() if p.grad is not None], clip_norm)
+            sync()
+
+        par.sync = clip_then_sync
+        try:
+            return train(par, x, y, loss_fn, clip_norm)
+        finally:
+            par.sync = sync
+
+    return [(api, "train", clipping_first)]
+
+
+def bucket_missing_one_over_n():
+    """ddp-bucket: the first bucket made (the last layers') is built with a world size of 1, so it is
+    all-reduced (summed) but never divided by N; the other buckets are."""
+    init, made = bucket.Bucket.__init__, []
+
+    def __init__(self, params, world_size):
+        init(self, params, world_size if made else 1)
+        made.append(self)
+
+    return [(bucket.Bucket, "__init__", __init__)]
+
+
+def leaf_skipped():
+    """ddp: the model's last parameter in DDP's ignore list (`_set_params_and_buffers_to_ignore_for_model`,
+    as code that keeps a parameter out of DDP does): its gradient is never all-reduced, each rank steps
+    with its own."""
+    apply_ddp = ddp.apply_ddp
+
+    def ignoring_one(model, bucket_mb):
+        last = [name for name, _ in model.named_parameters()][-1]
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, [last])
+        return apply_ddp(model, bucket_mb)
+
+    return [(ddp, "apply_ddp", ignoring_one)]
+
+
+def untie(model) -> None:
+    """Every module but the first that holds a shared parameter gets a plain (detached) view of it instead, as
+    a wrapper that materialises each module's parameters on its own and never re-ties them: the weight
+    still moves with the parameter, but that use's gradient is lost."""
+    first = {}
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is None or first.setdefault(id(p), module) is module:
+                continue
+            del module._parameters[name]
+            setattr(module, name, p.detach())
+
+
+def tied_forward(self, tokens):
+    """torch_ref's GPT-2 whose tied head reads the embedding weight detached: its gradient from the
+    embedding's use only."""
+    positions = torch.arange(tokens.shape[1], device=tokens.device)
+    x = self.wte(tokens) + self.wpe(positions)
+    for block in self.h:
+        x = block(x)
+    return F.linear(self.ln_f(x), self.wte.weight.detach())
+
+
+def tied_grad_once():
+    """ddp: the tied weight's gradient from one use only (the head's use lost): transformers' tied modules
+    untied by the wrapper (`untie`), torch_ref's functional tie read detached (`tied_forward`)."""
+    apply_ddp = ddp.apply_ddp
+
+    def untying(model, bucket_mb):
+        untie(model)
+        return apply_ddp(model, bucket_mb)
+
+    return [(ddp, "apply_ddp", untying), (gpt2.GPT2, "forward", tied_forward)]
+
+
+PATCHES = {
+    "hsdp-wrong-axis": hsdp_wrong_axis,
+    "zero-gather-offset": zero_gather_offset,
+    "clip-before-reduce": clip_before_reduce,
+    "bucket-missing-1/N": bucket_missing_one_over_n,
+    "leaf-skipped": leaf_skipped,
+    "tied-grad-once": tied_grad_once,
+}

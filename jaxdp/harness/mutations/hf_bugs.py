@@ -108,7 +108,7 @@ def world(rank: int, n: int, jobs: list) -> list:
     out = []
     for c, bug in jobs:
         with inject("torch", bug) if bug else _nothing():
-            out.append(record(c, rank, n))
+            out.append(record(c, 0, 1) if c["strategy"] == "single" else record(c, rank, n))
     return out if rank == 0 else [None] * len(out)
 
 
@@ -136,17 +136,32 @@ def located(bad: tuple, honest: tuple):
     return not report.ok, report.first, report
 
 
+def single(c: dict) -> dict:
+    """Case `c` under `single` (one rank, every row): the honest run's control."""
+    return c | {"strategy": "single", "devices": 1}
+
+
 def judge_all(names, dtype: str = "float32", steps: int = 4, n: int = 2) -> list[dict]:
-    """Every class of `names` on its families: [{'name', 'model', 'caught', 'where' (step, field, tensor),
-    'detail'}], each bug's run against its honest run, all in one world of n ranks."""
-    todo = cases(names, dtype, steps, n)
+    """Every class of `names` on each of its families (`judge`)."""
+    return judge(cases(names, dtype, steps, n), n)
+
+
+def judge(todo: list, n: int = 2, controls: bool = True) -> list[dict]:
+    """Each (class name, case) of `todo`: [{'name', 'model', 'strategy', 'caught', 'where' (step, field, tensor),
+    'detail', 'control'}], each bug's run judged against its honest run, all in one world of n ranks;
+    `control`: the honest run's own verdict against `single` ('' when it passes: a check that fails the
+    honest run would prove nothing by failing the bug's; None with `controls=False`: not run)."""
     honest = list({repr(c): c for _, c in todo}.values())
-    results = run([(c, None) for c in honest] + [(c, name) for name, c in todo], n)
-    by_case = {repr(c): r for c, r in zip(honest, results, strict=False)}
+    refs = honest + (list({repr(single(c)): single(c) for c in honest}.values()) if controls else [])
+    results = run([(c, None) for c in refs] + [(c, name) for name, c in todo], n)
+    by_case = {repr(c): r for c, r in zip(refs, results, strict=False)}
     out = []
-    for (name, c), bad in zip(todo, results[len(honest):], strict=True):
+    for (name, c), bad in zip(todo, results[len(refs):], strict=True):
         caught, first, report = located(bad, by_case[repr(c)])
-        where = (first.step, first.field, first.name) if first else None
-        out.append({"name": name, "model": c["model"], "strategy": c["strategy"], "caught": caught, "where": where,
-                    "detail": first.describe() if first else "; ".join(report.failures[:1])})
+        failed, control, _ = located(by_case[repr(c)], by_case[repr(single(c))]) if controls else (None, None, None)
+        out.append({"name": name, "model": c["model"], "strategy": c["strategy"], "caught": caught,
+                    "where": (first.step, first.field, first.name) if first else None,
+                    "detail": first.describe() if first else "; ".join(report.failures[:1]),
+                    "control": None if failed is None else (control.describe() if control else "failed") if failed
+                    else ""})
     return out

@@ -12,7 +12,7 @@ from jaxdp.core import data
 from torch_ref import api
 from torch_ref.strategies import common
 
-LOSS_SCALE = 2.0 ** 16  # torch.amp.GradScaler's initial scale
+LOSS_SCALE = 1024.0  # a static loss scale (the catalogue's, jaxdp's too)
 
 
 def built(edit):

@@ -6,10 +6,11 @@ runs the bug."""
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from torch_ref import api, optim
+from torch_ref import api, launch, optim
 from torch_ref.collectives import all_gather
 from torch_ref.models import gpt2
 from torch_ref.strategies import bucket, common, ddp
@@ -17,14 +18,21 @@ from torch_ref.strategies.zero import step, zero3
 
 
 def hsdp_wrong_axis():
-    """hsdp: every unit handed the mesh's "shard" dimension alone (`mesh["shard"]` where the 2-D mesh was
-    meant): gradients reduce-scattered within the shard group and never all-reduced across the replicas."""
-    shard = zero3.fully_shard
+    """hsdp: every unit handed the mesh's "shard" dimension alone (`mesh["shard"]` where the 2-D mesh was meant):
+    each gradient reduce-scattered within its shard group (one mesh axis) and never all-reduced across the
+    replica groups, each group stepping with its own rows. The trace's `hsdp_grid` is read from that (1-D) mesh:
+    one row."""
+    shard, grid = zero3.fully_shard, launch.hsdp_grid
 
     def fully_shard(module, *, mesh, **kw):
         return shard(module, mesh=mesh["shard"] if mesh.ndim == 2 else mesh, **kw)
 
-    return [(zero3, "fully_shard", fully_shard)]
+    def one_row(model, world):
+        mesh = next(p.device_mesh for p in model.parameters() if hasattr(p, "device_mesh"))
+        return grid(model, world) if mesh.ndim == 2 else [[[int(k), int(k) // launch.ranks_per_host(world)]
+                                                            for k in mesh.mesh.tolist()]]
+
+    return [(zero3, "fully_shard", fully_shard), (launch, "hsdp_grid", one_row)]
 
 
 def zero_gather_offset():
@@ -38,13 +46,29 @@ def zero_gather_offset():
     return [(step, "gather", gather)]
 
 
+def clip_hook(limit, bucket):  # (no annotations: DDP checks them)
+    """A DDP comm hook that clips the bucket's local gradient by its own norm, then all-reduces its mean (with
+    one bucket, the whole local gradient: Horovod's clipping before the allreduce)."""
+    buffer = bucket.buffer()
+    if limit[0] > 0:
+        buffer.mul_(min(limit[0] / (float(buffer.norm()) + 1e-6), 1.0))
+    buffer.div_(dist.get_world_size())
+    return dist.all_reduce(buffer, async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+
 def clip_before_reduce():
-    """Each rank clips its local gradient (torch's clip_grad_norm_ on the rank's own `.grad`s) before the
-    strategy's reduction (zero2's reduce-scatter), as a loop that clips between backward and the sync does."""
-    train = api.train
+    """Each rank clips its local gradient before the reduction: under DDP a comm hook that clips each bucket
+    (`clip_hook`), under the strategies that reduce after backward (zero2's reduce-scatter, dp) torch's
+    clip_grad_norm_ on the rank's own `.grad`s between backward and the sync."""
+    train, apply_ddp, limit = api.train, ddp.apply_ddp, [0.0]
+
+    def hooked(model, bucket_mb):
+        wrapped = apply_ddp(model, bucket_mb)
+        wrapped.register_comm_hook(limit, clip_hook)
+        return wrapped
 
     def clipping_first(par, x, y, loss_fn, clip_norm):
-        sync = par.sync
+        limit[0], sync = clip_norm, par.sync
 
         def clip_then_sync():
             optim.clip_([p for p in par.module.parameters() if p.grad is not None], clip_norm)
@@ -56,7 +80,7 @@ def clip_before_reduce():
         finally:
             par.sync = sync
 
-    return [(api, "train", clipping_first)]
+    return [(api, "train", clipping_first), (ddp, "apply_ddp", hooked)]
 
 
 def bucket_missing_one_over_n():
@@ -109,15 +133,20 @@ def tied_forward(self, tokens):
 
 
 def tied_grad_once():
-    """ddp: the tied weight's gradient from one use only (the head's use lost): transformers' tied modules
-    untied by the wrapper (`untie`), torch_ref's functional tie read detached (`tied_forward`)."""
-    apply_ddp = ddp.apply_ddp
+    """The tied weight's gradient from one use only (the head's use lost): transformers' tied modules untied by
+    the wrapper (`untie`: DDP's `apply_ddp`, FSDP2's `apply_fsdp`), torch_ref's functional tie read detached
+    (`tied_forward`, under any strategy)."""
+    apply_ddp, apply_fsdp = ddp.apply_ddp, zero3.apply_fsdp
 
-    def untying(model, bucket_mb):
+    def untying_ddp(model, bucket_mb):
         untie(model)
         return apply_ddp(model, bucket_mb)
 
-    return [(ddp, "apply_ddp", untying), (gpt2.GPT2, "forward", tied_forward)]
+    def untying_fsdp(model, *args, **kw):
+        untie(model)
+        return apply_fsdp(model, *args, **kw)
+
+    return [(ddp, "apply_ddp", untying_ddp), (zero3, "apply_fsdp", untying_fsdp), (gpt2.GPT2, "forward", tied_forward)]
 
 
 PATCHES = {

@@ -14,6 +14,7 @@ from ... import optim
 from ...devices import AXIS
 from ...models import cnn, flat_names
 from ...strategies import bucket, common, ddp, zero
+from . import jax_bugs_step, jax_bugs_sync
 from .runs import FUSED_KERNEL
 
 
@@ -191,4 +192,6 @@ PATCHES = {
     "decay-skipped-once": decay_skipped_once,
     "adam-eps-1e-6": adam_eps,
     "one-element": one_element,
+    **jax_bugs_sync.PATCHES,
+    **jax_bugs_step.PATCHES,
 }

@@ -28,3 +28,9 @@ GPT2 = RunConfig(model="gpt2", data="text", n_layer=1, n_head=2, d_model=16, seq
                  seed=3, devices=2, optimizer="adamw", lr=1e-3, weight_decay=0.1)
 FUSED_KERNEL = 3 * GPT2.d_model ** 2  # c_attn's kernel size
 SMALL_DTYPES = ("float64", "float32")
+# issue 70's classes: clipping before the reduction (ddp, N = 4, the threshold below the local norms),
+# a static loss scale never undone, hsdp on 2 x 2.
+CLIP_AT = CLIP.clip_norm
+CLIP_DDP = CLIP
+LOSS_SCALE = 1024.0
+HSDP = ADAM.replace(devices=4, replicas=2)

@@ -1,4 +1,5 @@
-"""Run mutations and judge them: `evaluate(cases)` trains each (mutation, framework, dtype) case with
+"""Run mutations and judge them: `evaluate(cases)` trains each (mutation, framework, dtype, model) case
+(model 'own': the entry's run; else a family of `hf_models`, jaxdp's model from a transformers config) with
 its bug, the honest references it is judged against, and reports which checks caught it:
 
   strategy  `parity.judge` against `single` of the same framework and dtype (the strategy tests' check)
@@ -8,24 +9,41 @@ its bug, the honest references it is judged against, and reports which checks ca
   replicas  jaxdp's replica consistency after each step (`checks.replica_mismatches`)
 
 and, as controls, whether the honest run passes each check it ran (a check that fails honest runs
-proves nothing by failing a broken one)."""
+proves nothing by failing a broken one); and where the judge locates it: the first divergence of the bug's
+run from `single` (`divergence.compare`: its step, field and tensor), which must exist within `MAX_STEP`
+steps (and name the entry's `where`). The transformers-config cases run the checks that need no torch twin
+of the model (all but `parity`)."""
 from __future__ import annotations
 
 import functools
 
 from ...core import trace
-from .. import pair_runs, parity
-from . import BY_NAME, config
+from .. import divergence, pair_runs, parity
+from . import BY_NAME, config, hf_models
 from .checks import compiled_step, replica_mismatches
 
 NARROWER = {"float64": {"f32", "bf16", "f16", "float", "c10::BFloat16", "c10::Half"},
             "float32": {"bf16", "f16", "c10::BFloat16", "c10::Half"}}
 NARROWER["bfloat16"] = NARROWER["float32"]  # fp32 reduction claimed
 OTHER = {"jax": "torch", "torch": "jax"}
+MAX_STEP = 20  # a bug must be located by this step
+
+
+def case_config(name: str, fw: str, dtype: str, model: str = "own", kernels: str = "mirrored"):
+    """The run of a case: the entry's, or the entry's on a transformers-config model (`hf_models.config`)."""
+    m = BY_NAME[name]
+    cfg = config(m, fw, dtype, kernels)
+    return cfg if model == "own" else hf_models.config(model, cfg, **m.hf_run)
+
+
+def required(name: str, model: str = "own") -> tuple:
+    """The checks a case must pass: the entry's; on a transformers-config model all but `parity`."""
+    checks = BY_NAME[name].checks
+    return checks if model == "own" else tuple(c for c in checks if c != "parity")
 
 
 def _single(cfg):
-    return cfg.replace(strategy="single", devices=1)
+    return cfg.replace(strategy="single", devices=1, replicas=1)
 
 
 def _judge(a, b, sides) -> tuple[bool, str]:
@@ -53,7 +71,9 @@ def _narrow(dtypes_by_op: dict, dtype: str) -> str:
 def torch_items(cases, kernels: str = "mirrored") -> list:
     """The torch_ref runs `evaluate(cases, kernels=kernels)` needs (items of `pair_runs.run_torch`)."""
     items = []
-    for name, fw, dtype in cases:
+    for name, fw, dtype, *model in cases:
+        if model and model[0] != "own":
+            continue  # the transformers-config cases' torch runs are torch_bugs' own
         m = BY_NAME[name]
         cfg = config(m, fw, dtype, kernels)
         items.append(cfg)  # the honest run: torch's control, or jaxdp's parity reference
@@ -65,31 +85,58 @@ def torch_items(cases, kernels: str = "mirrored") -> list:
 
 
 def evaluate(cases, progress=lambda message: None, torch=None, kernels: str = "mirrored") -> list[dict]:
-    """[{'case': (name, framework, dtype), 'caught': {check: (caught, why)}, 'controls': {check: failure}}],
-    every run with `kernels` (both frameworks: the bug's run, its `single` and the other framework's).
+    """[{'case': (name, framework, dtype, model), 'caught': {check: (caught, why)}, 'controls': {check: failure},
+    'located': (step, field, tensor) or None}], every run with `kernels` (both frameworks: the bug's run, its
+    `single` and the other framework's). A case of three items is on the model 'own'.
     `torch`: the results of `pair_runs.run_torch(torch_items(cases, kernels) + ...)` when already run."""
+    cases = [(*c, "own") if len(c) == 3 else tuple(c) for c in cases]
     if torch is None:
         progress(f"torch_ref: {len(cases)} cases' runs")
         torch = pair_runs.run_torch(torch_items(cases, kernels))
-    jax = functools.cache(lambda cfg, mutation=None: pair_runs.run_jax(cfg, mutation))
+    jax = functools.cache(_run_jax)
     out = []
-    for name, fw, dtype in cases:
-        progress(f"{name} in {fw}, {dtype}")
-        m = BY_NAME[name]
-        cfg = config(m, fw, dtype, kernels)
-        run = jax if fw == "jax" else (lambda c, mut=None: torch[(c, mut) if mut else c])
-        other = (lambda c: torch[c]) if fw == "jax" else jax
+    for name, fw, dtype, model in cases:
+        progress(f"{name} in {fw}, {dtype}, {model}")
+        cfg = case_config(name, fw, dtype, model, kernels)
+        run = (lambda c, mut=None, model=model: jax(c, mut, model)) if fw == "jax" else (
+            lambda c, mut=None: torch[(c, mut) if mut else c])
         bad, honest, single = run(cfg, name), run(cfg), run(_single(cfg))
-        caught = {"strategy": _judge(bad, single, (fw, "single")), "parity": _judge(bad, other(cfg), (fw, OTHER[fw]))}
-        controls = {"strategy": _judge(honest, single, (fw, "single")), "parity": _judge(honest, other(cfg),
-                                                                                       (fw, OTHER[fw]))}
-        if "program" in m.checks:
-            caught["program"], controls["program"] = _program(cfg, name, fw, torch)
-        if "replicas" in m.checks:
-            caught["replicas"], controls["replicas"] = _replicas(cfg, name)
-        out.append({"case": (name, fw, dtype), "caught": caught,
+        checks = required(name, model)
+        caught = {"strategy": _judge(bad, single, (fw, "single"))}
+        controls = {"strategy": _judge(honest, single, (fw, "single"))}
+        if "parity" in checks:
+            other = (lambda c: torch[c]) if fw == "jax" else (lambda c, model=model: jax(c, None, model))
+            caught["parity"] = _judge(bad, other(cfg), (fw, OTHER[fw]))
+            controls["parity"] = _judge(honest, other(cfg), (fw, OTHER[fw]))
+        with hf_models.built(model) if fw == "jax" and model != "own" else _nothing():
+            if "program" in checks:
+                caught["program"], controls["program"] = _program(cfg, name, fw, torch)
+            if "replicas" in checks:
+                caught["replicas"], controls["replicas"] = _replicas(cfg, name)
+        out.append({"case": (name, fw, dtype, model), "caught": caught, "located": located(bad, single),
                     "controls": {k: why for k, (failed, why) in controls.items() if failed}})
     return out
+
+
+def _run_jax(cfg, mutation=None, model="own"):
+    if model == "own":
+        return pair_runs.run_jax(cfg, mutation)
+    with hf_models.built(model):
+        return pair_runs.run_jax(cfg, mutation)
+
+
+def _nothing():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def located(bad, single) -> tuple | None:
+    """(step, field, tensor) of the judge's first divergence of `bad` from `single`; None when it finds none."""
+    report = divergence.compare(trace.Trace(bad.meta, bad.arrays), trace.Trace(single.meta, single.arrays),
+                                check_config=False)
+    first = report.first
+    return None if first is None else (first.step, first.field, first.name)
 
 
 def _program(cfg, name, fw, torch) -> tuple:
@@ -115,7 +162,14 @@ def _replicas(cfg, name) -> tuple:
 
 
 def missed(result: dict) -> list[str]:
-    """The required checks that did not catch the case, and the controls that failed: [] is a pass."""
-    name = result["case"][0]
-    out = [f"{check} missed it" for check in BY_NAME[name].checks if not result["caught"][check][0]]
-    return out + [f"honest run fails {check}: {why}" for check, why in result["controls"].items()]
+    """The required checks that did not catch the case, the controls that failed, and a bug the judge did not
+    locate (within `MAX_STEP` steps, at the entry's `where`): [] is a pass."""
+    name, model = result["case"][0], (result["case"][3:] or ("own",))[0]
+    out = [f"{check} missed it" for check in required(name, model) if not result["caught"][check][0]]
+    out += [f"honest run fails {check}: {why}" for check, why in result["controls"].items()]
+    where = result.get("located", ())
+    if not where or where[0] > MAX_STEP:
+        out.append(f"not located within {MAX_STEP} steps")
+    elif BY_NAME[name].where not in where[2]:
+        out.append(f"located at {where[2]}, not at {BY_NAME[name].where}")
+    return out

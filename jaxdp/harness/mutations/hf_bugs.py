@@ -54,9 +54,34 @@ def case(name: str, model: str, dtype: str = "float32", steps: int = 4, devices:
             "devices": devices, "accum": extra.get("accum", 1), "clip": extra.get("clip", 0.0)}
 
 
+def families(name: str) -> tuple:
+    """The transformers models class `name` is planted on: `FAMILIES` (GPT-2 and Llama by default), then the
+    catalogue entry's `hf` families (`hf_models.FAMILIES`, here as transformers' own classes)."""
+    from . import BY_NAME
+
+    return tuple(dict.fromkeys(FAMILIES.get(name, DEFAULT) + tuple(BY_NAME[name].hf)))
+
+
 def cases(names, dtype: str = "float32", steps: int = 4, devices: int = 2) -> list:
     """[(name, case)] for every class of `names` on each of its families."""
-    return [(n, case(n, m, dtype, steps, devices)) for n in names for m in FAMILIES.get(n, DEFAULT)]
+    return [(n, case(n, m, dtype, steps, devices)) for n in names for m in families(n)]
+
+
+def hf_model(name: str, dtype: str):
+    """`hf_honest`'s model `name`, or transformers' own causal LM built from the catalogue's config of family
+    `name` (`hf_models.hf_config`: Qwen2 with its tied head, Mistral), with `hf_honest`'s vocabulary."""
+    if name in hf_honest.PREFIX:
+        return hf_honest.hf_model(name, dtype)
+    import torch
+    import transformers
+
+    from .hf_models import hf_config
+
+    torch.manual_seed(0)
+    config = hf_config(name)
+    config.vocab_size = hf_honest.VOCAB
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    return model.to(torch.float64 if dtype == "float64" else torch.float32)
 
 
 def options(c: dict, n: int) -> dict:
@@ -85,14 +110,14 @@ def record(c: dict, rank: int, n: int) -> tuple[dict, dict]:
     from jaxdp.core import data
 
     name, dtype = c["model"], c["dtype"]
-    model, opt = torch_ref.parallelize(hf_honest.hf_model(name, dtype), strategy=c["strategy"], accum=c["accum"],
+    model, opt = torch_ref.parallelize(hf_model(name, dtype), strategy=c["strategy"], accum=c["accum"],
                                        optimizer=lambda ps: hf_honest.optimizer(c["optimizer"], ps), **options(c, n))
     meta = hf_honest.meta(c) | {"clip_norm": c["clip"], "accum": c["accum"]}
-    with torch_ref.trace.Recorder(None, meta, model, strip_prefix=hf_honest.PREFIX[name],
+    with torch_ref.trace.Recorder(None, meta, model, strip_prefix=hf_honest.PREFIX.get(name, "model."),
                                   optimizer=settings(c)) as rec:
         rec.init()
         for k in range(1, c["steps"] + 1):
-            x, y = hf_honest.batch(name, k, dtype)
+            x, y = hf_honest.batch(name, k, dtype)  # (tokens below hf_honest.VOCAB for every LM)
             xs, ys = (torch.from_numpy(data.part_rows(a, rank, n, c["accum"])) for a in (x, y))
             loss = torch_ref.train_step(model, opt, xs, ys, hf_honest.loss_fn, clip_norm=c["clip"])
             rec.step(k, loss, x, y)
@@ -165,3 +190,39 @@ def judge(todo: list, n: int = 2, controls: bool = True) -> list[dict]:
                     "control": None if failed is None else (control.describe() if control else "failed") if failed
                     else ""})
     return out
+
+
+def table(results: list[dict]) -> str:
+    """`judge`'s results as a markdown table: class, model, strategy, caught, the first divergence, control."""
+    lines = ["| bug | model | strategy | caught | first divergence (step, field, tensor) | honest vs single |",
+             "|---|---|---|---|---|---|"]
+    for r in results:
+        where = ", ".join(map(str, r["where"])) if r["where"] else "none"
+        control = "pass" if r["control"] == "" else "not run" if r["control"] is None else f"fails: {r['control']}"
+        lines.append(f"| {r['name']} | {r['model']} | {r['strategy']} | {'yes' if r['caught'] else 'NO'} | "
+                     f"{where} | {control} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    """`python -m jaxdp.harness.mutations.hf_bugs [--only NAME,...] [--steps K] [--dtype D]`: every torch plant on
+    its transformers models, judged; prints the table; exit 1 when a class is missed."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m jaxdp.harness.mutations.hf_bugs")
+    parser.add_argument("--only", default=",".join(RUNS), help="the classes, comma-separated")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    args = parser.parse_args(argv)
+    unknown = [n for n in args.only.split(",") if n not in RUNS]
+    if unknown or not 1 <= args.steps <= 20:
+        print(f"--only {unknown[0]!r} is not a class: give some of {', '.join(RUNS)}" if unknown else
+              f"--steps {args.steps} is outside 1..20: give a number of steps from 1 to 20")
+        return 2
+    results = judge_all(args.only.split(","), args.dtype, args.steps)
+    print(table(results))
+    return 0 if all(r["caught"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.fsdp._fully_shard import _fsdp_param_group as fsdp_group
 from torch.nn.parallel import DistributedDataParallel
 
 from torch_ref import api, launch, optim
@@ -36,14 +37,24 @@ def hsdp_wrong_axis():
 
 
 def zero_gather_offset():
-    """zero2: the updated shards all-gathered one slot off (rank i's shard written where rank i + 1's
-    belongs, the last wrapping to the first): the shards rotated by one."""
+    """A ZeRO gather one slot off (rank i's shard written where rank i + 1's belongs, the last wrapping to the
+    first): zero2's gather of the updated shards into the parameters, and FSDP2's copy-out of each unit's
+    all-gather into the unsharded parameters that forward and backward use (zero3, hsdp)."""
+    copy_out = fsdp_group.foreach_all_gather_copy_out
+
     def gather(shard):
         with torch.no_grad():
             full = all_gather(shard.main_param.detach()).roll(shard.main_param.numel())
             common.unflatten_into(full[:shard.numel], shard.params)
 
-    return [(step, "gather", gather)]
+    def rotated_copy_out(result, fsdp_params, group):
+        if isinstance(result.all_gather_work, dist.distributed_c10d.Work):
+            result.all_gather_work.wait()
+        rows = result.all_gather_output.view(group.size(), -1)
+        rows.copy_(rows.roll(1, 0))
+        return copy_out(result._replace(all_gather_work=None), fsdp_params, group)
+
+    return [(step, "gather", gather), (fsdp_group, "foreach_all_gather_copy_out", rotated_copy_out)]
 
 
 def clip_hook(limit, bucket):  # (no annotations: DDP checks them)

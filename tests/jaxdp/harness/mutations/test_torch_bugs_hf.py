@@ -50,3 +50,23 @@ def test_the_bug_is_caught_and_located(name):
     assert r["where"][:2] == (step, field), r["detail"]
     if tensor is not None:
         assert tensor(r["where"][2]) if callable(tensor) else r["where"][2] == tensor, r["detail"]
+
+
+@pytest.mark.parametrize("argv, flag", [(["--steps", "x"], "--steps"), (["--steps", "21"], "--steps"),
+                                        (["--dtype", "bfloat16"], "--dtype"), (["--only", "no-such-bug"], "--only")])
+def test_a_bad_flag_is_one_line_and_exit_2_before_any_run(argv, flag, capsys):
+    assert hf_bugs.main(argv) == 2
+    out = capsys.readouterr().out.strip()
+    assert "\n" not in out and out.startswith(flag), out
+
+
+def test_the_page_counts_the_cases_and_names_each_first_divergence():
+    results = [{"name": "leaf-skipped", "model": "gpt2", "strategy": "ddp", "caught": True,
+                "where": (1, "grad", "ln_f/bias"), "detail": "", "control": ""},
+               {"name": "adam-beta-typo", "model": "llama", "strategy": "ddp", "caught": False, "where": None,
+                "detail": "", "control": None}]
+    text = hf_bugs.page(results, "python -m jaxdp.harness.mutations.hf_bugs", 1.0, "float32", 4)
+    assert "**1 of 2 cases caught and located.**" in text
+    assert "| leaf-skipped | gpt2 | ddp | yes | 1, grad, ln_f/bias | pass |" in text
+    assert "| adam-beta-typo | llama | ddp | NO | none | not run |" in text
+    assert "https://github.com/pytorch/pytorch/issues/69031" in text  # the torch plant's source

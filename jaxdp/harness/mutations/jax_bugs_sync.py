@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import optax
 from jax import lax
 
+from ... import optim
 from ...devices import AXIS
 from ...models import flat_names, units
 from ...strategies import bucket, common, ddp, ring
@@ -36,7 +36,7 @@ def clip_before_reduce():
     reduce = ddp.all_reduce_mean
 
     def all_reduce_mean(grads, n):
-        norm = optax.global_norm(grads)
+        norm = optim.global_norm(grads)
         scale = jnp.minimum(1.0, CLIP_AT / (norm + 1e-6)).astype(norm.dtype)
         return reduce(jax.tree.map(lambda g: g * scale.astype(g.dtype), grads), n)
 

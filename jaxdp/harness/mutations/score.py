@@ -95,27 +95,36 @@ def evaluate(cases, progress=lambda message: None, torch=None, kernels: str = "m
         torch = pair_runs.run_torch(torch_items(cases, kernels))
     jax = functools.cache(_run_jax)
     out = []
-    for name, fw, dtype, model in cases:
-        progress(f"{name} in {fw}, {dtype}, {model}")
-        cfg = case_config(name, fw, dtype, model, kernels)
-        run = (lambda c, mut=None, model=model: jax(c, mut, model)) if fw == "jax" else (
-            lambda c, mut=None: torch[(c, mut) if mut else c])
-        bad, honest, single = run(cfg, name), run(cfg), run(_single(cfg))
-        checks = required(name, model)
-        caught = {"strategy": _judge(bad, single, (fw, "single"))}
-        controls = {"strategy": _judge(honest, single, (fw, "single"))}
-        if "parity" in checks:
-            other = (lambda c: torch[c]) if fw == "jax" else (lambda c, model=model: jax(c, None, model))
-            caught["parity"] = _judge(bad, other(cfg), (fw, OTHER[fw]))
-            controls["parity"] = _judge(honest, other(cfg), (fw, OTHER[fw]))
-        with hf_models.built(model) if fw == "jax" and model != "own" else _nothing():
-            if "program" in checks:
-                caught["program"], controls["program"] = _program(cfg, name, fw, torch)
-            if "replicas" in checks:
-                caught["replicas"], controls["replicas"] = _replicas(cfg, name)
-        out.append({"case": (name, fw, dtype, model), "caught": caught, "located": located(bad, single),
-                    "controls": {k: why for k, (failed, why) in controls.items() if failed}})
+    for case in cases:
+        progress(" in ".join((case[0], ", ".join(case[1:]))))
+        try:
+            out.append(_case(case, jax, torch, kernels))
+        except Exception as error:  # noqa: BLE001 (one case's failure is its row, the others still run)
+            line = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            out.append({"case": case, "caught": {}, "located": None, "controls": {}, "error": line})
     return out
+
+
+def _case(case, jax, torch, kernels) -> dict:
+    name, fw, dtype, model = case
+    cfg = case_config(name, fw, dtype, model, kernels)
+    run = (lambda c, mut=None: jax(c, mut, model)) if fw == "jax" else (
+        lambda c, mut=None: torch[(c, mut) if mut else c])
+    bad, honest, single = run(cfg, name), run(cfg), run(_single(cfg))
+    checks = required(name, model)
+    caught = {"strategy": _judge(bad, single, (fw, "single"))}
+    controls = {"strategy": _judge(honest, single, (fw, "single"))}
+    if "parity" in checks:
+        other = (lambda c: torch[c]) if fw == "jax" else (lambda c: jax(c, None, model))
+        caught["parity"] = _judge(bad, other(cfg), (fw, OTHER[fw]))
+        controls["parity"] = _judge(honest, other(cfg), (fw, OTHER[fw]))
+    with hf_models.built(model) if fw == "jax" and model != "own" else _nothing():
+        if "program" in checks:
+            caught["program"], controls["program"] = _program(cfg, name, fw, torch)
+        if "replicas" in checks:
+            caught["replicas"], controls["replicas"] = _replicas(cfg, name)
+    return {"case": case, "caught": caught, "located": located(bad, single),
+            "controls": {k: why for k, (failed, why) in controls.items() if failed}}
 
 
 def _run_jax(cfg, mutation=None, model="own"):
@@ -165,6 +174,8 @@ def missed(result: dict) -> list[str]:
     """The required checks that did not catch the case, the controls that failed, and a bug the judge did not
     locate (within `MAX_STEP` steps, at the entry's `where`): [] is a pass."""
     name, model = result["case"][0], (result["case"][3:] or ("own",))[0]
+    if "error" in result:
+        return [f"the run failed: {result['error']}"]
     out = [f"{check} missed it" for check in required(name, model) if not result["caught"][check][0]]
     out += [f"honest run fails {check}: {why}" for check, why in result["controls"].items()]
     where = result.get("located", ())

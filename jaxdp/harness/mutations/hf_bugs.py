@@ -1,5 +1,6 @@
 """The catalogue's torch plants on transformers' own models (`hf_honest`'s tiny GPT-2 with its tied head, Llama
-with grouped-query attention and RMSNorm, ResNet with synchronised BatchNorm), trained through
+with grouped-query attention and RMSNorm, ResNet with synchronised BatchNorm; the catalogue entries' `hf` families
+Qwen2 and Mistral as transformers' own classes from `hf_models.hf_config`), trained through
 `torch_ref.parallelize` + `train_step` and recorded with `torch_ref.trace.Recorder` as a user porting a model
 would, AdamW with torch's defaults: each bug's run against the honest run of the same strategy, N and model,
 judged by `divergence.compare` (its default bounds), which must find a divergence within the run's steps and
@@ -7,8 +8,9 @@ LOCATE it: its first (step, field, tensor).
 
 `RUNS[name]`: the strategy each class runs under and the options it needs (accumulation for the accumulation
 bugs, a clip for the clipping bugs, small buckets for the bucket bugs); `FAMILIES[name]` the models it is
-planted on (the tied-weight bug: the tied GPT-2 only; the BatchNorm bugs: ResNet only). `world(rank, n, jobs)`
-runs jobs [(case, bug or None)] in one spawned world (`torch_ref.launch.launch`); `located(bad, honest)` judges.
+planted on besides the entry's `hf` (the tied-weight bug: the tied GPT-2; the BatchNorm bugs: ResNet only).
+`world(rank, n, jobs)` runs jobs [(case, bug or None)] in one spawned world (`torch_ref.launch.launch`);
+`located(bad, honest)` judges; `python -m jaxdp.harness.mutations.hf_bugs --out docs/MUTATIONS_HF.md` writes the page.
 """
 from __future__ import annotations
 

@@ -272,8 +272,9 @@ def main(argv=None) -> int:
     results = judge_all(args.only.split(","), args.dtype, args.steps)
     if args.out:
         command = " ".join(["python -m jaxdp.harness.mutations.hf_bugs", *(argv if argv is not None else sys.argv[1:])])
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(page(results, command, time.time() - start, args.dtype, args.steps))
+        from jaxdp.core import atomic
+
+        atomic.write_text(args.out, page(results, command, time.time() - start, args.dtype, args.steps))
     print(table(results))
     return 0 if all(r["caught"] for r in results) else 1
 

@@ -13,6 +13,9 @@ from torch_ref import batchnorm, models, optim, train
 from torch_ref.collectives import ring_all_reduce
 from torch_ref.strategies import bucket, common, ddp, ring
 
+from . import torch_step_bugs, torch_sync_bugs
+from .torch_step_bugs import built, with_groups
+
 
 def missing_one_over_n():
     """ddp-ring's all-reduce sums the gradients and forgets to divide by N."""
@@ -67,9 +70,14 @@ def stale_grads():
 
 def decay_one_shard():
     """Rank 1's optimizer (zero2: its shard's) built without weight decay."""
-    make = optim.make
-    return [(optim, "make", lambda cfg, params: make(cfg.replace(weight_decay=0.0) if dist.get_rank() == 1 else cfg,
-                                                    params))]
+    def edit(build, params):
+        opt = build(params)
+        if dist.get_rank() == 1:
+            for group in opt.param_groups:
+                group["weight_decay"] = 0.0
+        return opt
+
+    return built(edit)
 
 
 def bucket_twice():
@@ -132,36 +140,37 @@ def bn_no_backward_reduce():
     return [(batchnorm, "_AllReduceSum", _AllReduceForwardOnly)]
 
 
-def fused_kernel(cfg) -> int:
-    return 3 * cfg.d_model ** 2  # gpt2's c_attn kernel: the size that picks it out of the model
+def fused_kernel(params: list):
+    """The tensor the small optimizer bugs edit: the fused attention projection (the first matrix of D x 3D
+    or 3D x D elements: torch_ref's and transformers' GPT-2 c_attn), else the first matrix after the first
+    parameter (Llama's first q_proj)."""
+    fused = [p for p in params if p.ndim == 2 and max(p.shape) == 3 * min(p.shape)]
+    return fused[0] if fused else [p for p in params[1:] if p.ndim == 2][0]
 
 
-def _edit_update(size_of, edit):
-    """`optim.make`'s optimizer with `edit(k, update, param, lr, weight_decay)` applied after each step
-    (k from 1) to the update of the tensor of `size_of(cfg)` elements, as a bug in one tensor's optimizer
-    would."""
-    make = optim.make
-
-    def made(cfg, params):
-        opt = make(cfg, params)
-        target = [p for g in opt.param_groups for p in g["params"] if p.numel() == size_of(cfg)]
+def _edit_update(edit):
+    """The optimizer with `edit(k, update, param, lr, weight_decay)` applied after each step (k from 1) to
+    the update of one tensor (`fused_kernel`), as a bug in one tensor's optimizer would."""
+    def made(build, params):
+        opt = build(params)
+        target = fused_kernel([p for g in opt.param_groups for p in g["params"]])
+        group = next(g for g in opt.param_groups if any(p is target for p in g["params"]))
         before, count = {}, [0]
 
         def pre(optimizer, args, kwargs):
             count[0] += 1
-            before.update({id(p): p.detach().clone() for p in target})
+            before[0] = target.detach().clone()
 
         def post(optimizer, args, kwargs):
             with torch.no_grad():
-                for p in target:
-                    p0 = before[id(p)]
-                    p.copy_(p0 + edit(count[0], p - p0, p0, cfg.lr, cfg.weight_decay))
+                p0 = before[0]
+                target.copy_(p0 + edit(count[0], target - p0, p0, group["lr"], group["weight_decay"]))
 
         opt.register_step_pre_hook(pre)
         opt.register_step_post_hook(post)
         return opt
 
-    return [(optim, "make", made)]
+    return built(made)
 
 
 def _scaled_first(u):
@@ -171,16 +180,11 @@ def _scaled_first(u):
     return u
 
 
-def adam_eps():
-    """torch's Adam and AdamW built with eps 1e-6 (the default, and jaxdp's, is 1e-8)."""
-    return [(optim, "ADAM", dict(optim.ADAM, eps=1e-6))]
-
-
 PATCHES = {
-    "lr-1.00001x": lambda: _edit_update(fused_kernel, lambda k, u, p, lr, wd: u * 1.00001),
-    "decay-skipped-once": lambda: _edit_update(fused_kernel, lambda k, u, p, lr, wd: u + lr * wd * p if k == 2 else u),
-    "adam-eps-1e-6": adam_eps,
-    "one-element": lambda: _edit_update(fused_kernel, lambda k, u, p, lr, wd: _scaled_first(u) if k == 2 else u),
+    "lr-1.00001x": lambda: _edit_update(lambda k, u, p, lr, wd: u * 1.00001),
+    "decay-skipped-once": lambda: _edit_update(lambda k, u, p, lr, wd: u + lr * wd * p if k == 2 else u),
+    "adam-eps-1e-6": lambda: with_groups(eps=1e-6),
+    "one-element": lambda: _edit_update(lambda k, u, p, lr, wd: _scaled_first(u) if k == 2 else u),
     "missing-1/N": missing_one_over_n,
     "summed-twice": summed_twice,
     "clip-shard-norm": clip_shard_norm,
@@ -191,7 +195,7 @@ PATCHES = {
     "bf16-reduction": bf16_reduction,
     "bn-local-stats": bn_local_stats,
     "bn-no-backward-reduce": bn_no_backward_reduce,
-}
+} | torch_sync_bugs.PATCHES | torch_step_bugs.PATCHES
 
 
 def collective_dtypes(rank: int, n: int, cfg, init, steps: int = 2) -> dict[str, set[str]]:

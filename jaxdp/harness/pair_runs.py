@@ -1,6 +1,8 @@
 """Training runs for the trace comparisons: a jaxdp run in this process, and torch_ref runs (one
 spawned world per device count running all of its configurations; world size 1 in this process).
-Each run may carry a mutation (a deliberate bug, `jaxdp.harness.mutations`), injected where it runs."""
+Each run may carry a plant: an object whose `inject(framework)` is a context manager under which the run has a
+deliberate bug (`jaxdp.harness.mutations.Plant`, passed in by the caller: this module imports no test code),
+entered where the run runs, in the torch ranks too (a plant pickles by value)."""
 from __future__ import annotations
 
 import contextlib
@@ -12,29 +14,23 @@ from ..core.traces import trace as trace_mod
 from ..judge import parity
 
 
-def run_jax(cfg: RunConfig, mutation: str | None = None):
+def run_jax(cfg: RunConfig, plant=None):
     from .. import train
 
-    with _injected("jax", mutation):
+    with _injected("jax", plant):
         return train.run(cfg, record=True, progress=False)
 
 
-def _injected(framework: str, mutation: str | None):
-    if mutation is None:
-        return contextlib.nullcontext()
-    from . import mutations
-
-    return mutations.inject(framework, mutation)
+def _injected(framework: str, plant):
+    return contextlib.nullcontext() if plant is None else plant.inject(framework)
 
 
-def _torch_job(rank: int, n: int, cfg, init, mutation, kind: str, device=None):
+def _torch_job(rank: int, n: int, cfg, init, plant, kind, device=None):
     from torch_ref.train import train_rank
 
-    with _injected("torch", mutation):
-        if kind == "dtypes":
-            from .mutations.torch_bugs import collective_dtypes
-
-            return collective_dtypes(rank, n, cfg, init)
+    with _injected("torch", plant):
+        if kind != "train":  # the caller's own job in every rank (e.g. what the collectives carried)
+            return kind(rank, n, cfg, init)
         return train_rank(rank, n, cfg, init, True, device=device)
 
 
@@ -43,9 +39,9 @@ def _torch_jobs(rank: int, n: int, jobs: list) -> list:
 
 
 def run_torch(cfgs: list, timeout_s: float = 900.0) -> dict:
-    """{item: result} for a list of items, each a RunConfig, or (RunConfig, mutation name or None)
-    or (RunConfig, mutation, kind): kind 'train' (the default) gives the torch_ref RunResult of
-    rank 0, 'dtypes' every rank's `mutations.torch_bugs.collective_dtypes` (N > 1 only)."""
+    """{item: result} for a list of items, each a RunConfig, or (RunConfig, plant or None) or (RunConfig,
+    plant, kind): kind 'train' (the default) gives the torch_ref RunResult of rank 0; a picklable function
+    `kind(rank, n, cfg, init)` run in every rank gives every rank's result (N > 1 only)."""
     import torch.distributed as dist
 
     from torch_ref import launch
@@ -76,7 +72,7 @@ def run_torch(cfgs: list, timeout_s: float = 900.0) -> dict:
         else:
             per_rank = launch.launch(_torch_jobs, n, jobs, timeout_s=timeout_s, pg_timeout_s=120)
             for i, (item, job) in enumerate(entries):
-                results[item] = [r[i] for r in per_rank] if job[3] == "dtypes" else per_rank[0][i]
+                results[item] = [r[i] for r in per_rank] if job[3] != "train" else per_rank[0][i]
     return results
 
 

@@ -132,6 +132,18 @@ def planted(framework: str) -> set:
     return set(torch_bugs.PATCHES)
 
 
+class Plant(NamedTuple):
+    """Bug `name` as `pair_runs` takes it: `inject(framework)` is the context manager that plants it."""
+    name: str
+
+    def inject(self, framework: str):
+        return inject(framework, self.name)
+
+
+def plant(name: str | None) -> Plant | None:
+    return None if name is None else Plant(name)
+
+
 def inject(framework: str, name: str):
     """A context manager under which `framework`'s code has bug `name`."""
     if framework == "jax":

@@ -21,7 +21,7 @@ import re
 from ...core.traces import trace
 from ...judge import divergence, parity
 from .. import pair_runs
-from . import BY_NAME, config, jax_hf_models
+from . import BY_NAME, config, jax_hf_models, plant
 from .checks import compiled_step, replica_mismatches
 
 NARROWER = {"float64": {"f32", "bf16", "f16", "float", "c10::BFloat16", "c10::Half"},
@@ -70,6 +70,13 @@ def _narrow(dtypes_by_op: dict, dtype: str) -> str:
     return "; ".join(f"{op} carries {', '.join(d)}" for op, d in bad.items())
 
 
+def dtypes_job():
+    """The job every rank runs to read what its collectives carried (`torch_bugs.collective_dtypes`)."""
+    from .torch_bugs import collective_dtypes
+
+    return collective_dtypes
+
+
 def torch_items(cases, kernels: str = "mirrored") -> list:
     """The torch_ref runs `evaluate(cases, kernels=kernels)` needs (items of `pair_runs.run_torch`)."""
     items = []
@@ -80,9 +87,9 @@ def torch_items(cases, kernels: str = "mirrored") -> list:
         cfg = config(m, fw, dtype, kernels)
         items.append(cfg)  # the honest run: torch's control, or jaxdp's parity reference
         if fw == "torch":
-            items += [(cfg, name), _single(cfg)]
+            items += [(cfg, plant(name)), _single(cfg)]
             if "program" in m.checks:
-                items += [(cfg, name, "dtypes"), (cfg, None, "dtypes")]
+                items += [(cfg, plant(name), dtypes_job()), (cfg, None, dtypes_job())]
     return list(dict.fromkeys(items))
 
 
@@ -111,7 +118,7 @@ def _case(case, jax, torch, kernels) -> dict:
     name, fw, dtype, model = case
     cfg = case_config(name, fw, dtype, model, kernels)
     run = (lambda c, mut=None: jax(c, mut, model)) if fw == "jax" else (
-        lambda c, mut=None: torch[(c, mut) if mut else c])
+        lambda c, mut=None: torch[(c, plant(mut)) if mut else c])
     bad, honest, single = run(cfg, name), run(cfg), run(_single(cfg))
     checks = required(name, model)
     caught = {"strategy": _judge(bad, single, (fw, "single"))}
@@ -131,9 +138,9 @@ def _case(case, jax, torch, kernels) -> dict:
 
 def _run_jax(cfg, mutation=None, model="own"):
     if model == "own":
-        return pair_runs.run_jax(cfg, mutation)
+        return pair_runs.run_jax(cfg, plant(mutation))
     with jax_hf_models.built(model):
-        return pair_runs.run_jax(cfg, mutation)
+        return pair_runs.run_jax(cfg, plant(mutation))
 
 
 def _nothing():
@@ -158,8 +165,8 @@ def _program(cfg, name, fw, torch) -> tuple:
             bad = _narrow(compiled_step(cfg)[1], cfg.dtype)
         honest = _narrow(compiled_step(cfg)[1], cfg.dtype)
     else:
-        bad = "; ".join(filter(None, (_narrow(r, cfg.dtype) for r in torch[(cfg, name, "dtypes")])))
-        honest = "; ".join(filter(None, (_narrow(r, cfg.dtype) for r in torch[(cfg, None, "dtypes")])))
+        bad = "; ".join(filter(None, (_narrow(r, cfg.dtype) for r in torch[(cfg, plant(name), dtypes_job())])))
+        honest = "; ".join(filter(None, (_narrow(r, cfg.dtype) for r in torch[(cfg, None, dtypes_job())])))
     return (bool(bad), bad), (bool(honest), honest)
 
 

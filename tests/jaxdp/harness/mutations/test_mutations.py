@@ -46,8 +46,9 @@ REPLICATED = [s for s in JAX_DISTRIBUTED if s != "zero3"]  # zero3 keeps no repl
 @functools.cache
 def torch_runs() -> dict:
     """One torch world of 2 ranks: the subset's runs and every strategy's collective dtypes in bf16."""
-    items = score.torch_items(SUBSET) + [(BF16.replace(strategy=s), None, "dtypes") for s in TORCH_DISTRIBUTED]
-    items += [(BF16.replace(strategy=s, kernels="fused"), None, "dtypes") for s in FUSED_STRATEGIES]
+    dtypes = score.dtypes_job()
+    items = score.torch_items(SUBSET) + [(BF16.replace(strategy=s), None, dtypes) for s in TORCH_DISTRIBUTED]
+    items += [(BF16.replace(strategy=s, kernels="fused"), None, score.dtypes_job()) for s in FUSED_STRATEGIES]
     return pair_runs.run_torch(list(dict.fromkeys(items)))
 
 
@@ -158,7 +159,7 @@ def test_the_jit_fp32_reduction_check_fails_on_the_global_gradient(monkeypatch):
 def test_torch_process_group_receives_fp32_tensors_in_bf16_runs(strategy):
     """Every tensor torch_ref's process group is handed in a bf16 run (gloo's own events: DDP's
     reducer buckets, FSDP's reduce-scatters, the rings' sends) is fp32 (integers: DDP's bucket indices)."""
-    per_rank = torch_runs()[(BF16.replace(strategy=strategy), None, "dtypes")]
+    per_rank = torch_runs()[(BF16.replace(strategy=strategy), None, score.dtypes_job())]
     for seen in per_rank:
         assert set().union(*seen.values()) & TORCH_FLOATS == {"float"}, seen
 
@@ -168,7 +169,7 @@ def test_torch_fused_bf16_reduces_in_fp32_and_gathers_only_bf16_parameters(strat
     """--kernels fused in bf16: every reduction the process group is handed is fp32 (the weights cast once
     change no gradient's dtype); only FSDP2's all-gather carries bf16, the parameters MixedPrecisionPolicy cast
     before gathering them (docs/KERNELS.md)."""
-    per_rank = torch_runs()[(BF16.replace(strategy=strategy, kernels="fused"), None, "dtypes")]
+    per_rank = torch_runs()[(BF16.replace(strategy=strategy, kernels="fused"), None, score.dtypes_job())]
     for seen in per_rank:
         floats = {op: dtypes & TORCH_FLOATS for op, dtypes in seen.items() if dtypes & TORCH_FLOATS}
         assert all(d == {"float"} for op, d in floats.items() if op != "gloo:all_gather"), seen

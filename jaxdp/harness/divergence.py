@@ -232,6 +232,9 @@ def _locate(v: Divergence, a, b, first_step: int, floor: float, allow=None) -> N
         if allowed is not None and float(allowed[index]) > 0 and not bad.any():
             g_a, g_b = (allow.grads.get((s, v.step, v.name)) for s in ("a", "b"))
             if g_a is not None and g_b is not None:
+                stored = error_model.storage(b, f"step/{v.step}/param/{v.name}") \
+                    if v.measure in ("update", "step update") else 0.0
                 v.allowance = relaxed.why(allow.opt, float(g_a[index]), float(g_b[index]),
                                           float(np.max(np.abs(g_b))), float(allowed[index]),
-                                          float(np.abs(xa - xb)[index]), ("A", "B"))
+                                          float(np.abs(xa - xb)[index]), ("A", "B"),
+                                          float(np.broadcast_to(stored, np.shape(xb))[index]))

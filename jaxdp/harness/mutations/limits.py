@@ -73,6 +73,25 @@ def scaled_element(t: trace.Trace, step: int, name: str, d: float) -> trace.Trac
     return _shifted(t, step, name, delta)
 
 
+def element_at(t: trace.Trace, step: int, name: str, share: float | None) -> tuple:
+    """The index of the element whose update at `step` is the smallest of those at least `share` of the tensor's
+    largest |du| (None: the tensor's median element by |du|)."""
+    p = t.arrays[f"step/{step}/param/{name}"]
+    du = np.abs(p.astype(np.float64) - _before(t, step, name)).reshape(-1)
+    if share is None:
+        flat = int(np.argsort(du)[du.size // 2])
+    else:
+        flat = int(np.argmin(np.where(du >= share * du.max(), du, np.inf)))
+    return np.unravel_index(flat, p.shape)
+
+
+def shifted_element(t: trace.Trace, step: int, name: str, index: tuple, d: float) -> trace.Trace:
+    """One element's update at step k off by `d`, absolute."""
+    delta = np.zeros(t.arrays[f"init/{name}"].shape)
+    delta[index] = d
+    return _shifted(t, step, name, delta)
+
+
 def scaled_grad(t: trace.Trace, step: int, name: str, d: float) -> trace.Trace:
     key = f"step/{step}/grad/{name}"
     g = t.arrays[key]

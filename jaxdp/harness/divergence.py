@@ -27,7 +27,7 @@ import numpy as np
 
 from ..core import spread as spread_mod
 from ..core import trace as trace_mod
-from . import error_model, parity, relaxed, resolution, resumed
+from . import error_model, parity, relaxed, resolution, resumed, signed
 from .judgement import Bounds, Cell, Divergence, Report, ratio  # the result types, also read as divergence.<name>
 
 ORDER = ("init", "x", "y", "loss", "grad", "param", "state")
@@ -205,7 +205,10 @@ def _located(v: Divergence, a, b, derived) -> None:
     if element is not None and element.index is not None:
         v.index = element.index
         v.a, v.b = (float(np.asarray(t.arrays[v.key], np.float64)[element.index]) for t in (a, b))
-        v.allowance = element.why
+        v.allowance = element.why if v.measure != signed.MEASURE else (
+            f"its elements may each be within their storage roundoff, but summed along the update over the steps "
+            f"so far they show a scale {v.error:.1e} of it, beyond the {v.bound:.1e} storage rounding can make "
+            f"(a learning rate or a scale on this tensor?)")
 
 
 def _locate(v: Divergence, a, b, first_step: int, floor: float, allow=None) -> None:

@@ -26,6 +26,8 @@ What is left, x_i = max(|du_a - du_b - (U_a - U_b)_i - s V_i| - C_ARITH u M_i - 
 is storage only, and is judged
   per element  x_i <= 2 ulp_i                                   ('resolved element')
   per tensor   sum x_i^2 <= sum ulp_i^2 / 3 + 16 sqrt(sum ulp_i^4)  ('resolved update')
+  along the update, per tensor over the steps so far: the signed residual's projection ('signed update',
+  jaxdp/harness/signed.py: what a learning rate 1 + d on one tensor moves every element by, under one ulp each)
 The tensor bound: each side's r is at most two roundings, each uniform in +-ulp/2 (variance ulp^2 / 12),
 so E[x_i^2] <= ulp_i^2 / 3, and x_i^2 lies in [0, 4 ulp_i^2]; Hoeffding's inequality puts the sum
 above its mean by 16 sqrt(sum ulp^4) (4 standard deviations of the bound, s = 4) with probability below
@@ -71,6 +73,10 @@ class Finding:
 
     def describe(self) -> str:
         at = f" at {list(self.index)}" if self.index is not None else ""
+        if self.measure == signed.MEASURE:
+            return (f"step {self.step}, update, {self.name}: {self.measure}: the residual along the update over the "
+                    f"steps so far shows a scale {self.error:.2e} beyond its worst-case bias > {self.bound:.2e}, "
+                    f"what storage rounding can make (a learning rate or scale on this tensor?)")
         return (f"step {self.step}, update, {self.name}{at}: {self.measure} error {self.error:.2e} > "
                 f"{self.bound:.2e}, the storage roundoff left once the gradients' differences are replayed")
 

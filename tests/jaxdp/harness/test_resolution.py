@@ -188,3 +188,10 @@ def test_a_tensor_whose_gradients_agree_bitwise_is_not_explained_by_them():
     honest = parity.judge(*pair("float32"), check_config=False)  # the fused key bias: gradients that differ
     texts = [r.describe(honest.allowance.opt) for r in honest.relaxed if r.field == "update"]
     assert all("bitwise equal" not in t and "differ by" in t for t in texts), texts
+
+
+def test_the_diff_names_a_scale_bug_along_the_update():
+    a, b = hf_pairs.pairs("float32")["llama"]
+    verdict = jaxdp.diff(with_lr(a, "norm/scale", 1e-4), b, check_config=False)
+    assert not verdict.ok and (verdict.first.name, verdict.first.measure) == ("norm/scale", signed.MEASURE)
+    assert "summed along the update" in verdict.first.describe(), verdict.first.describe()

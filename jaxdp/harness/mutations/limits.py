@@ -216,6 +216,7 @@ def main(argv=None) -> int:
     start = time.time()
     results = measure(families, dtypes)
     results["wall_s"] = round(time.time() - start)
+    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     with open(args.json, "w") as f:
         json.dump(results, f, indent=1)
     print(limits_doc.render(results))

@@ -19,7 +19,6 @@ file holds every number; docs/PARITY.md's table is its rendering (`limits_doc.re
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
@@ -27,7 +26,7 @@ import numpy as np
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: see torch_ref/__init__.py
 
-from ...core import trace  # noqa: E402
+from ...core import atomic, trace  # noqa: E402
 from .. import pair_runs, parity  # noqa: E402
 from . import hf_honest, honest, limits_doc  # noqa: E402
 
@@ -217,8 +216,7 @@ def main(argv=None) -> int:
     results = measure(families, dtypes)
     results["wall_s"] = round(time.time() - start)
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(results, f, indent=1)
+    atomic.write_json(args.json, results, indent=1)
     print(limits_doc.render(results))
     return 0
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..core.traces import spread as spread_mod
 from ..core.traces import trace as trace_mod
-from . import error_model, parity, precision, relaxed, resolution, resumed
+from . import error_model, parity, precision, relaxed, resolution, resumed, signed
 from .judgement import Bounds, Cell, Divergence, Report, ratio  # the result types, also read as divergence.<name>
 
 ORDER = ("init", "x", "y", "loss", "grad", "param", "state")
@@ -210,7 +210,10 @@ def _located(v: Divergence, a, b, derived) -> None:
     if element is not None and element.index is not None:
         v.index = element.index
         v.a, v.b = (float(np.asarray(t.arrays[v.key], np.float64)[element.index]) for t in (a, b))
-        v.allowance = element.why
+        v.allowance = element.why if v.measure != signed.MEASURE else (
+            f"its elements may each be within their storage roundoff, but summed along the update over the steps "
+            f"so far they show a scale {v.error:.1e} of it, beyond the {v.bound:.1e} storage rounding can make "
+            f"(a learning rate or a scale on this tensor?)")
 
 
 def _locate(v: Divergence, a, b, first_step: int, floor: float, allow=None) -> None:
@@ -237,6 +240,9 @@ def _locate(v: Divergence, a, b, first_step: int, floor: float, allow=None) -> N
         if allowed is not None and float(allowed[index]) > 0 and not bad.any():
             g_a, g_b = (allow.grads.get((s, v.step, v.name)) for s in ("a", "b"))
             if g_a is not None and g_b is not None:
+                stored = error_model.storage(b, f"step/{v.step}/param/{v.name}") \
+                    if v.measure in ("update", "step update") else 0.0
                 v.allowance = relaxed.why(allow.opt, float(g_a[index]), float(g_b[index]),
                                           float(np.max(np.abs(g_b))), float(allowed[index]),
-                                          float(np.abs(xa - xb)[index]), ("A", "B"))
+                                          float(np.abs(xa - xb)[index]), ("A", "B"),
+                                          float(np.broadcast_to(stored, np.shape(xb))[index]))

@@ -26,6 +26,8 @@ What is left, x_i = max(|du_a - du_b - (U_a - U_b)_i - s V_i| - C_ARITH u M_i - 
 is storage only, and is judged
   per element  x_i <= 2 ulp_i                                   ('resolved element')
   per tensor   sum x_i^2 <= sum ulp_i^2 / 3 + 16 sqrt(sum ulp_i^4)  ('resolved update')
+  along the update, per tensor over the steps so far: the signed residual's projection ('signed update',
+  jaxdp/judge/signed.py: what a learning rate 1 + d on one tensor moves every element by, under one ulp each)
 The tensor bound: each side's r is at most two roundings, each uniform in +-ulp/2 (variance ulp^2 / 12),
 so E[x_i^2] <= ulp_i^2 / 3, and x_i^2 lies in [0, 4 ulp_i^2]; Hoeffding's inequality puts the sum
 above its mean by 16 sqrt(sum ulp^4) (4 standard deviations of the bound, s = 4) with probability below
@@ -45,10 +47,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.traces import trace as trace_mod
-from . import decay_split, error_model
+from . import decay_split, error_model, signed
 
 C_ARITH = 16  # unit roundoffs of the update's running magnitude (a handful of operations, with margin)
-MEASURES = ("resolved update", "resolved element")
+MEASURES = ("resolved update", "resolved element", signed.MEASURE)
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,10 @@ class Finding:
 
     def describe(self) -> str:
         at = f" at {list(self.index)}" if self.index is not None else ""
+        if self.measure == signed.MEASURE:
+            return (f"step {self.step}, update, {self.name}: {self.measure}: the residual along the update over the "
+                    f"steps so far shows a scale {self.error:.2e} beyond its worst-case bias > {self.bound:.2e}, "
+                    f"what storage rounding can make (a learning rate or scale on this tensor?)")
         return (f"step {self.step}, update, {self.name}{at}: {self.measure} error {self.error:.2e} > "
                 f"{self.bound:.2e}, the storage roundoff left once the gradients' differences are replayed")
 
@@ -111,7 +117,7 @@ def resolve(a: trace_mod.Trace, b: trace_mod.Trace) -> Resolution | None:
     ra = error_model.replay(a, opt, names, envelope=env_a, weights=w_a)
     rb = error_model.replay(b, opt, names, envelope=env_b, weights=w_b)
     split_a, split_b = (decay_split.envelope(t, opt, names) for t in (a, b))  # Adam's coupled decay, rounded apart
-    out = Resolution(opt)
+    out, running = Resolution(opt), {}
     for k in sorted(set(ra) & set(rb)):
         pairs = {n: (pa, pb) for n in names if (pa := _params(a, k, n)) is not None and (pb := _params(b, k, n))
                  is not None and n in ra[k] and n in rb[k] and np.shape(pa[1]) == np.shape(pb[1])}
@@ -138,6 +144,9 @@ def resolve(a: trace_mod.Trace, b: trace_mod.Trace) -> Resolution | None:
                                                                  split_b.get(k, {}).get(n, 0.0))
             expected = replayed[n] + (s_v or 0.0) * by_v[n] + (s_m or 0.0) * adam[n]
             found = judge_tensor(pa, pb, expected, noise, k, n)
+            sums = running.setdefault(n, signed.Running())
+            sums.add(_du(*pa) - _du(*pb) - expected, noise, _ulp(*pa, *pb), _du(*pb))
+            found.append(Finding(k, n, signed.MEASURE, *sums.judged()))
             out.cells += found
             out.beyond += [f for f in found if f.ratio > 1]
     return out
@@ -234,7 +243,8 @@ def judge_tensor(pa, pb, expected, noise, step: int, name: str) -> list[Finding]
     (a0, a1), (b0, b1) = pa, pb
     du_a, du_b = _du(a0, a1), _du(b0, b1)
     with np.errstate(invalid="ignore", over="ignore"):
-        explained = np.abs(np.nan_to_num(expected, nan=0.0, posinf=0.0, neginf=0.0)) + noise
+        replayed = np.abs(np.nan_to_num(expected, nan=0.0, posinf=0.0, neginf=0.0)) + np.zeros(np.shape(a1))
+        arithmetic = np.nan_to_num(noise, nan=0.0, posinf=0.0) + np.zeros(np.shape(a1))
         x = np.maximum(np.abs(du_a - du_b - np.nan_to_num(expected, nan=0.0, posinf=0.0, neginf=0.0))
                        - np.nan_to_num(noise, nan=0.0, posinf=0.0), 0.0)
         x = np.where(np.isfinite(du_a) & np.isfinite(du_b), x, np.nan)
@@ -248,8 +258,13 @@ def judge_tensor(pa, pb, expected, noise, step: int, name: str) -> list[Finding]
         return [tensor, Finding(step, name, "resolved element", math.nan, 0.0, _at(np.isnan(x)))]
     i = np.unravel_index(int(np.argmax(x / (2 * ulp))), x.shape)
     size = float(abs(du_b[i])) or 1.0
-    why = (f"|A - B| {abs(du_a[i] - du_b[i]):.1e} in this element's update, of which the gradients' replayed "
-           f"difference explains {float(explained[i]):.1e}; storage roundoff allows {2 * float(ulp[i]):.1e} more")
+    why = (f"|A - B| {abs(du_a[i] - du_b[i]):.1e} in this element's update, of which "
+           + (f"the replay (both sides' own gradients and parameters, the step's common factor) explains "
+              f"{float(replayed[i]):.1e} and "
+              if replayed[i] > 0 else "the replay explains nothing (both sides' gradients and parameters give the "
+              "same update) and ")
+           + f"the update's arithmetic {float(arithmetic[i]):.1e}; storage roundoff allows "
+           f"{2 * float(ulp[i]):.1e} more")
     element = Finding(step, name, "resolved element", float(x[i]) / size, 2 * float(ulp[i]) / size,
                       tuple(int(j) for j in i), why)
     return [tensor, element]

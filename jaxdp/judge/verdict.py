@@ -30,7 +30,7 @@ class Verdict:
     findings  every (step, field, tensor) beyond its bound, in order, the first first.
     failures  the judge's failures, in words (a field's worst error over its bound, a rank spread...).
     relaxed   what the error model kept within its bounds (`relaxed.Relaxed` / `GradRelaxed`, each
-              with `describe()`): raw error beyond the bound, explained by the gradients' roundoff.
+              with `describe()`): raw error beyond the bound, within the error model's allowance (each says which part).
     notes     how it was judged: the configuration fields compared, the steps, the error model.
     bounds    the bounds per measure, the dtype and where they came from (`judgement.Bounds`).
     steps     (first, last): the steps judged (those both traces hold; a resumed trace starts later).
@@ -97,7 +97,7 @@ def relaxed_lines(report: divergence.Report, most: int = MOST_RELAXED) -> list[s
     relaxed = report.relaxed
     if not relaxed:
         return []
-    what = "raw error beyond the bound, explained by the gradients' roundoff after the optimizer"
+    what = "raw error beyond the bound, within the allowance each line names (replayed gradients, storage)"
     if report.first is not None:
         return [f"within bounds by the error model: {len(relaxed)} tensors ({what}; each in --json's "
                 f"\"relaxed\", Verdict.relaxed)"]

@@ -123,7 +123,7 @@ def page(report: divergence.Report, a_path: str = "A", b_path: str = "B") -> str
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in report.notes + report.failures)
     relaxed = "".join(f"<li>{html.escape(r)}</li>" for r in report.relaxed)
     relaxed = (f'<h2>Within bounds by the error model ({len(report.relaxed)})</h2><p>Raw error beyond the bound, '
-               f'explained by the gradients\' roundoff after the optimizer (docs/PARITY.md).</p>'
+               f'within the allowance each line names (replayed gradients, storage; docs/PARITY.md).</p>'
                f'<ul id="relaxed">{relaxed}</ul>') if relaxed else ""
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>jaxdp diff</title><style>{STYLE}</style></head><body>

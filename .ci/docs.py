@@ -28,6 +28,7 @@ HONEST = "docs/results/honest.json"
 # The honest matrix's renderer, `render(results) -> str` (`python -m jaxdp.harness.mutations.honest --results FILE`
 # writes its results file; `honest_render` renders the same block alone)
 HONEST_RENDER = "jaxdp.harness.mutations.honest_render:render"
+LIMITS = "docs/results/limits.json"  # `python -m jaxdp.harness.mutations.limits` writes it
 
 
 def load(path: str):
@@ -98,6 +99,12 @@ def gpu_target(results) -> str:
     return "\n".join(g.section({"gpu_projection": results})).strip()
 
 
+def limits(results) -> str:
+    if results is None:
+        return missing(LIMITS, f"python -m jaxdp.harness.mutations.limits --json {LIMITS}")
+    return _call("jaxdp.harness.mutations.limits_doc:render", results)
+
+
 def honest(results) -> str:
     if results is None:
         return missing(HONEST, f"python -m jaxdp.harness.mutations.honest --results {HONEST}")
@@ -132,6 +139,7 @@ BLOCKS = {
     "bench": ("docs/BENCHMARKS.md", BENCH, bench),
     "gpu-target": ("docs/BENCHMARKS.md", GPU_TARGET, gpu_target),
     "honest": ("docs/PARITY.md", HONEST, honest),
+    "limits": ("docs/PARITY.md", LIMITS, limits),
     "links": ("docs/ZERO.md", None, links),
 }
 FIGURES = {  # {name: (results file, renderer)}: inline, in any page
@@ -148,7 +156,8 @@ FIGURES = {  # {name: (results file, renderer)}: inline, in any page
 OLD_MARKS = {"layout": ("<!-- layout: start -->", "<!-- layout: end -->"),
              "fused-matrix": ("<!-- fused matrix: start -->", "<!-- fused matrix: end -->"),
              "calibration": ("<!-- calibration-table -->", "<!-- /calibration-table -->"),
-             "honest": ("<!-- honest:begin -->", "<!-- honest:end -->")}
+             "honest": ("<!-- honest:begin -->", "<!-- honest:end -->"),
+             "limits": ("<!-- limits: start -->", "<!-- limits: end -->")}
 FIG = re.compile(r"<!-- fig:([\w.-]+) -->(.*?)<!-- /fig -->", re.S)
 PAGES = ["README.md"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))
 

@@ -109,9 +109,9 @@ def test_a_learning_rate_1_0001x_on_a_float32_norm_scale_is_caught_within_4_step
 ABSOLUTE = {"float32": 1e-5, "float64": 1e-12}
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("model", ["gpt2", "hf-llama"])
-@pytest.mark.parametrize("share", [1e-3, None])
+@pytest.mark.parametrize(("model", "dtype", "share"), [
+    (m, d, s) for m in ("gpt2", "hf-llama") for d in ("float32", "float64") for s in (1e-3, None)
+    if (m, d, s) != ("hf-llama", "float64", None)])  # that one: the median element, as gpt2's float64 case
 def test_one_element_off_by_the_absolute_target_is_caught_wherever_its_update_is_not_tiny(model, dtype, share):
     """Issue 70's per-element limit: one element's update at step 2 off by 1e-5 (float32) or 1e-12 (float64),
     absolute, either sign, on every tensor: the element whose update is the smallest at least 1e-3 of the

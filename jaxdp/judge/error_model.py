@@ -151,8 +151,10 @@ def allowance(a, b, grad_bound: float = math.inf, elementwise_bound: float = mat
         return None
     opt = None if why_none(a, b, MODELLED) else optimizer_of(b.meta) or optimizer_of(a.meta)
     u = precision.unit(dtype, a.meta, b.meta)  # lower-precision sites' roundoff (precision census)
-    out = Allowance(opt, grad_floor=grad_floors(b, bf16_floor.scaled_unit(dtype, u, C_GRAD), grad_bound,
-                                                elementwise_bound, a))
+    if dtype == bf16_floor.DTYPE:
+        out = Allowance(opt, grad_floor=bf16_floor.grad_floors(a, b, u, grad_bound, elementwise_bound))
+    else:
+        out = Allowance(opt, grad_floor=grad_floors(b, u, grad_bound, elementwise_bound, a))
     if opt is None:
         return out
     names = [n for n in b.names() if f"init/{n}" in a.arrays]

@@ -14,13 +14,15 @@ from jaxdp.judge import bf16_floor, error_model, parity
 
 SHAPES = {"big/kernel": (16, 16), "mid/kernel": (4, 4), "bn/scale": (8,), "key/bias": (8,)}
 SCALE = {"big/kernel": 1.0, "mid/kernel": 0.15, "bn/scale": 0.03, "key/bias": 1e-7}  # of ||g_step||
-NOISE = {"big/kernel": 2.0 ** -8, "mid/kernel": 2.0 ** -8, "bn/scale": 0.8, "key/bias": 2.6}  # runs apart, of g
+# the runs apart, relative to each gradient: ResNet's at step 1 (its largest kernel 0.17, 36 u ||g_step||)
+NOISE = {"big/kernel": 0.17, "mid/kernel": 2.0 ** -8, "bn/scale": 0.8, "key/bias": 2.6}
 STEPS, LR = 3, 0.05
 
 
-def run(run_seed: int, optimizer="sgd", double: str = "") -> trace.Trace:
+def run(run_seed: int, optimizer="sgd", double: str = "", quiet: bool = False) -> trace.Trace:
     """SGD (or momentum) on gradients of the sizes above, each run with its own roundoff; `double`: the
-    tensor whose gradient this run doubles (a bug)."""
+    tensor whose gradient this run doubles (a bug); `quiet`: the runs agree to 2^-8 everywhere but the key bias."""
+    noises = {n: 2.0 ** -8 if quiet and n != "key/bias" else v for n, v in NOISE.items()}
     exact, noise = np.random.default_rng(0), np.random.default_rng(100 + run_seed)
     params = {n: np.random.default_rng(1).standard_normal(s) for n, s in SHAPES.items()}
     params["key/bias"] = np.zeros(SHAPES["key/bias"])
@@ -32,7 +34,7 @@ def run(run_seed: int, optimizer="sgd", double: str = "") -> trace.Trace:
         for n, s in SHAPES.items():
             g = exact.standard_normal(s)
             g *= SCALE[n] / np.linalg.norm(g)
-            grads[n] = (g * (1 + NOISE[n] * noise.standard_normal(s)) * (2 if n == double else 1)).astype(np.float32)
+            grads[n] = (g * (1 + noises[n] * noise.standard_normal(s)) * (2 if n == double else 1)).astype(np.float32)
         ups = error_model._update(opt, {n: g.astype(np.float64) for n, g in grads.items()}, params, state, k)
         for n in SHAPES:
             params[n] = (params[n] + ups[n]).astype(np.float32).astype(np.float64)
@@ -74,6 +76,15 @@ def test_a_doubled_gradient_above_the_stated_fraction_fails():
 def test_below_the_fraction_a_doubled_gradient_is_the_stated_limit():
     assert SCALE["bn/scale"] < bf16_floor.C_BF16 * 2.0 ** -8
     assert judged(run(1, double="bn/scale"), run(2)).ok  # not seen: docs/PARITY.md, the bf16 floor
+
+
+@pytest.mark.quick
+def test_where_the_rest_of_the_step_agrees_the_floor_is_that_agreement():
+    """The floor is at most the two runs' disagreement over the step's other tensors (K_OTHERS): in a pair
+    agreeing to 2^-8, the doubled BatchNorm scale (3% of the step's gradient) fails."""
+    assert judged(run(1, quiet=True), run(2, quiet=True)).ok
+    row = judged(run(1, double="bn/scale", quiet=True), run(2, quiet=True))
+    assert any(f.startswith("grad") and "bn/scale" in f for f in row.failures), row.failures
 
 
 @pytest.mark.quick

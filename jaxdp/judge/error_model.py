@@ -32,8 +32,8 @@ a bug confined to such elements is not seen.
 A gradient whose terms cancel is roundoff only as a whole tensor (a bias before BatchNorm): its error
 relative to itself is O(1), so it is judged at the step's gradient scale (`grad_floors`).
 
-Applied to float64 and float32 runs; bf16 runs keep their bounds (Adam's updates there are judged per
-step, which already absorbs such elements). A resumed trace (no optimizer state to replay from) or an
+Applied to float64, float32 and bf16 runs (bf16's floor constant and its loss term:
+jaxdp/judge/bf16_floor.py). A resumed trace (no optimizer state to replay from) or an
 optimizer meta does not name gets the gradient floors and the gradient-explained allowances of
 jaxdp/judge/unmodelled.py instead of a replay, which the notes say.
 """
@@ -47,10 +47,11 @@ import numpy as np
 
 from ..core.registry import strategies as registry
 from ..core.traces.trace import errors
-from . import precision, recorded_steps
+from . import bf16_floor, precision, recorded_steps
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
-DTYPES = ("float64", "float32")
+DTYPES = ("float64", "float32")  # the derived bounds' (resolution.py)
+MODELLED = DTYPES + (bf16_floor.DTYPE,)  # the allowances' (bfloat16: jaxdp/judge/bf16_floor.py)
 UNIT = {"float64": 2.0 ** -53, "float32": 2.0 ** -24}  # unit roundoff u
 # Roundoff-only gradients (cnn's conv biases before BatchNorm, jaxdp and torch, N in 2..4) measured
 # <= 9 u ||g_step|| in norm and <= 24 u max|g_step| per element; a sum's roundoff grows as the square
@@ -112,11 +113,11 @@ class Allowance:
         return errors(a, b, max(floor, elem_floor), self.param.get(key), norm_floor)
 
 
-def why_none(a, b) -> str | None:
-    """Why the pair gets no optimizer allowance (None when it gets one)."""
+def why_none(a, b, dtypes=DTYPES) -> str | None:
+    """Why the pair gets no optimizer allowance (None when it gets one); `dtypes`: those modelled."""
     meta = {**a.meta, **b.meta}
-    if meta.get("dtype") not in DTYPES:
-        return f"no per-element error model for dtype {meta.get('dtype')!r} (float64 and float32 only)"
+    if meta.get("dtype") not in dtypes:
+        return f"no per-element error model for dtype {meta.get('dtype')!r} ({' and '.join(dtypes)} only)"
     if optimizer_of(b.meta) is None and optimizer_of(a.meta) is None:
         return (f"optimizer settings not recorded ({missing(b.meta) or missing(a.meta)}): updates judged by how "
                 f"far the gradients disagree, not by a replay of the optimizer; record them with "
@@ -146,11 +147,14 @@ def allowance(a, b, grad_bound: float = math.inf, elementwise_bound: float = mat
     """The error model of trace `a` against `b` (module docstring); None for a dtype it does not
     cover, and gradient floors only where the optimizer cannot be replayed (`why_none` says why)."""
     dtype = b.meta.get("dtype", a.meta.get("dtype"))
-    if dtype not in DTYPES:
+    if dtype not in MODELLED:
         return None
-    opt = None if why_none(a, b) else optimizer_of(b.meta) or optimizer_of(a.meta)
+    opt = None if why_none(a, b, MODELLED) else optimizer_of(b.meta) or optimizer_of(a.meta)
     u = precision.unit(dtype, a.meta, b.meta)  # lower-precision sites' roundoff (precision census)
-    out = Allowance(opt, grad_floor=grad_floors(b, u, grad_bound, elementwise_bound, a))
+    if dtype == bf16_floor.DTYPE:
+        out = Allowance(opt, grad_floor=bf16_floor.grad_floors(a, b, u, grad_bound, elementwise_bound))
+    else:
+        out = Allowance(opt, grad_floor=grad_floors(b, u, grad_bound, elementwise_bound, a))
     if opt is None:
         return out
     names = [n for n in b.names() if f"init/{n}" in a.arrays]
@@ -165,6 +169,8 @@ def allowance(a, b, grad_bound: float = math.inf, elementwise_bound: float = mat
                 total[n] = total[n] + allow
                 out.param[f"step/{k}/param/{n}"] = total[n]
                 out.update[f"update/{k}/{n}"] = allow + storage(b, f"step/{k}/param/{n}")
+    if dtype == bf16_floor.DTYPE:
+        bf16_floor.loss(a, b, out)
     return out
 
 

@@ -170,7 +170,7 @@ def _judged(a, b, tol, label, cfg, sides, with_ulp, allow, derived=None) -> Row:
     worst_key["step update"] = f"step {b.first_step + int(np.argmax(per_step['step update']))}" if steps else ""
     init_identical = all(np.array_equal(a.arrays[k], b.arrays[k]) for k in b.arrays if k.startswith("init/"))
     row = Row(label, cfg, worst, per_step, worst_key, init_identical, tol, diff=d, allowance=allow,
-              model_note=error_model.why_none(a, b) or "", resolution=derived)
+              model_note=error_model.why_none(a, b, error_model.MODELLED) or "", resolution=derived)
     if allow is not None:
         flagged = derived.flagged() if derived else set()
         row.relaxed = [r for r in relaxed.relaxations(a, b, allow, d, tol, d.floor)

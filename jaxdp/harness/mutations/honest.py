@@ -227,6 +227,9 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="the first 3 cases of each set (a smoke test)")
     parser.add_argument("--parts", default="project,hf", help="project, hf or both (comma separated)")
     parser.add_argument("--models", default="", help="only these models (comma separated; default: all)")
+    parser.add_argument("--dtypes", default="", help="only these dtypes (comma separated; default: all)")
+    parser.add_argument("--only-failed", default="", metavar="FILE",
+                        help="only the cases a results file (--results) lists as failed")
     parser.add_argument("--jsonl", default="", help="append each comparison to this file as it is judged")
     parser.add_argument("--results", default="", help="write the results file (JSON) here at the end")
     parser.add_argument("--promote", action=argparse.BooleanOptionalAction, default=PROMOTE,
@@ -245,9 +248,11 @@ def main(argv=None) -> int:
         return r
 
     parts, wanted = args.parts.split(","), set(filter(None, args.models.split(",")))
+    dtypes, failed = set(filter(None, args.dtypes.split(","))), failed_cases(args.only_failed)
 
     def chosen(cases):
-        return [c for c in cases if not wanted or c["model"] in wanted][: 3 if args.quick else None]
+        return [c for c in cases if (not wanted or c["model"] in wanted) and (not dtypes or c["dtype"] in dtypes)
+                and (failed is None or _failed(c, failed))][: 3 if args.quick else None]
 
     command = "python -m jaxdp.harness.mutations.honest " + " ".join(argv if argv is not None else sys.argv[1:])
     out = results(records, 0.0, command, args.promote)
@@ -260,6 +265,20 @@ def main(argv=None) -> int:
                 atomic.write_json(args.results, out, indent=1)
     print(honest_render.render(out))
     return 0 if all(r.ok for r in records) else 1
+
+
+def failed_cases(path: str) -> set | None:
+    """The labels a results file lists as failed (None without a file: every case)."""
+    if not path:
+        return None
+    with open(path) as f:
+        return {c["case"] for c in json.load(f)["comparisons"] if not c["ok"]}
+
+
+def _failed(case: dict, labels: set) -> bool:
+    """Whether any of the case's comparisons is among `labels` (its labels start with model, optimizer, dtype, N)."""
+    head = f"{case['model']} {case['optimizer']} {case['dtype']} N={case['devices']} "
+    return any(label.removeprefix("hf-").startswith(head) and f" {case['strategy']}" in label for label in labels)
 
 
 def accepted(case: dict) -> bool:

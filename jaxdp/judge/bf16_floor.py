@@ -1,0 +1,85 @@
+"""The bf16 error model: the floor at the step's gradient scale for a gradient that is roundoff only,
+and what that roundoff does to the loss through the parameters (docs/PARITY.md, "The bf16 floor").
+
+A bf16 run (bf16 compute over fp32 master parameters, fp32 reduction and optimizer) rounds every
+activation and every backward intermediate to 8 significant bits, u = 2^-8. A gradient that cancels
+in exact arithmetic (an attention key bias: softmax ignores a shift; a BatchNorm scale or bias whose
+terms nearly cancel) is then what those roundings leave, O(u) of the terms it sums, and two honest runs
+disagree on it by O(1) of itself. As in float32 (`error_model.grad_floors`), the step's gradient norm
+stands for the terms: a gradient's norm error is judged against max(||g_t||, C u ||g_step|| / bound).
+
+C (`C_BF16`): the roundings along a backward chain of m rounded ops add like a random walk,
+sqrt(m) u of the terms. Measured on honest pairs (`hf_honest.run_world`, single against the strategy, 4 steps):
+the worst roundoff-dominated tensor, ResNet's BatchNorm (0.79 of a gradient 3.5% of the step's, zero2, N = 3,
+momentum), up to 7 u ||g_step||; key biases 1e-8 to 3e-7 ||g_step||. C = 24 is 3.4x the worst (a chain 10x as
+long) and the ceiling of the floor: a tensor's gradient doubled (error ||g_t||) is caught wherever
+||g_t|| > 24 u ||g_step|| = 9.4% of the step's gradient norm.
+
+The floor is also at most K_OTHERS = 1 times the two runs' gradient difference over the step's other tensors,
+||d_rest||: a roundoff-only tensor is summed from terms of the step's scale through the same rounded chain as
+the rest, so its disagreement is a part of the same roundoff, which the rest measures in place (ResNet's
+BatchNorm 7 u against its convolutions' >= 36 u at step 1; a BERT key bias 3e-7 against 0.6 u). Where the
+rest agrees (the project's mlp, BERT, ViT: ~1 u ||g_step|| or less), a doubled gradient is caught from about
+that; a bug spread over the rest raises ||d_rest||, but then fails on the rest's own relative bounds.
+Below the floor, a bug confined to one tensor's gradient is not seen by the gradient measure; the optimizer's
+replay (`error_model.allowance`) excuses in the updates only what the two recorded gradients explain.
+
+The loss at step k is computed at parameters the judge accepts as up to A_(k-1) apart per element
+(`error_model.Allowance.param`: the replayed optimizer's differences); to first order that moves the
+loss by at most sum_i |g_(k,i)| A_(k-1,i) (the gradient of step k is the loss's at those parameters),
+which `loss` adds to the loss's allowance. The constant bound (1e-2, 2.56 u: the forward's rounding of
+the logits at identical parameters) stays for what that term does not explain.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+DTYPE = "bfloat16"
+C_BF16 = 24  # in units of u ||g_step|| (module docstring)
+K_OTHERS = 1.0  # a roundoff-only tensor's disagreement against the rest of its step's (module docstring)
+
+
+def loss(a, b, allow) -> None:
+    """Add to `allow.param` each step's loss allowance (absolute): sum_i |g_(k,i)| A_(k-1,i), with A the
+    accepted parameter disagreement after step k - 1 (none at the first step: identical parameters)."""
+    for k in range(b.first_step + 1, b.steps + 1):
+        key = f"step/{k}/loss"
+        if key not in a.arrays or key not in b.arrays:
+            continue
+        total = 0.0
+        for n in b.names():
+            g, A = b.arrays.get(f"step/{k}/grad/{n}"), allow.param.get(f"step/{k - 1}/param/{n}")
+            if g is not None and A is not None and np.shape(g) == np.shape(A):
+                total += float(np.sum(np.abs(np.asarray(g, np.float64)) * A))
+        if np.isfinite(total) and total > 0:
+            allow.param[key] = np.float64(total)
+
+
+
+def grad_floors(a, b, u: float, grad_bound: float, elementwise_bound: float) -> dict:
+    """error_model.grad_floors for a bf16 pair: a tensor's norm floor is min(C u ||g_step||, K_OTHERS ||d_rest||)
+    / bound, d_rest the two runs' gradient difference over the step's other tensors, with what the parameters'
+    accepted disagreement does to the gradients (error_model.propagated) on top, as there."""
+    from . import error_model
+
+    out, squares, rho = {}, {}, {}
+    for key, f in error_model.grad_floors(b, u * C_BF16 / error_model.C_GRAD, grad_bound, elementwise_bound).items():
+        k = int(key.split("/")[1])
+        if k not in squares:
+            squares[k], rho[k] = _squares(a, b, k), error_model.disagreement(a, b, k)
+        rest = np.sqrt(max(sum(squares[k].values()) - squares[k].get(key, 0.0), 0.0)) if key in squares[k] else np.inf
+        moved = error_model.propagated(b, k, key, np.asarray(b.arrays[key], np.float64), rho[k])[0]
+        capped = min(f.norm * grad_bound, K_OTHERS * float(rest))
+        out[key] = error_model.GradFloor(max(capped, moved) / grad_bound, f.elementwise, f.step_norm,
+                                         rho[k] if moved > capped else 0.0)
+    return out
+
+
+def _squares(a, b, k: int) -> dict:
+    """{key: ||g_a - g_b||^2} of step k's gradients ({} where a trace lacks one or one is non-finite: no tightening)."""
+    out = {}
+    for key in (x for x in b.arrays if x.startswith(f"step/{k}/grad/")):
+        if key not in a.arrays or np.shape(a.arrays[key]) != np.shape(b.arrays[key]):
+            return {}
+        out[key] = float(np.sum((np.asarray(a.arrays[key], np.float64) - np.asarray(b.arrays[key], np.float64)) ** 2))
+    return out if all(np.isfinite(v) for v in out.values()) else {}

@@ -14,7 +14,7 @@ from .report import Comm, Finding
 
 KINDS = ("no-gradient-sync", "wrong-axis", "sync-per-microbatch", "extra-gradient-sync", "reduce-dtype",
          "unexpected-gather", "state-replicated", "params-replicated", "gathered-too-often", "all-reduce-not-scatter",
-         "no-replica-sync", "no-overlap", "master-dtype")
+         "no-replica-sync", "no-overlap", "master-dtype", "sync-every-step")
 DTYPE_NAMES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "f64": "float64", "bf16>f32": "bfloat16",
                "float": "float32", "c10::BFloat16": "bfloat16", "c10::Half": "float16", "double": "float64"}
 REDUCTIONS = ("all-reduce", "reduce-scatter", "reduce")
@@ -54,10 +54,23 @@ def findings(comms: list[Comm], intent: Intent, devices: int, p: int, state_shar
     layout = _gathers(bulk, intent, p, state_sharded, params_sharded)
     if any(f.kind == "params-replicated" for f in layout):  # replicated parameters: their all-reduce follows
         out = [f for f in out if f.kind != "all-reduce-not-scatter"]
-    out = layout + out
+    out = layout + out + _outer(bulk, intent, devices, p)
     if intent.name == "ddp":
         out += _overlap(bulk)
     return out
+
+
+def _outer(bulk, intent: Intent, devices: int, p: int) -> list[Finding]:
+    """An intent of K > 1 `inner_steps` (diloco): the parameters' all-reduce only in the outer step, a
+    conditional's branch taken once every K steps; one outside any branch runs on every step."""
+    every = [c for c in bulk if c.op in REDUCTIONS and c.group >= devices and not c.branch]
+    if intent.inner_steps <= 1 or _per_step(every, p) < 0.5:
+        return []
+    return [Finding("sync-every-step", f"{_per_step(every, p):.3g} x P elements are all-reduced on every step, "
+                    f"where {intent.name} all-reduces them once every {intent.inner_steps} steps (the outer step): "
+                    f"{intent.inner_steps}x the traffic, and the replicas never take their local steps apart",
+                    "all-reduce inside the outer step's branch only (jax.lax.cond(step % K == K - 1, outer, "
+                    "inner, ...); torch: all_reduce under `if step % K == K - 1`)")]
 
 
 def _dtype(bulk, intent: Intent) -> list[Finding]:

@@ -23,7 +23,8 @@ core read it without importing each other. Its fields:
 - `intent`: the data-parallel layout it stands for in the contract (`core/contract/intent.py`);
   `comm`: its family in the communication theory (`analysis/theory.py` of both wings): "none" (no
   collective), "all-reduce", "ring" (point-to-point), "tree" (dp's reduce and broadcast), "zero" (its
-  ZeRO row), "jit" (its -jit row).
+  ZeRO row), "jit" (its -jit row), "outer" (the parameters all-reduced once every `--inner-steps` K steps,
+  averaged per step: 1/K of an all-reduce).
 - `oracle`: the strategy whose run it must equal, step for step ("single" for data parallelism; a
   strategy that is not meant to equal one device names its own reference).
 - `parity`: in the cross-framework parity pairs (`judge/parity.py`); `overhead_goal`: the bench's goal
@@ -42,7 +43,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 
-COMMS = ("none", "all-reduce", "ring", "tree", "zero", "jit")
+COMMS = ("none", "all-reduce", "ring", "tree", "zero", "jit", "outer")
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ ENTRIES = (
     Entry("diloco", "local SGD (DiLoCo): K steps per replica with no communication, then an outer Nesterov step on "
           "the replicas' mean", "jaxdp.strategies.diloco:make", "torch_ref.strategies.diloco:make",
           jax_options=DILOCO_OPTIONS, torch_options=DILOCO_OPTIONS, reductions=("native",), batchnorm=False,
-          oracle="jaxdp.strategies.diloco_reference:simulate", parity=False),
+          intent="diloco", comm="outer", oracle="jaxdp.strategies.diloco_reference:simulate", parity=False),
     Entry("ddp-jit", "ddp as plain jax.jit over NamedShardings (the partitioner inserts the collectives)",
           "jaxdp.strategies.jit.ddp:make", twin="ddp", twin_tool="DistributedDataParallel", layout="DDP",
           bench=GPU + NAN, **JIT),

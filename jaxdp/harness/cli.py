@@ -11,6 +11,7 @@ from ..contract import cli as cli_check
 from ..core import errors
 from ..core.files import atomic, disk_full
 from ..core.process import heartbeat
+from ..core.registry import strategies as registry
 from ..core.run import argv, config
 from . import check_torch, cli_diff, cli_runs, cli_train, kernel_paths
 from .interrupt import guarded, stdout_closed
@@ -78,7 +79,7 @@ def _compare_devices(parser, why: str = "") -> None:
     action = next(a for a in parser._actions if a.dest == "devices")
     action.default = COMPARE_DEVICES
     action.help = (f"number of devices (default: {COMPARE_DEVICES}, simulated on the CPU unless {COMPARE_DEVICES} "
-                   f"GPUs are present; 1 for 'single', which runs on one device). " + (why or (
+                   f"GPUs are present; 1 for {registry.ONE_DEVICE!r}, which runs on one device). " + (why or (
                        "Not 1: one device sends nothing, so nothing about communication could be measured (the "
                        f"report would project from the theory alone); {COMPARE_DEVICES} is the fewest where a ring "
                        f"has more than one neighbour, hsdp has 2 groups of 2 and every shard is at most "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 
+from ..core.registry import strategies as registry
 from ..core.run import data
 from ..core.run.config import RunConfig
 
@@ -63,7 +64,7 @@ def run_torch(cfgs: list, timeout_s: float = 900.0) -> dict:
         if n == 1:  # in this process: on the GPU (nccl) where cfg.platform gives one, else the CPU (gloo)
             for item, job in entries:
                 device = launch.rank_device(job[0].platform, 0)
-                if job[0].strategy != "single":
+                if not registry.on_one_device(job[0].strategy):
                     launch.init_process_group(device, 0, 1, 120, store=dist.HashStore())
                 try:
                     results[item] = _torch_job(0, 1, *job, device=device)

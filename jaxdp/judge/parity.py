@@ -265,7 +265,8 @@ def check(cfg: RunConfig, pairs, jax_runner=None, torch_runner=None) -> list[Row
 
     jax_runner, torch_runner = jax_runner or pair_runs.run_jax, torch_runner or pair_runs.run_torch
     def side(name, framework):
-        return per_strategy(cfg, name).replace(devices=1 if name == "single" else cfg.devices).validate(framework)
+        devices = 1 if registry.on_one_device(name) else cfg.devices
+        return per_strategy(cfg, name).replace(devices=devices).validate(framework)
 
     jax_cfgs = {label: side(j, "jax") for label, j, _ in pairs}
     torch_cfgs = {label: side(t, "torch") for label, _, t in pairs}

@@ -14,10 +14,9 @@ from tests import REPO
 pytestmark = pytest.mark.quick
 LIMIT = 6
 PACKAGES = ("jaxdp", "torch_ref")
-# name -> files its literal is in now, above LIMIT: single (the reference runs, the CLI's comparisons), ddp (the
-# framework-only variants' partner, the examples), zero3 (the sizes' and the report's suggestion), zero1 (DDP's
-# buffers in torch's theory), hsdp (the report's recommendation across nodes)
-ABOVE = {"single": 25, "ddp": 23, "zero3": 13, "zero1": 7, "hsdp": 7}
+# name -> files its literal is in now, above LIMIT: ddp (the framework-only variants' partner, the examples), zero3
+# (the sizes' and the report's suggestion), zero1 (DDP's buffers in torch's theory)
+ABOVE = {"ddp": 23, "zero3": 13, "zero1": 7}
 
 
 def files_naming(name: str, root: Path = Path(REPO), packages=PACKAGES) -> list[str]:

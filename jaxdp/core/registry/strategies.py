@@ -139,6 +139,7 @@ ENTRIES = (
 )
 BY_NAME = {e.name: e for e in ENTRIES}
 ALIASES = {"fsdp": "zero3"}
+ONE_DEVICE = next(e.name for e in ENTRIES if e.one_device)  # the one-device run: the other runs' reference
 
 
 def names(framework: str | None = None, **where) -> tuple[str, ...]:
@@ -166,6 +167,11 @@ def get(name: str, field: str, default=None):
     """`field` of strategy `name`'s row, or `default` for a name the table does not hold (a user's own)."""
     row = BY_NAME.get(ALIASES.get(name, name))
     return default if row is None else getattr(row, field)
+
+
+def on_one_device(name: str) -> bool:
+    """Whether strategy `name` runs on one device (its row's `one_device`; False for a name the table lacks)."""
+    return bool(get(name, "one_device", False))
 
 
 def load(path: str):

@@ -157,8 +157,9 @@ class RunConfig:
             raise ConfigError(
                 f"strategy {self.strategy!r} exists only in {owners}; {PACKAGE[framework]} has: {', '.join(here)}"
             )
-        if self.strategy == "single" and self.devices != 1:
-            raise ConfigError(f"strategy 'single' runs on one device; got --devices {self.devices} (use --devices 1)")
+        if registry.strategies.on_one_device(self.strategy) and self.devices != 1:
+            raise ConfigError(f"strategy {self.strategy!r} runs on one device; got --devices {self.devices} "
+                              f"(use --devices 1)")
         per = self.devices * self.accum
         if self.batch_size % per:
             lo = max(per, self.batch_size - self.batch_size % per)

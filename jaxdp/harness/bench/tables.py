@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...core.registry import strategies as registry
 from ...core.run.config import JIT_STRATEGIES
 from .. import kernel_paths
 from .goals import OVERHEAD_GOAL, RING_GOAL
@@ -69,9 +70,9 @@ def overhead_table(times: dict) -> list:
     for label, fws in times.items():
         for fw, entries in fws.items():
             for e in entries.values():
-                if e["strategy"] == "single":
+                if registry.on_one_device(e["strategy"]):
                     continue
-                single = entries[key("single", 1, e.get("kernels", "mirrored"))]["median_step_s"]
+                single = entries[key(registry.ONE_DEVICE, 1, e.get("kernels", "mirrored"))]["median_step_s"]
                 over = ratio(e["median_step_s"], single)
                 goal = OVERHEAD_GOAL.get(e["strategy"])
                 rows.append({"model": label, "framework": fw, "strategy": e["strategy"], "devices": e["devices"],

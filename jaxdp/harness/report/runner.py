@@ -20,6 +20,7 @@ import numpy as np
 
 from ... import train
 from ...analysis import accounting
+from ...core.registry import strategies as registry
 from ...core.run import hsdp_hosts
 from ...core.run.config import RunConfig
 from ...core.run.timing import timing
@@ -31,7 +32,7 @@ from .names import check_strategies  # noqa: F401 (compare's check, runner.check
 
 def flops_per_sample(cfg: RunConfig) -> float:
     """FLOPs of one training step per sample, from XLA's cost analysis of the compiled single-device step."""
-    cost = accounting.compile_step(cfg.replace(strategy="single", devices=1)).program.cost_analysis()
+    cost = accounting.compile_step(cfg.replace(strategy=registry.ONE_DEVICE, devices=1)).program.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     return float(cost.get("flops", 0.0)) / cfg.batch_size
 
@@ -160,7 +161,7 @@ def by_design_reference(cfg: RunConfig, say):
     if getattr(cfg, "batchnorm", "sync") != "local" or cfg.devices == 1 or "cnn" not in cfg.model:
         return None
     say("jaxdp: training single on one device (local BatchNorm differs from it by design: measured, not failed)")
-    return train.run(cfg.replace(strategy="single", devices=1), record=True, progress=False)
+    return train.run(cfg.replace(strategy=registry.ONE_DEVICE, devices=1), record=True, progress=False)
 
 
 def versus_single(j, reference, c: RunConfig, name: str) -> dict:

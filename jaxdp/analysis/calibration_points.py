@@ -28,7 +28,7 @@ from . import calibration
 
 TARGET = "h100"
 GPT2 = RunConfig(preset="gpt2-124m", dtype="bfloat16", devices=1)
-LLAMA = RunConfig(preset="llama3-8b", dtype="bfloat16", strategy="zero3")
+LLAMA = RunConfig(preset="llama3-8b", dtype="bfloat16", strategy=registry.FULLY_SHARDED)
 BENCH = "docs/BENCHMARKS.md, 'On a real GPU': one H100 80GB HBM3 SXM, jax 0.11.2, "
 
 

@@ -127,7 +127,7 @@ class BatchNormCount(NamedTuple):
     sync: bool        # --batchnorm sync (else local)
 
 
-DDP_BUFFERS = ("ddp", "zero1")  # wrapped in DistributedDataParallel (broadcast_buffers=True)
+DDP_BUFFERS = registry.tagged("ddp-buffers")  # wrapped in DistributedDataParallel (broadcast_buffers=True)
 
 
 def batchnorm_theory(strategy: str, bn: BatchNormCount, n: int, itemsize: int, accum: int = 1) -> dict:

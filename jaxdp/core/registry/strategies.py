@@ -30,7 +30,8 @@ core read it without importing each other. Its fields:
 - `parity`: in the cross-framework parity pairs (`judge/parity.py`); `overhead_goal`: the bench's goal
   for its step time over single's (None: no goal); `bench`: the bench items that time it besides the plan's
   own lists (`harness/bench/`): "nan-check" (item 11), "nan-check-quick" (item 11 under --quick), "gpu" (the
-  GPU target's rows, `gpu_target.py`).
+  GPU target's rows, `gpu_target.py`); `tags`: further facts other lists read: "ddp-buffers" (torch_ref wraps
+  it in DistributedDataParallel, whose broadcast_buffers sends the BatchNorm buffers every step: torch's theory).
 
 A new strategy is its factory in each framework and one row here, appended (the CLI lists the rows in the
 table's order); the lists above follow. A field with no value among those (a new `comm` family, a new
@@ -71,6 +72,7 @@ class Entry:
     parity: bool = True
     overhead_goal: float | None = None
     bench: tuple = ()
+    tags: tuple = ()
 
     def __post_init__(self):
         assert self.comm in COMMS, (self.name, self.comm)
@@ -97,7 +99,8 @@ ENTRIES = (
     Entry("dp", "a parameter server: gradients reduced to device 0, parameters broadcast back",
           "jaxdp.strategies.dp:make", "torch_ref.strategies.dp:make", comm="tree", bench=GPU),
     Entry("ddp", "replicated parameters, one all-reduce of the gradients per step", "jaxdp.strategies.ddp:make",
-          "torch_ref.strategies.ddp:make", torch_options=("bucket_mb",), overhead_goal=1.15, bench=GPU + NAN_QUICK),
+          "torch_ref.strategies.ddp:make", torch_options=("bucket_mb",), overhead_goal=1.15, bench=GPU + NAN_QUICK,
+          tags=("ddp-buffers",)),
     Entry("ddp-pmap", "ddp written with jax.pmap (per-device stacks)", "jaxdp.strategies.ddp_pmap:make",
           per_device=True, parity=False),
     Entry("ddp-naive", "Picotron's naive ddp: one hook per parameter all-reduces its gradient, then divides by N",
@@ -110,7 +113,7 @@ ENTRIES = (
     Entry("zero1", "ZeRO stage 1: the optimizer state sharded", "jaxdp.strategies.zero:make_zero1",
           "torch_ref.strategies.zero.zero1:make", shards=(False, False, True), layout="ZERO1",
           jax_options=STAGE_OPTIONS, torch_options=("bucket_mb",), intent="zero1", comm="zero", overhead_goal=1.15,
-          bench=GPU + NAN),
+          bench=GPU + NAN, tags=("ddp-buffers",)),
     Entry("zero2", "ZeRO stage 2: gradients and optimizer state sharded", "jaxdp.strategies.zero:make_zero2",
           "torch_ref.strategies.zero.zero2:make", shards=(False, True, True), layout="ZERO2",
           jax_options=STAGE_OPTIONS, intent="zero2", comm="zero", overhead_goal=1.15, bench=GPU + NAN_QUICK),
@@ -140,6 +143,8 @@ ENTRIES = (
 BY_NAME = {e.name: e for e in ENTRIES}
 ALIASES = {"fsdp": "zero3"}
 ONE_DEVICE = next(e.name for e in ENTRIES if e.one_device)  # the one-device run: the other runs' reference
+# the ZeRO stage that shards parameters, gradients and optimizer state over one 1-D mesh: the sizes' suggestion
+FULLY_SHARDED = next(e.name for e in ENTRIES if all(e.shards) and e.comm == "zero" and not e.grid)
 
 
 def names(framework: str | None = None, **where) -> tuple[str, ...]:
@@ -147,6 +152,11 @@ def names(framework: str | None = None, **where) -> tuple[str, ...]:
     `where` (`names("jax", grid=True)`)."""
     return tuple(e.name for e in ENTRIES if (framework is None or e.in_framework(framework))
                  and all(getattr(e, k) == v for k, v in where.items()))
+
+
+def tagged(tag: str) -> tuple[str, ...]:
+    """The strategies whose row's `tags` hold `tag`, in the table's order."""
+    return tuple(e.name for e in ENTRIES if tag in e.tags)
 
 
 def benched(item: str) -> tuple[str, ...]:

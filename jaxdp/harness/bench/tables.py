@@ -10,10 +10,11 @@ from .. import kernel_paths
 from .goals import OVERHEAD_GOAL, RING_GOAL
 
 COMM_NOTES = {
-    "zero3": "theory gathers each unit twice per micro-batch (forward and again for backward: 3(N-1)/N Psi at "
-             "accum 1; once with --reshard-after-forward false), as the compiled program does "
-             "(tests/jaxdp/strategies/zero/test_zero3_compiled.py); a difference means the theory was not given "
-             "accum or reshard",
+    registry.FULLY_SHARDED:
+        "theory gathers each unit twice per micro-batch (forward and again for backward: 3(N-1)/N Psi at "
+        "accum 1; once with --reshard-after-forward false), as the compiled program does "
+        "(tests/jaxdp/strategies/zero/test_zero3_compiled.py); a difference means the theory was not given "
+        "accum or reshard",
     "dp": "theory: binomial tree, mean over devices 2(N-1)/N Psi; device 0 sends ceil(log2 N) Psi (comm_max)",
 } | {name: "theory is the layout's least, one gradient reduction per step; with the default --axis-type auto the "
              "partitioner places the collectives itself (per micro-batch, or moving activations instead of "

@@ -2,7 +2,7 @@
 
     import torch, torch_ref
     torch.distributed.init_process_group("gloo")            # or torchrun; none for `single`
-    model, optimizer = torch_ref.parallelize(MyModel(), strategy="zero3",
+    model, optimizer = torch_ref.parallelize(MyModel(), strategy="fsdp",  # zero3
                                              optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3), accum=2)
     for x, y in batches:                                      # this rank's rows of the global batch
         loss = torch_ref.train_step(model, optimizer, x, y, torch.nn.functional.cross_entropy, clip_norm=1.0)

@@ -119,7 +119,7 @@ def root_sizes(problem) -> list[int]:
 #   zero3     +2 (sharded parameters, `layout.ZERO3`): its unit runs under jax.checkpoint
 #             (dots_saveable), so backward recomputes the forward's two pmeans.
 BN_FORWARD = 2
-BN_BACKWARD = {"ddp": 3, "ddp-bucket": 3}  # the others: 2
+BN_BACKWARD = dict.fromkeys(registry.tagged("check-vma"), 3)  # ddp, ddp-bucket; the others: 2
 BN_RECOMPUTED = {name: 2 for name, row in zero_layout.LAYOUTS.items() if row.shards_params}  # units remat
 
 

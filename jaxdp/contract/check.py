@@ -23,11 +23,12 @@ from ..analysis import theory
 from ..core.contract import judge, master
 from ..core.contract.intent import GRID, Intent
 from ..core.contract.report import Report
+from ..core.registry import strategies as registry
 from . import read
 
 
-def check(fn, *args, intent: str = "ddp", accumulation: int = 1, reduce_dtype: str = "float32", replicas: int = 0,
-          mesh=None, master_dtype: str = "float32", inner_steps: int = 1) -> Report:
+def check(fn, *args, intent: str = registry.DEFAULT, accumulation: int = 1, reduce_dtype: str = "float32",
+          replicas: int = 0, mesh=None, master_dtype: str = "float32", inner_steps: int = 1) -> Report:
     """The contract of `fn(*args)` (jitted, or jitted here) against `intent` (module docstring)."""
     want = Intent(intent, accumulation, reduce_dtype, replicas, master_dtype, inner_steps)
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)

@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
     check.add_argument("--framework", default="jax", choices=("jax", "torch"), action=argv.Store,
                        help="jax: compile the step and read its program; torch: run one step on every rank of a "
                             "gloo CPU world of --devices ranks and record its collectives (default: %(default)s)")
-    check.add_argument("--intent", default="ddp", choices=INTENTS, action=argv.Store,
+    check.add_argument("--intent", default=registry.DEFAULT, choices=INTENTS, action=argv.Store,
                        help="the data-parallel layout you meant (default: %(default)s)")
     check.add_argument("--accumulation", type=int, default=1, metavar="K", action=argv.Store,
                        help="micro-batches per optimizer step: the gradients synced once per step "

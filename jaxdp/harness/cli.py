@@ -31,7 +31,7 @@ def _add_train(sub) -> None:
                             "write its trace", description="Train with one data-parallel strategy. The PyTorch "
                             "twin: python -m torch_ref train, with the same run flags.")
     argv.add_run_arguments(train)
-    argv.add_strategies(train, "ddp", JAX, "the data-parallel strategy (fsdp is an alias of zero3)")
+    argv.add_strategies(train, registry.DEFAULT, JAX, "the data-parallel strategy (fsdp is an alias of zero3)")
     argv.add_trace(train)
     argv.add_force(train)
     multi = train.add_argument_group("multi-process (jax.distributed)")
@@ -63,7 +63,7 @@ def _add_analyses(sub) -> None:
     inspect = argv.subcommand(sub, "inspect", help="every collective of the compiled step, bytes vs theory, peak "
                               "memory", description="Compile one training step and list what it communicates.")
     argv.add_run_arguments(inspect, exclude=NO_RUN)
-    argv.add_strategies(inspect, "ddp", JAX, "the strategy to compile")
+    argv.add_strategies(inspect, registry.DEFAULT, JAX, "the strategy to compile")
     argv.add_force(inspect)
     inspect.add_argument("--json", default=None, metavar="PATH", action=argv.Store,
                          help="also write the result as JSON here ('-': stdout, the rest then on stderr; several "

@@ -60,7 +60,7 @@ def _base(args, names) -> config.RunConfig:
     for framework, side in (("jax", 1), ("torch", 2)):
         argv.configs(args, framework, list(dict.fromkeys(p[side] for p in pairs)), single_on_one=True)
     return config.RunConfig(**{k: getattr(args, k) for k in config.RunConfig.__dataclass_fields__
-                               if k != "strategy" and hasattr(args, k)}, strategy="ddp")
+                               if k != "strategy" and hasattr(args, k)}, strategy=registry.DEFAULT)
 
 
 def _single_on_one(args, names, untyped: bool) -> None:

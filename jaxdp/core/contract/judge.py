@@ -9,6 +9,7 @@ counts (0 and 1, 1 and k), so a tensor more or less (padding, a tied weight, a B
 tips a verdict."""
 from __future__ import annotations
 
+from ..registry import strategies as registry
 from .intent import GRID, SHARDS_GRADS, SHARDS_PARAMS, SHARDS_STATE, Intent
 from .report import Comm, Finding
 
@@ -55,9 +56,14 @@ def findings(comms: list[Comm], intent: Intent, devices: int, p: int, state_shar
     if any(f.kind == "params-replicated" for f in layout):  # replicated parameters: their all-reduce follows
         out = [f for f in out if f.kind != "all-reduce-not-scatter"]
     out = layout + out + _outer(bulk, intent, devices, p)
-    if intent.name == "ddp":
+    if _all_reduced(intent):
         out += _overlap(bulk)
     return out
+
+
+def _all_reduced(intent: Intent) -> bool:
+    """ddp's intent: replicated parameters, one all-reduce of the gradients every step (its row's `comm`)."""
+    return registry.get(intent.name, "comm") == "all-reduce"
 
 
 def _outer(bulk, intent: Intent, devices: int, p: int) -> list[Finding]:
@@ -156,7 +162,7 @@ def _hsdp(bulk, intent: Intent, devices: int, p: int) -> list[Finding]:
 def _gathers(bulk, intent: Intent, p: int, state_sharded: bool | None, params_sharded: bool | None) -> list:
     """Where the parameters and the optimizer state live, from their shardings (or, unknown, from the gathers)."""
     gathered, k = _per_step([c for c in bulk if c.op == "all-gather"], p), intent.accumulation
-    if intent.name == "ddp" and (params_sharded or (params_sharded is None and gathered >= 0.5)):
+    if _all_reduced(intent) and (params_sharded or (params_sharded is None and gathered >= 0.5)):
         return [Finding("unexpected-gather", f"the parameters are stored sharded and all-gathered ({gathered:.3g} "
                         "x P per step): this is FSDP/ZeRO-3, where ddp keeps a full replica on every device",
                         "place the parameters replicated (NamedSharding(mesh, P())), or check against "

@@ -31,7 +31,10 @@ core read it without importing each other. Its fields:
   for its step time over single's (None: no goal); `bench`: the bench items that time it besides the plan's
   own lists (`harness/bench/`): "nan-check" (item 11), "nan-check-quick" (item 11 under --quick), "gpu" (the
   GPU target's rows, `gpu_target.py`); `tags`: further facts other lists read: "ddp-buffers" (torch_ref wraps
-  it in DistributedDataParallel, whose broadcast_buffers sends the BatchNorm buffers every step: torch's theory).
+  it in DistributedDataParallel, whose broadcast_buffers sends the BatchNorm buffers every step: torch's theory),
+  "default" (the strategy a command or library call runs when none is given: `--strategy`, `--intent`),
+  "check-vma" (jaxdp's shard_map checks replication, so each BatchNorm statistic's use is one more psum in
+  backward: jaxdp's theory).
 
 A new strategy is its factory in each framework and one row here, appended (the CLI lists the rows in the
 table's order); the lists above follow. A field with no value among those (a new `comm` family, a new
@@ -100,14 +103,14 @@ ENTRIES = (
           "jaxdp.strategies.dp:make", "torch_ref.strategies.dp:make", comm="tree", bench=GPU),
     Entry("ddp", "replicated parameters, one all-reduce of the gradients per step", "jaxdp.strategies.ddp:make",
           "torch_ref.strategies.ddp:make", torch_options=("bucket_mb",), overhead_goal=1.15, bench=GPU + NAN_QUICK,
-          tags=("ddp-buffers",)),
+          tags=("ddp-buffers", "default", "check-vma")),
     Entry("ddp-pmap", "ddp written with jax.pmap (per-device stacks)", "jaxdp.strategies.ddp_pmap:make",
           per_device=True, parity=False),
     Entry("ddp-naive", "Picotron's naive ddp: one hook per parameter all-reduces its gradient, then divides by N",
           torch="torch_ref.strategies.naive:make", parity=False),
     Entry("ddp-bucket", "ddp with the gradients packed into buckets of --bucket-mb, all-reduced in backward order",
           "jaxdp.strategies.bucket:make", "torch_ref.strategies.bucket:make", jax_options=("bucket_mb",),
-          torch_options=("bucket_mb",), bench=GPU + NAN),
+          torch_options=("bucket_mb",), bench=GPU + NAN, tags=("check-vma",)),
     Entry("ddp-ring", "ddp over an explicit ring all-reduce (reduce-scatter then all-gather, point to point)",
           "jaxdp.strategies.ring:make", "torch_ref.strategies.ring:make", comm="ring", bench=GPU),
     Entry("zero1", "ZeRO stage 1: the optimizer state sharded", "jaxdp.strategies.zero:make_zero1",
@@ -144,6 +147,7 @@ BY_NAME = {e.name: e for e in ENTRIES}
 ALIASES = {"fsdp": "zero3"}
 ONE_DEVICE = next(e.name for e in ENTRIES if e.one_device)  # the one-device run: the other runs' reference
 # the ZeRO stage that shards parameters, gradients and optimizer state over one 1-D mesh: the sizes' suggestion
+DEFAULT = next(e.name for e in ENTRIES if "default" in e.tags)  # run when none is named
 FULLY_SHARDED = next(e.name for e in ENTRIES if all(e.shards) and e.comm == "zero" and not e.grid)
 
 

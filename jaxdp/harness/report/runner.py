@@ -181,7 +181,7 @@ def compare(cfg: RunConfig, strategies: list[str], progress=None, started: float
     hsdp_hosts.check_listed(cfg.replicas, strategies, hosts=cfg.hsdp_hosts)
     say = progress or (lambda message: None)
     cfgs = {s: hsdp_hosts.per_strategy(cfg, s).validate("jax") for s in strategies}
-    cfg = hsdp_hosts.per_strategy(cfg, "ddp")  # the reference runs and the FLOP count: no --replicas
+    cfg = hsdp_hosts.per_strategy(cfg, registry.DEFAULT)  # the reference runs and the FLOP count: no --replicas
     for c in cfgs.values():
         c.validate("torch")
 

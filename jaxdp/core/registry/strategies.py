@@ -147,6 +147,8 @@ BY_NAME = {e.name: e for e in ENTRIES}
 ALIASES = {"fsdp": "zero3"}
 ONE_DEVICE = next(e.name for e in ENTRIES if e.one_device)  # the one-device run: the other runs' reference
 # the ZeRO stage that shards parameters, gradients and optimizer state over one 1-D mesh: the sizes' suggestion
+# the replicated layout: its own intent, no shards, one all-reduce of the gradients (ddp)
+REPLICATED = next(e.name for e in ENTRIES if e.intent == e.name and not any(e.shards) and e.comm == "all-reduce")
 DEFAULT = next(e.name for e in ENTRIES if "default" in e.tags)  # run when none is named
 FULLY_SHARDED = next(e.name for e in ENTRIES if all(e.shards) and e.comm == "zero" and not e.grid)
 

@@ -88,7 +88,7 @@ def ring_table(times: dict) -> list:
     for label, fws in times.items():
         for fw, entries in fws.items():
             for e in entries.values():
-                ddp = entries.get(key("ddp", e["devices"], e.get("kernels", "mirrored")))
+                ddp = entries.get(key(registry.REPLICATED, e["devices"], e.get("kernels", "mirrored")))
                 if e["strategy"] != "ddp-ring" or ddp is None:
                     continue
                 over = ratio(e["median_step_s"], ddp["median_step_s"])

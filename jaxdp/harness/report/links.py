@@ -27,7 +27,7 @@ from .hardware import H100_NVLINK_IB, NODE_GPUS, Preset, fabric, nodes_of
 
 GATHER_BYTES, REDUCE_BYTES = 2, 4
 FULLY_SHARDED, GRID = registry.FULLY_SHARDED, registry.names(grid=True)[0]  # zero3; hsdp (the registry's rows)
-STRATEGIES = ("ddp", FULLY_SHARDED, GRID)
+STRATEGIES = (registry.REPLICATED, FULLY_SHARDED, GRID)
 
 
 def collective(op: str, payload: float, n: int, nodes: int, preset: Preset) -> float:
@@ -43,7 +43,7 @@ def comm_seconds(strategy: str, params: int, n: int, preset: Preset = H100_NVLIN
     gathered parameter and of a reduced gradient element."""
     gather, reduce = params * itemsizes[0], params * itemsizes[1]
     nodes = nodes_of(n)
-    if strategy == "ddp":
+    if strategy == registry.REPLICATED:
         return collective("all-reduce", reduce, n, nodes, preset)
     if strategy == FULLY_SHARDED:
         return (2 * collective("all-gather", gather, n, nodes, preset)

@@ -243,7 +243,7 @@ def _mesh(name: str, devices, mesh: Mesh | None) -> Mesh:
         else:
             found = list(devices)
     if name in strategies.ONE_DEVICE and len(found) != 1:
-        raise ConfigError(f"strategy 'single' runs on one device, not {len(found)}: pass devices=1")
+        raise ConfigError(f"strategy {name!r} runs on one device, not {len(found)}: pass devices=1")
     return mesh if mesh is not None else devices_mod.mesh(found)
 
 

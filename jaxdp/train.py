@@ -50,8 +50,8 @@ def prepare(cfg: RunConfig, return_grads: bool = False, distributed: devices_mod
     devices = devices_mod.setup(cfg.devices, cfg.platform, distributed, reduction=cfg.reduction)
     import jax
 
-    if jax.process_count() > 1 and cfg.strategy == "single":
-        raise devices_mod.DeviceError("strategy 'single' runs on one device of one process; drop --processes")
+    if jax.process_count() > 1 and registry.on_one_device(cfg.strategy):
+        raise devices_mod.DeviceError(f"strategy {cfg.strategy!r} runs on one device of one process; drop --processes")
     if cfg.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
     if cfg.dtype != "bfloat16":  # bf16 runs keep the fast matrix units; float32 ones on a GPU no TF32

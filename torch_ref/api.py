@@ -1,8 +1,8 @@
 """torch_ref as a library: `parallelize` a model of your own for any strategy, then `train_step`.
 
     import torch, torch_ref
-    torch.distributed.init_process_group("gloo")            # or torchrun; none for 'single'
-    model, optimizer = torch_ref.parallelize(MyModel(), strategy="zero3",
+    torch.distributed.init_process_group("gloo")            # or torchrun; none for `single`
+    model, optimizer = torch_ref.parallelize(MyModel(), strategy="fsdp",  # zero3
                                              optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3), accum=2)
     for x, y in batches:                                      # this rank's rows of the global batch
         loss = torch_ref.train_step(model, optimizer, x, y, torch.nn.functional.cross_entropy, clip_norm=1.0)
@@ -19,6 +19,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from jaxdp.core.registry import strategies as registry
 from jaxdp.core.run.config import ConfigError
 
 from . import kernels as kernels_
@@ -53,7 +54,7 @@ def parallelize(model: torch.nn.Module, *, strategy: str, optimizer: Callable, a
     (mirrored: autocast; fused: the weights cast once per forward, FSDP2's MixedPrecisionPolicy under zero3 and
     hsdp); `compile=True`: torch.compile of each unit's forward (torch_ref/kernels.py, docs/KERNELS.md). Every rank
     calls it, inside an initialised process group (none is
-    needed for 'single'). Returns (model, optimizer): pass both to `train_step`.
+    needed for `single`). Returns (model, optimizer): pass both to `train_step`.
     """
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"parallelize wants a torch.nn.Module, got {type(model).__name__}; pass your model")
@@ -66,10 +67,10 @@ def parallelize(model: torch.nn.Module, *, strategy: str, optimizer: Callable, a
     if not callable(optimizer):
         raise ConfigError(f"optimizer must be a callable from parameters to a torch.optim.Optimizer, got "
                           f"{type(optimizer).__name__}; pass e.g. lambda params: torch.optim.SGD(params, lr=0.1)")
-    if name != "single" and not dist.is_initialized():
+    if not registry.on_one_device(name) and not dist.is_initialized():
         raise ConfigError(f"strategy {name!r} needs an initialised process group: call "
                           f"torch.distributed.init_process_group(...) first (or start under torchrun), or use "
-                          f"strategy='single'")
+                          f"strategy={registry.ONE_DEVICE!r}")
     if reduction not in ("native", "canonical") or (shards is not None and reduction != "canonical"):
         raise ConfigError(f"reduction must be 'native' or 'canonical' (shards= only with 'canonical'), got "
                           f"reduction={reduction!r}, shards={shards!r}; pass reduction='canonical', shards=S")

@@ -262,7 +262,7 @@ def _train_ranks(cfg: RunConfig, env, init, record: bool, limits: tuple) -> RunR
             dist.destroy_process_group()
     elif cfg.devices == 1:  # in this process; a world of one for the distributed strategies
         device = launch.rank_device(cfg.platform, 0)
-        if cfg.strategy != "single":
+        if not registry.on_one_device(cfg.strategy):
             launch.init_process_group(device, 0, 1, pg_timeout_s, store=dist.HashStore())
         try:
             result = train_rank(0, 1, cfg, init, record, device)

@@ -35,7 +35,7 @@ def one_device(name: str, opts) -> bool:
     `init` and `put_batch` place them)? A NamedSharding over the one-device mesh instead types the batch
     `@data` under an explicit mesh, and an embedding's gather then refuses to trace (ShardingTypeError).
     Canonical single is ddp's program on a one-device mesh: it takes ddp's shardings."""
-    return name == "single" and opts.reduction != "canonical"
+    return registry.on_one_device(name) and opts.reduction != "canonical"
 
 
 def attention_for(cfg) -> tuple[str, str]:

@@ -21,13 +21,14 @@ from typing import NamedTuple
 
 from ..core.errors import ConfigError
 from ..core.files import atomic
+from ..core.registry import strategies as registry
 from ..core.run import targets
 from ..core.run.config import RunConfig
 from . import calibration
 
 TARGET = "h100"
 GPT2 = RunConfig(preset="gpt2-124m", dtype="bfloat16", devices=1)
-LLAMA = RunConfig(preset="llama3-8b", dtype="bfloat16", strategy="zero3")
+LLAMA = RunConfig(preset="llama3-8b", dtype="bfloat16", strategy=registry.FULLY_SHARDED)
 BENCH = "docs/BENCHMARKS.md, 'On a real GPU': one H100 80GB HBM3 SXM, jax 0.11.2, "
 
 
@@ -46,12 +47,12 @@ class Point(NamedTuple):
 
 
 POINTS = (
-    Point("gpt2-124m-mb8", "step", GPT2.replace(strategy="ddp", batch_size=8), 1, 0.0340, "s",
+    Point("gpt2-124m-mb8", "step", GPT2.replace(strategy=registry.REPLICATED, batch_size=8), 1, 0.0340, "s",
           BENCH + "scripts/gpu/aot.py ddp 8 gpu 12 8: ddp on one GPU (XLA removes the all-reduce), median of 5 steps",
           0.15),
-    Point("gpt2-124m-mb16", "step", GPT2.replace(strategy="single", batch_size=16), 1, 0.0677, "s",
+    Point("gpt2-124m-mb16", "step", GPT2.replace(strategy=registry.ONE_DEVICE, batch_size=16), 1, 0.0677, "s",
           BENCH + "scripts/gpu/throughput.py jax 16: single, median of the last 10 of 12 steps", 0.15),
-    Point("gpt2-124m-mb32", "step", GPT2.replace(strategy="single", batch_size=32), 1, 0.1245, "s",
+    Point("gpt2-124m-mb32", "step", GPT2.replace(strategy=registry.ONE_DEVICE, batch_size=32), 1, 0.1245, "s",
           BENCH + "scripts/gpu/throughput.py jax 32: single, median of the last 10 of 12 steps", 0.15),
     Point("fsdp2-llama3-8b-8-to-128", "scaling", LLAMA.replace(devices=8, batch_size=64), 1, 5605 / 5762,
           "per-GPU throughput kept", "pytorch/torchtitan docs/performance.md, Tables 1 and 3: Llama 3.1 8B, FSDP, "

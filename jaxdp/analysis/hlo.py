@@ -55,16 +55,19 @@ def trip_count(line: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _callees(line: str) -> list[tuple[str, int | None]]:
-    """(computation, runs per run of `line`) for each computation `line` calls (reductions'
-    `to_apply` regions hold no collectives and are skipped)."""
+BRANCHES = ("branch_computations", "true_computation", "false_computation")  # a conditional's: one runs, or none
+
+
+def _callees(line: str) -> list[tuple[str, int | None, bool]]:
+    """(computation, runs per run of `line`, whether it is a conditional's branch) for each computation `line`
+    calls (reductions' `to_apply` regions hold no collectives and are skipped)."""
     if re.search(r"\basync-(done|update)\(", line):  # the async-start lists the same computation
         return []
     out = []
     trips = trip_count(line) if " while(" in line else 1
     for attr, value in CALLS.findall(line):
         factor = trips if attr == "body" else (None if trips is None else trips + 1) if attr == "condition" else 1
-        out += [(name, factor) for name in re.findall(r"%([^\s,}]+)", value)]
+        out += [(name, factor, attr in BRANCHES) for name in re.findall(r"%([^\s,}]+)", value)]
     return out
 
 
@@ -167,19 +170,20 @@ def read_widened(c: dict, lines: list[str], comps: dict) -> dict:
 def collectives_in_order(hlo_text: str, n_devices: int) -> list[dict]:
     """Every collective of the module in program order (`collective`, `read_widened`), each with `trips`:
     the times it runs per step (the product of the trip counts of the loops around it; None if one is
-    unknown)."""
+    unknown), and `branch`: whether it lies in a conditional's branch (it runs on the steps that take it)."""
     entry, comps = computations(hlo_text)
     found = []
 
-    def walk(name: str, trips: int | None, depth: int) -> None:
+    def walk(name: str, trips: int | None, depth: int, branch: bool) -> None:
         if depth > 64:
             raise ValueError(f"HLO call graph deeper than 64 at {name}")
         for line in comps.get(name, []):
             c = collective(line, n_devices)
             if c is not None:
-                found.append({**read_widened(c, comps[name], comps), "trips": trips})
-            for callee, factor in _callees(line):
-                walk(callee, None if trips is None or factor is None else trips * factor, depth + 1)
+                found.append({**read_widened(c, comps[name], comps), "trips": trips, "branch": branch})
+            for callee, factor, in_branch in _callees(line):
+                runs = None if trips is None or factor is None else trips * factor
+                walk(callee, runs, depth + 1, branch or in_branch)
 
-    walk(entry, 1, 0)
+    walk(entry, 1, 0, False)
     return found

@@ -28,7 +28,8 @@ def dp_theory(sizes: list[int], n: int, itemsize: int, loss_itemsize: int | None
 
 
 def theory(strategy: str, sizes: list[int], n: int, itemsize: int, loss_itemsize: int | None = None,
-           accum: int = 1, reshard_after_forward: bool = True, root_sizes: list[int] = (), replicas: int = 1) -> dict:
+           accum: int = 1, reshard_after_forward: bool = True, root_sizes: list[int] = (), replicas: int = 1,
+           inner_steps: int = 1) -> dict:
     """Bytes each device sends per step by the textbook algorithms (ring collectives), by kind.
     Psi = sum(sizes); Psi_N = sum(ceil(size / n)) (ZeRO pads each parameter to a multiple of n).
     The loss is averaged for the log by one scalar all-reduce (not for `dp`, whose tree is counted
@@ -37,14 +38,16 @@ def theory(strategy: str, sizes: list[int], n: int, itemsize: int, loss_itemsize
     `root_sizes` among `sizes` once), gathered once per micro-batch; the others sync once per step.
     hsdp (`replicas` R): zero3's bytes within a group of S = N / R (Psi_S = sum(ceil(size / S)), each
     parameter padded to a multiple of S), plus the all-reduce of each device's shard across the R groups,
-    2 (R-1)/R Psi_S; `inter_group_theory` splits the total into within and across the groups."""
+    2 (R-1)/R Psi_S; `inter_group_theory` splits the total into within and across the groups.
+    An "outer" strategy (diloco) all-reduces the parameters once every `inner_steps` K steps: 1/K of that
+    all-reduce per step, beside the loss's scalar on every step."""
     psi = sum(sizes)
     loss = 2 * (n - 1) / n * (loss_itemsize or itemsize)
     ring = 2 * (n - 1) / n
     out = {"all-reduce": loss, "reduce-scatter": 0.0, "all-gather": 0.0, "point-to-point": 0.0}
     comm = registry.get(strategy, "comm")  # its family in the theory (jaxdp/core/registry/strategies.py)
-    if comm == "all-reduce":
-        out["all-reduce"] += ring * psi * itemsize
+    if comm in ("all-reduce", "outer"):
+        out["all-reduce"] += ring * psi * itemsize / (inner_steps if comm == "outer" else 1)
     elif comm == "ring":
         out["point-to-point"] = 2 * (n - 1) * math.ceil(psi / n) * itemsize
     elif strategy in zero_layout.LAYOUTS:
@@ -116,7 +119,7 @@ def root_sizes(problem) -> list[int]:
 #   zero3     +2 (sharded parameters, `layout.ZERO3`): its unit runs under jax.checkpoint
 #             (dots_saveable), so backward recomputes the forward's two pmeans.
 BN_FORWARD = 2
-BN_BACKWARD = {"ddp": 3, "ddp-bucket": 3}  # the others: 2
+BN_BACKWARD = dict.fromkeys(registry.tagged("check-vma"), 3)  # ddp, ddp-bucket; the others: 2
 BN_RECOMPUTED = {name: 2 for name, row in zero_layout.LAYOUTS.items() if row.shards_params}  # units remat
 
 
@@ -191,7 +194,8 @@ def theory_for(cfg, sizes: list[int], root: list[int] = (), channels: int = 0, s
         out = dp_theory(sizes, cfg.devices, itemsize)
     else:
         out = theory(cfg.strategy, sizes, cfg.devices, itemsize, accum=cfg.accum,
-                     reshard_after_forward=cfg.reshard_after_forward, root_sizes=root, replicas=cfg.replicas)
+                     reshard_after_forward=cfg.reshard_after_forward, root_sizes=root, replicas=cfg.replicas,
+                     inner_steps=cfg.inner_steps)
     if cfg.batchnorm == "sync":
         out["all-reduce"] += batchnorm_theory(cfg.strategy, channels, cfg.devices, itemsize, cfg.accum)
         out["total"] = sum(v for k, v in out.items() if k != "total")

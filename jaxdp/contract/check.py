@@ -23,13 +23,14 @@ from ..analysis import theory
 from ..core.contract import judge, master
 from ..core.contract.intent import GRID, Intent
 from ..core.contract.report import Report
+from ..core.registry import strategies as registry
 from . import read
 
 
-def check(fn, *args, intent: str = "ddp", accumulation: int = 1, reduce_dtype: str = "float32", replicas: int = 0,
-          mesh=None, master_dtype: str = "float32") -> Report:
+def check(fn, *args, intent: str = registry.DEFAULT, accumulation: int = 1, reduce_dtype: str = "float32",
+          replicas: int = 0, mesh=None, master_dtype: str = "float32", inner_steps: int = 1) -> Report:
     """The contract of `fn(*args)` (jitted, or jitted here) against `intent` (module docstring)."""
-    want = Intent(intent, accumulation, reduce_dtype, replicas, master_dtype)
+    want = Intent(intent, accumulation, reduce_dtype, replicas, master_dtype, inner_steps)
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
     compiled = jitted.lower(*args).compile()
     params, state = parts(args)
@@ -54,10 +55,10 @@ def of_program(text: str, shape, names, want: Intent, param_sizes: list[int], st
     devices, p = int(np.prod(shape)), sum(param_sizes)
     facts = {"accumulation": want.accumulation, "reduce_dtype": want.reduce_dtype,
              "master_dtype": want.master_dtype, "held_dtypes": {k: sorted(v) for k, v in (held_dtypes or {}).items()},
-             "devices": devices,
-             "mesh": dict(zip(names, map(int, shape), strict=True)), "param_elements": p,
-             "bytes_per_step": sum(judge.sent(c) for c in comms), "theory_bytes_per_step": textbook(want, param_sizes,
-                                                                                                   devices)}
+             "devices": devices, "mesh": dict(zip(names, map(int, shape), strict=True)), "param_elements": p,
+             # a conditional's branch (diloco's outer step) runs once every `inner_steps` steps
+             "bytes_per_step": sum(judge.sent(c) / (want.inner_steps if c.branch else 1) for c in comms),
+             "theory_bytes_per_step": textbook(want, param_sizes, devices)}
     found = master.findings(held_dtypes or {}, want) + judge.findings(comms, want, devices, p, state_sharded,
                                                                       params_sharded)
     return Report(want.name, comms, found, facts)
@@ -70,7 +71,7 @@ def textbook(want: Intent, param_sizes: list[int], devices: int) -> float | None
         return None
     itemsize = np.dtype(want.reduce_dtype if want.reduce_dtype != "bfloat16" else np.float16).itemsize
     return theory.theory(want.name, param_sizes, devices, itemsize, accum=want.accumulation,
-                         replicas=want.replicas or 1)["total"]
+                         replicas=want.replicas or 1, inner_steps=want.inner_steps)["total"]
 
 
 def mesh_of(args):

@@ -15,6 +15,7 @@ from ..core.contract import user
 from ..core.contract.intent import DTYPES, INTENTS, Intent
 from ..core.errors import ConfigError, RunFailed
 from ..core.files import atomic, paths
+from ..core.registry import strategies as registry
 from ..core.run import argv, targets
 
 RETURNS = {"jax": "a function of the devices returning (step, args)",
@@ -31,11 +32,14 @@ def add_parser(sub) -> None:
     check.add_argument("--framework", default="jax", choices=("jax", "torch"), action=argv.Store,
                        help="jax: compile the step and read its program; torch: run one step on every rank of a "
                             "gloo CPU world of --devices ranks and record its collectives (default: %(default)s)")
-    check.add_argument("--intent", default="ddp", choices=INTENTS, action=argv.Store,
+    check.add_argument("--intent", default=registry.DEFAULT, choices=INTENTS, action=argv.Store,
                        help="the data-parallel layout you meant (default: %(default)s)")
     check.add_argument("--accumulation", type=int, default=1, metavar="K", action=argv.Store,
                        help="micro-batches per optimizer step: the gradients synced once per step "
                             "(default: %(default)s)")
+    check.add_argument("--inner-steps", type=int, default=1, metavar="K", action=argv.Store,
+                       help="--intent diloco: the steps between the parameters' all-reduces, which the textbook "
+                            "counts as 1/K per step (default: %(default)s)")
     check.add_argument("--reduce-dtype", default="float32", choices=DTYPES, action=argv.Store,
                        help="the dtype the gradients should be reduced in (default: %(default)s)")
     check.add_argument("--master-dtype", default="float32", choices=DTYPES, action=argv.Store,
@@ -69,7 +73,11 @@ def _checked(args) -> tuple[str, str, Intent]:
         targets.check(args.target, args.devices, args.nodes)
     elif "nodes" in argv.given(args):
         raise ConfigError("--nodes is for --target (the nodes of the GPUs compiled for): add --target or drop it")
-    return where, name, Intent(args.intent, args.accumulation, args.reduce_dtype, master_dtype=args.master_dtype)
+    if "inner_steps" in argv.given(args) and registry.get(args.intent, "comm") != "outer":
+        raise ConfigError(f"--inner-steps {args.inner_steps} is for --intent "
+                          f"{' or '.join(registry.names(comm='outer'))}: drop it")
+    return where, name, Intent(args.intent, args.accumulation, args.reduce_dtype, master_dtype=args.master_dtype,
+                               inner_steps=args.inner_steps)
 
 
 def _devices(args) -> list:
@@ -106,7 +114,7 @@ def main(args) -> int:
 
     try:
         report = check(built[0], *built[1], intent=want.name, accumulation=want.accumulation,
-                       reduce_dtype=want.reduce_dtype, master_dtype=want.master_dtype)
+                       reduce_dtype=want.reduce_dtype, master_dtype=want.master_dtype, inner_steps=want.inner_steps)
     except Exception as e:
         raise RunFailed(f"{args.step}: compiling the step failed: {type(e).__name__}: {e}") from e
     return shown(args, report.to_text(), report.to_dict())

@@ -76,5 +76,5 @@ def comms(hlo_text: str, shape: tuple[int, ...], names: tuple[str, ...]) -> list
         info = timing.get(c["name"])
         overlaps = None if not readable else bool(info and info["async"] and info["overlap_ops"] > 0)
         out.append(Comm(op, c["dtype"], int(full), int(full * itemsize), axis_of(c["groups"], shape, names),
-                        int(c["group"]), c["trips"], overlaps, ran_as))
+                        int(c["group"]), c["trips"], overlaps, ran_as, c["branch"]))
     return out

@@ -41,7 +41,7 @@ def of_compiled(step, cfg) -> Report:
     from ..models import MASTER_DTYPE
 
     master = np.dtype(MASTER_DTYPE[cfg.dtype]).name
-    want = of_strategy(cfg.strategy, cfg.accum, master, cfg.replicas, master)  # replicas: a grid strategy's only
+    want = of_strategy(cfg.strategy, cfg.accum, master, cfg.replicas, master, cfg.inner_steps)  # kept where it applies
     return _judged(step.program, (step.state, *step.batch), cfg.strategy, step.problem.params,
                    getattr(step.strategy, "mesh", None), want)
 

@@ -11,6 +11,7 @@ from ..contract import cli as cli_check
 from ..core import errors
 from ..core.files import atomic, disk_full
 from ..core.process import heartbeat
+from ..core.registry import strategies as registry
 from ..core.run import argv, config
 from . import check_torch, cli_diff, cli_runs, cli_train, kernel_paths
 from .interrupt import guarded, stdout_closed
@@ -30,7 +31,7 @@ def _add_train(sub) -> None:
                             "write its trace", description="Train with one data-parallel strategy. The PyTorch "
                             "twin: python -m torch_ref train, with the same run flags.")
     argv.add_run_arguments(train)
-    argv.add_strategies(train, "ddp", JAX, "the data-parallel strategy (fsdp is an alias of zero3)")
+    argv.add_strategies(train, registry.DEFAULT, JAX, "the data-parallel strategy (fsdp is an alias of zero3)")
     argv.add_trace(train)
     argv.add_force(train)
     multi = train.add_argument_group("multi-process (jax.distributed)")
@@ -62,7 +63,7 @@ def _add_analyses(sub) -> None:
     inspect = argv.subcommand(sub, "inspect", help="every collective of the compiled step, bytes vs theory, peak "
                               "memory", description="Compile one training step and list what it communicates.")
     argv.add_run_arguments(inspect, exclude=NO_RUN)
-    argv.add_strategies(inspect, "ddp", JAX, "the strategy to compile")
+    argv.add_strategies(inspect, registry.DEFAULT, JAX, "the strategy to compile")
     argv.add_force(inspect)
     inspect.add_argument("--json", default=None, metavar="PATH", action=argv.Store,
                          help="also write the result as JSON here ('-': stdout, the rest then on stderr; several "
@@ -78,7 +79,7 @@ def _compare_devices(parser, why: str = "") -> None:
     action = next(a for a in parser._actions if a.dest == "devices")
     action.default = COMPARE_DEVICES
     action.help = (f"number of devices (default: {COMPARE_DEVICES}, simulated on the CPU unless {COMPARE_DEVICES} "
-                   f"GPUs are present; 1 for 'single', which runs on one device). " + (why or (
+                   f"GPUs are present; 1 for {registry.ONE_DEVICE!r}, which runs on one device). " + (why or (
                        "Not 1: one device sends nothing, so nothing about communication could be measured (the "
                        f"report would project from the theory alone); {COMPARE_DEVICES} is the fewest where a ring "
                        f"has more than one neighbour, hsdp has 2 groups of 2 and every shard is at most "

@@ -7,6 +7,7 @@ import sys
 import time
 
 from ..core.files import paths
+from ..core.registry import strategies as registry
 from ..core.run import argv, config
 
 
@@ -59,18 +60,20 @@ def _base(args, names) -> config.RunConfig:
     for framework, side in (("jax", 1), ("torch", 2)):
         argv.configs(args, framework, list(dict.fromkeys(p[side] for p in pairs)), single_on_one=True)
     return config.RunConfig(**{k: getattr(args, k) for k in config.RunConfig.__dataclass_fields__
-                               if k != "strategy" and hasattr(args, k)}, strategy="ddp")
+                               if k != "strategy" and hasattr(args, k)}, strategy=registry.DEFAULT)
 
 
 def _single_on_one(args, names, untyped: bool) -> None:
     """single runs on one device: alone, compare's default --devices becomes 1 and another is refused; with
     others, every strategy runs on the same --devices, so one other than 1 is refused (both before any work)."""
-    if untyped and set(names) == {"single"}:  # compare's default --devices (cli._compare_devices)
+    ones = [s for s in names if registry.on_one_device(s)]
+    alone = bool(ones) and len(set(names)) == len(set(ones))
+    if untyped and alone:  # compare's default --devices (cli._compare_devices)
         args.devices = 1
-    if "single" not in names or args.devices == 1:
+    if not ones or args.devices == 1:
         return
-    if set(names) == {"single"}:
-        raise config.ConfigError(f"strategy 'single' runs on one device; got --devices {args.devices} "
+    if alone:
+        raise config.ConfigError(f"strategy {ones[0]!r} runs on one device; got --devices {args.devices} "
                                  f"(use --devices 1)")
     raise config.ConfigError(
         f"--strategies {','.join(names)}: compare runs every strategy on the same --devices {args.devices}, and "

@@ -53,13 +53,13 @@ class Pair:
 
 def config(base: RunConfig, framework: str, strategy: str, n: int, dtype: str, kernels: str) -> RunConfig:
     """One side's configuration, validated: `single` on one device; hsdp as R = 2 groups where N > 1."""
-    cfg = base.replace(devices=1 if strategy == "single" else n, dtype=dtype, kernels=kernels,
+    cfg = base.replace(devices=1 if registry.on_one_device(strategy) else n, dtype=dtype, kernels=kernels,
                        replicas=2 if registry.entry(strategy).grid and n > 1 else 1)
     return per_strategy(cfg, strategy).validate(framework)
 
 
 def strategies(framework: str, n: int) -> list[str]:
-    return [s for s in FRAMEWORK_STRATEGIES[framework] if n == 1 or s != "single"]
+    return [s for s in FRAMEWORK_STRATEGIES[framework] if n == 1 or not registry.on_one_device(s)]
 
 
 def pairs(base: RunConfig, n: int, dtype: str, kinds=KINDS) -> list[Pair]:
@@ -71,7 +71,8 @@ def pairs(base: RunConfig, n: int, dtype: str, kinds=KINDS) -> list[Pair]:
                          config(base, framework, s, n, dtype, "mirrored")) for s in strategies(framework, n)]
     if KINDS[2] in kinds:
         out += [Pair(KINDS[2], s, "jax", config(base, "jax", s, n, dtype, "fused"), "torch",
-                     config(base, "torch", s, n, dtype, "fused")) for s in BOTH if n == 1 or s != "single"]
+                     config(base, "torch", s, n, dtype, "fused"))
+                for s in BOTH if n == 1 or not registry.on_one_device(s)]
     return out
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 
+from ..core.registry import strategies as registry
 from ..core.run import data
 from ..core.run.config import RunConfig
 from ..core.run.hsdp_hosts import per_strategy
@@ -62,7 +63,7 @@ def run_torch(cfgs: list, timeout_s: float = 900.0) -> dict:
         if n == 1:  # in this process: on the GPU (nccl) where cfg.platform gives one, else the CPU (gloo)
             for item, job in entries:
                 device = launch.rank_device(job[0].platform, 0)
-                if job[0].strategy != "single":
+                if not registry.on_one_device(job[0].strategy):
                     launch.init_process_group(device, 0, 1, 120, store=dist.HashStore())
                 try:
                     results[item] = _torch_job(0, 1, *job, device=device)
@@ -81,7 +82,8 @@ def check(cfg: RunConfig, pairs, jax_runner=None, torch_runner=None) -> list:
     jaxdp run against its torch_ref twin (`parity.compare`)."""
     jax_runner, torch_runner = jax_runner or run_jax, torch_runner or run_torch
     def side(name, framework):
-        return per_strategy(cfg, name).replace(devices=1 if name == "single" else cfg.devices).validate(framework)
+        devices = 1 if registry.on_one_device(name) else cfg.devices
+        return per_strategy(cfg, name).replace(devices=devices).validate(framework)
 
     jax_cfgs = {label: side(j, "jax") for label, j, _ in pairs}
     torch_cfgs = {label: side(t, "torch") for label, _, t in pairs}

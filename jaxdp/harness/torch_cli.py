@@ -26,7 +26,7 @@ def build_parser() -> argv.Parser:
     train = argv.subcommand(sub, "train", help="train one strategy and optionally write its trace",
                             description="Train with one data-parallel strategy in torch.distributed. " + DIFFERS)
     argv.add_run_arguments(train)
-    argv.add_strategies(train, "ddp", config.FRAMEWORK_STRATEGIES["torch"],
+    argv.add_strategies(train, registry.DEFAULT, config.FRAMEWORK_STRATEGIES["torch"],
                         "the data-parallel strategy (fsdp is an alias of zero3)")
     argv.add_trace(train, " (rank 0)")
     argv.add_force(train)

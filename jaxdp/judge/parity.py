@@ -42,8 +42,11 @@ from . import error_model, precision, relaxed, resolution, unmodelled
 # (label, jaxdp strategy, torch_ref strategy): same names where both frameworks have them (the registry rows
 # with `parity`), and the
 # two framework-only variants against the other side's plain ddp.
-PAIRS = [(s, s, s) for s in registry.names(parity=True)] + [
-    ("ddp-pmap/ddp", "ddp-pmap", "ddp"), ("ddp/ddp-naive", "ddp", "ddp-naive")]
+REPLICATED = registry.REPLICATED
+ONE_SIDED = {e.name: (f"{e.name}/{REPLICATED}", e.name, REPLICATED) if e.jax else (f"{REPLICATED}/{e.name}", REPLICATED,
+                                                                                  e.name)
+             for e in registry.ENTRIES if not e.twin and bool(e.jax) != bool(e.torch)}  # ddp-pmap, ddp-naive
+PAIRS = [(s, s, s) for s in registry.names(parity=True)] + list(ONE_SIDED.values())
 PAIR_BY_LABEL = {label: (j, t) for label, j, t in PAIRS}
 FIELDS = ("loss", "grad", "param", "update", "step update")
 ADAM = ("adam", "adamw")
@@ -56,10 +59,8 @@ def pairs_for(names) -> list[tuple[str, str, str]]:
         if "~" in name:
             j, t = name.split("~")
             out.append((f"{j}/{t}", j, t))
-        elif name in ("ddp-pmap", "ddp-naive"):
-            out.append(
-                ("ddp-pmap/ddp", "ddp-pmap", "ddp") if name == "ddp-pmap" else ("ddp/ddp-naive", "ddp", "ddp-naive")
-            )
+        elif name in ONE_SIDED:
+            out.append(ONE_SIDED[name])
         else:
             out.append((name, name, name))
     return out

@@ -22,6 +22,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from .. import canonical, devices
+from ..core.registry import strategies as registry
 from ..devices import AXIS, replicated
 from .common import to_numpy
 from .zero import layout as zero_layout
@@ -49,13 +50,13 @@ def make(name: str, problem, mesh, accum: int, opts=None):
         return None
     is_canonical = opts is not None and opts.reduction == "canonical"
     if is_canonical:
-        if name == "single":  # ddp's program on its one device, as the step (strategies/single.py)
+        if registry.on_one_device(name):  # ddp's program on its one device, as the step (strategies/single.py)
             mesh = devices.mesh(mesh.devices.flat[:1])
         advance = canonical_advance(opts, mesh.size)
         compiler_options = canonical.compiler.compiler_options(problem.params)  # no update: the simplifier on
     else:
         advance, compiler_options = plain_advance, None
-    if name == "single" and not is_canonical:  # canonical's single is ddp's program on one device
+    if registry.on_one_device(name) and not is_canonical:  # canonical's single is ddp's program on one device
         return jax.jit(lambda params, state, x: advance(problem, params, state, x, accum),
                        compiler_options=compiler_options)
     shapes = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), problem.params)
@@ -82,6 +83,6 @@ def canonical_advance(opts, n: int):
 def place(name: str, state, mesh):
     """The initial state on the devices: on the one device (`single`), else replicated."""
     state = to_numpy(state)
-    if name == "single":
+    if registry.on_one_device(name):
         return jax.device_put(state, mesh.devices.flat[0])
     return jax.device_put(state, replicated(mesh))

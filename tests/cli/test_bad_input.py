@@ -41,6 +41,7 @@ CONTEXT = {"channels": ["--model", "cnn", "--data", "digits"], "batchnorm": ["--
            "coordinator": ["--num-processes", "2", "--process-id", "0", "--devices", "2"],
            "processes": ["--devices", "2"]}
 CONTEXT |= {k: TRANSFORMER for k in ("n_layer", "n_head", "d_model", "seq_len")}
+CHECK_CONTEXT = {"inner_steps": ["--intent", "diloco"]}  # jaxdp check's flags read under one intent
 CONTEXT["preset"] = ["--batch-size", "4", "--force"]  # GPT-2 small at the default 64 rows cannot fit a small machine
 # (fits.py); 4 rows divide over compare's default 4 devices; --force: even 4 rows need about 14 GiB on 4 simulated
 # devices, more than a 24 GiB machine has available while the other worker runs (a test of the flag, not of fits)
@@ -115,7 +116,8 @@ def call(prog, argv_, tmp, monkeypatch, capsys):
 def base(prog, name, dest) -> list[str]:
     head = {"diff": ["diff", "{tmp}/a.npz", "{tmp}/b.npz"], "check": ["check", "{tmp}/step.py:make"]}.get(name, [name])
     launcher = dest in ("timeout", "heartbeat", "startup_timeout") and (prog, name) != ("jaxdp", "train")
-    return head + ([] if launcher else CONTEXT.get(dest, []))  # --processes only in jaxdp train
+    context = CHECK_CONTEXT.get(dest, []) if name == "check" else CONTEXT.get(dest, [])
+    return head + ([] if launcher else context)  # --processes only in jaxdp train
 
 
 @pytest.fixture

@@ -117,7 +117,7 @@ def measure_canonical_cost(cfgs: list[RunConfig], sizes=(1, 2, 4), repeats: int 
     rows = []
     for n in sizes:
         here = [c.replace(devices=n, reduction="canonical").validate("torch") for c in cfgs
-                if n == 1 or c.strategy != "single"]
+                if n == 1 or not registry.on_one_device(c.strategy)]
         if not here:
             continue
         views = launch.launch(compare_world, n, here, repeats, warmup, threads, platform="cpu", timeout_s=timeout_s)
@@ -152,7 +152,7 @@ def main(argv=None) -> None:
     try:  # every (configuration, N) before any world starts: bad input is one line naming the fix
         for cfg in cfgs:
             for n in args.devices:
-                if n > 1 and cfg.strategy == "single":
+                if n > 1 and registry.on_one_device(cfg.strategy):
                     continue  # measured at N = 1 only
                 cfg.replace(devices=n, reduction="canonical").validate("torch")
     except ConfigError as err:

@@ -53,13 +53,15 @@ def fsdp_padded(shapes, n: int) -> int:
 def theory(
     strategy: str, param_sizes, n: int, itemsize: int, *, clip: bool = False, backend: str = "gloo", root_params=(),
     reshard_after_forward: bool = True, accum: int = 1, batchnorm: BatchNormCount | None = None, replicas: int = 1,
+    inner_steps: int = 1,
 ) -> dict:
     """Bytes each device sends per step in what torch_ref runs, by kind (conventions: module docstring).
 
     `param_sizes`: the torch parameters' shapes (torch layout, Linear weight [out, in]) or sizes; zero3
     needs shapes (FSDP2 pads dim 0). A ZeRO stage's formula is read from its row of
     `strategies/zero/layout.py` (`zero_theory`), the others' from `REPLICATED_THEORY`; plus, for a model
-    with BatchNorm (`batchnorm`: `batchnorm_theory`), its statistics' collectives.
+    with BatchNorm (`batchnorm`: `batchnorm_theory`), its statistics' collectives. An "outer" strategy (diloco)
+    all-reduces the parameters once every `inner_steps` K steps: 1/K of that all-reduce per step.
     """
     shapes = [_shape(p) for p in param_sizes]
     loss = 2 * (n - 1) / n * itemsize  # the loss's mean for the log (not dp's: it reduces the loss with the rest)
@@ -69,7 +71,8 @@ def theory(
         out["all-reduce"] += loss
     elif registry.get(strategy, "comm") in REPLICATED_THEORY:
         comm = registry.get(strategy, "comm")
-        out = REPLICATED_THEORY[comm](sum(math.prod(s) for s in shapes), n, itemsize)
+        out = REPLICATED_THEORY[comm](sum(math.prod(s) for s in shapes), n, itemsize / (
+            inner_steps if comm == "outer" else 1))
         out["all-reduce"] += loss if comm != "tree" else 0.0  # dp's tree reduces the loss with the rest
     elif registry.get(strategy, "comm") == "none":
         out = dict.fromkeys(KINDS, 0.0)
@@ -90,6 +93,7 @@ REPLICATED_THEORY = {  # the registry row's `comm` -> (psi, n, b -> bytes by kin
     "tree": lambda psi, n, b: {**dict.fromkeys(KINDS, 0.0), "reduce": (n - 1) / n * (psi + 1) * b,
                              "broadcast": (n - 1) / n * (psi + 1) * b},
 }
+REPLICATED_THEORY["outer"] = REPLICATED_THEORY["all-reduce"]  # diloco: its itemsize given as b / K
 
 
 def zero_theory(layout, shapes: list[tuple], s: int, itemsize: int, clip: bool, backend: str, root_params,
@@ -123,7 +127,7 @@ class BatchNormCount(NamedTuple):
     sync: bool        # --batchnorm sync (else local)
 
 
-DDP_BUFFERS = ("ddp", "zero1")  # wrapped in DistributedDataParallel (broadcast_buffers=True)
+DDP_BUFFERS = registry.tagged("ddp-buffers")  # wrapped in DistributedDataParallel (broadcast_buffers=True)
 
 
 def batchnorm_theory(strategy: str, bn: BatchNormCount, n: int, itemsize: int, accum: int = 1) -> dict:

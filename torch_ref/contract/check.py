@@ -2,7 +2,7 @@
 rank (an initialised process group; every rank calls it), record the collectives it hands the process group
 (`read.Recorder`), and judge them against the intent (jaxdp/core/contract/judge.py).
 
-    report = torch_ref.check(train_one_step, x, y, model=ddp_model, optimizer=opt, intent="ddp", accumulation=2)
+    report = torch_ref.check(train_one_step, x, y, model=ddp_model, optimizer=opt, accumulation=2)
     report.ok, report.findings          # each finding: .kind, .message, .fix
     print(report); report.to_json()
 
@@ -18,6 +18,7 @@ import torch.distributed as dist
 from jaxdp.core.contract import judge, master
 from jaxdp.core.contract.intent import Intent
 from jaxdp.core.contract.report import Report
+from jaxdp.core.registry import strategies as registry
 
 from . import read
 
@@ -56,7 +57,7 @@ def held(model, optimizer) -> dict[str, set[str]]:
     return {k: v for k, v in out.items() if v}
 
 
-def check(step, *args, model, intent: str = "ddp", accumulation: int = 1, reduce_dtype: str = "float32",
+def check(step, *args, model, intent: str = registry.DEFAULT, accumulation: int = 1, reduce_dtype: str = "float32",
           optimizer=None, master_dtype: str = "float32", **kwargs) -> Report:
     """Run `step(*args, **kwargs)` once while recording; the report of what it sent (module docstring)."""
     want = Intent(intent, accumulation, reduce_dtype, master_dtype=master_dtype)

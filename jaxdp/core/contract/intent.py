@@ -11,6 +11,8 @@ parameters' elements):
            a reduce-scatter of the gradients
     hsdp   zero3 within a shard group of S devices; an all-reduce of each gradient shard (P / S) across the
            R = D / S replica groups
+    diloco no collective of the parameters on K - 1 of every K steps (`inner_steps`); on the K-th, one all-reduce
+           of the parameters (P): 1/K of ddp's bytes per step
 With accumulation k the gradient sync still happens once per step, not k times (zero3's gathers: k times).
 """
 from __future__ import annotations
@@ -33,12 +35,14 @@ OF_STRATEGY = {e.name: e.intent for e in registry.ENTRIES} | {a: registry.entry(
 class Intent:
     """`name` one of INTENTS; `accumulation` micro-batches per step; `reduce_dtype` the gradients'
     reduction dtype; `replicas` (hsdp) the R replica groups (0: read from the program's groups); `master_dtype` the
-    dtype of the parameters the optimizer updates and of its floating state (Adam's moments)."""
+    dtype of the parameters the optimizer updates and of its floating state (Adam's moments); `inner_steps` (diloco)
+    the K steps between the parameters' all-reduces (1: every step)."""
     name: str
     accumulation: int = 1
     reduce_dtype: str = "float32"
     replicas: int = 0
     master_dtype: str = "float32"
+    inner_steps: int = 1
 
     def __post_init__(self):
         if self.name not in INTENTS:
@@ -53,10 +57,14 @@ class Intent:
                               f"groups); drop it")
         if self.master_dtype not in DTYPES:
             raise ConfigError(f"--master-dtype {self.master_dtype!r} is not a dtype; use one of {', '.join(DTYPES)}")
+        if not isinstance(self.inner_steps, int) or self.inner_steps < 1:
+            raise ConfigError(f"--inner-steps {self.inner_steps!r} must be a whole number >= 1 (steps between the "
+                              f"parameters' all-reduces)")
 
 
 def of_strategy(strategy: str, accumulation: int = 1, reduce_dtype: str = "float32", replicas: int = 0,
-                master_dtype: str = "float32") -> Intent:
-    """The intent a project strategy stands for (`OF_STRATEGY`)."""
+                master_dtype: str = "float32", inner_steps: int = 1) -> Intent:
+    """The intent a project strategy stands for (`OF_STRATEGY`); `inner_steps` kept where its `comm` is "outer"."""
+    outer = registry.get(strategy, "comm") == "outer"
     return Intent(OF_STRATEGY[strategy], accumulation, reduce_dtype, replicas if OF_STRATEGY[strategy] in GRID else 0,
-                  master_dtype)
+                  master_dtype, inner_steps if outer else 1)

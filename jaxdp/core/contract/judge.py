@@ -9,12 +9,13 @@ counts (0 and 1, 1 and k), so a tensor more or less (padding, a tied weight, a B
 tips a verdict."""
 from __future__ import annotations
 
+from ..registry import strategies as registry
 from .intent import GRID, SHARDS_GRADS, SHARDS_PARAMS, SHARDS_STATE, Intent
 from .report import Comm, Finding
 
 KINDS = ("no-gradient-sync", "wrong-axis", "sync-per-microbatch", "extra-gradient-sync", "reduce-dtype",
          "unexpected-gather", "state-replicated", "params-replicated", "gathered-too-often", "all-reduce-not-scatter",
-         "no-replica-sync", "no-overlap", "master-dtype")
+         "no-replica-sync", "no-overlap", "master-dtype", "sync-every-step")
 DTYPE_NAMES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "f64": "float64", "bf16>f32": "bfloat16",
                "float": "float32", "c10::BFloat16": "bfloat16", "c10::Half": "float16", "double": "float64"}
 REDUCTIONS = ("all-reduce", "reduce-scatter", "reduce")
@@ -54,10 +55,28 @@ def findings(comms: list[Comm], intent: Intent, devices: int, p: int, state_shar
     layout = _gathers(bulk, intent, p, state_sharded, params_sharded)
     if any(f.kind == "params-replicated" for f in layout):  # replicated parameters: their all-reduce follows
         out = [f for f in out if f.kind != "all-reduce-not-scatter"]
-    out = layout + out
-    if intent.name == "ddp":
+    out = layout + out + _outer(bulk, intent, devices, p)
+    if _all_reduced(intent):
         out += _overlap(bulk)
     return out
+
+
+def _all_reduced(intent: Intent) -> bool:
+    """ddp's intent: replicated parameters, one all-reduce of the gradients every step (its row's `comm`)."""
+    return registry.get(intent.name, "comm") == "all-reduce"
+
+
+def _outer(bulk, intent: Intent, devices: int, p: int) -> list[Finding]:
+    """An intent of K > 1 `inner_steps` (diloco): the parameters' all-reduce only in the outer step, a
+    conditional's branch taken once every K steps; one outside any branch runs on every step."""
+    every = [c for c in bulk if c.op in REDUCTIONS and c.group >= devices and not c.branch]
+    if intent.inner_steps <= 1 or _per_step(every, p) < 0.5:
+        return []
+    return [Finding("sync-every-step", f"{_per_step(every, p):.3g} x P elements are all-reduced on every step, "
+                    f"where {intent.name} all-reduces them once every {intent.inner_steps} steps (the outer step): "
+                    f"{intent.inner_steps}x the traffic, and the replicas never take their local steps apart",
+                    "all-reduce inside the outer step's branch only (jax.lax.cond(step % K == K - 1, outer, "
+                    "inner, ...); torch: all_reduce under `if step % K == K - 1`)")]
 
 
 def _dtype(bulk, intent: Intent) -> list[Finding]:
@@ -143,7 +162,7 @@ def _hsdp(bulk, intent: Intent, devices: int, p: int) -> list[Finding]:
 def _gathers(bulk, intent: Intent, p: int, state_sharded: bool | None, params_sharded: bool | None) -> list:
     """Where the parameters and the optimizer state live, from their shardings (or, unknown, from the gathers)."""
     gathered, k = _per_step([c for c in bulk if c.op == "all-gather"], p), intent.accumulation
-    if intent.name == "ddp" and (params_sharded or (params_sharded is None and gathered >= 0.5)):
+    if _all_reduced(intent) and (params_sharded or (params_sharded is None and gathered >= 0.5)):
         return [Finding("unexpected-gather", f"the parameters are stored sharded and all-gathered ({gathered:.3g} "
                         "x P per step): this is FSDP/ZeRO-3, where ddp keeps a full replica on every device",
                         "place the parameters replicated (NamedSharding(mesh, P())), or check against "

@@ -13,7 +13,8 @@ class Comm:
     input, an all-gather's output, a collective-permute's message); `bytes` those elements' bytes; `axis` the mesh
     axis (or ranks) its group runs over, `group` the devices in it; `count` runs per step (None: a loop of unknown
     trip count); `overlaps` whether compute runs while it is in flight (None: not readable from this program);
-    `ran_as` what the backend really ran, where it differs (gloo runs a reduce-scatter as an all-reduce)."""
+    `ran_as` what the backend really ran, where it differs (gloo runs a reduce-scatter as an all-reduce);
+    `branch`: it lies in a conditional's branch, run only on the steps that take it (diloco's outer step)."""
     op: str
     dtype: str
     elements: int
@@ -23,6 +24,7 @@ class Comm:
     count: int | None = 1
     overlaps: bool | None = None
     ran_as: str = ""
+    branch: bool = False
 
 
 @dataclass(frozen=True)

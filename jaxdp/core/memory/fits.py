@@ -138,7 +138,7 @@ def fix(cfg, where: tuple, limit: int, on_gpu: bool = False) -> str:
     if batch is not None:
         multiple = f" (a multiple of devices x accum = {per})" if per > 1 else ""
         return f"lower --batch-size to {batch} or less{multiple}"
-    sharded = cfg.replace(strategy="zero3", replicas=1)
+    sharded = cfg.replace(strategy=registry.FULLY_SHARDED, replicas=1)
     shards_all = registry.get(cfg.strategy, "shards") == (True, True, True)
     if not shards_all and cfg.devices > 1 and fits(sharded.replace(batch_size=per)):
         smaller = "" if fits(sharded) else f" and --batch-size {_largest_batch(sharded, fits)} or less"

@@ -23,13 +23,18 @@ core read it without importing each other. Its fields:
 - `intent`: the data-parallel layout it stands for in the contract (`core/contract/intent.py`);
   `comm`: its family in the communication theory (`analysis/theory.py` of both wings): "none" (no
   collective), "all-reduce", "ring" (point-to-point), "tree" (dp's reduce and broadcast), "zero" (its
-  ZeRO row), "jit" (its -jit row).
+  ZeRO row), "jit" (its -jit row), "outer" (the parameters all-reduced once every `--inner-steps` K steps,
+  averaged per step: 1/K of an all-reduce).
 - `oracle`: the strategy whose run it must equal, step for step ("single" for data parallelism; a
   strategy that is not meant to equal one device names its own reference).
 - `parity`: in the cross-framework parity pairs (`judge/parity.py`); `overhead_goal`: the bench's goal
   for its step time over single's (None: no goal); `bench`: the bench items that time it besides the plan's
   own lists (`harness/bench/`): "nan-check" (item 11), "nan-check-quick" (item 11 under --quick), "gpu" (the
-  GPU target's rows, `gpu_target.py`).
+  GPU target's rows, `gpu_target.py`); `tags`: further facts other lists read: "ddp-buffers" (torch_ref wraps
+  it in DistributedDataParallel, whose broadcast_buffers sends the BatchNorm buffers every step: torch's theory),
+  "default" (the strategy a command or library call runs when none is given: `--strategy`, `--intent`),
+  "check-vma" (jaxdp's shard_map checks replication, so each BatchNorm statistic's use is one more psum in
+  backward: jaxdp's theory).
 
 A new strategy is its factory in each framework and one row here, appended (the CLI lists the rows in the
 table's order); the lists above follow. A field with no value among those (a new `comm` family, a new
@@ -42,7 +47,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 
-COMMS = ("none", "all-reduce", "ring", "tree", "zero", "jit")
+COMMS = ("none", "all-reduce", "ring", "tree", "zero", "jit", "outer")
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,7 @@ class Entry:
     parity: bool = True
     overhead_goal: float | None = None
     bench: tuple = ()
+    tags: tuple = ()
 
     def __post_init__(self):
         assert self.comm in COMMS, (self.name, self.comm)
@@ -96,20 +102,21 @@ ENTRIES = (
     Entry("dp", "a parameter server: gradients reduced to device 0, parameters broadcast back",
           "jaxdp.strategies.dp:make", "torch_ref.strategies.dp:make", comm="tree", bench=GPU),
     Entry("ddp", "replicated parameters, one all-reduce of the gradients per step", "jaxdp.strategies.ddp:make",
-          "torch_ref.strategies.ddp:make", torch_options=("bucket_mb",), overhead_goal=1.15, bench=GPU + NAN_QUICK),
+          "torch_ref.strategies.ddp:make", torch_options=("bucket_mb",), overhead_goal=1.15, bench=GPU + NAN_QUICK,
+          tags=("ddp-buffers", "default", "check-vma")),
     Entry("ddp-pmap", "ddp written with jax.pmap (per-device stacks)", "jaxdp.strategies.ddp_pmap:make",
           per_device=True, parity=False),
     Entry("ddp-naive", "Picotron's naive ddp: one hook per parameter all-reduces its gradient, then divides by N",
           torch="torch_ref.strategies.naive:make", parity=False),
     Entry("ddp-bucket", "ddp with the gradients packed into buckets of --bucket-mb, all-reduced in backward order",
           "jaxdp.strategies.bucket:make", "torch_ref.strategies.bucket:make", jax_options=("bucket_mb",),
-          torch_options=("bucket_mb",), bench=GPU + NAN),
+          torch_options=("bucket_mb",), bench=GPU + NAN, tags=("check-vma",)),
     Entry("ddp-ring", "ddp over an explicit ring all-reduce (reduce-scatter then all-gather, point to point)",
           "jaxdp.strategies.ring:make", "torch_ref.strategies.ring:make", comm="ring", bench=GPU),
     Entry("zero1", "ZeRO stage 1: the optimizer state sharded", "jaxdp.strategies.zero:make_zero1",
           "torch_ref.strategies.zero.zero1:make", shards=(False, False, True), layout="ZERO1",
           jax_options=STAGE_OPTIONS, torch_options=("bucket_mb",), intent="zero1", comm="zero", overhead_goal=1.15,
-          bench=GPU + NAN),
+          bench=GPU + NAN, tags=("ddp-buffers",)),
     Entry("zero2", "ZeRO stage 2: gradients and optimizer state sharded", "jaxdp.strategies.zero:make_zero2",
           "torch_ref.strategies.zero.zero2:make", shards=(False, True, True), layout="ZERO2",
           jax_options=STAGE_OPTIONS, intent="zero2", comm="zero", overhead_goal=1.15, bench=GPU + NAN_QUICK),
@@ -125,7 +132,7 @@ ENTRIES = (
     Entry("diloco", "local SGD (DiLoCo): K steps per replica with no communication, then an outer Nesterov step on "
           "the replicas' mean", "jaxdp.strategies.diloco:make", "torch_ref.strategies.diloco:make",
           jax_options=DILOCO_OPTIONS, torch_options=DILOCO_OPTIONS, reductions=("native",), batchnorm=False,
-          oracle="jaxdp.strategies.diloco_reference:simulate", parity=False),
+          intent="diloco", comm="outer", oracle="jaxdp.strategies.diloco_reference:simulate", parity=False),
     Entry("ddp-jit", "ddp as plain jax.jit over NamedShardings (the partitioner inserts the collectives)",
           "jaxdp.strategies.jit.ddp:make", twin="ddp", twin_tool="DistributedDataParallel", layout="DDP",
           bench=GPU + NAN, **JIT),
@@ -138,6 +145,12 @@ ENTRIES = (
 )
 BY_NAME = {e.name: e for e in ENTRIES}
 ALIASES = {"fsdp": "zero3"}
+ONE_DEVICE = next(e.name for e in ENTRIES if e.one_device)  # the one-device run: the other runs' reference
+# the ZeRO stage that shards parameters, gradients and optimizer state over one 1-D mesh: the sizes' suggestion
+# the replicated layout: its own intent, no shards, one all-reduce of the gradients (ddp)
+REPLICATED = next(e.name for e in ENTRIES if e.intent == e.name and not any(e.shards) and e.comm == "all-reduce")
+DEFAULT = next(e.name for e in ENTRIES if "default" in e.tags)  # run when none is named
+FULLY_SHARDED = next(e.name for e in ENTRIES if all(e.shards) and e.comm == "zero" and not e.grid)
 
 
 def names(framework: str | None = None, **where) -> tuple[str, ...]:
@@ -145,6 +158,11 @@ def names(framework: str | None = None, **where) -> tuple[str, ...]:
     `where` (`names("jax", grid=True)`)."""
     return tuple(e.name for e in ENTRIES if (framework is None or e.in_framework(framework))
                  and all(getattr(e, k) == v for k, v in where.items()))
+
+
+def tagged(tag: str) -> tuple[str, ...]:
+    """The strategies whose row's `tags` hold `tag`, in the table's order."""
+    return tuple(e.name for e in ENTRIES if tag in e.tags)
 
 
 def benched(item: str) -> tuple[str, ...]:
@@ -165,6 +183,11 @@ def get(name: str, field: str, default=None):
     """`field` of strategy `name`'s row, or `default` for a name the table does not hold (a user's own)."""
     row = BY_NAME.get(ALIASES.get(name, name))
     return default if row is None else getattr(row, field)
+
+
+def on_one_device(name: str) -> bool:
+    """Whether strategy `name` runs on one device (its row's `one_device`; False for a name the table lacks)."""
+    return bool(get(name, "one_device", False))
 
 
 def load(path: str):

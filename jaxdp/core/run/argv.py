@@ -19,6 +19,7 @@ from .. import errors
 from ..errors import ConfigError
 from ..memory import fits
 from ..process import heartbeat
+from ..registry import strategies as registry
 from . import config, readers, targets, values
 
 GIVEN = "given_flags"  # the namespace attribute holding the dests the user typed
@@ -239,8 +240,8 @@ def subcommand(sub, name: str, **kwargs) -> Parser:
 
 
 def configs(args, framework: str = "jax", names=None, single_on_one: bool = False) -> list[config.RunConfig]:
-    """One validated RunConfig per strategy (`names`, default `args.strategies`; `single_on_one`: 'single'
-    on one device, as parity runs it); a typed flag that no chosen model or strategy reads is refused."""
+    """One validated RunConfig per strategy (`names`, default `args.strategies`; `single_on_one`: a one-device
+    strategy on one device, as parity runs it); a typed flag that no chosen model or strategy reads is refused."""
     fields = {f.name for f in dataclasses.fields(config.RunConfig)}
     values = {k: v for k, v in vars(args).items() if k in fields and k != "strategy"}
     typed = given(args) & fields
@@ -256,7 +257,7 @@ def configs(args, framework: str = "jax", names=None, single_on_one: bool = Fals
     for s in names or args.strategies:
         mine = {k: v for k, v in values.items() if k not in only or config.ALIASES.get(s, s) in only[k]}
         cfg = config.RunConfig(**mine, strategy=s)
-        cfgs.append(cfg.replace(devices=1) if single_on_one and cfg.strategy == "single" else cfg)
+        cfgs.append(cfg.replace(devices=1) if single_on_one and registry.on_one_device(cfg.strategy) else cfg)
     runs = getattr(args, "runs", None) or [(framework, c.strategy) for c in cfgs]  # compare, parity: both sides
     readers.check_given(typed, cfgs[0].model, runs, cfgs[0].reduction)
     where = dict(processes=getattr(args, "processes", 1), hosts=getattr(args, "num_processes", None) or 1,

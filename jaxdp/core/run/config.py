@@ -64,7 +64,8 @@ def _flag(default, help, choices=None, type=None):
 class RunConfig:
     model: str = _flag("mlp", "model architecture", MODELS)
     data: str = _flag("synthetic", "dataset (gpt needs text)", DATASETS)
-    strategy: str = _flag("ddp", "data-parallel strategy (fsdp is an alias of zero3)", ALL_STRATEGIES + tuple(ALIASES))
+    strategy: str = _flag(registry.strategies.DEFAULT, "data-parallel strategy (fsdp is an alias of zero3)",
+                          ALL_STRATEGIES + tuple(ALIASES))
     devices: int = _flag(1, "number of devices (simulated CPU devices when no accelerator)")
     platform: str = _flag("auto", "device platform; cpu simulates --devices CPU devices", PLATFORMS)
     steps: int = _flag(20, "optimizer steps")
@@ -157,8 +158,9 @@ class RunConfig:
             raise ConfigError(
                 f"strategy {self.strategy!r} exists only in {owners}; {PACKAGE[framework]} has: {', '.join(here)}"
             )
-        if self.strategy == "single" and self.devices != 1:
-            raise ConfigError(f"strategy 'single' runs on one device; got --devices {self.devices} (use --devices 1)")
+        if registry.strategies.on_one_device(self.strategy) and self.devices != 1:
+            raise ConfigError(f"strategy {self.strategy!r} runs on one device; got --devices {self.devices} "
+                              f"(use --devices 1)")
         per = self.devices * self.accum
         if self.batch_size % per:
             lo = max(per, self.batch_size - self.batch_size % per)

@@ -27,7 +27,8 @@ MODELS = {  # rows per GPU: GPT-2 124M as llm.c trains it (B 8 x 1024 tokens per
     "gpt2-124m": (RunConfig(preset="gpt2-124m", dtype="bfloat16"), 8, STRATEGIES),
     "llama3-8b": (RunConfig(preset="llama3-8b", dtype="bfloat16"), 1, STRATEGIES),
 }
-IN_BENCH = {("llama", "ddp", 8), ("llama", "zero3", 8), ("gpt2", "ddp", 8)}  # (model, strategy, GPUs)
+IN_BENCH = {("llama", registry.REPLICATED, 8), ("llama", registry.FULLY_SHARDED, 8),  # (model, strategy, GPUs)
+            ("gpt2", registry.REPLICATED, 8)}
 PUBLISHED = ["llm.c GPT-2 124M on 8 H100: about 38% MFU (karpathy/llm.c discussions)",
              "MaxText Llama2-70B on 64 H100s, BF16, sequence 4096, global batch 128: 460.48 TFLOP/s per device "
              "(46.6% of 989) (NVIDIA DGXC Benchmarking, 'Maxtext Llama2 70B 25.01.1', NGC catalog)",

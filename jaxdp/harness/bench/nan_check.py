@@ -69,16 +69,16 @@ def nan_check_benchmark(p: Plan, say) -> dict:
     model, n, repeats = p.jit_model, max(p.time_ns), max(2 * p.reduction_repeats, 5)
     rows = []
     for strategy in QUICK if p.quick else STRATEGIES:
-        devices = 1 if strategy == "single" else n
+        devices = 1 if registry.on_one_device(strategy) else n
         say(f"nan check: {strategy} at N = {devices}, with and without")
         cfgs = [model.replace(strategy=strategy, devices=devices, nan_check=c).validate("jax") for c in (True, False)]
         on, off = in_turn([jax_call(c) for c in cfgs], repeats)
         rows.append({"framework": "jax", "strategy": strategy, "devices": devices, "with_s": on, "without_s": off,
                      "ratio": ratio(on, off)})
         jax.clear_caches()
-    cfgs = [model.replace(strategy="single", devices=1, nan_check=c) for c in (True, False)]
+    cfgs = [model.replace(strategy=registry.ONE_DEVICE, devices=1, nan_check=c) for c in (True, False)]
     on, off = in_turn([_torch_call(c) for c in cfgs], repeats)
-    rows.append({"framework": "torch", "strategy": "single", "devices": 1, "with_s": on, "without_s": off,
+    rows.append({"framework": "torch", "strategy": registry.ONE_DEVICE, "devices": 1, "with_s": on, "without_s": off,
                  "ratio": ratio(on, off)})
     return {"rows": rows}
 

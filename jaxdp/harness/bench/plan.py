@@ -13,6 +13,8 @@ JAX_ALL = tuple(s for s in FRAMEWORK_STRATEGIES["jax"] if not registry.entry(s).
 SHARED = tuple(s for s in JAX_ALL if s in FRAMEWORK_STRATEGIES["torch"])
 HAND = tuple(s for s in JAX_ALL if s not in JIT_STRATEGIES)  # the -jit ones run no BatchNorm and no canonical
 JIT_PAIRS = tuple((registry.entry(s).twin, s) for s in JIT_STRATEGIES)  # (hand-written, -jit): item 10
+# the bench's picks by their rows: ddp (replicated, one all-reduce), single (one device), zero3 (all sharded)
+REPLICATED, ONE_DEVICE, FULLY_SHARDED = registry.REPLICATED, registry.ONE_DEVICE, registry.FULLY_SHARDED
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ class Plan:
 
 
 # item 13's rows; --quick keeps the first and the last (float32 single, bf16 ddp at 2: every dtype and strategy once)
-FUSED_RUNS = tuple((d, s, n) for d in ("float32", "bfloat16") for s, n in (("single", 1), ("ddp", 2)))
+FUSED_RUNS = tuple((d, s, n) for d in ("float32", "bfloat16") for s, n in ((ONE_DEVICE, 1), (REPLICATED, 2)))
 
 
 def plan(quick: bool, kernels: tuple = ("mirrored",), torch_compile: bool = False) -> Plan:
@@ -67,27 +69,27 @@ def plan(quick: bool, kernels: tuple = ("mirrored",), torch_compile: bool = Fals
         # gpt2 on the character text (its 50304-token vocabulary alone would double this smoke run).
         models = {"mlp": base.replace(model="mlp", data="synthetic", hidden=(64, 64), batch_size=32)}
         tiny = _gpt2(base, 1, 2, 16, 16, 8).replace(data="text")  # item 13's too
-        ported = (("cnn", _cnn(base, (4, 8), 32), ("ddp",), (2,)), ("gpt2", tiny, ("ddp",), (2,)))
-        return Plan(True, 4, models, (2,), ("single", "ddp", "ddp-ring"), (2,), ("ddp", "zero3"),
+        ported = (("cnn", _cnn(base, (4, 8), 32), (REPLICATED,), (2,)), ("gpt2", tiny, (REPLICATED,), (2,)))
+        return Plan(True, 4, models, (2,), (ONE_DEVICE, REPLICATED, "ddp-ring"), (2,), (REPLICATED, FULLY_SHARDED),
                     models["mlp"], _gpu_config(base), 4, (0.01,), 1, ported,
                     base.replace(model="mlp", data="synthetic", hidden=(16,), batch_size=16, shards=4),
-                    (("ddp", None), ("zero1", "xla")), (2,), 3, False, _cnn(base, (2, 4), 16).replace(shards=4),
-                    (("ddp", None),), (2,), (), models["mlp"], JIT_PAIRS[:1], (2,), kernels=kernels,
+                    ((REPLICATED, None), ("zero1", "xla")), (2,), 3, False, _cnn(base, (2, 4), 16).replace(shards=4),
+                    ((REPLICATED, None),), (2,), (), models["mlp"], JIT_PAIRS[:1], (2,), kernels=kernels,
                     torch_compile=torch_compile, fused_model=tiny, fused_runs=FUSED_RUNS[::3], fused_repeats=3)
     models = {"mlp": base.replace(model="mlp", data="synthetic", hidden=(1024, 1024), batch_size=512),
               "gpt": base.replace(model="gpt", data="text", n_layer=2, n_head=4, d_model=128, seq_len=64,
                                   batch_size=32),
               "cnn": _cnn(base, (32, 64), 256),
               "gpt2": _gpt2(base, 2, 4, 128, 64, 8)}  # batch 8: the 50257-way logits dominate its step
-    strategies = tuple(s for s in JAX_ALL if s != "single")
-    hand = tuple(s for s in HAND if s != "single")
+    strategies = tuple(s for s in JAX_ALL if s != ONE_DEVICE)
+    hand = tuple(s for s in HAND if s != ONE_DEVICE)
     # the models users port: compiled at N = 8 (the mlp's rows give N = 2 to 16; docs/BENCHMARKS.md, the cuts)
     ported = (("cnn", models["cnn"], hand, (8,)), ("gpt2", models["gpt2"], hand, (8,)),
               ("llama", _llama(base, 2, 4, 2, 128, 64, 32), hand, (8,)))
     comm_model = base.replace(model="mlp", data="synthetic", hidden=(1024, 1024), batch_size=256)
     # item 9 at the default S (the mlp's 4 at batch 256: every strategy at N = 4, ddp at 2; the gpt's 4)
     # and at S = 16 (a quarter of the work per shard), kept to ~25 rows for the full bench's time
-    few, ddp = (("single", None), ("ddp", None), ("zero3", "xla")), (("ddp", None),)
+    few, ddp = ((ONE_DEVICE, None), (REPLICATED, None), (FULLY_SHARDED, "xla")), ((REPLICATED, None),)
     more = (("mlp", comm_model, ddp, (2,)), ("gpt", models["gpt"], few, (4,)), ("gpt", models["gpt"], ddp, (2,)),
             ("mlp S=16", comm_model.replace(shards=16), ddp, (4,)), ("gpt S=16", models["gpt"].replace(shards=16),
                                                                     ddp, (4,)))
@@ -105,7 +107,7 @@ def time_runs(p: Plan):
     path of `p.kernels`; the -jit strategies only on models without BatchNorm (they run none: the cnn)."""
     for label, base in p.models.items():
         for n in (1,) + tuple(dict(p.time_ns_of).get(label, p.time_ns)):
-            names = ["single"] if n == 1 else [s for s in p.time_strategies if s != "single"
+            names = [ONE_DEVICE] if n == 1 else [s for s in p.time_strategies if s != ONE_DEVICE
                                                and not (base.model == "cnn" and s in JIT_STRATEGIES)]
             for k in p.kernels:
                 steps = steps_of(p, label)
@@ -140,7 +142,7 @@ def reduction_runs(p: Plan):
     groups += tuple((label, strategies, ns) for label, _, strategies, ns in p.reduction_more)
     for label, strategies, ns in groups:
         for strategy, coll in strategies:
-            for n in (1,) if strategy == "single" else ns:
+            for n in (1,) if strategy == ONE_DEVICE else ns:
                 yield label, reduction_models(p)[label], strategy, coll, n
 
 
@@ -221,5 +223,5 @@ def _llama(base: RunConfig, n_layer: int, n_head: int, n_kv_head: int, d_model: 
 
 
 def _gpu_config(base: RunConfig) -> RunConfig:
-    return base.replace(model="gpt", data="text", strategy="single", devices=1, dtype="bfloat16", n_layer=12,
+    return base.replace(model="gpt", data="text", strategy=ONE_DEVICE, devices=1, dtype="bfloat16", n_layer=12,
                         n_head=12, d_model=768, seq_len=1024, batch_size=16, platform="gpu")

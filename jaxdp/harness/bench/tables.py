@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...core.registry import strategies as registry
 from ...core.run.config import JIT_STRATEGIES
 from .. import kernel_paths
 from .goals import OVERHEAD_GOAL, RING_GOAL
 
 COMM_NOTES = {
-    "zero3": "theory gathers each unit twice per micro-batch (forward and again for backward: 3(N-1)/N Psi at "
-             "accum 1; once with --reshard-after-forward false), as the compiled program does "
-             "(tests/jaxdp/strategies/zero/test_zero3_compiled.py); a difference means the theory was not given "
-             "accum or reshard",
+    registry.FULLY_SHARDED:
+        "theory gathers each unit twice per micro-batch (forward and again for backward: 3(N-1)/N Psi at "
+        "accum 1; once with --reshard-after-forward false), as the compiled program does "
+        "(tests/jaxdp/strategies/zero/test_zero3_compiled.py); a difference means the theory was not given "
+        "accum or reshard",
     "dp": "theory: binomial tree, mean over devices 2(N-1)/N Psi; device 0 sends ceil(log2 N) Psi (comm_max)",
 } | {name: "theory is the layout's least, one gradient reduction per step; with the default --axis-type auto the "
              "partitioner places the collectives itself (per micro-batch, or moving activations instead of "
@@ -69,9 +71,9 @@ def overhead_table(times: dict) -> list:
     for label, fws in times.items():
         for fw, entries in fws.items():
             for e in entries.values():
-                if e["strategy"] == "single":
+                if registry.on_one_device(e["strategy"]):
                     continue
-                single = entries[key("single", 1, e.get("kernels", "mirrored"))]["median_step_s"]
+                single = entries[key(registry.ONE_DEVICE, 1, e.get("kernels", "mirrored"))]["median_step_s"]
                 over = ratio(e["median_step_s"], single)
                 goal = OVERHEAD_GOAL.get(e["strategy"])
                 rows.append({"model": label, "framework": fw, "strategy": e["strategy"], "devices": e["devices"],
@@ -86,7 +88,7 @@ def ring_table(times: dict) -> list:
     for label, fws in times.items():
         for fw, entries in fws.items():
             for e in entries.values():
-                ddp = entries.get(key("ddp", e["devices"], e.get("kernels", "mirrored")))
+                ddp = entries.get(key(registry.REPLICATED, e["devices"], e.get("kernels", "mirrored")))
                 if e["strategy"] != "ddp-ring" or ddp is None:
                     continue
                 over = ratio(e["median_step_s"], ddp["median_step_s"])

@@ -21,11 +21,13 @@ parameters, reductions of 4-byte gradients (ddp: a 4-byte all-reduce). Weak scal
 from __future__ import annotations
 
 from ...analysis import network
+from ...core.registry import strategies as registry
 from . import references
 from .hardware import H100_NVLINK_IB, NODE_GPUS, Preset, fabric, nodes_of
 
 GATHER_BYTES, REDUCE_BYTES = 2, 4
-STRATEGIES = ("ddp", "zero3", "hsdp")
+FULLY_SHARDED, GRID = registry.FULLY_SHARDED, registry.names(grid=True)[0]  # zero3; hsdp (the registry's rows)
+STRATEGIES = (registry.REPLICATED, FULLY_SHARDED, GRID)
 
 
 def collective(op: str, payload: float, n: int, nodes: int, preset: Preset) -> float:
@@ -41,9 +43,9 @@ def comm_seconds(strategy: str, params: int, n: int, preset: Preset = H100_NVLIN
     gathered parameter and of a reduced gradient element."""
     gather, reduce = params * itemsizes[0], params * itemsizes[1]
     nodes = nodes_of(n)
-    if strategy == "ddp":
+    if strategy == registry.REPLICATED:
         return collective("all-reduce", reduce, n, nodes, preset)
-    if strategy == "zero3":
+    if strategy == FULLY_SHARDED:
         return (2 * collective("all-gather", gather, n, nodes, preset)
                 + collective("reduce-scatter", reduce, n, nodes, preset))
     s = min(n, node)
@@ -66,7 +68,7 @@ def table(ns=(8, 16, 128, 1024), preset=H100_NVLINK_IB) -> list[dict]:
 
 PUBLISHED = (
     {"what": "TorchTitan, FSDP2 (1-D over all GPUs), Llama 3.1 8B, bf16, local batch 2 x 8192 tokens, per-GPU "
-             "throughput kept from 8 to 128 H100s", "kept": 0.973, "model": "Llama 3 8B", "strategy": "zero3",
+             "throughput kept from 8 to 128 H100s", "kept": 0.973, "model": "Llama 3 8B", "strategy": FULLY_SHARDED,
      "from_n": 8, "to_n": 128, "seqs": 2,
      "source": "pytorch/torchtitan docs/performance.md, Tables 1 and 3 (FSDP, selective activation checkpointing): "
                "5,762 tokens/s/GPU on 8 H100s, 5,605 on 128 (97.3%); their hosts: 8 H100s on NVLink, 400 Gb/s "
@@ -81,7 +83,7 @@ def published(preset=H100_NVLINK_IB) -> list[dict]:
     out = []
     for p in PUBLISHED:
         kept = {}
-        for s in (p["strategy"], "hsdp"):
+        for s in (p["strategy"], GRID):
             a, b = row(model, s, p["from_n"], preset, p["seqs"]), row(model, s, p["to_n"], preset, p["seqs"])
             kept[s] = {k: b[k] / a[k] for k in ("weak_efficiency", "overlapped_efficiency")}
         out.append({**p, "projected": kept})

@@ -33,6 +33,7 @@ from dataclasses import asdict
 
 import numpy as np
 
+from ...core.registry import strategies as registry
 from . import links, references
 from .hardware import H100_NVLINK_IB, NODE_GPUS, PRESETS, Preset, nodes_of  # noqa: F401 (the report's names)
 
@@ -100,6 +101,9 @@ def compute_bound(flops_per_sample: float, sent_by_strategy: dict, n_measured: i
     return {"compute_bound": bool(sent_by_strategy) and compute_s >= comm_s, "compute_s": compute_s, "comm_s": comm_s}
 
 
+GRID = registry.names(grid=True)[0]  # hsdp: the strategy over R groups of a node's GPUs, projected across nodes
+
+
 def reference(model: references.Transformer, bytes_per_param_by_strategy: dict, phases: dict, n_measured: int,
               preset: Preset = H100_NVLINK_IB, itemsize: int = 4) -> dict:
     """One reference model's projection for every strategy, from the strategies' bytes per parameter."""
@@ -108,9 +112,9 @@ def reference(model: references.Transformer, bytes_per_param_by_strategy: dict, 
     strategies = {s: project(fps, bpp * p, n_measured, 1, seqs, preset, phases[s],
                              comm=_two_level(s, p, preset, itemsize))
                   for s, bpp in bytes_per_param_by_strategy.items()}
-    if strategies and "hsdp" not in strategies:  # the links model's hsdp: the recommendation's candidate across nodes
-        hsdp = project(fps, 0.0, n_measured, 1, seqs, preset, comm=_two_level("hsdp", p, preset, itemsize))
-        strategies["hsdp"] = {**hsdp, "projected_only": True}
+    if strategies and GRID not in strategies:  # the links model's hsdp: the recommendation's candidate across nodes
+        hsdp = project(fps, 0.0, n_measured, 1, seqs, preset, comm=_two_level(GRID, p, preset, itemsize))
+        strategies[GRID] = {**hsdp, "projected_only": True}
     return {"params": p, "flops_per_token": references.flops_per_token(model), "context": model.context,
             "batch_seqs": seqs, "source": model.source, "strategies": strategies}
 
@@ -118,22 +122,22 @@ def reference(model: references.Transformer, bytes_per_param_by_strategy: dict, 
 def _two_level(strategy: str, params: int, preset: Preset, itemsize: int):
     """hsdp's communication at n: in-group rings on NVLink, the all-reduce across nodes on one NIC per GPU, in
     the run's dtype (`links`); None (one ring over all N) for the other strategies."""
-    if strategy != "hsdp":
+    if strategy != GRID:
         return None
-    return lambda n: links.comm_seconds("hsdp", params, n, preset, itemsizes=(itemsize, itemsize))
+    return lambda n: links.comm_seconds(GRID, params, n, preset, itemsizes=(itemsize, itemsize))
 
 
 SOURCES = {"measured": "measured in this run's compiled steps at N = {n}",
            "theory": "the ring theory of each strategy at N = {n} (jaxdp/analysis/theory.py): a run on one device "
                      "sends nothing, so nothing can be measured"}
-NOT_PROJECTED = "single"  # one device: no data parallelism to project
+NOT_PROJECTED = registry.names(one_device=True)  # one device: no data parallelism to project
 
 
 def for_report(sent_by_strategy: dict, run_params: int, itemsize: int, flops_per_sample: float, n_measured: int,
                global_batch: int, run_label: str, preset: Preset = H100_NVLINK_IB, source: str = "measured") -> dict:
     """summary.json's "projection": the reference models, and the run's own model where CRITERION holds.
     `sent_by_strategy`: bytes per device per step at `n_measured` devices, `source` says whence (SOURCES)."""
-    sent_by_strategy = {s: b for s, b in sent_by_strategy.items() if s != NOT_PROJECTED}
+    sent_by_strategy = {s: b for s, b in sent_by_strategy.items() if s not in NOT_PROJECTED}
     bpp = {s: bytes_per_param(b, run_params) for s, b in sent_by_strategy.items()}
     phases = {s: ring_phases(b, n_measured, run_params, itemsize) for s, b in sent_by_strategy.items()}
     per_device = global_batch / n_measured

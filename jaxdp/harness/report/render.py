@@ -8,6 +8,7 @@ import json
 import os
 
 from ...core.files import atomic
+from ...core.registry import strategies as registry
 from . import paths, plots, projection, recommend, target_rows
 from .units import efficiency, nbytes, si
 
@@ -196,7 +197,8 @@ def _notes(summary) -> list[str]:
     in the order the strategies first give them."""
     names = {e["name"] for e in summary["strategies"]}
     torch_notes = dict.fromkeys(n for s in summary["strategies"] for n in s["frameworks"]["torch"].get("notes", []))
-    return [n for n in NOTES if "zero3" in names or not n.startswith("zero3")] + [f"torch: {n}" for n in torch_notes]
+    sharded = registry.FULLY_SHARDED  # its notes only where it runs
+    return [n for n in NOTES if sharded in names or not n.startswith(sharded)] + [f"torch: {n}" for n in torch_notes]
 
 
 def html_page(summary, images: dict[str, bytes]) -> str:

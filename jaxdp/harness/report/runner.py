@@ -20,6 +20,7 @@ import numpy as np
 
 from ... import train
 from ...analysis import accounting
+from ...core.registry import strategies as registry
 from ...core.run import hsdp_hosts
 from ...core.run.config import RunConfig
 from ...core.run.timing import timing
@@ -31,7 +32,7 @@ from .names import check_strategies  # noqa: F401 (compare's check, runner.check
 
 def flops_per_sample(cfg: RunConfig) -> float:
     """FLOPs of one training step per sample, from XLA's cost analysis of the compiled single-device step."""
-    cost = accounting.compile_step(cfg.replace(strategy="single", devices=1)).program.cost_analysis()
+    cost = accounting.compile_step(cfg.replace(strategy=registry.ONE_DEVICE, devices=1)).program.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     return float(cost.get("flops", 0.0)) / cfg.batch_size
 
@@ -160,7 +161,7 @@ def by_design_reference(cfg: RunConfig, say):
     if getattr(cfg, "batchnorm", "sync") != "local" or cfg.devices == 1 or "cnn" not in cfg.model:
         return None
     say("jaxdp: training single on one device (local BatchNorm differs from it by design: measured, not failed)")
-    return train.run(cfg.replace(strategy="single", devices=1), record=True, progress=False)
+    return train.run(cfg.replace(strategy=registry.ONE_DEVICE, devices=1), record=True, progress=False)
 
 
 def versus_single(j, reference, c: RunConfig, name: str) -> dict:
@@ -180,7 +181,7 @@ def compare(cfg: RunConfig, strategies: list[str], progress=None, started: float
     hsdp_hosts.check_listed(cfg.replicas, strategies, hosts=cfg.hsdp_hosts)
     say = progress or (lambda message: None)
     cfgs = {s: hsdp_hosts.per_strategy(cfg, s).validate("jax") for s in strategies}
-    cfg = hsdp_hosts.per_strategy(cfg, "ddp")  # the reference runs and the FLOP count: no --replicas
+    cfg = hsdp_hosts.per_strategy(cfg, registry.DEFAULT)  # the reference runs and the FLOP count: no --replicas
     for c in cfgs.values():
         c.validate("torch")
 

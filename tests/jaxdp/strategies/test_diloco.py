@@ -148,3 +148,46 @@ def test_the_compiled_step_check_fails_on_a_diloco_that_communicates_every_step(
     monkeypatch.setattr(diloco.lax, "cond", select)
     got = all_reduces(GENERAL.replace(steps=1, inner_steps=3))
     assert any("f64[32,16]" in line for line in got["ENTRY"]), got
+
+
+@pytest.mark.parametrize("always", [False, True])
+def test_the_contract_keeps_the_outer_branch_and_finds_an_every_step_all_reduce(monkeypatch, always):
+    """The contract (`jaxdp inspect`'s) of the compiled step: kept, its bytes per step the textbook's (the
+    branch's all-reduce counted once per K steps); the branch computed on every step: `sync-every-step`."""
+    from jaxdp.analysis import accounting
+    from jaxdp.contract import strategies as contract
+
+    if always:
+        monkeypatch.setattr(diloco.lax, "cond", lambda pred, yes, no, *args: jax.tree.map(
+            lambda a, b: jax.numpy.where(pred, a, b), yes(*args), no(*args)))
+    cfg = GENERAL.replace(steps=1, inner_steps=3, accum=1)
+    report = contract.of_compiled(accounting.compile_step(cfg), cfg)
+    assert [f.kind for f in report.findings] == (["sync-every-step"] if always else [])
+    if not always:
+        assert report.facts["bytes_per_step"] == pytest.approx(report.facts["theory_bytes_per_step"], rel=1e-12)
+
+
+def _bytes(line: str) -> int:
+    """An all-reduce line's bytes: the elements of every f64 result it returns (one or a tuple) x 8."""
+    result = line.split(" all-reduce(")[0]
+    return sum(8 * int(np.prod([int(d) for d in dims.split(",") if d]))
+               for dims in re.findall(r"f64\[([0-9,]*)\]", result))
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_the_theory_and_the_contract_expect_the_parameters_all_reduce_once_per_k_steps(k):
+    """The theory of bytes (inspect's, the contract's textbook) is the compiled step's entry (the loss's scalar,
+    every step) plus its outer branch's all-reduce (the parameters) divided by K; 2 devices: the ring sends each
+    all-reduce's bytes once. ddp's per-step gradient all-reduce (the branch's bytes whole) is not it."""
+    from jaxdp.analysis import accounting
+    from jaxdp.contract import strategies as contract
+
+    cfg = GENERAL.replace(steps=1, inner_steps=k, accum=1)
+    got = all_reduces(cfg)
+    want = sum(map(_bytes, got["ENTRY"])) + sum(map(_bytes, got["branch"])) / k
+    step = accounting.compile_step(cfg)
+    sizes = [int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(step.problem.params)]
+    assert accounting.theory_for(cfg, sizes)["total"] == pytest.approx(want, rel=1e-12)
+    report = contract.of_compiled(step, cfg)
+    assert report.facts["theory_bytes_per_step"] == pytest.approx(want, rel=1e-12)
+    assert report.facts["theory_bytes_per_step"] < sum(map(_bytes, got["ENTRY"] + got["branch"]))

@@ -190,3 +190,18 @@ def test_backend_events_are_paired_with_their_process_group():
               event("gloo:all_reduce", 5, [6], 3)]
     got = comm_groups.backend_groups(events, 4)
     assert [got[id(e)] for e in events if e.name.startswith("gloo")] == [[0, 1], [1, 3], [0, 1, 2, 3], [0, 1]]
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_diloco_theory_is_the_parameters_all_reduce_once_per_k_steps(k):
+    """diloco's row (`comm` "outer"): the loss's scalar every step plus ddp's all-reduce of the parameters / K;
+    the same formula as jaxdp's theory (jaxdp/analysis/theory.py), which tests/jaxdp/strategies/test_diloco.py
+    holds against the compiled step."""
+    from jaxdp.analysis import theory as jax_theory
+
+    shapes, n = [(16, 32), (16,)], 4
+    loss = 2 * (n - 1) / n * ITEMSIZE
+    got = accounting.theory("diloco", shapes, n, ITEMSIZE, inner_steps=k)
+    ddp = accounting.theory("ddp", shapes, n, ITEMSIZE)
+    assert got["total"] == pytest.approx(loss + (ddp["total"] - loss) / k, rel=1e-12)
+    assert got["total"] == pytest.approx(jax_theory.theory("diloco", [512, 16], n, ITEMSIZE, inner_steps=k)["total"])

@@ -81,3 +81,17 @@ def test_the_report_renders_as_text_and_json():
     assert set(data["findings"][0]) == {"kind", "message", "fix"}
     text = r.to_text()
     assert "DEPARTS [extra-gradient-sync]" in text and "; fix: " in text and "(textbook 6000)" in text
+
+
+def _outer(branch: bool, inner_steps: int) -> list[str]:
+    params = Comm("all-reduce", "f32", P, 4 * P, "data", D, 1, None, "", branch)
+    return [f.kind for f in judge.findings([params, comm("all-reduce", 1)], Intent("diloco", inner_steps=inner_steps),
+                                           D, P, False, False)]
+
+
+def test_diloco_all_reduces_the_parameters_in_the_outer_branch_only():
+    """K > 1: the parameters' all-reduce in a conditional's branch is diloco's textbook; on every step (no
+    branch) it is `sync-every-step`. K = 1: every step is the outer step (ddp's traffic), no finding."""
+    assert _outer(branch=True, inner_steps=4) == []
+    assert _outer(branch=False, inner_steps=4) == ["sync-every-step"]
+    assert _outer(branch=False, inner_steps=1) == []

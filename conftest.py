@@ -73,7 +73,7 @@ LONGEST_FIRST = ("torch-worlds", "parity", "tests/jaxdp/canonical/test_canonical
                  "tests/torch_ref/analysis/test_torch_accounting.py",
                  "tests/torch_ref/test_torch_launch.py", "tests/jaxdp/strategies/zero/test_zero3_compiled.py",
                  "tests/jaxdp/harness/bench/test_bench.py", "tests/jaxdp/test_multiprocess.py",
-                 "tests/jaxdp/harness/mutations/test_mutations.py", "parity_tests/test_transformers_families.py",
+                 "tests/mutations/test_mutations.py", "parity_tests/test_transformers_families.py",
                  "tests/jaxdp/judge/test_resolution.py", "tests/torch_ref/strategies/test_torch_hsdp8.py",
                  "tests/examples/test_examples.py", "tests/jaxdp/strategies/test_hsdp.py",
                  "tests/torch_ref/test_torch_checkpoint.py", "tests/jaxdp/strategies/jit/test_jit.py",

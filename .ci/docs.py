@@ -25,10 +25,10 @@ CI = "docs/results/ci.json"
 BENCH = "docs/results/bench/bench.json"
 GPU_TARGET = "docs/results/gpu_target.json"
 HONEST = "docs/results/honest.json"
-# The honest matrix's renderer, `render(results) -> str` (`python -m jaxdp.harness.mutations.honest --results FILE`
+# The honest matrix's renderer, `render(results) -> str` (`python -m tests.mutations.honest --results FILE`
 # writes its results file; `honest_render` renders the same block alone)
-HONEST_RENDER = "jaxdp.harness.mutations.honest_render:render"
-LIMITS = "docs/results/limits.json"  # `python -m jaxdp.harness.mutations.limits` writes it
+HONEST_RENDER = "tests.mutations.honest_render:render"
+LIMITS = "docs/results/limits.json"  # `python -m tests.mutations.limits` writes it
 
 
 def load(path: str):
@@ -101,13 +101,13 @@ def gpu_target(results) -> str:
 
 def limits(results) -> str:
     if results is None:
-        return missing(LIMITS, f"python -m jaxdp.harness.mutations.limits --json {LIMITS}")
-    return _call("jaxdp.harness.mutations.limits_doc:render", results)
+        return missing(LIMITS, f"python -m tests.mutations.limits --json {LIMITS}")
+    return _call("tests.mutations.limits_doc:render", results)
 
 
 def honest(results) -> str:
     if results is None:
-        return missing(HONEST, f"python -m jaxdp.harness.mutations.honest --results {HONEST}")
+        return missing(HONEST, f"python -m tests.mutations.honest --results {HONEST}")
     return _call(HONEST_RENDER, results).strip()
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from jaxdp.core.traces import trace
-from jaxdp.harness.mutations.limits import scaled_update
 from jaxdp.judge import parity
+from tests.mutations.limits import scaled_update
 
 
 def as_trace(result) -> trace.Trace:
@@ -29,7 +29,7 @@ def assert_judged_ok(got, ref, **kw) -> parity.Row:
 def with_update(t: trace.Trace, step: int, factor: float) -> trace.Trace:
     """`t` as if step `step`'s update had been multiplied by `factor` (-1 negated, 0 skipped, 0.5
     halved, 2 doubled) and every later update had been the same: parameters from `step` on move by
-    (factor - 1) x that update (`jaxdp.harness.mutations.limits.scaled_update`, tensor by tensor)."""
+    (factor - 1) x that update (`tests.mutations.limits.scaled_update`, tensor by tensor)."""
     for name in t.names():
         t = scaled_update(t, step, name, factor - 1)
     return t

@@ -28,7 +28,7 @@ CANONICAL, SHARDS = "zero3:canonical", 4
 
 def hf_model(name: str) -> torch.nn.Module:
     """A tiny transformers model in float64, eager attention, no dropout, the same weights every call."""
-    from jaxdp.harness.mutations import hf_honest
+    from tests.mutations import hf_honest
 
     assert (hf_honest.VOCAB, hf_honest.SEQ) == (VOCAB, SEQ)
     return hf_honest.hf_model(name, "float64")

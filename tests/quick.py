@@ -59,7 +59,7 @@ QUICK = {
     "tests/jaxdp/test_precision.py": ("test_a_named_scope_names_the_site",),
     "tests/torch_ref/test_precision.py": (
         "test_a_float32_upcast_in_a_plain_module_is_a_site_and_keep_float64_removes_it",),
-    "tests/jaxdp/harness/mutations/test_precision_limits.py": ALL,
+    "tests/mutations/test_precision_limits.py": ALL,
     "tests/jaxdp/judge/test_precision.py": ("test_the_bounds_follow_the_lowest_site_and_never_loosen_without_one",),
     "tests/jaxdp/core/run/test_reduction.py": ALL,
     "tests/jaxdp/core/traces/test_spread.py": ALL,
@@ -147,8 +147,8 @@ QUICK = {
         "test_corrupt_and_missing_traces",
         "test_batch_that_does_not_divide_names_valid_sizes",
     ),
-    "tests/jaxdp/harness/mutations/test_catalogue.py": ALL,
-    "tests/jaxdp/harness/mutations/test_mutations.py": ("test_replica_check_catches_a_device_that_skips_weight_decay",),
+    "tests/mutations/test_catalogue.py": ALL,
+    "tests/mutations/test_mutations.py": ("test_replica_check_catches_a_device_that_skips_weight_decay",),
     "tests/jaxdp/harness/report/test_recommend.py": (
         "test_overflow_sees_a_cut_title_and_a_legend_over_the_data",
         "test_the_pick_follows_the_measured_state",

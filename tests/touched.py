@@ -34,8 +34,8 @@ FULL_SUITE_ONLY = {
     "jaxdp.core.run.timing": BENCH,  # timed runs: `jaxdp bench`, `jaxdp compare`
     "jaxdp.launch": "tests/jaxdp/test_multiprocess.py",  # `jaxdp train --processes 2`
 }
-OPTIONAL = {"jaxdp.harness.mutations.hf_honest": "transformers",  # touched where the extra is installed
-            "jaxdp.harness.mutations.hf_models": "transformers",
+OPTIONAL = {"tests.mutations.hf_honest": "transformers",  # touched where the extra is installed
+            "tests.mutations.hf_models": "transformers",
             **{f"jaxdp.analysis.{m}": "jax_cuda12_plugin" for m in ("aot", "gpu_program", "target_memory")}}
 FOLDER_ENV = "JAXDP_TESTS_TOUCHED_DIR"
 _profile: cProfile.Profile | None = None

@@ -19,6 +19,7 @@ CROSS_CUTTING = {  # folders of tests whose subject is no one module
     "cli": "both command lines as a user meets them: every flag's bad input, exit statuses, processes",
     "examples": "examples/, smoke-tested",
     "house": "the house's rules: imports, layout, the tests' own tree",
+    "mutations": "the judge's own proof as tools: the bug catalogue, the honest matrix, the detection limits",
 }
 # Folders of tests for source paths another worktree of issue 37 creates (allowed until the source exists).
 def test_files() -> list[Path]:

@@ -1,7 +1,7 @@
 """Training runs for the trace comparisons: a jaxdp run in this process, and torch_ref runs (one
 spawned world per device count running all of its configurations; world size 1 in this process).
 Each run may carry a plant: an object whose `inject(framework)` is a context manager under which the run has a
-deliberate bug (`jaxdp.harness.mutations.Plant`, passed in by the caller: this module imports no test code),
+deliberate bug (`tests.mutations.Plant`, passed in by the caller: this module imports no test code),
 entered where the run runs, in the torch ranks too (a plant pickles by value)."""
 from __future__ import annotations
 

@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import floors
+
 DTYPE = "bfloat16"
 C_BF16 = 24  # in units of u ||g_step|| (module docstring)
 K_OTHERS = 1.0  # a roundoff-only tensor's disagreement against the rest of its step's (module docstring)
@@ -60,17 +62,15 @@ def grad_floors(a, b, u: float, grad_bound: float, elementwise_bound: float) -> 
     """error_model.grad_floors for a bf16 pair: a tensor's norm floor is min(C u ||g_step||, K_OTHERS ||d_rest||)
     / bound, d_rest the two runs' gradient difference over the step's other tensors, with what the parameters'
     accepted disagreement does to the gradients (error_model.propagated) on top, as there."""
-    from . import error_model
-
     out, squares, rho = {}, {}, {}
-    for key, f in error_model.grad_floors(b, u * C_BF16 / error_model.C_GRAD, grad_bound, elementwise_bound).items():
+    for key, f in floors.grad_floors(b, u * C_BF16 / floors.C_GRAD, grad_bound, elementwise_bound).items():
         k = int(key.split("/")[1])
         if k not in squares:
-            squares[k], rho[k] = _squares(a, b, k), error_model.disagreement(a, b, k)
+            squares[k], rho[k] = _squares(a, b, k), floors.disagreement(a, b, k)
         rest = np.sqrt(max(sum(squares[k].values()) - squares[k].get(key, 0.0), 0.0)) if key in squares[k] else np.inf
-        moved = error_model.propagated(b, k, key, np.asarray(b.arrays[key], np.float64), rho[k])[0]
+        moved = floors.propagated(b, k, key, np.asarray(b.arrays[key], np.float64), rho[k])[0]
         capped = min(f.norm * grad_bound, K_OTHERS * float(rest))
-        out[key] = error_model.GradFloor(max(capped, moved) / grad_bound, f.elementwise, f.step_norm,
+        out[key] = floors.GradFloor(max(capped, moved) / grad_bound, f.elementwise, f.step_norm,
                                          rho[k] if moved > capped else 0.0)
     return out
 

@@ -34,7 +34,7 @@ above its mean by 16 sqrt(sum ulp^4) (4 standard deviations of the bound, s = 4)
 exp(-2 s^2) = 1e-14. Nothing here is a constant of the dtype: a tensor whose parameters are 0.02 and
 whose update is 1e-3 resolves a change of its update of 1e-6 (float32) or 1e-14 (float64) relative;
 one whose parameters are 1 (a LayerNorm scale) resolves ulp(1) / |du|. The smallest bug each tensor
-shows is measured, not assumed (`python -m jaxdp.harness.mutations.limits`).
+shows is measured, not assumed (`python -m tests.mutations.limits`).
 
 Applied where the optimizer can be replayed (error_model.why_none: float64 and float32, a named
 optimizer, traces from step 1); elsewhere the constant bounds judge alone.

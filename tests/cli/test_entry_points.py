@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-ENTRY_POINTS = ["jaxdp", "torch_ref", "jaxdp.harness.mutations", "jaxdp.harness.mutations.honest",
-                "jaxdp.harness.mutations.limits"]
+ENTRY_POINTS = ["jaxdp", "torch_ref", "tests.mutations", "tests.mutations.honest",
+                "tests.mutations.limits"]
 
 
 @pytest.mark.parametrize("module", ENTRY_POINTS)

@@ -162,9 +162,9 @@ def test_no_import_hook_and_the_documented_paths_are_plain_modules():
         "import importlib.util\n"
         "print(importlib.util.find_spec('jaxdp.mutations'), importlib.util.find_spec('jaxdp.bench'))")
     assert out.split() == ["True", "jaxdp.core.traces.recorder", "True", "jaxdp.trace", "None", "None"]
-    done = subprocess.run([sys.executable, "-m", "jaxdp.harness.mutations", "--help"], cwd=ROOT, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "tests.mutations", "--help"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
-    assert done.returncode == 0 and done.stdout.startswith("usage: python -m jaxdp.harness.mutations"), done.stderr
+    assert done.returncode == 0 and done.stdout.startswith("usage: python -m tests.mutations"), done.stderr
 
 
 # The twin rule (docs/STRATEGIES.md, "same names"): every module of these jaxdp packages has its torch_ref twin

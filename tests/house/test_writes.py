@@ -9,7 +9,7 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ALLOWED = {  # (file, what the path expression reads as): why it may open for writing
     ("jaxdp/core/process/heartbeat.py", "path"): "a beat file in the launcher's own mkdtemp folder",
-    ("jaxdp/harness/mutations/honest.py", "args.jsonl"): "--jsonl appends to the path named (RELIABILITY)",
+    ("tests/mutations/honest.py", "args.jsonl"): "--jsonl appends to the path named (RELIABILITY)",
 }
 
 

@@ -17,9 +17,9 @@ from flax import nnx
 import jaxdp
 from jaxdp import devices as jaxdp_devices
 from jaxdp.core.run.config import ConfigError
-from jaxdp.harness import mutations
 from jaxdp.models import from_module, units
 from jaxdp.optax_check import ShapeDependentOptimizer, check_elementwise
+from tests import mutations
 
 FEATURES, HIDDEN, OUT, ROWS, STEPS = 5, 7, 3, 36, 3  # 36 rows: N in {1, 2, 3} x accum in {1, 3} divide it
 CLIP, LR = 0.05, 0.02

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import torch_ref
-from jaxdp.harness.mutations import hf_honest
+from tests.mutations import hf_honest
 from torch_ref import precision
 
 

@@ -48,7 +48,7 @@ def test_the_projects_planted_communication_bugs_break_its_contract(name, dtype,
     step: the gradients reduced in bf16; shard_map's implicit psum on top of the explicit one, inside the
     accumulation loop (accum 3), so the gradient is reduced once per micro-batch."""
     from jaxdp.analysis import accounting
-    from jaxdp.harness import mutations
+    from tests import mutations
 
     m = next(m for m in mutations.CATALOGUE if m.name == name)
     cfg = m.cfg.replace(strategy=m.jax, devices=4, batch_size=48, dtype=dtype).validate()

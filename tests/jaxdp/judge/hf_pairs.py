@@ -1,5 +1,5 @@
 """Honest pairs of transformers' own models for the judge's tests (tests/jaxdp/judge/test_resolution.py):
-GPT-2 (LayerNorm) and Llama (RMSNorm) from jaxdp/harness/mutations/hf_honest.py's tiny configs, AdamW at
+GPT-2 (LayerNorm) and Llama (RMSNorm) from tests/mutations/hf_honest.py's tiny configs, AdamW at
 lr 1e-3 (the norm scales' hard case: ulp(1) against an update of 1e-3), torch_ref ddp on 2 ranks against
 `single`, 4 steps. The rank side runs here, `pairs` launches the two worlds once per process."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ LR, STEPS, MODELS = 1e-3, 4, ("gpt2", "llama")
 
 def world(rank: int, n: int, cases: list) -> list:
     """hf_honest.run_world with AdamW at LR (its own default is 1e-2)."""
-    from jaxdp.harness.mutations import hf_honest
+    from tests.mutations import hf_honest
 
     hf_honest.LR["adamw"] = LR
     return hf_honest.run_world(rank, n, cases)

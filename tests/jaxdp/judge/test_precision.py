@@ -1,5 +1,5 @@
 """The judge's bounds from the precision census (jaxdp/judge/precision.py), on real torch runs of float64
-transformers models with float32 sites (jaxdp/harness/mutations/precision_limits.py): ddp on 2 ranks against
+transformers models with float32 sites (tests/mutations/precision_limits.py): ddp on 2 ranks against
 single, AdamW, 3 steps.
 
 - Negative control: Gemma's honest float64 pair fails the float64 bounds when the census is taken out of the
@@ -18,9 +18,9 @@ import functools
 import pytest
 
 from jaxdp.core.traces import census, trace
-from jaxdp.harness.mutations import limits
-from jaxdp.harness.mutations import precision_limits as P
 from jaxdp.judge import divergence, parity, precision, verdict
+from tests.mutations import limits
+from tests.mutations import precision_limits as P
 
 KERNEL = "layers/0/mlp/down_proj/kernel"
 

@@ -15,10 +15,10 @@ import pytest
 import jaxdp
 from jaxdp.core.traces import trace
 from jaxdp.harness import pair_runs
-from jaxdp.harness.mutations import GPT2
-from jaxdp.harness.mutations.limits import element_at, scaled_element, shifted_element, with_lr
 from jaxdp.judge import parity, resolution, signed
 from tests.jaxdp.judge import hf_pairs
+from tests.mutations import GPT2
+from tests.mutations.limits import element_at, scaled_element, shifted_element, with_lr
 
 TARGET = {"float32": 1e-5, "float64": 1e-12}
 

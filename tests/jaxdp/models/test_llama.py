@@ -81,7 +81,7 @@ def hf_in_float64(monkeypatch):
     """transformers' three float32 sites promoted to float64 (its RMSNorm, rotary angles, softmax)."""
     torch = pytest.importorskip("torch")
     ml = pytest.importorskip("transformers.models.llama.modeling_llama")
-    from jaxdp.harness.mutations import hf_honest
+    from tests.mutations import hf_honest
 
     softmax = torch.nn.functional.softmax
     monkeypatch.setattr(ml.LlamaRMSNorm, "forward", hf_honest.rms_norm_in_dtype)

@@ -8,7 +8,7 @@ import functools
 
 import pytest
 
-from jaxdp.harness.mutations import score
+from tests.mutations import score
 
 CASES = [("lr-1.00001x", "jax", "float32"), ("lr-1.00001x", "torch", "float32")]
 

@@ -1,4 +1,4 @@
-"""The catalogue's bugs (`jaxdp.harness.mutations`) in torch_ref, the twin of `jax_bugs.py`: each a function
+"""The catalogue's bugs (`tests.mutations`) in torch_ref, the twin of `jax_bugs.py`: each a function
 returning the (object, attribute, value) patches that put the bug into torch_ref's strategy code, applied
 in the rank that runs it; and `collective_dtypes`, what the process group's collectives receive (the
 fp32-reduction check on the torch side). Test-only: it lives in the harness, never in torch_ref."""

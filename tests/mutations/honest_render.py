@@ -1,12 +1,12 @@
-"""The honest matrix's results file (docs/results/honest.json, written by `python -m jaxdp.harness.mutations.honest
+"""The honest matrix's results file (docs/results/honest.json, written by `python -m tests.mutations.honest
 --results FILE`) rendered as markdown, and that rendering kept in docs/PARITY.md between the markers
 
     <!-- honest:begin --> ... <!-- honest:end -->
 
-    python -m jaxdp.harness.mutations.honest_render [--results FILE] [--doc FILE] [--check]
+    python -m tests.mutations.honest_render [--results FILE] [--doc FILE] [--check]
 
 `render(results) -> str` is the plain function (results: the file's JSON); `--check` exits 1 when the doc's
-block differs from the rendering (tests/jaxdp/harness/mutations/test_honest_render.py does the same).
+block differs from the rendering (tests/mutations/test_honest_render.py does the same).
 """
 from __future__ import annotations
 
@@ -75,13 +75,13 @@ def replaced(doc: str, text: str) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jaxdp.harness.mutations.honest_render",
+    parser = argparse.ArgumentParser(prog="python -m tests.mutations.honest_render",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", default=RESULTS, help=f"the results file (default {RESULTS})")
     parser.add_argument("--doc", default=DOC, help=f"the doc holding the markers (default {DOC})")
     parser.add_argument("--check", action="store_true", help="exit 1 when the doc's block is not the rendering")
     args = parser.parse_args(argv)
-    from ...core.files import atomic
+    from jaxdp.core.files import atomic
 
     try:
         results = json.loads(pathlib.Path(args.results).read_text())

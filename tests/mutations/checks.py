@@ -16,8 +16,8 @@ import re
 import jax
 import numpy as np
 
-from ...analysis import accounting, hlo
-from ...core.run import data
+from jaxdp.analysis import accounting, hlo
+from jaxdp.core.run import data
 
 FLOATS = ("bf16", "f16", "f32", "f64")
 MOVERS = ("all-gather", "collective-permute")

@@ -7,7 +7,7 @@ trace, compiled program or replicas are then judged by the same checks as honest
 (`jaxdp.judge.parity.judge` against `single` and against the other framework, the reduction dtype in
 the compiled program or in what the torch process group receives, replica consistency).
 
-`python -m jaxdp.harness.mutations --out docs/MUTATIONS.md` runs the whole catalogue in float64, float32 and
+`python -m tests.mutations --out docs/MUTATIONS.md` runs the whole catalogue in float64, float32 and
 bfloat16, in both frameworks, and writes the table (bug x dtype x caught-by), a mutation score;
 `--only NAME,...` and `--framework jax|torch` run parts of it alone.
 
@@ -35,7 +35,8 @@ from __future__ import annotations
 import contextlib
 from typing import NamedTuple
 
-from ...core.run.config import RunConfig
+from jaxdp.core.run.config import RunConfig
+
 from .runs import ADAM, CLIP, CNN, CNN_DTYPES, DTYPES, GPT2, HSDP, SGD, SMALL_DTYPES  # noqa: F401 (re-exported)
 from .sources import cite
 

@@ -1,5 +1,5 @@
 """The catalogue's bugs in jaxdp: each a function returning the (object, attribute, value) patches
-that put the bug into the strategy code (`jaxdp.harness.mutations.inject` applies and undoes them)."""
+that put the bug into the strategy code (`tests.mutations.inject` applies and undoes them)."""
 from __future__ import annotations
 
 import functools
@@ -10,10 +10,11 @@ import optax
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from ... import optim
-from ...devices import AXIS
-from ...models import cnn, flat_names
-from ...strategies import bucket, common, ddp, zero
+from jaxdp import optim
+from jaxdp.devices import AXIS
+from jaxdp.models import cnn, flat_names
+from jaxdp.strategies import bucket, common, ddp, zero
+
 from . import jax_bugs_step, jax_bugs_sync
 from .runs import FUSED_KERNEL
 

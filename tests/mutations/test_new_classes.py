@@ -2,15 +2,15 @@
 project's own model of its catalogue entry, is caught by the strategy check (the run against `single`) and
 located by the judge (`divergence.compare`'s first divergence: step, field, tensor) within 20 steps; and one on a
 transformers-config model (jaxdp's Llama from a Qwen2Config, tied head). Two steps each, the `single` runs shared;
-the honest controls and the other checks run in the full catalogue (`python -m jaxdp.harness.mutations`)."""
+the honest controls and the other checks run in the full catalogue (`python -m tests.mutations`)."""
 from __future__ import annotations
 
 import functools
 
 import pytest
 
-from jaxdp.harness import mutations
-from jaxdp.harness.mutations import score
+from tests import mutations
+from tests.mutations import score
 
 NEW = ["hsdp-wrong-axis", "zero-gather-offset", "clip-before-reduce", "loss-scale-kept", "decay-wrong-set",
        "adam-beta-typo", "tied-grad-once", "overlapping-rows", "stale-micro-batch", "bucket-missing-1/N",
@@ -38,7 +38,7 @@ def judged(name: str, model: str = "own"):
 
 
 def test_every_new_class_is_planted_in_jaxdp_and_catalogued():
-    from jaxdp.harness.mutations import jax_bugs
+    from tests.mutations import jax_bugs
 
     assert set(NEW) <= set(jax_bugs.PATCHES) and set(NEW) <= set(mutations.BY_NAME)
     assert all(mutations.BY_NAME[n].source.startswith("https://github.com/") for n in NEW)

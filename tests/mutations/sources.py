@@ -1,4 +1,4 @@
-"""Where DP/ZeRO code has shipped each bug class of the catalogue (`jaxdp.harness.mutations.CATALOGUE`): a
+"""Where DP/ZeRO code has shipped each bug class of the catalogue (`tests.mutations.CATALOGUE`): a
 public issue, pull request or changelog that was found and read (never an invented address), and what it
 shows, in a phrase. The catalogue gives each entry its `source` from here; docs/MUTATIONS.md renders it.
 The three detection-limit probes are not shipped bugs and say so."""

@@ -1,5 +1,5 @@
 """docs/PARITY.md's detection-limit table is the rendering of the results file that
-`python -m jaxdp.harness.mutations.limits` writes (docs/results/limits.json), and the file covers every
+`python -m tests.mutations.limits` writes (docs/results/limits.json), and the file covers every
 family the tests use, in float64 and float32, every honest pair passing."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from jaxdp.harness.mutations import limits_doc
+from tests.mutations import limits_doc
 
 FAMILIES = {"mlp", "gpt", "gpt2", "llama", "cnn", "hf-gpt2", "hf-llama", "hf-bert", "hf-neox", "hf-resnet"}
 
@@ -39,6 +39,6 @@ def test_the_rendering_says_what_was_not_caught():
 
 @pytest.mark.quick
 def test_a_family_it_does_not_know_is_bad_input():
-    done = subprocess.run([sys.executable, "-m", "jaxdp.harness.mutations.limits", "--families", "resnet50"],
+    done = subprocess.run([sys.executable, "-m", "tests.mutations.limits", "--families", "resnet50"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "'resnet50'" in done.stderr and len(done.stderr.strip().splitlines()) == 1

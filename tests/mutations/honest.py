@@ -1,7 +1,7 @@
 """The honest matrix (issue 35, "Must hold" 2): zero false alarms of `jaxdp.judge.parity.judge` over honest
 comparisons, and the worst honest ratio (measure / bound) of every bound, constant and derived.
 
-    python -m jaxdp.harness.mutations.honest [--quick] [--jsonl FILE]
+    python -m tests.mutations.honest [--quick] [--jsonl FILE]
 
 Two covering sets (every pair of values of any two dimensions meets in at least one case):
 
@@ -17,7 +17,7 @@ Two covering sets (every pair of values of any two dimensions meets in at least 
             each against the same model under `single`.
 
 `--results FILE` writes every comparison (case, pass, worst ratio per measure, failures) and the summary
-(`honest_render.summarise`) as JSON; `python -m jaxdp.harness.mutations.honest_render` renders it into
+(`honest_render.summarise`) as JSON; `python -m tests.mutations.honest_render` renders it into
 docs/PARITY.md. The summary (markdown, `honest_render.render`) also goes to stdout. `--promote` runs the
 float64 transformers models with their float32 sites promoted (`hf_honest.promoted_sites`).
 """
@@ -35,13 +35,14 @@ from dataclasses import dataclass, field
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: see torch_ref/__init__.py
 
-from ...core.files import atomic  # noqa: E402
-from ...core.registry import strategies as registry  # noqa: E402
-from ...core.run.config import ConfigError, RunConfig  # noqa: E402
-from ...core.run.hsdp_hosts import per_strategy  # noqa: E402
-from ...core.traces import trace  # noqa: E402
-from ...judge import parity, resolution  # noqa: E402
-from .. import pair_runs  # noqa: E402
+from jaxdp.core.files import atomic  # noqa: E402
+from jaxdp.core.registry import strategies as registry  # noqa: E402
+from jaxdp.core.run.config import ConfigError, RunConfig  # noqa: E402
+from jaxdp.core.run.hsdp_hosts import per_strategy  # noqa: E402
+from jaxdp.core.traces import trace  # noqa: E402
+from jaxdp.harness import pair_runs  # noqa: E402
+from jaxdp.judge import parity, resolution  # noqa: E402
+
 from . import hf_honest, hf_models, honest_render  # noqa: E402
 
 # (jaxdp strategy, torch_ref strategy): every strategy of both frameworks, the framework-only ones paired.
@@ -222,7 +223,7 @@ def results(records: list[Record], wall_s: float, command: str, promote: bool) -
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jaxdp.harness.mutations.honest",
+    parser = argparse.ArgumentParser(prog="python -m tests.mutations.honest",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the first 3 cases of each set (a smoke test)")
     parser.add_argument("--parts", default="project,hf", help="project, hf or both (comma separated)")
@@ -254,7 +255,7 @@ def main(argv=None) -> int:
         return [c for c in cases if (not wanted or c["model"] in wanted) and (not dtypes or c["dtype"] in dtypes)
                 and (failed is None or _failed(c, failed))][: 3 if args.quick else None]
 
-    command = "python -m jaxdp.harness.mutations.honest " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m tests.mutations.honest " + " ".join(argv if argv is not None else sys.argv[1:])
     out = results(records, 0.0, command, args.promote)
     for part, run in (("hf", lambda: hf(chosen(covering(HF)), log, args.promote)),
                       ("project", lambda: project(chosen(covering(PROJECT, accepted)), log))):

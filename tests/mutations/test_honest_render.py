@@ -8,9 +8,9 @@ import pathlib
 
 import pytest
 
-from jaxdp.harness.mutations import honest_render
+from tests.mutations import honest_render
 
-ROOT = pathlib.Path(__file__).resolve().parents[4]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def results_file() -> dict:
@@ -22,7 +22,7 @@ def small() -> dict:
                     "failures": []},
                    {"case": "hf-opt adam bfloat16 N=3 torch_ref zero1~single", "ok": False,
                     "ratios": {"grad": 2.0, "loss": 0.1}, "failures": ["grad 0.5 > 0.25 at step/2/grad/x"]}]
-    return {"command": "python -m jaxdp.harness.mutations.honest", "wall_s": 90.0, "machine": "2 CPU cores",
+    return {"command": "python -m tests.mutations.honest", "wall_s": 90.0, "machine": "2 CPU cores",
             "promote": False, "families": ["opt"], "sets": {"project": 1, "hf": 1},
             "summary": honest_render.summarise(comparisons, ["loss", "grad"]), "comparisons": comparisons}
 
@@ -31,7 +31,7 @@ def small() -> dict:
 def test_the_parity_doc_block_is_the_rendering_of_the_results_file():
     doc = (ROOT / honest_render.DOC).read_text()
     assert honest_render.block(doc) == honest_render.render(results_file()), (
-        "docs/PARITY.md's honest block is stale: python -m jaxdp.harness.mutations.honest_render")
+        "docs/PARITY.md's honest block is stale: python -m tests.mutations.honest_render")
 
 
 @pytest.mark.quick

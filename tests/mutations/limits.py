@@ -1,6 +1,6 @@
 """The judge's detection limits, measured: on an honest pair of real traces per family (AdamW, lr 1e-3, weight
 decay 0.01, 4 steps; the project's models: jaxdp ddp on 2 devices against torch_ref `single`; transformers'
-(jaxdp/harness/mutations/hf_honest.py): torch_ref ddp on 2 ranks against `single`), per tensor kind (kernel,
+(tests/mutations/hf_honest.py): torch_ref ddp on 2 ranks against `single`), per tensor kind (kernel,
 bias, norm scale, embedding), the smallest error that `jaxdp.judge.parity.judge` fails, for three bugs:
 
   lr       the tensor's learning rate 1 + d times the nominal one, at every step (`with_lr`), d relative;
@@ -8,7 +8,7 @@ bias, norm scale, embedding), the smallest error that `jaxdp.judge.parity.judge`
            those at least 1e-3 of the tensor's largest (`element_at`, `shifted_element`);
   grad     the tensor's recorded gradient 1 + d times itself at step 2 (`scaled_grad`), d relative.
 
-    python -m jaxdp.harness.mutations.limits [--families gpt2,hf-llama] [--dtypes float64,float32]
+    python -m tests.mutations.limits [--families gpt2,hf-llama] [--dtypes float64,float32]
                                              [--json docs/results/limits.json]
 
 Per kind one tensor is measured, the kind's least resolved: the largest median ulp(p) / |du| at step 2
@@ -26,10 +26,11 @@ import numpy as np
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: see torch_ref/__init__.py
 
-from ...core.files import atomic  # noqa: E402
-from ...core.traces import trace  # noqa: E402
-from ...judge import parity  # noqa: E402
-from .. import pair_runs  # noqa: E402
+from jaxdp.core.files import atomic  # noqa: E402
+from jaxdp.core.traces import trace  # noqa: E402
+from jaxdp.harness import pair_runs  # noqa: E402
+from jaxdp.judge import parity  # noqa: E402
+
 from . import hf_honest, honest, limits_doc  # noqa: E402
 
 GRID = [10.0 ** (-e / 2) for e in range(32, -1, -1)]  # 1e-16 ... 1, half-decades (relative)
@@ -194,13 +195,13 @@ def measure(families: list, dtypes: list, log=print) -> dict:
             start = time.time()
             rows.append({"family": family, "dtype": dtype, **limits(*pairs[family])})
             log(f"{family} {dtype}: {time.time() - start:.0f} s", flush=True)
-    return {"command": "python -m jaxdp.harness.mutations.limits " + " ".join(
+    return {"command": "python -m tests.mutations.limits " + " ".join(
                 [f"--families {','.join(families)}", f"--dtypes {','.join(dtypes)}"]),
             "optimizer": f"adamw, lr {LR:g}, weight decay 0.01, {honest.BASE.steps} steps", "rows": rows}
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jaxdp.harness.mutations.limits",
+    parser = argparse.ArgumentParser(prog="python -m tests.mutations.limits",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--families", default=",".join(FAMILIES))
     parser.add_argument("--dtypes", default="float64,float32")

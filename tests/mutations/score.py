@@ -18,9 +18,10 @@ from __future__ import annotations
 import functools
 import re
 
-from ...core.traces import trace
-from ...judge import divergence, parity
-from .. import pair_runs
+from jaxdp.core.traces import trace
+from jaxdp.harness import pair_runs
+from jaxdp.judge import divergence, parity
+
 from . import BY_NAME, config, jax_hf_models, plant
 from .checks import compiled_step, replica_mismatches
 

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import optax
 
-from ...core.run import data
+from jaxdp.core.run import data
 
 
 def _matrices_only(params):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxdp.harness.mutations import hf_models, honest
+from tests.mutations import hf_models, honest
 
 
 @pytest.mark.quick
@@ -30,7 +30,7 @@ def test_each_family_names_its_trap():
 def test_each_family_builds_the_same_weights_and_maps_to_flax_names(name):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from jaxdp.harness.mutations import hf_honest
+    from tests.mutations import hf_honest
     from torch_ref import convert
 
     a, b = hf_models.hf_model(name, "float64"), hf_models.hf_model(name, "float64")
@@ -43,7 +43,7 @@ def test_each_family_builds_the_same_weights_and_maps_to_flax_names(name):
 @pytest.mark.quick
 def test_a_bfloat16_case_computes_in_bfloat16_over_float32_parameters():
     pytest.importorskip("transformers")
-    from jaxdp.harness.mutations import hf_honest
+    from tests.mutations import hf_honest
 
     case = dict(model="opt", optimizer="adamw", strategy="single", devices=1, steps=1)
     (m16, a16), (_, a32) = (hf_honest.record(dict(case, dtype=d), 0, 1) for d in ("bfloat16", "float32"))
@@ -56,7 +56,7 @@ def test_a_bfloat16_case_computes_in_bfloat16_over_float32_parameters():
 def test_promoted_sites_compute_in_float64_inside_and_restore_on_exit():
     torch = pytest.importorskip("torch")
     gemma = pytest.importorskip("transformers.models.gemma.modeling_gemma")
-    from jaxdp.harness.mutations import hf_honest
+    from tests.mutations import hf_honest
 
     norm = gemma.GemmaRMSNorm(8).double()
     with torch.no_grad():
@@ -76,7 +76,7 @@ def test_the_loss_is_computed_on_float32_logits_under_bf16_as_transformers_does(
     torch = pytest.importorskip("torch")
     from types import SimpleNamespace
 
-    from jaxdp.harness.mutations import hf_honest
+    from tests.mutations import hf_honest
 
     logits, y = torch.randn(2, 8, 64), torch.randint(0, 64, (2, 8))
     low = hf_honest.loss_fn(SimpleNamespace(logits=logits.bfloat16()), y)

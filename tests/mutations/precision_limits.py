@@ -1,12 +1,12 @@
 """The judge on float64 transformers models with float32 sites (docs/PARITY.md, "Precision census"): honest
 ddp on 2 ranks against single (AdamW, 3 steps; recorded with `torch_ref.trace.Recorder`, which takes the
 precision census), as the models are and under `torch_ref.precision.keep_float64()`, and per tensor the smallest
-relative error the judge fails for each bug of jaxdp/harness/mutations/limits.py and one more:
+relative error the judge fails for each bug of tests/mutations/limits.py and one more:
 
   wrong-grad  the tensor's gradient 1 + d times itself at step 2 and the updates from it (the optimizer
               replayed on the changed gradient: a gradient bug the update follows, not only the record).
 
-    python -m jaxdp.harness.mutations.precision_limits
+    python -m tests.mutations.precision_limits
 
 Gemma's RMSNorm multiplies by (1 + weight) in float32, so its norm scales' gradients are float32 sums: an
 honest float64 ddp run and a single one differ there by ~1e-8 (the float64 bound is 1e-12). Llama's
@@ -18,8 +18,9 @@ import contextlib
 
 import numpy as np
 
-from ...core.traces import trace
-from ...judge import error_model
+from jaxdp.core.traces import trace
+from jaxdp.judge import error_model
+
 from . import limits
 
 STEPS, BATCH = 3, 12

@@ -1,4 +1,4 @@
-"""The transformers side of the honest matrix (`jaxdp.harness.mutations.honest`): the families of `hf_models`
+"""The transformers side of the honest matrix (`tests.mutations.honest`): the families of `hf_models`
 (tiny configs, nothing downloaded, each with its trap named there), trained through `torch_ref.parallelize` and
 recorded with `torch_ref.trace.Recorder`, as a user porting a model would: float64 and float32 models as
 built, bfloat16 the way a torch user runs it, a float32 model under

@@ -1,8 +1,8 @@
-"""The runs the bugs are injected into (`jaxdp.harness.mutations.CATALOGUE` names one per bug), and the dtypes
+"""The runs the bugs are injected into (`tests.mutations.CATALOGUE` names one per bug), and the dtypes
 each family of bugs is judged in."""
 from __future__ import annotations
 
-from ...core.run.config import RunConfig
+from jaxdp.core.run.config import RunConfig
 
 DTYPES = ("float64", "float32", "bfloat16")
 # Small runs where every bug below is material: two or four devices, three micro-batches, several

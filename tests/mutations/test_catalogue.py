@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxdp.harness import mutations, pair_runs
-from jaxdp.harness.mutations import score
+from jaxdp.harness import pair_runs
+from tests import mutations
 from tests.conftest import BASE, run
+from tests.mutations import score
 
 CASES = [(m.name, fw) for m in mutations.CATALOGUE + [mutations.REPLICA] for fw in ("jax", "torch")
          if getattr(m, fw) is not None and m.name in mutations.planted(fw)]
@@ -16,8 +17,8 @@ CASES = [(m.name, fw) for m in mutations.CATALOGUE + [mutations.REPLICA] for fw 
 
 @pytest.mark.parametrize("name, framework", CASES, ids="-".join)
 def test_each_bug_injects_and_is_gone_on_exit(name, framework):
-    from jaxdp.harness.mutations import jax_bugs
-    from jaxdp.harness.mutations import torch_bugs as torch_mutations
+    from tests.mutations import jax_bugs
+    from tests.mutations import torch_bugs as torch_mutations
 
     patches = (jax_bugs.PATCHES if framework == "jax" else torch_mutations.PATCHES)[name]()
     before = [getattr(obj, attr) for obj, attr, _ in patches]

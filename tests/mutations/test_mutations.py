@@ -1,8 +1,8 @@
-"""Mutation tests (issue 13): deliberate bugs injected into real runs (`jaxdp.harness.mutations`), each of
+"""Mutation tests (issue 13): deliberate bugs injected into real runs (`tests.mutations`), each of
 which the checks must catch; the program-level checks of the fp32 reduction (compiled HLO, the
 tensors torch's process group receives); and replica consistency.
 
-A representative subset of the catalogue runs here; `python -m jaxdp.harness.mutations --out
+A representative subset of the catalogue runs here; `python -m tests.mutations --out
 docs/MUTATIONS.md` runs all of it (every bug, both frameworks, every dtype) and writes the table.
 """
 from __future__ import annotations
@@ -15,9 +15,10 @@ import pytest
 from jaxdp.analysis import accounting
 from jaxdp.core.registry import strategies as registry
 from jaxdp.core.run.config import JIT_STRATEGIES
-from jaxdp.harness import mutations, pair_runs
-from jaxdp.harness.mutations import checks, score
+from jaxdp.harness import pair_runs
 from jaxdp.strategies.jit import step as jit_step
+from tests import mutations
+from tests.mutations import checks, score
 
 # (bug, framework, dtype): every check kind and every dtype at least once, all on two devices (one
 # torch world): the issue's own missing 1/N in bf16 (it moved the loss by 0.06% and parity said ok), and

@@ -12,9 +12,9 @@ import contextlib
 
 from flax import nnx
 
-from ... import models
-from ...core.run import data
-from ...core.run.config import RunConfig
+from jaxdp import models
+from jaxdp.core.run import data
+from jaxdp.core.run.config import RunConfig
 
 SEQ = 8
 LLAMA_SHAPE = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,

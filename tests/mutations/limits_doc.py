@@ -1,8 +1,8 @@
 """The detection-limit table of docs/PARITY.md, rendered from the results file that
-`python -m jaxdp.harness.mutations.limits` writes (docs/results/limits.json): a row per family and tensor
+`python -m tests.mutations.limits` writes (docs/results/limits.json): a row per family and tensor
 kind, per dtype the smallest learning-rate error (relative), one element's error (absolute) and gradient
 error (relative) the judge fails, with the tensor measured. `render` is what the docs hold between the
-limits markers (tests/jaxdp/harness/mutations/test_limits_doc.py checks it)."""
+limits markers (tests/mutations/test_limits_doc.py checks it)."""
 from __future__ import annotations
 
 import json

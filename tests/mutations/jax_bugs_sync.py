@@ -6,11 +6,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ... import optim
-from ...devices import AXIS
-from ...models import flat_names, units
-from ...strategies import bucket, common, ddp, ring
-from ...strategies.zero import flat, zero3
+from jaxdp import optim
+from jaxdp.devices import AXIS
+from jaxdp.models import flat_names, units
+from jaxdp.strategies import bucket, common, ddp, ring
+from jaxdp.strategies.zero import flat, zero3
+
 from .runs import CLIP_AT, LOSS_SCALE
 
 

@@ -4,7 +4,7 @@ built from tiny configs, trained through `torch_ref.parallelize` and recorded wi
 torch's defaults) in float32 at N = 2 for 2 steps, all in one spawned world: each bug's run is caught by the
 judge (`divergence.compare`, its default bounds) against the honest run of the same strategy and located to its
 first (step, field, tensor). (The honest runs' controls against `single`: `python -m
-jaxdp.harness.mutations.hf_bugs`, which runs every class on every family.)"""
+tests.mutations.hf_bugs`, which runs every class on every family.)"""
 from __future__ import annotations
 
 import functools
@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from jaxdp.harness.mutations import hf_bugs, torch_bugs  # noqa: E402
+from tests.mutations import hf_bugs, torch_bugs  # noqa: E402
 
 STEPS = 2
 # class: (model, the first divergence: step, field, and the tensor's name or a test of it (None: any tensor))
@@ -65,7 +65,7 @@ def test_the_page_counts_the_cases_and_names_each_first_divergence():
                 "where": (1, "grad", "ln_f/bias"), "detail": "", "control": ""},
                {"name": "adam-beta-typo", "model": "llama", "strategy": "ddp", "caught": False, "where": None,
                 "detail": "", "control": None}]
-    text = hf_bugs.page(results, "python -m jaxdp.harness.mutations.hf_bugs", 1.0, "float32", 4)
+    text = hf_bugs.page(results, "python -m tests.mutations.hf_bugs", 1.0, "float32", 4)
     assert "**1 of 2 cases caught and located.**" in text
     assert "| leaf-skipped | gpt2 | ddp | yes | 1, grad, ln_f/bias | pass |" in text
     assert "| adam-beta-typo | llama | ddp | NO | none | not run |" in text

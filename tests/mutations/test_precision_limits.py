@@ -1,11 +1,11 @@
-"""jaxdp/harness/mutations/precision_limits.py's wrong-gradient bug: the gradient at one step scaled and the
+"""tests/mutations/precision_limits.py's wrong-gradient bug: the gradient at one step scaled and the
 parameters moved by exactly what the replayed optimizer makes of the change, from that step on."""
 from __future__ import annotations
 
 import numpy as np
 
 from jaxdp.core.traces import trace
-from jaxdp.harness.mutations import precision_limits
+from tests.mutations import precision_limits
 
 
 def sgd_trace(lr: float = 0.1) -> trace.Trace:

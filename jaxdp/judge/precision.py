@@ -22,14 +22,24 @@ from ..core.traces import census as census_mod
 KEY = census_mod.KEY
 
 
+def model_sites(census) -> list[dict]:
+    """The lower sites of the model's own computation: its forward, and the backward of the autograd nodes its
+    modules' forwards made. A lower dtype anywhere else (a cast before the gradients' reduction, in a comm hook
+    or in the optimizer: the data-parallel code's, phase `outside` or an unattributed `backward`) is no reason
+    to judge the run more loosely: it is what a bf16-reduction bug looks like, and `line` names it."""
+    return [s for s in census_mod.lower_sites(census)
+            if s.get("phase") == "forward"
+            or (s.get("phase") == "backward" and s.get("module") not in ("", "backward"))]
+
+
 def censuses(*metas) -> list[dict]:
-    """The censuses with lower-precision sites among `metas` (trace metas)."""
-    return [c for m in metas if census_mod.lower_sites(c := (m or {}).get(census_mod.KEY))]
+    """The censuses with lower-precision sites of the model's computation among `metas` (trace metas)."""
+    return [c for m in metas if model_sites(c := (m or {}).get(census_mod.KEY))]
 
 
 def roundoff_dtype(*metas) -> str | None:
-    """The lowest dtype any of `metas`' censuses computed in below its run's dtype; None when none did."""
-    return census_mod.lowest(s["dtype"] for c in censuses(*metas) for s in census_mod.lower_sites(c))
+    """The lowest dtype any of `metas`' models computed in below its run's dtype; None when none did."""
+    return census_mod.lowest(s["dtype"] for c in censuses(*metas) for s in model_sites(c))
 
 
 def unit(run_dtype: str, *metas) -> float:
@@ -42,7 +52,7 @@ def merged(a_meta: dict, b_meta: dict) -> dict | None:
     tie), None when neither has any."""
     found = censuses(b_meta, a_meta)
     low = roundoff_dtype(b_meta, a_meta)
-    return next((c for c in found if any(s["dtype"] == low for s in census_mod.lower_sites(c))), None)
+    return next((c for c in found if any(s["dtype"] == low for s in model_sites(c))), None)
 
 
 def judged_meta(a, b) -> dict:
@@ -74,6 +84,11 @@ def line(a_meta: dict, b_meta: dict, sides=("A", "B")) -> str:
     parts = [f"{' and '.join(sides)}: {said[sides[0]]}"] if same else [f"{s}: {d}" for s, d in said.items() if d]
     run = (b_meta.get(census_mod.KEY) or a_meta.get(census_mod.KEY) or {}).get("dtype") or b_meta.get("dtype")
     low = roundoff_dtype(a_meta, b_meta)
+    stray = sum(len(census_mod.lower_sites(c)) - len(model_sites(c))
+                for c in ((m or {}).get(census_mod.KEY) for m in (a_meta, b_meta)))
+    if low is None:  # lower ops outside the model's computation only: judged at the run's dtype, and said
+        return (f"lower precision outside the model in a {run} run ({'; '.join(parts)}): {stray} op(s) in the "
+                f"data-parallel code (a reduction or an optimizer in a lower dtype?): judged at {run}'s bounds")
     fix = ("torch_ref.precision.keep_float64() (docs/LIBRARY.md)" if run == "float64" else
            f"keep those ops in {run}")
     return (f"lower precision in a {run} run: {'; '.join(parts)}: losses and gradients judged at {low}'s roundoff, "

@@ -111,3 +111,23 @@ def test_keep_float64_gives_the_tight_float64_check():
     assert divergence.compare(P.wrong_grad(census_a, 2, KERNEL, 1e-10), census_b).ok
     for x, y in ((a, b), (census_a, census_b)):  # an optimizer's bug: the tight bound in both
         assert not divergence.compare(limits.with_lr(x, KERNEL, 1e-14), y).ok
+
+
+def test_a_lower_dtype_in_the_data_parallel_code_is_no_allowance_and_is_named():
+    """A bf16 cast before the gradients' all-reduce (phase `outside`, or a backward op no module's forward made)
+    is what the bf16-reduction bug looks like: the bounds stay the run's, and the line names it; a float32 site in
+    the model's forward still sets float32's (the catalogue's bf16-reduction case in torch, float64 and float32,
+    was missed while every lower op counted)."""
+    from jaxdp.judge import precision as judge_precision
+
+    def meta(*sites):
+        return {"dtype": "float64", "precision": {"dtype": "float64", "lowest": "bfloat16", "total": len(sites),
+                                                  "sites": [dict(zip(("module", "class", "op", "dtype", "phase"), s),
+                                                                 count=1) for s in sites]}}
+
+    reduction = meta(("", "", "aten._to_copy", "bfloat16", "outside"), ("backward", "", "aten.add", "bfloat16",
+                                                                        "backward"))
+    assert judge_precision.roundoff_dtype(reduction) is None
+    assert "outside the model" in judge_precision.line(reduction, reduction)
+    model = meta(("model.norm", "LlamaRMSNorm", "aten.mean", "float32", "forward"))
+    assert judge_precision.roundoff_dtype(model, reduction) == "float32"

@@ -120,10 +120,12 @@ def test_a_lower_dtype_in_the_data_parallel_code_is_no_allowance_and_is_named():
     was missed while every lower op counted)."""
     from jaxdp.judge import precision as judge_precision
 
+    keys = ("module", "class", "op", "dtype", "phase")
+
     def meta(*sites):
+        rows = [dict(zip(keys, s, strict=True), count=1) for s in sites]
         return {"dtype": "float64", "precision": {"dtype": "float64", "lowest": "bfloat16", "total": len(sites),
-                                                  "sites": [dict(zip(("module", "class", "op", "dtype", "phase"), s, strict=True),
-                                                                 count=1) for s in sites]}}
+                                                  "sites": rows}}
 
     reduction = meta(("", "", "aten._to_copy", "bfloat16", "outside"), ("backward", "", "aten.add", "bfloat16",
                                                                         "backward"))

@@ -37,7 +37,7 @@ import numpy as np
 from ..core.registry import strategies as registry
 from ..core.run.config import RunConfig
 from ..core.traces import trace as trace_mod
-from . import error_model, precision, relaxed, resolution, unmodelled
+from . import bf16_floor, error_model, precision, relaxed, resolution, unmodelled
 
 # (label, jaxdp strategy, torch_ref strategy): same names where both frameworks have them (the registry rows
 # with `parity`), and the
@@ -189,6 +189,7 @@ def _judged(a, b, tol, label, cfg, sides, with_ulp, allow, derived=None) -> Row:
         row.failures.append(f"elementwise {elementwise[key]:.2e} > {tol.elementwise:g} at {key}")
     row.failures += [f"{side}: {msg}" for side, t in zip(sides, (a, b), strict=True) for msg in bf16_reduced(t)]
     row.failures += derived.failures() if derived else []
+    row.failures += bf16_floor.scale_failures(a, b)  # bf16: a step's gradients along the reference's
     return row
 
 

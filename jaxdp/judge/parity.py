@@ -17,7 +17,8 @@ What is measured (`jaxdp.core.traces.trace.diff`), per step k and per tensor (ar
   elementwise  max_i |a_i - b_i| / max(|b_i|, floor)          (float64 only; floor 1e-12)
 and, always: any NaN or Inf in either trace is a failure named by key (non-finite is never
 agreement); the initial parameters must be bit-identical; and in bf16 runs on N > 1 devices the
-gradients must not all be bfloat16 values (see `bf16_reduced`); and the ranks agree (jaxdp/core/traces/spread.py).
+gradients must not all be bfloat16 values (see `bf16_reduced`), and each step's gradients keep their scale along
+the reference's (jaxdp/judge/bf16_floor.py); and the ranks agree (jaxdp/core/traces/spread.py).
 
 The constant bounds (`TOLERANCES`; their derivation and measurements: docs/PARITY.md) sit below the
 smallest whole-step bug (a factor: negated 2, skipped 1, halved 0.5, a missing 1/N) and above honest

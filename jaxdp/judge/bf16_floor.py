@@ -9,8 +9,9 @@ disagree on it by O(1) of itself. As in float32 (`error_model.grad_floors`), the
 stands for the terms: a gradient's norm error is judged against max(||g_t||, C u ||g_step|| / bound).
 
 C (`C_BF16`): the roundings along a backward chain of m rounded ops add like a random walk,
-sqrt(m) u of the terms. Measured on honest pairs (`hf_honest.run_world`, single against the strategy, 4 steps):
-the worst roundoff-dominated tensor, ResNet's BatchNorm (0.79 of a gradient 3.5% of the step's, zero2, N = 3,
+sqrt(m) u of the terms. Measured on honest pairs (`hf_honest.run_world`, the one-device reference against a
+strategy, 4 steps):
+the worst roundoff-dominated tensor, ResNet's BatchNorm (0.79 of a gradient 3.5% of the step's, ZeRO-2, N = 3,
 momentum), up to 7 u ||g_step||; key biases 1e-8 to 3e-7 ||g_step||. C = 24 is 3.4x the worst (a chain 10x as
 long) and the ceiling of the floor: a tensor's gradient doubled (error ||g_t||) is caught wherever
 ||g_t|| > 24 u ||g_step|| = 9.4% of the step's gradient norm.
@@ -43,10 +44,23 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import error_model
+
 DTYPE = "bfloat16"
+U = 2.0 ** -8  # bf16's unit roundoff
 C_BF16 = 24  # in units of u ||g_step|| (module docstring)
 K_OTHERS = 1.0  # a roundoff-only tensor's disagreement against the rest of its step's (module docstring)
 SCALE_BOUND = 1 / 3  # |<g_a, g_b> / ||g_b||^2 - 1| per step (module docstring)
+
+
+def apply(a, b, allow, grad_bound: float, elementwise_bound: float) -> None:
+    """Make `allow` (error_model.allowance's, of a bf16 pair) the bf16 model: its gradient floors (`grad_floors`)
+    and each step's loss allowance (`loss`); other dtypes' untouched."""
+    if b.meta.get("dtype", a.meta.get("dtype")) != DTYPE:
+        return
+    allow.grad_floor = grad_floors(a, b, U, grad_bound, elementwise_bound)
+    if allow.opt is not None:  # the replay's accepted parameter disagreement
+        loss(a, b, allow)
 
 
 def loss(a, b, allow) -> None:
@@ -70,8 +84,6 @@ def grad_floors(a, b, u: float, grad_bound: float, elementwise_bound: float) -> 
     """error_model.grad_floors for a bf16 pair: a tensor's norm floor is min(C u ||g_step||, K_OTHERS ||d_rest||)
     / bound, d_rest the two runs' gradient difference over the step's other tensors, with what the parameters'
     accepted disagreement does to the gradients (error_model.propagated) on top, as there."""
-    from . import error_model
-
     out, squares, rho = {}, {}, {}
     for key, f in error_model.grad_floors(b, u * C_BF16 / error_model.C_GRAD, grad_bound, elementwise_bound).items():
         k = int(key.split("/")[1])

@@ -32,8 +32,9 @@ a bug confined to such elements is not seen.
 A gradient whose terms cancel is roundoff only as a whole tensor (a bias before BatchNorm): its error
 relative to itself is O(1), so it is judged at the step's gradient scale (`grad_floors`).
 
-Applied to float64, float32 and bf16 runs (bf16's floor constant and its loss term:
-jaxdp/judge/bf16_floor.py). A resumed trace (no optimizer state to replay from) or an
+Applied to float64, float32 and bf16 runs (bf16's gradient floors and its loss term replace these:
+jaxdp/judge/bf16_floor.py `apply`, which the judge calls after `allowance`).
+A resumed trace (no optimizer state to replay from) or an
 optimizer meta does not name gets the gradient floors and the gradient-explained allowances of
 jaxdp/judge/unmodelled.py instead of a replay, which the notes say.
 """
@@ -47,11 +48,11 @@ import numpy as np
 
 from ..core.registry import strategies as registry
 from ..core.traces.trace import errors
-from . import bf16_floor, precision, recorded_steps
+from . import precision, recorded_steps
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 DTYPES = ("float64", "float32")  # the derived bounds' (resolution.py)
-MODELLED = DTYPES + (bf16_floor.DTYPE,)  # the allowances' (bfloat16: jaxdp/judge/bf16_floor.py)
+MODELLED = DTYPES + ("bfloat16",)  # the allowances' (bfloat16's floors and loss: jaxdp/judge/bf16_floor.py)
 UNIT = {"float64": 2.0 ** -53, "float32": 2.0 ** -24}  # unit roundoff u
 # Roundoff-only gradients (cnn's conv biases before BatchNorm, jaxdp and torch, N in 2..4) measured
 # <= 9 u ||g_step|| in norm and <= 24 u max|g_step| per element; a sum's roundoff grows as the square
@@ -151,10 +152,7 @@ def allowance(a, b, grad_bound: float = math.inf, elementwise_bound: float = mat
         return None
     opt = None if why_none(a, b, MODELLED) else optimizer_of(b.meta) or optimizer_of(a.meta)
     u = precision.unit(dtype, a.meta, b.meta)  # lower-precision sites' roundoff (precision census)
-    if dtype == bf16_floor.DTYPE:
-        out = Allowance(opt, grad_floor=bf16_floor.grad_floors(a, b, u, grad_bound, elementwise_bound))
-    else:
-        out = Allowance(opt, grad_floor=grad_floors(b, u, grad_bound, elementwise_bound, a))
+    out = Allowance(opt, grad_floor=grad_floors(b, u, grad_bound, elementwise_bound, a))
     if opt is None:
         return out
     names = [n for n in b.names() if f"init/{n}" in a.arrays]
@@ -169,8 +167,6 @@ def allowance(a, b, grad_bound: float = math.inf, elementwise_bound: float = mat
                 total[n] = total[n] + allow
                 out.param[f"step/{k}/param/{n}"] = total[n]
                 out.update[f"update/{k}/{n}"] = allow + storage(b, f"step/{k}/param/{n}")
-    if dtype == bf16_floor.DTYPE:
-        bf16_floor.loss(a, b, out)
     return out
 
 

@@ -149,6 +149,7 @@ def judge(a, b, tol: Tolerance | None = None, label: str = "", cfg: RunConfig | 
         return replace(row, model_note=error_model.why_none(a, b))
     if allow.opt is None:  # no optimizer to replay: what the gradients' disagreement explains
         unmodelled.fill(a, b, allow, (trace_mod.updates(a), trace_mod.updates(b)))
+    bf16_floor.apply(a, b, allow, tol.grad, tol.elementwise)  # bf16's gradient floors and loss term
     return _judged(a, b, tol, label, cfg, sides, with_ulp, allow, derived)
 
 

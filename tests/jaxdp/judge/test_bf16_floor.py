@@ -90,7 +90,9 @@ def test_where_the_rest_of_the_step_agrees_the_floor_is_that_agreement():
 @pytest.mark.quick
 def test_the_loss_allowance_is_the_accepted_parameter_disagreement_through_the_gradient():
     a, b = run(1), run(2)
-    allow = error_model.allowance(a, b, parity.TOLERANCES[("bfloat16", "sgd")].grad)
+    tol = parity.TOLERANCES[("bfloat16", "sgd")]
+    allow = error_model.allowance(a, b, tol.grad, tol.elementwise)
+    bf16_floor.apply(a, b, allow, tol.grad, tol.elementwise)
     assert "step/1/loss" not in allow.param  # identical parameters at step 1: the constant bound alone
     want = sum(float(np.sum(np.abs(b.arrays[f"step/2/grad/{n}"].astype(np.float64))
                             * allow.param[f"step/1/param/{n}"])) for n in SHAPES)

@@ -9,8 +9,9 @@ disagree on it by O(1) of itself. As in float32 (`error_model.grad_floors`), the
 stands for the terms: a gradient's norm error is judged against max(||g_t||, C u ||g_step|| / bound).
 
 C (`C_BF16`): the roundings along a backward chain of m rounded ops add like a random walk,
-sqrt(m) u of the terms. Measured on honest pairs (`hf_honest.run_world`, single against the strategy, 4 steps):
-the worst roundoff-dominated tensor, ResNet's BatchNorm (0.79 of a gradient 3.5% of the step's, zero2, N = 3,
+sqrt(m) u of the terms. Measured on honest pairs (`hf_honest.run_world`, the one-device reference against a
+strategy, 4 steps):
+the worst roundoff-dominated tensor, ResNet's BatchNorm (0.79 of a gradient 3.5% of the step's, ZeRO-2, N = 3,
 momentum), up to 7 u ||g_step||; key biases 1e-8 to 3e-7 ||g_step||. C = 24 is 3.4x the worst (a chain 10x as
 long) and the ceiling of the floor: a tensor's gradient doubled (error ||g_t||) is caught wherever
 ||g_t|| > 24 u ||g_step|| = 9.4% of the step's gradient norm.
@@ -24,6 +25,15 @@ that; a bug spread over the rest raises ||d_rest||, but then fails on the rest's
 Below the floor, a bug confined to one tensor's gradient is not seen by the gradient measure; the optimizer's
 replay (`error_model.allowance`) excuses in the updates only what the two recorded gradients explain.
 
+The gradients of step k > 1 may differ by what the parameters' accepted disagreement does to them
+(`error_model.propagated`), which in bf16 is large: Adam turns the BatchNorm scales' noise into lr x O(1)
+updates, and ResNet's largest kernel is 0.71 apart at step 4 (AdamW, N = 3), as far as a halved gradient. That
+term need not point along the gradient; a wrong factor on a step's gradients does. So each step's scale along
+B's, s_k = <g_a, g_b> / ||g_b||^2 over all tensors, is judged on its own (`scale_failures`): measured
+|s_k - 1| <= 0.013 (mlp and gpt, Adam, 20 steps, jaxdp against torch_ref), <= 0.075 (ResNet, momentum) and
+<= 0.23 (ResNet, Adam and AdamW, step 4); SCALE_BOUND 1/3 sits 1.5x above that and 1.5x below a halved
+step (0.5).
+
 The loss at step k is computed at parameters the judge accepts as up to A_(k-1) apart per element
 (`error_model.Allowance.param`: the replayed optimizer's differences); to first order that moves the
 loss by at most sum_i |g_(k,i)| A_(k-1,i) (the gradient of step k is the loss's at those parameters),
@@ -34,11 +44,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import floors
+from . import error_model
 
 DTYPE = "bfloat16"
+U = 2.0 ** -8  # bf16's unit roundoff
 C_BF16 = 24  # in units of u ||g_step|| (module docstring)
 K_OTHERS = 1.0  # a roundoff-only tensor's disagreement against the rest of its step's (module docstring)
+SCALE_BOUND = 1 / 3  # |<g_a, g_b> / ||g_b||^2 - 1| per step (module docstring)
+
+
+def apply(a, b, allow, grad_bound: float, elementwise_bound: float) -> None:
+    """Make `allow` (error_model.allowance's, of a bf16 pair) the bf16 model: its gradient floors (`grad_floors`)
+    and each step's loss allowance (`loss`); other dtypes' untouched."""
+    if b.meta.get("dtype", a.meta.get("dtype")) != DTYPE:
+        return
+    allow.grad_floor = grad_floors(a, b, U, grad_bound, elementwise_bound)
+    if allow.opt is not None:  # the replay's accepted parameter disagreement
+        loss(a, b, allow)
 
 
 def loss(a, b, allow) -> None:
@@ -63,14 +85,14 @@ def grad_floors(a, b, u: float, grad_bound: float, elementwise_bound: float) -> 
     / bound, d_rest the two runs' gradient difference over the step's other tensors, with what the parameters'
     accepted disagreement does to the gradients (error_model.propagated) on top, as there."""
     out, squares, rho = {}, {}, {}
-    for key, f in floors.grad_floors(b, u * C_BF16 / floors.C_GRAD, grad_bound, elementwise_bound).items():
+    for key, f in error_model.grad_floors(b, u * C_BF16 / error_model.C_GRAD, grad_bound, elementwise_bound).items():
         k = int(key.split("/")[1])
         if k not in squares:
-            squares[k], rho[k] = _squares(a, b, k), floors.disagreement(a, b, k)
+            squares[k], rho[k] = _squares(a, b, k), error_model.disagreement(a, b, k)
         rest = np.sqrt(max(sum(squares[k].values()) - squares[k].get(key, 0.0), 0.0)) if key in squares[k] else np.inf
-        moved = floors.propagated(b, k, key, np.asarray(b.arrays[key], np.float64), rho[k])[0]
+        moved = error_model.propagated(b, k, key, np.asarray(b.arrays[key], np.float64), rho[k])[0]
         capped = min(f.norm * grad_bound, K_OTHERS * float(rest))
-        out[key] = floors.GradFloor(max(capped, moved) / grad_bound, f.elementwise, f.step_norm,
+        out[key] = error_model.GradFloor(max(capped, moved) / grad_bound, f.elementwise, f.step_norm,
                                          rho[k] if moved > capped else 0.0)
     return out
 
@@ -83,3 +105,23 @@ def _squares(a, b, k: int) -> dict:
             return {}
         out[key] = float(np.sum((np.asarray(a.arrays[key], np.float64) - np.asarray(b.arrays[key], np.float64)) ** 2))
     return out if all(np.isfinite(v) for v in out.values()) else {}
+
+
+def scale_failures(a, b) -> list[str]:
+    """bf16: each step's gradient scale along B's, s_k = <g_a, g_b> / ||g_b||^2 over all tensors; |s_k - 1| >
+    SCALE_BOUND fails ('grad scale ...'). The floors excuse a tensor's disagreement up to what roundoff and the
+    parameters' accepted disagreement explain, which need not point along g; a wrong factor on a step's
+    gradients does (halved: 0.5)."""
+    if b.meta.get("dtype") != DTYPE:
+        return []
+    for k in range(b.first_step, b.steps + 1):
+        num = den = 0.0
+        for n in b.names():
+            ga, gb = a.arrays.get(f"step/{k}/grad/{n}"), b.arrays.get(f"step/{k}/grad/{n}")
+            if ga is not None and gb is not None and np.shape(ga) == np.shape(gb):
+                gb = np.asarray(gb, np.float64)
+                num, den = num + float(np.sum(np.asarray(ga, np.float64) * gb)), den + float(np.sum(gb * gb))
+        if den > 0 and np.isfinite(num) and abs(num / den - 1) > SCALE_BOUND:
+            return [f"grad scale {abs(num / den - 1):.2e} > {SCALE_BOUND:.3g} at step {k} (<g_a, g_b> / ||g_b||^2 "
+                    f"= {num / den:.3g} over the step's gradients)"]
+    return []

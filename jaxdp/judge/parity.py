@@ -17,7 +17,8 @@ What is measured (`jaxdp.core.traces.trace.diff`), per step k and per tensor (ar
   elementwise  max_i |a_i - b_i| / max(|b_i|, floor)          (float64 only; floor 1e-12)
 and, always: any NaN or Inf in either trace is a failure named by key (non-finite is never
 agreement); the initial parameters must be bit-identical; and in bf16 runs on N > 1 devices the
-gradients must not all be bfloat16 values (see `bf16_reduced`); and the ranks agree (jaxdp/core/traces/spread.py).
+gradients must not all be bfloat16 values (see `bf16_reduced`), and each step's gradients keep their scale along
+the reference's (jaxdp/judge/bf16_floor.py); and the ranks agree (jaxdp/core/traces/spread.py).
 
 The constant bounds (`TOLERANCES`; their derivation and measurements: docs/PARITY.md) sit below the
 smallest whole-step bug (a factor: negated 2, skipped 1, halved 0.5, a missing 1/N) and above honest
@@ -37,7 +38,7 @@ import numpy as np
 from ..core.registry import strategies as registry
 from ..core.run.config import RunConfig
 from ..core.traces import trace as trace_mod
-from . import error_model, precision, relaxed, resolution, unmodelled
+from . import bf16_floor, error_model, precision, relaxed, resolution, unmodelled
 
 # (label, jaxdp strategy, torch_ref strategy): same names where both frameworks have them (the registry rows
 # with `parity`), and the
@@ -149,6 +150,7 @@ def judge(a, b, tol: Tolerance | None = None, label: str = "", cfg: RunConfig | 
         return replace(row, model_note=error_model.why_none(a, b))
     if allow.opt is None:  # no optimizer to replay: what the gradients' disagreement explains
         unmodelled.fill(a, b, allow, (trace_mod.updates(a), trace_mod.updates(b)))
+    bf16_floor.apply(a, b, allow, tol.grad, tol.elementwise)  # bf16's gradient floors and loss term
     return _judged(a, b, tol, label, cfg, sides, with_ulp, allow, derived)
 
 
@@ -190,6 +192,7 @@ def _judged(a, b, tol, label, cfg, sides, with_ulp, allow, derived=None) -> Row:
         row.failures.append(f"elementwise {elementwise[key]:.2e} > {tol.elementwise:g} at {key}")
     row.failures += [f"{side}: {msg}" for side, t in zip(sides, (a, b), strict=True) for msg in bf16_reduced(t)]
     row.failures += derived.failures() if derived else []
+    row.failures += bf16_floor.scale_failures(a, b)  # bf16: a step's gradients along the reference's
     return row
 
 

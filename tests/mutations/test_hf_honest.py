@@ -3,6 +3,8 @@ N, dtype and optimizer; each family builds the same weights every call and maps 
 case computes in bfloat16 over float32 parameters; `promoted_sites` promotes while it lasts, and only then."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -83,3 +85,21 @@ def test_the_loss_is_computed_on_float32_logits_under_bf16_as_transformers_does(
     assert low.dtype == torch.float32  # a bf16 loss is quantised to 2^-5 near 4: two ulps are 1.5% of it
     assert low == torch.nn.functional.cross_entropy(logits.bfloat16().float().flatten(0, 1), y.flatten())
     assert hf_honest.loss_fn(SimpleNamespace(logits=logits.double()), y).dtype == torch.float64
+
+
+@pytest.mark.quick
+def test_only_failed_selects_the_cases_a_results_file_lists_as_failed(tmp_path):
+    """`--only-failed FILE`: the covering sets' cases behind the failed labels, hf and project, none else."""
+    failed = ["hf-bert sgd bfloat16 N=4 torch_ref zero3~single", "mlp adam float32 N=2 accum=2 jaxdp ddp~torch_ref ddp"]
+    results = tmp_path / "honest.json"
+    results.write_text(json.dumps({"comparisons": [{"case": c, "ok": False} for c in failed]
+                                   + [{"case": "hf-bert sgd bfloat16 N=4 torch_ref zero2~single", "ok": True}]}))
+    labels = honest.failed_cases(str(results))
+    hf = dict(model="bert", optimizer="sgd", dtype="bfloat16", devices=4)
+    assert honest._failed(dict(hf, strategy="zero3"), labels)
+    assert not honest._failed(dict(hf, strategy="zero2"), labels)
+    assert not honest._failed(dict(hf, devices=3, strategy="zero3"), labels)
+    mlp = dict(model="mlp", optimizer="adam", dtype="float32", devices=2)
+    assert honest._failed(dict(mlp, strategy=("ddp", "ddp")), labels)
+    assert not honest._failed(dict(mlp, strategy=("ddp-ring", "ddp-ring")), labels)
+    assert honest.failed_cases("") is None

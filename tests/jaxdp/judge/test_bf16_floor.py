@@ -90,8 +90,22 @@ def test_where_the_rest_of_the_step_agrees_the_floor_is_that_agreement():
 @pytest.mark.quick
 def test_the_loss_allowance_is_the_accepted_parameter_disagreement_through_the_gradient():
     a, b = run(1), run(2)
-    allow = error_model.allowance(a, b, parity.TOLERANCES[("bfloat16", "sgd")].grad)
+    tol = parity.TOLERANCES[("bfloat16", "sgd")]
+    allow = error_model.allowance(a, b, tol.grad, tol.elementwise)
+    bf16_floor.apply(a, b, allow, tol.grad, tol.elementwise)
     assert "step/1/loss" not in allow.param  # identical parameters at step 1: the constant bound alone
     want = sum(float(np.sum(np.abs(b.arrays[f"step/2/grad/{n}"].astype(np.float64))
                             * allow.param[f"step/1/param/{n}"])) for n in SHAPES)
     assert float(allow.param["step/2/loss"]) == pytest.approx(want)
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("factor", [0.5, 2.0])
+def test_a_step_whose_gradients_are_off_by_a_factor_fails_on_their_scale(factor):
+    """A factor on every gradient of step 2: the parameters' accepted disagreement (propagated) excuses each
+    tensor in this noisy pair, the step's scale along the reference's does not."""
+    a, b = run(1), run(2)
+    arrays = {k: v * np.float32(factor) if k.startswith("step/2/grad/") else v for k, v in a.arrays.items()}
+    row = judged(trace.Trace(a.meta, arrays), b)
+    assert any(f.startswith("grad scale") and "step 2" in f for f in row.failures), row.failures
+    assert not bf16_floor.scale_failures(a, b) and not bf16_floor.scale_failures(b, a)

@@ -218,3 +218,10 @@ def test_every_jax_module_has_its_torch_twin_at_the_same_path_or_a_reason():
     assert not missing, f"no torch_ref twin and no reason in NO_TWIN: {missing}"
     stale = sorted(set(NO_TWIN) - (jax_side - torch_side))
     assert not stale, f"NO_TWIN lists modules that are gone or now have a twin: {stale}"
+
+
+def test_every_module_is_under_300_lines():
+    """The house's size rule (DESIGN.md: one idea per file), held for every module of both packages."""
+    long = {str(p.relative_to(ROOT)): n for pkg in ("jaxdp", "torch_ref") for p in Path(ROOT, pkg).rglob("*.py")
+            if (n := len(p.read_text().splitlines())) >= 300}
+    assert not long, f"modules of 300 lines or more (split them by idea): {long}"

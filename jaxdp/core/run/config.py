@@ -1,5 +1,4 @@
 """One run configuration, shared by `jaxdp train`, `python -m torch_ref train` and every report.
-
 `RunConfig` is the single definition of the flags: `jaxdp.core.run.argv` builds the argparse flags from
 its fields and reads them back, so the two frameworks can never drift apart; `values.RULES` holds
 the range of every number, checked by `validate` for the command line and the library alike.

@@ -53,10 +53,6 @@ LINKS_NOTE = (
     "to one significant figure (docs/GPU.md, \"The range\").")
 
 
-def _kib(b) -> str:
-    return nbytes(b)
-
-
 def _rows(summary) -> list[list[str]]:
     rows = []
     for e in summary["strategies"]:
@@ -69,10 +65,10 @@ def _rows(summary) -> list[list[str]]:
             f"{p['worst']['grad']:.1e} / {p['worst']['param']:.1e}",
             f"{1e3 * j['median_step_s']:.2f} / {1e3 * t['median_step_s']:.2f}",
             f"{j['first_step_s']:.2f} / {t['first_step_s']:.2f}",
-            f"{_kib(j['comm']['total'])} / {_kib(t.get('comm', {}).get('total'))} / {_kib(theory_comm)}",
-            f"{_kib(sum(j['memory'].values()))} / {_kib(sum(t['memory'].values()) if t.get('memory') else None)} / "
-            f"{_kib(sum(e['theory']['memory'].values()))}",
-            f"{_kib(j.get('peak_bytes'))} / {_kib(t.get('peak_bytes'))}",
+            f"{nbytes(j['comm']['total'])} / {nbytes(t.get('comm', {}).get('total'))} / {nbytes(theory_comm)}",
+            f"{nbytes(sum(j['memory'].values()))} / {nbytes(sum(t['memory'].values()) if t.get('memory') else None)} / "
+            f"{nbytes(sum(e['theory']['memory'].values()))}",
+            f"{nbytes(j.get('peak_bytes'))} / {nbytes(t.get('peak_bytes'))}",
         ])
     return rows
 

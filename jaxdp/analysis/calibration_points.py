@@ -62,7 +62,7 @@ POINTS = (
           "torchtitan uses to fit: projected all the same); projected: the 8-GPU program, its collectives over 128 "
           "GPUs on 16 nodes", 0.20, to=(128, 16)),
     Point("zero3-llama3-8b-8-to-16", "target", LLAMA.replace(devices=8, batch_size=8), 1, 0.85,
-          "per-GPU throughput kept (at least)", "issue 69's target: FSDP keeps about 97% from 8 to 128 H100s "
+          "per-GPU throughput kept (at least)", "the target: FSDP keeps about 97% from 8 to 128 H100s "
           "(torchtitan), so 2 nodes must not cost zero3 more than 15%; both programs compiled (1 row of 2048 per "
           "GPU, the docs' example)", None, to=(16, 2), compiled_to=True),
     Point("torchtitan-llama3-8b-8", "published", LLAMA.replace(devices=8, batch_size=64), 1, 5762, "tokens/s/GPU",

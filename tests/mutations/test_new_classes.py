@@ -1,4 +1,4 @@
-"""Issue 70's bug classes planted in jaxdp (`jax_bugs_sync.py`, `jax_bugs_step.py`): each, in float32 on the
+"""The newer bug classes planted in jaxdp (`jax_bugs_sync.py`, `jax_bugs_step.py`): each, in float32 on the
 project's own model of its catalogue entry, is caught by the strategy check (the run against `single`) and
 located by the judge (`divergence.compare`'s first divergence: step, field, tensor) within 20 steps; and one on a
 transformers-config model (jaxdp's Llama from a Qwen2Config, tied head). Two steps each, the `single` runs shared;

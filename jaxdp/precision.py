@@ -69,7 +69,7 @@ _RUNS: dict = {}  # a process's `of_run` censuses, by the fields that make the m
 
 def of_run(cfg, problem, x, y) -> dict:
     """`jaxdp train`'s census: `of_problem` for `cfg`'s model, traced once per model and batch shape a process."""
-    key = (tuple(getattr(cfg, f, None) for f in MODEL_FIELDS), np.shape(x), np.shape(y))
+    key = (tuple(repr(getattr(cfg, f, None)) for f in MODEL_FIELDS), np.shape(x), np.shape(y))  # lists too
     if key not in _RUNS:
         _RUNS[key] = of_problem(problem, x, y, cfg.dtype)
     return copy.deepcopy(_RUNS[key])

@@ -9,7 +9,7 @@ import pytest
 
 from jaxdp.core.process import xla_flags
 from jaxdp.core.traces import trace
-from jaxdp.harness import cli
+from jaxdp.harness import cli, pair_runs
 from jaxdp.judge import parity
 from tests.helpers import as_trace, with_grads, with_update, with_value
 
@@ -36,7 +36,7 @@ def test_parity_command_exits_non_zero_on_a_mismatch(monkeypatch, capsys):
     bad = dict(j.arrays)
     bad["step/2/grad/layers/0/bias"] = bad["step/2/grad/layers/0/bias"] * 2
     row = parity.compare(trace.Trace(j.meta, bad), trace.Trace(t.meta, t.arrays), jcfg, label)
-    monkeypatch.setattr(parity, "check", lambda base, pairs: [row])
+    monkeypatch.setattr(pair_runs, "check", lambda base, pairs: [row])
     code = cli.main(["parity", "--strategies", label, "--devices", str(cfg.devices)])
     assert code == 1
     assert "MISMATCH: grad" in capsys.readouterr().out

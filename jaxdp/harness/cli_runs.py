@@ -143,7 +143,9 @@ def parity(args) -> int:
     base = _base(args, names)
     pairs = parity_mod.pairs_for(names)
     devices.setup(base.devices, base.platform)
-    rows = parity_mod.check(base, pairs)
+    from . import pair_runs
+
+    rows = pair_runs.check(base, pairs)
     print(f"jaxdp vs torch_ref: {base.model}/{base.data}, {base.optimizer}, {base.dtype}, {base.steps} steps, "
           f"batch {base.batch_size}, accum {base.accum}, clip {base.clip_norm}, {base.devices} devices, kernels "
           f"{base.kernels}{' (torch compiled)' if base.compile else ''}")

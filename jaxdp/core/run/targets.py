@@ -89,7 +89,9 @@ def nodes_for(devices: int, node_gpus: int) -> int:
 
 
 NOT_COMPILED = {"ddp-pmap": "jax.pmap compiles only for devices attached to this process; ddp is the same "
-                            "program under shard_map: use --strategy ddp"}
+                            "program under shard_map: use --strategy ddp",
+                "diloco": "the ahead-of-time build does not make diloco's per-replica state (outer parameters and "
+                          "momentum): inspect it without --target"}
 
 
 def check_run(strategies, model: str) -> None:

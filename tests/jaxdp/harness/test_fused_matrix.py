@@ -51,7 +51,8 @@ def test_the_matrix_holds_every_strategy_of_each_framework_at_every_n_and_dtype(
     for kind, framework in ((fm.KINDS[0], "jax"), (fm.KINDS[1], "torch")):
         for n in fm.DEVICES:
             got = {p.strategy for p in todo if p.kind == kind and p.a.devices == n}
-            assert got | ({"single"} if n > 1 else set()) == set(FRAMEWORK_STRATEGIES[framework]), (kind, n)
+            judged = set(FRAMEWORK_STRATEGIES[framework]) & fm.JUDGED  # every strategy judged against single
+            assert got | ({"single"} if n > 1 else set()) == judged, (kind, n)
     assert {p.strategy for p in todo if p.kind == fm.KINDS[2]} == set(fm.BOTH)
     assert {(p.b.model, p.b.dtype) for p in todo} == {(m, d) for m in fm.MODELS for d in fm.DTYPES}
     assert all(p.a.kernels == "fused" and p.b.kernels == ("fused" if p.kind == fm.KINDS[2] else "mirrored")

@@ -53,9 +53,9 @@ def test_train_inspect_memory_take_one_path_into_their_config(path, monkeypatch)
 
 @pytest.mark.quick
 def test_parity_runs_both_frameworks_on_the_path_given(monkeypatch):
-    from jaxdp.judge import parity
+    from jaxdp.harness import pair_runs
 
-    seen = spy(monkeypatch, parity, "check")
+    seen = spy(monkeypatch, pair_runs, "check")
     run_until_spied(["parity", "--kernels", "fused", "--strategies", "single", *GPT])
     base, pairs = seen[0][0]
     assert base.kernels == "fused" and pairs == [("single", "single", "single")]

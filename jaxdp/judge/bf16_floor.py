@@ -107,13 +107,14 @@ def _squares(a, b, k: int) -> dict:
     return out if all(np.isfinite(v) for v in out.values()) else {}
 
 
-def scale_failures(a, b) -> list[str]:
-    """bf16: each step's gradient scale along B's, s_k = <g_a, g_b> / ||g_b||^2 over all tensors; |s_k - 1| >
-    SCALE_BOUND fails ('grad scale ...'). The floors excuse a tensor's disagreement up to what roundoff and the
+def scale_steps(a, b) -> list[tuple[int, float]]:
+    """bf16: the steps whose gradient scale along B's, s_k = <g_a, g_b> / ||g_b||^2 over all tensors, is off by
+    more than SCALE_BOUND, with s_k. The floors excuse a tensor's disagreement up to what roundoff and the
     parameters' accepted disagreement explain, which need not point along g; a wrong factor on a step's
     gradients does (halved: 0.5)."""
     if b.meta.get("dtype") != DTYPE:
         return []
+    out = []
     for k in range(b.first_step, b.steps + 1):
         num = den = 0.0
         for n in b.names():
@@ -122,6 +123,13 @@ def scale_failures(a, b) -> list[str]:
                 gb = np.asarray(gb, np.float64)
                 num, den = num + float(np.sum(np.asarray(ga, np.float64) * gb)), den + float(np.sum(gb * gb))
         if den > 0 and np.isfinite(num) and abs(num / den - 1) > SCALE_BOUND:
-            return [f"grad scale {abs(num / den - 1):.2e} > {SCALE_BOUND:.3g} at step {k} (<g_a, g_b> / ||g_b||^2 "
-                    f"= {num / den:.3g} over the step's gradients)"]
+            out.append((k, num / den))
+    return out
+
+
+def scale_failures(a, b) -> list[str]:
+    """The first of `scale_steps` as the judge's failure line ('grad scale ...')."""
+    for k, s in scale_steps(a, b)[:1]:
+        return [f"grad scale {abs(s - 1):.2e} > {SCALE_BOUND:.3g} at step {k} (<g_a, g_b> / ||g_b||^2 "
+                f"= {s:.3g} over the step's gradients)"]
     return []

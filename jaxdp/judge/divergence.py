@@ -27,7 +27,7 @@ import numpy as np
 
 from ..core.traces import spread as spread_mod
 from ..core.traces import trace as trace_mod
-from . import error_model, parity, precision, relaxed, resolution, resumed, signed
+from . import bf16_floor, error_model, parity, precision, relaxed, resolution, resumed, signed
 from .judgement import Bounds, Cell, Divergence, Report, ratio  # the result types, also read as divergence.<name>
 
 ORDER = ("init", "x", "y", "loss", "grad", "param", "state")
@@ -110,6 +110,7 @@ def compare(a: trace_mod.Trace, b: trace_mod.Trace, tolerance: float | None = No
         bounds = Bounds({"relative": tolerance}, "--tolerance")
     cells, beyond = _cells(d, measures, pos)
     divergences += beyond + _step_updates(step_update, tol, d.norm)
+    divergences += _grad_scales(ra, rb, d.norm) if tolerance is None else []
     divergences.sort(key=lambda v: (v.step, ORDER.index(v.field), -v.ratio, v.name))
     first = divergences[0] if divergences else None
     allow = row.allowance if row is not None else None
@@ -199,6 +200,18 @@ def _step_updates(step_update: dict, tol, norm: dict) -> list[Divergence]:
             name = max(updates, key=lambda n: (updates[n], n)) if updates else "(all)"
             out.append(Divergence(step, "param", name, f"step/{step}/param/{name}", "step update", err,
                                   tol.step_update))
+    return out
+
+
+def _grad_scales(a, b, norm: dict) -> list[Divergence]:
+    """bf16: a step whose gradients, all tensors together, are off B's by a factor (`bf16_floor.scale_steps`), named
+    by its tensor with the largest gradient error."""
+    out = []
+    for step, s in bf16_floor.scale_steps(a, b):
+        errs = {p.name: norm[k] for k in norm if (p := trace_mod.parse_key(k)) and p.kind == "grad" and p.step == step}
+        name = max(errs, key=lambda n: (errs[n], n)) if errs else "(all)"
+        out.append(Divergence(step, "grad", name, f"step/{step}/grad/{name}", "grad scale", abs(s - 1),
+                              bf16_floor.SCALE_BOUND, detail=f"<g_a, g_b> / ||g_b||^2 = {s:.3g} over the step"))
     return out
 
 

@@ -139,7 +139,7 @@ BLOCKS = {
     "bench": ("docs/BENCHMARKS.md", BENCH, bench),
     "gpu-target": ("docs/BENCHMARKS.md", GPU_TARGET, gpu_target),
     "honest": ("docs/PARITY.md", HONEST, honest),
-    "limits": ("docs/PARITY.md", LIMITS, limits),
+    "limits": ("docs/LIMITS.md", LIMITS, limits),
     "links": ("docs/ZERO.md", None, links),
 }
 FIGURES = {  # {name: (results file, renderer)}: inline, in any page

@@ -14,7 +14,7 @@ bias, norm scale, embedding), the smallest error that `jaxdp.judge.parity.judge`
 Per kind one tensor is measured, the kind's least resolved: the largest median ulp(p) / |du| at step 2
 (`least_resolved`), so the row is that tensor's limit, named in the results. The smallest d caught is found
 by bisection over half-decades (the judge fails larger errors wherever it fails a smaller one). The results
-file holds every number; docs/PARITY.md's table is its rendering (`limits_doc.render`, test-checked).
+file holds every number; docs/LIMITS.md's table is its rendering (`limits_doc.render`, test-checked).
 """
 from __future__ import annotations
 
@@ -31,13 +31,13 @@ from jaxdp.core.traces import trace  # noqa: E402
 from jaxdp.harness import pair_runs  # noqa: E402
 from jaxdp.judge import parity  # noqa: E402
 
-from . import hf_honest, honest, limits_doc  # noqa: E402
+from . import hf_honest, hf_models, honest, limits_doc  # noqa: E402
 
 GRID = [10.0 ** (-e / 2) for e in range(32, -1, -1)]  # 1e-16 ... 1, half-decades (relative)
 ABSOLUTE = [10.0 ** (-e / 2) for e in range(36, 3, -1)]  # 1e-18 ... 1e-2, half-decades (absolute, one element)
 BUGS = limits_doc.BUGS
 KINDS = limits_doc.KINDS
-FAMILIES = ("mlp", "gpt", "gpt2", "llama", "cnn", "hf-gpt2", "hf-llama", "hf-bert", "hf-neox", "hf-resnet")
+FAMILIES = ("mlp", "gpt", "gpt2", "llama", "cnn", *(f"hf-{m}" for m in hf_models.FAMILIES))
 LR = 1e-3
 
 

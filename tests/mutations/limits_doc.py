@@ -1,4 +1,4 @@
-"""The detection-limit table of docs/PARITY.md, rendered from the results file that
+"""The detection-limit table of docs/LIMITS.md, rendered from the results file that
 `python -m tests.mutations.limits` writes (docs/results/limits.json): a row per family and tensor
 kind, per dtype the smallest learning-rate error (relative), one element's error (absolute) and gradient
 error (relative) the judge fails, with the tensor measured. `render` is what the docs hold between the

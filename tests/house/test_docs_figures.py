@@ -92,7 +92,7 @@ SUITE = """
     import pytest
     def test_a(): pass
     def test_b(): pass
-    @pytest.mark.skip(reason="x")
+    @pytest.mark.skip(reason="a skipped test, which the results file must count as skipped")
     def test_c(): pass
     @pytest.mark.quick
     def test_d(): pass
